@@ -1,0 +1,149 @@
+/* nanoamp/ops.h — the op table and the differentiable ops.
+ *
+ * Every op is declared once in NA_OP_MAP: its id, its name, its autocast rule (what dtype it
+ * computes in inside an autocast region; see nanoamp/amp.h) and whether it has a backward.
+ * Tests walk this table: an op added here without a forward test, a gradient check and a
+ * CUDA parity case fails the suite.
+ *
+ * Every op returns a new step tensor (see nanoamp/tensor.h) or NULL with na_last_error() set.
+ * If an input requires grad (and grad mode is on), the op records a graph node so that
+ * na_backward can run its backward. Inputs may be views; float inputs of different dtypes
+ * in binary ops promote to the wider one (f16 + bf16 -> f32).
+ *
+ *     na_tensor *logits = na_linear(x, w, b);             // x [N, in], w [out, in], b [out]
+ *     na_tensor *loss = na_cross_entropy(logits, labels, NULL);  // labels: i32 [N]
+ *     na_backward(loss, NULL);                             // w->grad += dloss/dw
+ */
+#ifndef NANOAMP_OPS_H
+#define NANOAMP_OPS_H
+
+#include "nanoamp/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Autocast rules (PyTorch's CastPolicy, see docs/mixed-precision.md). */
+typedef enum {
+    NA_AMP_AS_IS,   /* run in the inputs' dtype */
+    NA_AMP_LOWER,   /* cast float inputs to the region's f16/bf16 (matmul, linear, conv) */
+    NA_AMP_FP32,    /* cast float inputs to f32 (softmax, losses, exp, log, sum, ...) */
+    NA_AMP_PROMOTE, /* cast float inputs to the widest among them (add, mul, ...) */
+    NA_AMP_RULE_COUNT
+} na_amp_rule;
+
+/* X(ID, name, autocast rule, differentiable) */
+#define NA_OP_MAP(X)                                          \
+    X(ADD, "add", NA_AMP_PROMOTE, true)                       \
+    X(SUB, "sub", NA_AMP_PROMOTE, true)                       \
+    X(MUL, "mul", NA_AMP_PROMOTE, true)                       \
+    X(DIV, "div", NA_AMP_PROMOTE, true)                       \
+    X(NEG, "neg", NA_AMP_AS_IS, true)                         \
+    X(SCALE, "scale", NA_AMP_AS_IS, true)                     \
+    X(ADD_SCALAR, "add_scalar", NA_AMP_AS_IS, true)           \
+    X(EXP, "exp", NA_AMP_FP32, true)                          \
+    X(LOG, "log", NA_AMP_FP32, true)                          \
+    X(SQRT, "sqrt", NA_AMP_AS_IS, true)                       \
+    X(RSQRT, "rsqrt", NA_AMP_FP32, true)                      \
+    X(POW, "pow", NA_AMP_FP32, true)                          \
+    X(ABS, "abs", NA_AMP_AS_IS, true)                         \
+    X(CLAMP, "clamp", NA_AMP_AS_IS, true)                     \
+    X(RELU, "relu", NA_AMP_AS_IS, true)                       \
+    X(GELU, "gelu", NA_AMP_AS_IS, true)                       \
+    X(SIGMOID, "sigmoid", NA_AMP_AS_IS, true)                 \
+    X(TANH, "tanh", NA_AMP_AS_IS, true)                       \
+    X(MATMUL, "matmul", NA_AMP_LOWER, true)                   \
+    X(LINEAR, "linear", NA_AMP_LOWER, true)                   \
+    X(SUM, "sum", NA_AMP_FP32, true)                          \
+    X(MEAN, "mean", NA_AMP_FP32, true)                        \
+    X(MAX, "max", NA_AMP_AS_IS, true)                         \
+    X(ARGMAX, "argmax", NA_AMP_AS_IS, false)                  \
+    X(SOFTMAX, "softmax", NA_AMP_FP32, true)                  \
+    X(LOG_SOFTMAX, "log_softmax", NA_AMP_FP32, true)          \
+    X(CROSS_ENTROPY, "cross_entropy", NA_AMP_FP32, true)      \
+    X(MSE_LOSS, "mse_loss", NA_AMP_FP32, true)                \
+    X(DROPOUT, "dropout", NA_AMP_AS_IS, true)                 \
+    X(CAST, "cast", NA_AMP_AS_IS, true)                       \
+    X(TO_DEVICE, "to_device", NA_AMP_AS_IS, true)             \
+    X(RESHAPE, "reshape", NA_AMP_AS_IS, true)                 \
+    X(PERMUTE, "permute", NA_AMP_AS_IS, true)                 \
+    X(SLICE, "slice", NA_AMP_AS_IS, true)                     \
+    X(CONTIGUOUS, "contiguous", NA_AMP_AS_IS, true)           \
+    X(CONV2D, "conv2d", NA_AMP_LOWER, true)                   \
+    X(BATCH_NORM, "batch_norm", NA_AMP_AS_IS, true)           \
+    X(MAX_POOL2D, "max_pool2d", NA_AMP_AS_IS, true)           \
+    X(AVG_POOL2D, "avg_pool2d", NA_AMP_AS_IS, true)
+
+typedef enum {
+#define NA_OP_ENUM_(id, name, rule, diff) NA_OP_##id,
+    NA_OP_MAP(NA_OP_ENUM_)
+#undef NA_OP_ENUM_
+        NA_OP_COUNT
+} na_op;
+
+const char *na_op_name(na_op op);
+bool na_op_differentiable(na_op op);
+na_amp_rule na_op_default_amp_rule(na_op op);
+
+/* ---- elementwise (NumPy broadcasting for binary ops) --------------------------------- */
+na_tensor *na_add(na_tensor *a, na_tensor *b);
+na_tensor *na_sub(na_tensor *a, na_tensor *b);
+na_tensor *na_mul(na_tensor *a, na_tensor *b);
+na_tensor *na_div(na_tensor *a, na_tensor *b);
+na_tensor *na_neg(na_tensor *x);
+na_tensor *na_scale(na_tensor *x, double s);      /* x * s */
+na_tensor *na_add_scalar(na_tensor *x, double s); /* x + s */
+na_tensor *na_exp(na_tensor *x);
+na_tensor *na_log(na_tensor *x);
+na_tensor *na_sqrt(na_tensor *x);
+na_tensor *na_rsqrt(na_tensor *x);
+na_tensor *na_pow(na_tensor *x, double p);        /* x ** p */
+na_tensor *na_abs(na_tensor *x);
+na_tensor *na_clamp(na_tensor *x, double lo, double hi);
+na_tensor *na_relu(na_tensor *x);
+na_tensor *na_gelu(na_tensor *x);                 /* exact (erf) form, as PyTorch's default */
+na_tensor *na_sigmoid(na_tensor *x);
+na_tensor *na_tanh(na_tensor *x);
+
+/* ---- matrix products (f32 accumulation whatever the dtype) -------------------------- */
+/* [M,K]@[K,N] -> [M,N]; batched [..,M,K]@[..,K,N] with broadcast batch dims; 1-d operands
+ * are not accepted (reshape them). */
+na_tensor *na_matmul(na_tensor *a, na_tensor *b);
+/* y = x @ w^T + b: x [.., in], w [out, in], b [out] or NULL (bias fused into the product). */
+na_tensor *na_linear(na_tensor *x, na_tensor *w, na_tensor *b);
+
+/* ---- reductions (f32 accumulation; f64 for f64) ------------------------------------- */
+na_tensor *na_sum(na_tensor *x);                                  /* all -> 0-dim */
+na_tensor *na_sum_dim(na_tensor *x, int dim, bool keepdim);
+na_tensor *na_mean(na_tensor *x);
+na_tensor *na_mean_dim(na_tensor *x, int dim, bool keepdim);
+na_tensor *na_max(na_tensor *x); /* all; the gradient is shared evenly among ties */
+na_tensor *na_max_dim(na_tensor *x, int dim, bool keepdim); /* gradient to the first max */
+na_tensor *na_argmax(na_tensor *x, int dim, bool keepdim);  /* i32, first max */
+
+/* ---- softmax and losses -------------------------------------------------------------- */
+na_tensor *na_softmax(na_tensor *x);     /* over the last axis */
+na_tensor *na_log_softmax(na_tensor *x); /* over the last axis */
+
+typedef enum { NA_REDUCTION_MEAN, NA_REDUCTION_SUM, NA_REDUCTION_NONE } na_reduction;
+typedef struct {
+    na_reduction reduction; /* default (zeroed struct): mean */
+    double label_smoothing; /* in [0, 1]: targets (1-e)*onehot + e/C */
+} na_cross_entropy_opts;
+/* Fused log-softmax + NLL: logits [N, C] float, labels [N] i32 in [0, C) (a label out of
+ * range is an error). f32 output. opts may be NULL. */
+na_tensor *na_cross_entropy(na_tensor *logits, na_tensor *labels,
+                            const na_cross_entropy_opts *opts);
+na_tensor *na_mse_loss(na_tensor *a, na_tensor *b, na_reduction reduction);
+
+/* ---- misc --------------------------------------------------------------------------- */
+/* Zeroes each element with probability p and scales the rest by 1/(1-p); the mask comes
+ * from the global generator. Identity when !training or p == 0. */
+na_tensor *na_dropout(na_tensor *x, double p, bool training);
+/* Round-to-nearest-even conversion between float dtypes; identity if dt == x->dtype. */
+na_tensor *na_cast(na_tensor *x, na_dtype dt);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

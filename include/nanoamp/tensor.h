@@ -1,0 +1,132 @@
+/* nanoamp/tensor.h — tensors, their memory, and the step arena.
+ *
+ * A tensor is a dtype, a device, a shape (up to NA_MAX_DIMS dims) with strides in elements,
+ * and a pointer to its first element (a device pointer for CUDA tensors). Views (reshape of a
+ * contiguous tensor, transpose, permute, slice) share memory with their base.
+ *
+ * Two lifetimes:
+ *  - step tensors: everything an op or na_zeros/na_empty/... returns lives in the per-step
+ *    arena and is released all at once by na_step_end(). A user never frees an intermediate.
+ *    Once warm, the arena is one buffer per device grown to its high-water mark: no malloc (or
+ *    cudaMalloc) per op.
+ *  - persistent tensors: na_tensor_new() makes a tensor (and later its .grad) that lives until
+ *    na_tensor_free(). Parameters, optimizer state, master weights and scaler state are
+ *    persistent and owned by the module/optimizer/scaler that made them.
+ *
+ *     na_tensor *x = na_from_host(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(2, 3), values);
+ *     na_tensor *y = na_relu(na_matmul(x, w));     // both live until na_step_end()
+ *     na_step_end();
+ *
+ * The framework is single-threaded: one thread builds and runs graphs (error messages and
+ * autocast state are per thread; the arena and the RNG are global).
+ */
+#ifndef NANOAMP_TENSOR_H
+#define NANOAMP_TENSOR_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "nanoamp/dtype.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define NA_MAX_DIMS 6
+
+typedef struct na_node na_node;
+typedef struct na_tensor na_tensor;
+
+struct na_tensor {
+    na_dtype dtype;
+    na_device device;
+    int ndim;
+    int64_t shape[NA_MAX_DIMS];
+    int64_t stride[NA_MAX_DIMS]; /* in elements */
+    int64_t numel;
+    void *data;            /* first element; a device pointer for CUDA tensors */
+    na_tensor *base;       /* the tensor whose memory a view shares, or NULL */
+    bool persistent;       /* freed by na_tensor_free, not by na_step_end */
+    bool requires_grad;
+    na_tensor *grad;       /* accumulated gradient of a leaf (same shape, dtype, device) */
+    na_node *grad_fn;      /* the graph node that produced this tensor; NULL for leaves */
+    const char *name;      /* optional ("features.0.weight"), used in messages */
+};
+
+/* NA_SHAPE(2, 3) expands to the (ndim, shape) pair the constructors take. */
+#define NA_SHAPE(...) \
+    (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), (const int64_t[]){__VA_ARGS__}
+
+/* ---- step tensors (arena) ----------------------------------------------------------- */
+na_tensor *na_empty(na_dtype dt, na_device dev, int ndim, const int64_t *shape);
+na_tensor *na_zeros(na_dtype dt, na_device dev, int ndim, const int64_t *shape);
+na_tensor *na_ones(na_dtype dt, na_device dev, int ndim, const int64_t *shape);
+na_tensor *na_full(na_dtype dt, na_device dev, int ndim, const int64_t *shape, double value);
+na_tensor *na_scalar(na_dtype dt, na_device dev, double value); /* 0-dim */
+/* 1-d [start, start+step, ...) below stop (above stop for a negative step). */
+na_tensor *na_arange(na_dtype dt, na_device dev, double start, double stop, double step);
+/* Uniform in [lo, hi) and normal(mean, std) from the global counter-based generator:
+ * the CPU and CUDA backends produce the very same numbers for the same seed and calls. */
+na_tensor *na_rand(na_dtype dt, na_device dev, int ndim, const int64_t *shape, double lo,
+                   double hi);
+na_tensor *na_randn(na_dtype dt, na_device dev, int ndim, const int64_t *shape, double mean,
+                    double std);
+/* A copy of host memory holding numel elements of dtype dt. */
+na_tensor *na_from_host(na_dtype dt, na_device dev, int ndim, const int64_t *shape,
+                        const void *host);
+na_tensor *na_empty_like(const na_tensor *t);
+na_tensor *na_zeros_like(const na_tensor *t);
+
+/* ---- persistent tensors ------------------------------------------------------------- */
+/* Zero-filled; lives (with its .grad) until na_tensor_free. */
+na_tensor *na_tensor_new(na_dtype dt, na_device dev, int ndim, const int64_t *shape);
+void na_tensor_free(na_tensor *t); /* NULL is fine; step tensors are ignored */
+
+/* ---- the step arena ----------------------------------------------------------------- */
+/* Release every step tensor and graph node made since the last call. Gradients of
+ * persistent leaves stay. */
+void na_step_end(void);
+size_t na_arena_capacity(na_device dev); /* bytes reserved (the high-water mark once warm) */
+size_t na_arena_used(na_device dev);     /* bytes handed out since the last na_step_end */
+size_t na_arena_chunk_allocs(na_device dev); /* raw allocations made so far (tests check it
+                                                stops growing once warm) */
+
+/* ---- the generator ------------------------------------------------------------------ */
+void na_manual_seed(uint64_t seed); /* also resets the offset */
+uint64_t na_rng_seed(void);
+uint64_t na_rng_offset(void);
+void na_rng_set_state(uint64_t seed, uint64_t offset);
+/* Reserve n numbers: returns the offset the caller's fill starts at. */
+uint64_t na_rng_reserve(uint64_t n);
+
+/* ---- moving data -------------------------------------------------------------------- */
+int na_copy_to_host(const na_tensor *t, void *host);   /* numel elements, t's dtype, C order */
+int na_copy_from_host(na_tensor *t, const void *host); /* into a contiguous tensor */
+/* dst = src (shapes equal; dtype conversion allowed; any devices; src may be a view). Not
+ * recorded by autograd. */
+int na_copy_(na_tensor *dst, const na_tensor *src);
+int na_fill_(na_tensor *t, double value);               /* not recorded by autograd */
+double na_item(const na_tensor *t);                     /* a one-element tensor's value */
+double na_get(const na_tensor *t, int64_t i);           /* element i in C order, as double */
+na_tensor *na_to_device(const na_tensor *t, na_device dev); /* a step copy (differentiable) */
+
+/* ---- shape ------------------------------------------------------------------------- */
+bool na_is_contiguous(const na_tensor *t);
+bool na_same_shape(const na_tensor *a, const na_tensor *b);
+/* "[2, 3] f32 cpu" into buf; returns buf. */
+const char *na_tensor_describe(const na_tensor *t, char *buf, size_t size);
+#define NA_DESCRIBE_MAX 96
+
+/* Views and reshapes are differentiable; a -1 in shape is inferred. */
+na_tensor *na_reshape(na_tensor *t, int ndim, const int64_t *shape);
+na_tensor *na_flatten(na_tensor *t, int start_dim); /* dims start_dim.. merged into one */
+na_tensor *na_transpose(na_tensor *t, int d0, int d1);
+na_tensor *na_permute(na_tensor *t, const int *perm);
+na_tensor *na_slice(na_tensor *t, int64_t start, int64_t stop); /* rows [start, stop) of dim 0 */
+na_tensor *na_contiguous(na_tensor *t); /* t itself when already contiguous */
+
+#ifdef __cplusplus
+}
+#endif
+#endif

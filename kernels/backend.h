@@ -1,0 +1,191 @@
+/* kernels/backend.h — the compute interface one device implements.
+ *
+ * src/ calls kernels only through na_backend_get(device)->fn(...). The CPU backend
+ * (kernels/cpu) is the reference: complete and simple. The CUDA backend (kernels/cuda) must
+ * agree with it within per-dtype tolerances (tests/test_cuda_parity.c).
+ *
+ * Contract for every kernel:
+ *  - tensors are on the backend's device, contiguous (C order) unless a comment says
+ *    otherwise, and their shapes/dtypes were checked by the front-end in src/;
+ *  - f16/bf16 are computed as a GPU computes: widened to f32, f32 math and accumulation,
+ *    one round-to-nearest-even on store (kernels/common/half.h). f64 computes in f64;
+ *  - the per-element math comes from kernels/common/elementwise.h, shared by both backends;
+ *  - a kernel returns NA_OK or a negative na_status with na_set_error() naming the call.
+ *    CUDA kernels run asynchronously on the backend's stream; nothing here synchronizes
+ *    except memcpy_d2h and synchronize.
+ */
+#ifndef NANOAMP_KERNELS_BACKEND_H
+#define NANOAMP_KERNELS_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "nanoamp/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+    NA_UNARY_NEG,
+    NA_UNARY_SCALE,      /* x * a */
+    NA_UNARY_ADD_SCALAR, /* x + a */
+    NA_UNARY_EXP,
+    NA_UNARY_LOG,
+    NA_UNARY_SQRT,
+    NA_UNARY_RSQRT,
+    NA_UNARY_POW,   /* x ** a */
+    NA_UNARY_ABS,
+    NA_UNARY_CLAMP, /* min(max(x, a), b) */
+    NA_UNARY_RELU,
+    NA_UNARY_GELU,
+    NA_UNARY_SIGMOID,
+    NA_UNARY_TANH,
+    NA_UNARY_COUNT
+} na_unary_op;
+
+typedef enum { NA_BINARY_ADD, NA_BINARY_SUB, NA_BINARY_MUL, NA_BINARY_DIV, NA_BINARY_COUNT } na_binary_op;
+
+typedef enum { NA_REDUCE_SUM, NA_REDUCE_MEAN, NA_REDUCE_MAX, NA_REDUCE_COUNT } na_reduce_op;
+
+/* Broadcast geometry of a binary op: out has `shape`; element (i0..in) of out reads
+ * a[sum ik*a_stride[k]] and b[sum ik*b_stride[k]] (stride 0 on broadcast dims). */
+typedef struct {
+    int ndim;
+    int64_t shape[NA_MAX_DIMS];
+    int64_t a_stride[NA_MAX_DIMS];
+    int64_t b_stride[NA_MAX_DIMS];
+} na_broadcast;
+
+/* Row-major, batched: C[b] = alpha * op(A[b]) @ op(B[b]) + beta * C[b] (+ bias[n], then
+ * relu). op(X) = X^T when the t flag is set. A, B, C, bias share `dtype`; accumulation is
+ * f32 (f64 for f64). lda/ldb/ldc are the row strides of A, B, C as stored. */
+typedef struct {
+    na_dtype dtype;
+    const void *a, *b, *bias; /* bias may be NULL */
+    void *c;
+    bool ta, tb, relu;
+    int64_t m, n, k, lda, ldb, ldc;
+    int64_t batch, stride_a, stride_b, stride_c; /* elements between batch entries */
+    float alpha, beta;
+} na_gemm_args;
+
+/* 2-d convolution / pooling geometry, NCHW. For conv: weight [C_out, C_in/groups, kh, kw]. */
+typedef struct {
+    int64_t n, c_in, h, w;      /* input */
+    int64_t c_out, oh, ow;      /* output (pooling: c_out == c_in) */
+    int kh, kw, sh, sw, ph, pw, dh, dw, groups;
+    bool count_include_pad; /* avg pooling only */
+} na_conv_geom;
+
+typedef struct na_backend {
+    const char *name;
+
+    /* memory: raw buffers of the device; alloc returns NULL with an error set on failure */
+    void *(*alloc)(size_t bytes);
+    void (*free)(void *p);
+    int (*memcpy_h2d)(void *dst, const void *src, size_t bytes);
+    int (*memcpy_d2h)(void *dst, const void *src, size_t bytes); /* synchronizes */
+    int (*memcpy_d2d)(void *dst, const void *src, size_t bytes);
+    int (*synchronize)(void);
+
+    /* fills */
+    int (*fill)(na_tensor *t, double value);
+    int (*arange)(na_tensor *t, double start, double step);
+    int (*fill_uniform)(na_tensor *t, double lo, double hi, uint64_t seed, uint64_t offset);
+    int (*fill_normal)(na_tensor *t, double mean, double std, uint64_t seed, uint64_t offset);
+    /* mask[i] = (uniform(seed, offset, i) >= p) ? 1/(1-p) : 0, in mask's dtype */
+    int (*dropout_mask)(na_tensor *mask, double p, uint64_t seed, uint64_t offset);
+
+    /* dst = src with dtype conversion; same shape; src may be strided (any view), dst is
+     * contiguous. */
+    int (*copy)(na_tensor *dst, const na_tensor *src);
+
+    /* elementwise */
+    int (*unary)(na_unary_op op, const na_tensor *x, na_tensor *y, double a, double b);
+    /* gx = gy * dy/dx, given x, y = f(x) (both available; each op uses what it needs) */
+    int (*unary_backward)(na_unary_op op, const na_tensor *x, const na_tensor *y,
+                          const na_tensor *gy, na_tensor *gx, double a, double b);
+    /* out = a (op) b under broadcasting; a, b, out share out's dtype */
+    int (*binary)(na_binary_op op, const na_tensor *a, const na_tensor *b, na_tensor *out,
+                  const na_broadcast *bc);
+
+    /* reductions of x viewed as [outer, r, inner] into out [outer, inner]; `out` may have a
+     * different float dtype than x (f32 results of f16 inputs). MAX also writes the index
+     * of the first max into `idx` (i32 [outer, inner]) when idx != NULL. */
+    int (*reduce)(na_reduce_op op, const na_tensor *x, na_tensor *out, na_tensor *idx,
+                  int64_t outer, int64_t r, int64_t inner);
+    /* argmax over [outer, r, inner] -> idx i32 [outer, inner] */
+    int (*argmax)(const na_tensor *x, na_tensor *idx, int64_t outer, int64_t r, int64_t inner);
+    /* gx (zeroed here) [outer, r, inner]: gx[o, idx[o,i], i] = gy[o, i] */
+    int (*scatter_max_grad)(const na_tensor *gy, const na_tensor *idx, na_tensor *gx,
+                            int64_t outer, int64_t r, int64_t inner);
+
+    /* softmax / log-softmax over the last axis of [rows, cols]; y may be wider than x */
+    int (*softmax)(const na_tensor *x, na_tensor *y, int64_t rows, int64_t cols, bool log);
+    /* from the output y: softmax gx = y*(gy - sum(gy*y)); log: gx = gy - exp(y)*sum(gy) */
+    int (*softmax_backward)(const na_tensor *y, const na_tensor *gy, na_tensor *gx,
+                            int64_t rows, int64_t cols, bool log);
+    /* Fused log-softmax + NLL with label smoothing e: per-row loss (f32 [N]) and the row's
+     * logsumexp (f32 [N], saved for backward). Labels are i32 [N] in [0, C): the front-end
+     * checks them on the CPU; a CUDA kernel writes NaN for a row whose label is out of range. */
+    int (*cross_entropy)(const na_tensor *logits, const na_tensor *labels, na_tensor *loss,
+                         na_tensor *lse, double smoothing);
+    /* gx[n,c] = g[n] * (softmax[n,c] - ((1-e)*[c==label] + e/C)); g is f32 [N] */
+    int (*cross_entropy_backward)(const na_tensor *logits, const na_tensor *labels,
+                                  const na_tensor *lse, const na_tensor *g, na_tensor *gx,
+                                  double smoothing);
+
+    int (*gemm)(const na_gemm_args *args);
+
+    /* convolution (NCHW); bias may be NULL */
+    int (*conv2d)(const na_conv_geom *g, const na_tensor *x, const na_tensor *w,
+                  const na_tensor *bias, na_tensor *y);
+    int (*conv2d_backward_data)(const na_conv_geom *g, const na_tensor *gy,
+                                const na_tensor *w, na_tensor *gx);
+    int (*conv2d_backward_weight)(const na_conv_geom *g, const na_tensor *x,
+                                  const na_tensor *gy, na_tensor *gw);
+
+    /* pooling (NCHW); max pooling saves the flat index (i32) of each window's first max */
+    int (*max_pool2d)(const na_conv_geom *g, const na_tensor *x, na_tensor *y, na_tensor *idx);
+    int (*max_pool2d_backward)(const na_conv_geom *g, const na_tensor *gy,
+                               const na_tensor *idx, na_tensor *gx);
+    int (*avg_pool2d)(const na_conv_geom *g, const na_tensor *x, na_tensor *y);
+    int (*avg_pool2d_backward)(const na_conv_geom *g, const na_tensor *gy, na_tensor *gx);
+
+    /* Batch norm over x [N, C, S] (S = H*W, 1 for BatchNorm1d). gamma/beta/running stats
+     * and saved stats are f32 [C] (f64 for f64 x); x and y share a float dtype.
+     * Training: batch mean and biased variance normalize; save_mean/save_invstd are written;
+     * if running_mean != NULL: running = (1-momentum)*running + momentum*stat with the
+     * unbiased variance. gamma/beta may be NULL (affine off). */
+    int (*batch_norm_train)(const na_tensor *x, const na_tensor *gamma, const na_tensor *beta,
+                            na_tensor *running_mean, na_tensor *running_var, na_tensor *y,
+                            na_tensor *save_mean, na_tensor *save_invstd, int64_t n,
+                            int64_t c, int64_t s, double momentum, double eps);
+    int (*batch_norm_eval)(const na_tensor *x, const na_tensor *gamma, const na_tensor *beta,
+                           const na_tensor *running_mean, const na_tensor *running_var,
+                           na_tensor *y, int64_t n, int64_t c, int64_t s, double eps);
+    /* training backward: gx = (gy - mean(gy) - xhat*mean(gy*xhat)) * invstd * gamma;
+     * ggamma = sum(gy*xhat), gbeta = sum(gy) (each may be NULL). For eval-mode backward the
+     * front-end passes the running stats as mean/invstd and train=false: gx = gy*invstd*gamma. */
+    int (*batch_norm_backward)(const na_tensor *x, const na_tensor *gy, const na_tensor *gamma,
+                               const na_tensor *mean, const na_tensor *invstd, na_tensor *gx,
+                               na_tensor *ggamma, na_tensor *gbeta, int64_t n, int64_t c,
+                               int64_t s, bool train);
+} na_backend;
+
+/* The backend of a device, or NULL with an error naming the device when it is not built in
+ * (or, for CUDA, when no device is present). */
+const na_backend *na_backend_get(na_device dev);
+
+/* Implemented by kernels/cpu and kernels/cuda. */
+extern const na_backend na_cpu_backend;
+#if defined(NA_HAVE_CUDA) && NA_HAVE_CUDA
+const na_backend *na_cuda_backend_init(void); /* NULL (error set) when no device */
+#endif
+
+#ifdef __cplusplus
+}
+#endif
+#endif
