@@ -162,11 +162,12 @@ Test(half, f16_edges) {
         {0x1.000002p-25f, 0x0001},               /* just above the tie */
         {0x1.8p-24f, 0x0002},                    /* 1.5 * 2^-24: tie 1|2 -> 2 (even, up) */
         {0x1.4p-23f, 0x0002},                    /* 2.5 * 2^-24: tie 2|3 -> 2 (even, down) */
-        {0x1.ffcp-15f, 0x03FF},                  /* max subnormal */
-        {0x1.ffep-15f, 0x0400},                  /* tie max subnormal | min normal -> 0x400 */
+        {0x1.ff8p-15f, 0x03FF},                  /* max subnormal */
+        {0x1.ffcp-15f, 0x0400},                  /* tie max subnormal | min normal -> 0x400 */
+        {0x1.ffbffep-15f, 0x03FF},               /* just below that tie */
         {0x1.002p+0f, 0x3C00},                   /* 1 + 2^-11: tie 0x3C00|0x3C01 -> down */
         {0x1.006p+0f, 0x3C02},                   /* 1 + 3*2^-11: tie 0x3C01|0x3C02 -> up */
-        {0x1.0020002p+0f, 0x3C01},               /* just above a tie -> up */
+        {0x1.002002p+0f, 0x3C01},                /* just above a tie -> up */
         {0x1.001fffep+0f, 0x3C00},               /* just below a tie -> down */
         {0x1.ffep+0f, 0x4000},                   /* tie 0x3FFF|0x4000 -> carry into exponent */
         {0x1p-30f, 0x0000}, {FLT_MIN, 0x0000}, {0x1p-149f, 0x0000}, {-0x1p-149f, 0x8000},
@@ -242,7 +243,7 @@ Test(half, bf16_edges) {
         {0x1p-126f, 0x0080},                             /* min normal */
         {0x1p-133f, 0x0001}, {-0x1p-133f, 0x8001},       /* min subnormal */
         {0x1p-134f, 0x0000}, {-0x1p-134f, 0x8000},       /* half min subnormal: tie -> 0 */
-        {0x1.000002p-134f, 0x0001},                      /* just above */
+        {0x1.00004p-134f, 0x0001},                       /* just above (+1 f32 ulp) */
         {0x1.8p-133f, 0x0002},                           /* tie 1|2 -> 2 (up) */
         {0x1.4p-132f, 0x0002},                           /* tie 2|3 -> 2 (down) */
         {0x1p-149f, 0x0000},

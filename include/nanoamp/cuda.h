@@ -1,0 +1,32 @@
+/* nanoamp/cuda.h — the CUDA device: presence, capability, settings, statistics.
+ * In a build without CUDA every query answers "no device" and na_cuda_* setters fail with
+ * NA_EDEVICE. */
+#ifndef NANOAMP_CUDA_H
+#define NANOAMP_CUDA_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+bool na_cuda_built(void);     /* the CUDA backend is compiled in */
+bool na_cuda_available(void); /* built in and a device is present */
+/* Compute capability of the current device; NA_EDEVICE when none. */
+int na_cuda_capability(int *major, int *minor);
+bool na_cuda_bf16_supported(void); /* sm_80 and newer */
+int na_cuda_set_tf32(bool enabled); /* TF32 for f32 matrix products; off by default */
+int na_cuda_synchronize(void);
+/* Device->host copies and explicit synchronizations made through the backend so far: a
+ * training step's count of these is its number of host round trips. */
+uint64_t na_cuda_sync_count(void);
+/* Device memory: bytes currently allocated by nanoamp, and the peak since start. */
+uint64_t na_cuda_bytes_in_use(void);
+uint64_t na_cuda_peak_bytes(void);
+const char *na_cuda_device_name(void); /* "" when none */
+
+#ifdef __cplusplus
+}
+#endif
+#endif
