@@ -243,7 +243,7 @@ Test(half, bf16_edges) {
         {0x1p-126f, 0x0080},                             /* min normal */
         {0x1p-133f, 0x0001}, {-0x1p-133f, 0x8001},       /* min subnormal */
         {0x1p-134f, 0x0000}, {-0x1p-134f, 0x8000},       /* half min subnormal: tie -> 0 */
-        {0x1.00004p-134f, 0x0001},                       /* just above (+1 f32 ulp) */
+        {0x1.0002p-134f, 0x0001},                        /* just above (+1 f32 ulp) */
         {0x1.8p-133f, 0x0002},                           /* tie 1|2 -> 2 (up) */
         {0x1.4p-132f, 0x0002},                           /* tie 2|3 -> 2 (down) */
         {0x1p-149f, 0x0000},
