@@ -1,6 +1,28 @@
-/* nanoamp.h — the umbrella header: everything a user of nanoamp needs. */
+/* nanoamp.h — the umbrella header: everything a user of nanoamp needs.
+ *
+ *   error.h     status codes and na_last_error()
+ *   dtype.h     f64, f32, f16, bf16, i32, u8; devices
+ *   tensor.h    tensors, the step arena, the generator
+ *   ops.h       the op table and the differentiable ops
+ *   autograd.h  backward, no-grad, gradcheck
+ *   amp.h       autocast, loss scaling, master weights, monitoring
+ *   nn.h        modules and layers
+ *   optim.h     SGD, Adam, AdamW, schedules, clipping
+ *   data.h      MNIST/CIFAR readers and batching
+ *   io.h        checkpoints (safetensors)
+ *   cuda.h      the CUDA device
+ */
 #ifndef NANOAMP_H
 #define NANOAMP_H
 #include "nanoamp/error.h"
 #include "nanoamp/dtype.h"
+#include "nanoamp/tensor.h"
+#include "nanoamp/ops.h"
+#include "nanoamp/autograd.h"
+#include "nanoamp/amp.h"
+#include "nanoamp/nn.h"
+#include "nanoamp/optim.h"
+#include "nanoamp/data.h"
+#include "nanoamp/io.h"
+#include "nanoamp/cuda.h"
 #endif

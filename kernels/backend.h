@@ -21,6 +21,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "na_config.h"
 #include "nanoamp/tensor.h"
 
 #ifdef __cplusplus
@@ -78,6 +79,44 @@ typedef struct {
     int kh, kw, sh, sw, ph, pw, dh, dw, groups;
     bool count_include_pad; /* avg pooling only */
 } na_conv_geom;
+
+/* ---- optimizer kernels' arguments (layers and optimizers; see src/optim) --------------- */
+
+/* One multi-tensor optimizer step over n parameters. Every list has n entries; tensors are
+ * contiguous and on the backend's device; entry i of every list belongs to params[i].
+ * Mixed precision fits without copies:
+ *  - grads may have another float dtype than params (f16 model grads, f32 master weights);
+ *  - inv_scale (f32 0-dim, or NULL): each gradient is multiplied by it before use;
+ *  - found_inf (f32 0-dim, or NULL): when nonzero the kernel changes nothing at all
+ *    (params, state, steps, copies); read on the device, no host round trip;
+ *  - copies (NULL, or n entries each NULL or shaped as params[i]): receives the updated
+ *    parameter rounded to its own dtype (the f16 model copy of an f32 master weight).
+ * State is f32. steps[i] (f32 0-dim) counts the steps taken: the kernel increments it and
+ * uses the new value (Adam's bias corrections; SGD: a step count of 0 before the step means
+ * "no momentum history yet", so buf = g). */
+typedef struct {
+    int n;
+    na_tensor *const *params;          /* updated in place; any float dtype */
+    const na_tensor *const *grads;     /* any float dtype */
+    na_tensor *const *steps;           /* f32 0-dim */
+    na_tensor *const *exp_avg;         /* Adam first moment; SGD momentum buffer (NULL when
+                                          momentum is 0) */
+    na_tensor *const *exp_avg_sq;      /* Adam second moment (NULL for SGD) */
+    na_tensor *const *max_exp_avg_sq;  /* Adam amsgrad's running max of exp_avg_sq, or NULL */
+    na_tensor *const *copies;          /* may be NULL; entries may be NULL */
+    const na_tensor *found_inf;        /* may be NULL */
+    const na_tensor *inv_scale;        /* may be NULL */
+} na_optim_tensors;
+
+/* Hyper-parameters of one call (one parameter group). */
+typedef struct {
+    double lr, weight_decay;
+    double momentum, dampening; /* SGD */
+    bool nesterov;              /* SGD */
+    double beta1, beta2, eps;   /* Adam / AdamW */
+    bool amsgrad;               /* Adam / AdamW: max_exp_avg_sq is given */
+    bool decoupled_weight_decay; /* AdamW: p *= 1 - lr*wd; Adam: g += wd*p */
+} na_optim_hparams;
 
 typedef struct na_backend {
     const char *name;
@@ -173,6 +212,38 @@ typedef struct na_backend {
                                const na_tensor *mean, const na_tensor *invstd, na_tensor *gx,
                                na_tensor *ggamma, na_tensor *gbeta, int64_t n, int64_t c,
                                int64_t s, bool train);
+
+    /* ---- optimizers (appended for layers and optimizers; src/optim) ---------------------
+     * Any of these may be NULL: the front-end then fails with "<kernel> is not implemented
+     * on <backend>". Per-element math: kernels/common/optim.h. */
+    /* SGD (PyTorch's rule): g' = g*inv_scale + wd*p; buf = steps==0 ? g' :
+     * momentum*buf + (1-dampening)*g'; d = nesterov ? g' + momentum*buf : buf (g' when
+     * momentum is 0); p -= lr*d. */
+    int (*sgd_step)(const na_optim_tensors *t, const na_optim_hparams *h);
+    /* Adam / AdamW (PyTorch's rule, eps outside the sqrt, bias corrections from steps). */
+    int (*adam_step)(const na_optim_tensors *t, const na_optim_hparams *h);
+    /* norm = sqrt(sum of x^2 over every element of xs[0..n)), f32 accumulation, into the f32
+     * 0-dim `norm`. If coef != NULL (f32 0-dim) also coef = na_clip_coef(norm, max_norm):
+     * min(1, max_norm / (norm + 1e-6)), or 1 when norm is not finite. */
+    int (*l2norm)(int n, const na_tensor *const *xs, na_tensor *norm, na_tensor *coef,
+                  double max_norm);
+
+    /* ---- amp: loss scaling (appended for src/amp; per-element math and the exact rules in
+     * kernels/common/amp.h). Either may be NULL: src/amp then fails with "<kernel> is not
+     * implemented on <backend>". Neither synchronizes: scale, found_inf and counters stay on
+     * the device, so a training step's skip-or-step decision needs no host round trip. */
+    /* One fused pass over n tensors (any float dtypes, contiguous; in[i] and out[i] have the
+     * same numel and may be the same tensor): out[i] = in[i] * inv_scale, computed in f32 and
+     * rounded once to out[i]'s dtype, where inv_scale = na_amp_inv_scale(*scale) (f32 0-dim
+     * scale). If any element of any in[i] is inf or NaN, *found_inf (f32 0-dim, may be NULL)
+     * is set to 1; it is never cleared here. */
+    int (*amp_unscale)(int n, const na_tensor *const *in, na_tensor *const *out,
+                       const na_tensor *scale, na_tensor *found_inf);
+    /* One scaler update (na_amp_update): found = any *found_infs[k] != 0 (f32 0-dim each);
+     * scale (f32 0-dim) and counters (i32 [NA_AMP_CTR_COUNT]) are updated in place by the rule
+     * of `kind` (NA_AMP_KIND_*) with hp[NA_AMP_HP_COUNT] (host memory, read at the call). */
+    int (*amp_update_scale)(int kind, const double *hp, na_tensor *scale, na_tensor *counters,
+                            int n_found, const na_tensor *const *found_infs);
 } na_backend;
 
 /* The backend of a device, or NULL with an error naming the device when it is not built in
@@ -181,7 +252,7 @@ const na_backend *na_backend_get(na_device dev);
 
 /* Implemented by kernels/cpu and kernels/cuda. */
 extern const na_backend na_cpu_backend;
-#if defined(NA_HAVE_CUDA) && NA_HAVE_CUDA
+#if NA_HAVE_CUDA
 const na_backend *na_cuda_backend_init(void); /* NULL (error set) when no device */
 #endif
 

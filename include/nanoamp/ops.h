@@ -117,7 +117,7 @@ na_tensor *na_sum(na_tensor *x);                                  /* all -> 0-di
 na_tensor *na_sum_dim(na_tensor *x, int dim, bool keepdim);
 na_tensor *na_mean(na_tensor *x);
 na_tensor *na_mean_dim(na_tensor *x, int dim, bool keepdim);
-na_tensor *na_max(na_tensor *x); /* all; the gradient is shared evenly among ties */
+na_tensor *na_max(na_tensor *x); /* all -> 0-dim; the gradient goes to the first max */
 na_tensor *na_max_dim(na_tensor *x, int dim, bool keepdim); /* gradient to the first max */
 na_tensor *na_argmax(na_tensor *x, int dim, bool keepdim);  /* i32, first max */
 
@@ -142,6 +142,37 @@ na_tensor *na_mse_loss(na_tensor *a, na_tensor *b, na_reduction reduction);
 na_tensor *na_dropout(na_tensor *x, double p, bool training);
 /* Round-to-nearest-even conversion between float dtypes; identity if dt == x->dtype. */
 na_tensor *na_cast(na_tensor *x, na_dtype dt);
+
+
+/* ---- convolution, normalization, pooling (NCHW) ------------------------------------- */
+/* Zeroed fields take the defaults: stride 1, padding 0, dilation 1, groups 1. */
+typedef struct {
+    int stride[2], padding[2], dilation[2];
+    int groups;
+} na_conv2d_opts;
+/* x [N, C_in, H, W], w [C_out, C_in/groups, kh, kw], b [C_out] or NULL; opts may be NULL. */
+na_tensor *na_conv2d(na_tensor *x, na_tensor *w, na_tensor *b, const na_conv2d_opts *opts);
+
+/* stride 0 means stride = kernel. Padding at most half the kernel. Floor output size. */
+typedef struct {
+    int kernel[2], stride[2], padding[2];
+    bool count_include_pad; /* avg pooling: divide by the full window (PyTorch's default true
+                               is spelled out here: set it) */
+} na_pool2d_opts;
+na_tensor *na_max_pool2d(na_tensor *x, const na_pool2d_opts *opts);
+na_tensor *na_avg_pool2d(na_tensor *x, const na_pool2d_opts *opts);
+na_tensor *na_global_avg_pool2d(na_tensor *x); /* [N, C, H, W] -> [N, C] */
+na_tensor *na_global_max_pool2d(na_tensor *x); /* [N, C, H, W] -> [N, C] */
+
+/* Batch normalization over dim 1 of x [N, C], [N, C, L] or [N, C, H, W] (any float dtype).
+ * weight/bias (affine, may be NULL) and running_mean/running_var (may be NULL) are f32 [C]
+ * (f64 for f64 x); the output has x's dtype. Training normalizes with the batch mean and
+ * biased variance and, if running stats are given, updates them in place:
+ * running = (1 - momentum) * running + momentum * stat (unbiased variance). Eval uses the
+ * running statistics. Training with one value per channel is an error. */
+na_tensor *na_batch_norm(na_tensor *x, na_tensor *running_mean, na_tensor *running_var,
+                         na_tensor *weight, na_tensor *bias, bool training, double momentum,
+                         double eps);
 
 #ifdef __cplusplus
 }

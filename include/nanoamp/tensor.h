@@ -97,7 +97,7 @@ void na_manual_seed(uint64_t seed); /* also resets the offset */
 uint64_t na_rng_seed(void);
 uint64_t na_rng_offset(void);
 void na_rng_set_state(uint64_t seed, uint64_t offset);
-/* Reserve n numbers: returns the offset the caller's fill starts at. */
+/* The offset (stream) for a fill of n numbers; each call gets a fresh stream. */
 uint64_t na_rng_reserve(uint64_t n);
 
 /* ---- moving data -------------------------------------------------------------------- */

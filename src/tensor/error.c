@@ -3,6 +3,7 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 static _Thread_local char last_message[1024];
 static _Thread_local int last_status;
@@ -27,10 +28,15 @@ void na_clear_error(void) {
 }
 
 int na_set_error(int status, const char *fmt, ...) {
+    /* Format into a local buffer first: callers often pass na_last_error() as an argument to
+     * wrap the previous message ("backward of mul failed: %s"), and formatting straight into
+     * last_message would overwrite that argument while reading it. */
+    char msg[sizeof last_message];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(last_message, sizeof last_message, fmt, ap);
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    memcpy(last_message, msg, sizeof msg);
     last_status = status;
     return status;
 }

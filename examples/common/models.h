@@ -1,0 +1,16 @@
+/* examples/common/models.h — the reference models of the trainers and the benchmarks. */
+#ifndef NANOAMP_EXAMPLES_MODELS_H
+#define NANOAMP_EXAMPLES_MODELS_H
+#include "nanoamp.h"
+
+/* 784 -> 256 -> ReLU -> 10 (input [N, 1, 28, 28], flattened) */
+na_module *model_mnist_mlp(void);
+/* conv(1->32, 3x3, pad 1)+BN+ReLU+maxpool2 -> conv(32->64, 3x3, pad 1)+BN+ReLU+maxpool2 ->
+ * linear(64*7*7 -> 128)+ReLU -> linear(128 -> 10) */
+na_module *model_mnist_cnn(void);
+/* The ResNet-9 of the DAWNBench CIFAR-10 record: prep conv 64; layer1 conv 128 + maxpool +
+ * residual(conv 128, conv 128); layer2 conv 256 + maxpool; layer3 conv 512 + maxpool +
+ * residual(conv 512, conv 512); global max pool; linear 512 -> 10; output * 0.125. Every conv
+ * is 3x3, pad 1, no bias, followed by BN and ReLU. */
+na_module *model_resnet9(void);
+#endif

@@ -1,0 +1,48 @@
+/* examples/common/trainer.h — what the MNIST and CIFAR trainers share: the command line,
+ * the training loop, evaluation, checkpoints (save/resume), the progress bar and the --json
+ * summary. Each trainer only builds its model and its data. */
+#ifndef NANOAMP_EXAMPLES_TRAINER_H
+#define NANOAMP_EXAMPLES_TRAINER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "nanoamp.h"
+
+typedef struct {
+    const char *program;  /* "mnist-train" */
+    const char *data_dir; /* --data */
+    const char *model;    /* --model */
+    int64_t epochs, batch, limit;
+    double lr, momentum, weight_decay, label_smoothing;
+    const char *optim;    /* sgd | adamw */
+    na_device device;
+    const char *amp;      /* off | fp16 | bf16 | o2 | auto */
+    const char *loss_scale; /* dynamic | N */
+    bool amp_trace;
+    const char *log_path; /* --log FILE.csv */
+    uint64_t seed;
+    const char *save_path, *resume_path;
+    bool json, quiet;
+    int64_t synthetic; /* CIFAR: --synthetic N */
+    const char *schedule; /* constant | onecycle */
+} trainer_opts;
+
+/* Fills defaults, then parses argv. `models` is "mlp|cnn" etc. for the help text. Returns 0,
+ * 1 for --help (printed), or -1 with a message printed. */
+int trainer_parse_args(trainer_opts *o, int argc, char **argv, const char *models,
+                       const char *default_model);
+
+typedef struct {
+    na_module *net;
+    const na_dataset *train, *test;
+    na_batcher_cfg batcher; /* batch_size/seed filled by the trainer from the options */
+} trainer_job;
+
+/* Trains, evaluates after each epoch, saves/resumes, prints progress and the JSON line.
+ * Returns the process exit code. */
+int trainer_run(const trainer_opts *o, trainer_job *job);
+
+/* Per-channel mean and std of a dataset's pixels scaled to [0, 1]. */
+void trainer_channel_stats(const na_dataset *ds, float *mean, float *std);
+#endif

@@ -1,0 +1,63 @@
+/* mnist-train — trains an MLP or a small CNN on MNIST-format data (Fashion-MNIST by default).
+ *
+ *   MLP: 784 -> 256 -> ReLU -> 10
+ *   CNN: conv(1->32, 3x3, pad 1) + BN + ReLU + maxpool 2
+ *        conv(32->64, 3x3, pad 1) + BN + ReLU + maxpool 2
+ *        linear(64*7*7 -> 128) + ReLU -> linear(128 -> 10)
+ *
+ * Data: --data DIR, else $NANOAMP_DATA, ./data/mnist, /usr/share/datasets/fashion-mnist (where
+ * Debian's dataset-fashion-mnist package puts it); the four IDX files, .gz or not. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "../common/models.h"
+#include "../common/trainer.h"
+
+static bool is_dir(const char *p) {
+    struct stat st;
+    return p && stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+static const char *find_data(const char *given) {
+    if (given) return given;
+    static char env_dir[4096];
+    const char *env = getenv("NANOAMP_DATA");
+    if (env && *env) {
+        snprintf(env_dir, sizeof env_dir, "%s/mnist", env);
+        return is_dir(env_dir) ? env_dir : env;
+    }
+    if (is_dir("data/mnist")) return "data/mnist";
+    return "/usr/share/datasets/fashion-mnist";
+}
+
+int main(int argc, char **argv) {
+    trainer_opts o;
+    int rc = trainer_parse_args(&o, argc, argv, "cnn|mlp", "cnn");
+    if (rc) return rc < 0 ? 2 : 0;
+    const char *dir = find_data(o.data_dir);
+    na_dataset *train = na_mnist_load(dir, true), *test = train ? na_mnist_load(dir, false) : NULL;
+    if (!train || !test) {
+        fprintf(stderr, "%s: %s\n(put train-images-idx3-ubyte[.gz], train-labels-idx1-ubyte[.gz], "
+                "t10k-images-idx3-ubyte[.gz] and t10k-labels-idx1-ubyte[.gz] in a directory and pass "
+                "--data DIR, or apt-get install dataset-fashion-mnist)\n", o.program, na_last_error());
+        return 1;
+    }
+    if (o.limit > 0 && o.limit < train->n) train->n = o.limit;
+    na_manual_seed(o.seed);
+    na_module *net = strcmp(o.model, "mlp") ? model_mnist_cnn() : model_mnist_mlp();
+    if (!net) {
+        fprintf(stderr, "%s: %s\n", o.program, na_last_error());
+        return 1;
+    }
+    float mean[1], std[1];
+    trainer_channel_stats(train, mean, std);
+    trainer_job job = {.net = net, .train = train, .test = test,
+                       .batcher = {.mean = mean, .std = std, .prefetch = true}};
+    rc = trainer_run(&o, &job);
+    na_module_free(net);
+    na_dataset_free(train);
+    na_dataset_free(test);
+    return rc;
+}

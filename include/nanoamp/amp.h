@@ -1,0 +1,420 @@
+/* nanoamp/amp.h — mixed precision: autocast, loss scaling, fp32 master weights, model
+ * conversion, a precision recommendation and a training monitor.
+ *
+ * Two ways to train in mixed precision, as the field knows them (docs/mixed-precision.md):
+ *
+ * PyTorch style ("native AMP"): an f32 model, autocast regions in which each op runs in the
+ * dtype its rule says, and a GradScaler:
+ *
+ *     na_grad_scaler *gs = na_grad_scaler_new(NULL);        // 2^16, x2, x0.5, every 2000
+ *     for (...) {
+ *         na_autocast_begin(NA_DTYPE_F16);
+ *         na_tensor *loss = na_cross_entropy(na_module_forward(net, x), y, NULL);
+ *         na_autocast_end();
+ *         na_backward(na_grad_scaler_scale(gs, loss), NULL);
+ *         na_grad_scaler_step(gs, opt);       // unscales; skipped on the device on inf/NaN
+ *         na_grad_scaler_update(gs);          // backoff or growth, on the device
+ *         na_optim_zero_grad(opt);
+ *         na_step_end();
+ *     }
+ *
+ * Apex style ("O2"): the model converted to f16 except BatchNorm, f32 master weights, dynamic
+ * loss scaling:
+ *
+ *     na_module *half = na_model_to_half(net, NA_DTYPE_F16);     // takes net
+ *     na_fp16_optimizer_cfg fc = NA_FP16_OPTIMIZER_DYNAMIC;
+ *     na_fp16_optimizer *fo = na_fp16_optimizer_new(na_sgd_new(NULL, &sgd_cfg), half, &fc);
+ *     for (...) {
+ *         na_tensor *loss = na_cross_entropy(na_module_forward(half, x), y, NULL);
+ *         na_fp16_optimizer_backward(fo, loss, true);
+ *         na_fp16_optimizer_step(fo);
+ *         na_fp16_optimizer_zero_grad(fo);
+ *         na_step_end();
+ *     }
+ *
+ * Where state lives: the loss scale, the growth tracker and the found-inf flags are tensors on
+ * the parameters' device. Unscaling and the inf/NaN check are one fused pass; the optimizer
+ * kernel reads found_inf and skips on the device; the update runs on the device. Nothing in a
+ * training step reads them on the host; the calls that do (get_scale, stats, the monitor's
+ * record_scaler, the fp16 optimizer's clip and verbose messages) say so. On the CPU backend a
+ * read is free.
+ */
+#ifndef NANOAMP_AMP_H
+#define NANOAMP_AMP_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "nanoamp/io.h"
+#include "nanoamp/nn.h"
+#include "nanoamp/ops.h"
+#include "nanoamp/optim.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ==== autocast ============================================================================
+ * Inside an autocast region each op runs in the dtype its rule says (nanoamp/ops.h,
+ * NA_OP_MAP), as PyTorch's CUDA lists (see docs/mixed-precision.md for the table):
+ *   lower    cast float inputs to the region's f16/bf16: matmul, linear, conv2d
+ *   fp32     cast float inputs to f32: softmax, log_softmax, cross_entropy, mse_loss, exp, log,
+ *            rsqrt, pow, sum, mean (so an f16 input gives an f32 output)
+ *   promote  cast float inputs to the widest among them: add, sub, mul, div
+ *   as_is    run in the inputs' dtype: everything else. BatchNorm takes f16/bf16 input with
+ *            f32 parameters and statistics and returns the input's dtype.
+ * f64 and integer tensors are never cast. Casts of f32 parameters (leaves that require grad)
+ * are made once per outermost region and reused; the cast is differentiable, so gradients
+ * reach the f32 weights in f32.
+ *
+ *     na_autocast_begin(NA_DTYPE_F16);
+ *     na_tensor *logits = na_linear(x, w, b);               // f16 compute, f16 output
+ *     na_tensor *loss = na_cross_entropy(logits, y, NULL);  // f32
+ *     na_autocast_end();
+ */
+
+/* Opens a region computing lower-precision ops in dt (NA_DTYPE_F16 or NA_DTYPE_BF16).
+ * Regions nest (at most 16 deep) and are per thread. */
+int na_autocast_begin(na_dtype dt);
+/* The same, checking first that dev can compute in dt: CUDA without a device fails with
+ * NA_EDEVICE; bf16 on a CUDA device older than sm_80 fails with NA_EDTYPE and PyTorch's
+ * message ("Current CUDA Device does not support bfloat16. Please switch dtype to float16.").
+ * Without this check the same error comes from the first op that would cast to bf16 on such
+ * a device. */
+int na_autocast_begin_device(na_device dev, na_dtype dt);
+/* NA_OK when dev can compute in dt (see na_autocast_begin_device), else the error. */
+int na_autocast_check_device(na_device dev, na_dtype dt);
+/* Opens a region in which nothing is cast (inside an enabled one). */
+int na_autocast_begin_disabled(void);
+int na_autocast_end(void);
+bool na_autocast_enabled(void);
+na_dtype na_autocast_dtype(void); /* the innermost region's dtype (f16 when none) */
+int na_autocast_depth(void);      /* open regions, enabled or not */
+
+/* The rule an op follows now (the default from NA_OP_MAP unless overridden). */
+na_amp_rule na_autocast_rule(na_op op);
+int na_autocast_set_rule(na_op op, na_amp_rule rule); /* override one op */
+void na_autocast_reset_rules(void);
+const char *na_amp_rule_name(na_amp_rule rule); /* "as_is", "lower", "fp32", "promote" */
+/* Prints the rule table: one line per op with its current rule, marked when overridden. */
+void na_autocast_print_rules(FILE *out);
+
+/* Casts made through the weight cache in the current outermost region (for tests). */
+uint64_t na_autocast_cache_casts(void);
+
+/* ---- tracing -------------------------------------------------------------------------------
+ * The trace reports, for each op: its name, its inputs' dtypes (before autocast cast them), the
+ * rule applied, the dtype it computed in and its output's dtype. Casts autocast makes for an op
+ * are reported too, indented, just before it. One line per op:
+ *
+ *   amp: linear        in f32,f32,f32      rule lower    compute f16   out f16
+ *   amp:   cast        in f32              rule as_is    compute f32   out f16
+ *
+ * NANOAMP_AMP_TRACE=1 in the environment traces autocast regions to stderr from the start,
+ * NANOAMP_AMP_TRACE=all every op. */
+typedef enum {
+    NA_AMP_TRACE_OFF,
+    NA_AMP_TRACE_REGIONS, /* ops run while an autocast region (enabled or disabled) is open */
+    NA_AMP_TRACE_ALL      /* every op */
+} na_amp_trace_mode;
+
+#define NA_AMP_TRACE_MAX_INPUTS 5
+typedef struct {
+    na_op op;
+    int n_inputs;
+    na_dtype in[NA_AMP_TRACE_MAX_INPUTS]; /* NA_DTYPE_COUNT for an absent (NULL) input */
+    na_amp_rule rule;   /* the rule applied (as_is outside enabled regions) */
+    bool region;        /* an autocast region was open */
+    bool enabled;       /* ... and it was enabled */
+    na_dtype compute;   /* what the op computed in */
+    na_dtype out;       /* its output's dtype */
+    na_device device;
+    int nesting;        /* 1 for casts (and inner ops) made on behalf of another op */
+} na_amp_trace_record;
+typedef void (*na_amp_trace_fn)(const na_amp_trace_record *r, void *ctx);
+
+/* Traces to out (stderr when NULL) in `mode`; NA_AMP_TRACE_OFF stops tracing. */
+void na_autocast_trace(na_amp_trace_mode mode, FILE *out);
+/* Sends each record to fn instead of printing (fn NULL: back to printing). */
+void na_autocast_trace_callback(na_amp_trace_mode mode, na_amp_trace_fn fn, void *ctx);
+na_amp_trace_mode na_autocast_trace_mode(void);
+/* The line the trace prints for r (without "amp: " and the newline). Returns buf. */
+const char *na_amp_trace_format(const na_amp_trace_record *r, char *buf, size_t size);
+
+/* ==== loss scaling ==========================================================================
+ * One interface, four rules (kernels/common/amp.h has them exactly):
+ *   NA_SCALER_GRAD          PyTorch's GradScaler: backoff x0.5 and reset on inf; x2 after
+ *                           growth_interval clean steps, never to inf.
+ *   NA_SCALER_STATIC        a fixed scale; never skips a step by itself (Apex LossScaler(N)).
+ *   NA_SCALER_APEX_LEGACY   Apex fp16_utils' DynamicLossScaler: init 2^32, /2 (at least 1) on
+ *                           overflow, x2 when (iteration - last overflow) % 1000 == 0.
+ *   NA_SCALER_APEX          Apex amp's dynamic LossScaler: init 2^16, /2 on overflow (at least
+ *                           min_scale if given), x2 after 2000 clean steps, at most 2^24.
+ * Start from one of the config macros and change fields.
+ *
+ * Per step, with any number of losses and optimizers (one scaler for all of them):
+ *   na_backward(na_grad_scaler_scale(gs, loss), NULL);   // for each loss
+ *   na_grad_scaler_unscale_(gs, opt);  na_optim_clip_grad_norm(opt, 1.0);  // optional
+ *   na_grad_scaler_step(gs, opt);                        // for each optimizer
+ *   na_grad_scaler_update(gs);                           // once, after every step
+ * Each optimizer skips on its own found_inf; the scale backs off once if any found one.
+ * unscale_ refuses f16 gradients, as PyTorch: native AMP keeps f32 parameters (use the fp16
+ * optimizer below for an f16 model). With bf16 autocast no scaler is needed; a scaler used
+ * with bf16 still works. */
+typedef enum {
+    NA_SCALER_GRAD = 0,
+    NA_SCALER_STATIC = 1,
+    NA_SCALER_APEX_LEGACY = 2,
+    NA_SCALER_APEX = 3,
+} na_scaler_kind;
+
+typedef struct {
+    na_scaler_kind kind;
+    double init_scale;
+    double growth_factor;   /* > 1 (Apex: scale_factor; Apex rules also divide by it) */
+    double backoff_factor;  /* in (0, 1); PyTorch's rule only */
+    int64_t growth_interval; /* >= 1 (Apex: scale_window) */
+    double min_scale;       /* Apex rules: lower bound, 0 for none */
+    double max_scale;       /* Apex rules: upper bound, 0 for none */
+    bool enabled;           /* false: scale() returns the loss, step() is a plain step */
+    na_device device;       /* where the state is made; it follows the first scaled loss */
+} na_grad_scaler_cfg;
+
+#define NA_GRAD_SCALER_DEFAULTS                                                          \
+    { .kind = NA_SCALER_GRAD, .init_scale = 65536.0, .growth_factor = 2.0,               \
+      .backoff_factor = 0.5, .growth_interval = 2000, .enabled = true }
+#define NA_STATIC_SCALER(s)                                                              \
+    { .kind = NA_SCALER_STATIC, .init_scale = (s), .growth_factor = 2.0,                 \
+      .backoff_factor = 0.5, .growth_interval = 1, .enabled = true }
+#define NA_APEX_LEGACY_SCALER_DEFAULTS                                                   \
+    { .kind = NA_SCALER_APEX_LEGACY, .init_scale = 4294967296.0, .growth_factor = 2.0,   \
+      .backoff_factor = 0.5, .growth_interval = 1000, .min_scale = 1.0, .enabled = true }
+#define NA_APEX_SCALER_DEFAULTS                                                          \
+    { .kind = NA_SCALER_APEX, .init_scale = 65536.0, .growth_factor = 2.0,               \
+      .backoff_factor = 0.5, .growth_interval = 2000, .max_scale = 16777216.0,           \
+      .enabled = true }
+
+typedef struct na_grad_scaler na_grad_scaler;
+
+/* NULL cfg: NA_GRAD_SCALER_DEFAULTS. NULL with an error on an invalid config. */
+na_grad_scaler *na_grad_scaler_new(const na_grad_scaler_cfg *cfg);
+void na_grad_scaler_free(na_grad_scaler *gs); /* NULL is fine */
+
+/* loss (any float dtype, any shape) as f32 times the scale: a step tensor to call na_backward
+ * on. Disabled: loss itself. The scaler's state moves to loss's device on first use. */
+na_tensor *na_grad_scaler_scale(na_grad_scaler *gs, na_tensor *loss);
+/* Unscales opt's gradients in place (fused, with the inf/NaN check into opt's found_inf).
+ * At most once per optimizer between updates: again, or after step(), is an NA_ESTATE error
+ * with PyTorch's message. f16 gradients: NA_EDTYPE "Attempting to unscale FP16 gradients.". */
+int na_grad_scaler_unscale_(na_grad_scaler *gs, na_optim *opt);
+/* Unscales (if not done yet) and steps opt unless its gradients held an inf or NaN (decided
+ * by the optimizer kernel from found_inf: no host round trip). STATIC never skips. */
+int na_grad_scaler_step(na_grad_scaler *gs, na_optim *opt);
+/* Applies the rule once (on the device) from every optimizer's found_inf since the last
+ * update, and makes all optimizers ready for the next step. */
+int na_grad_scaler_update(na_grad_scaler *gs);
+/* PyTorch's update(new_scale): the scale becomes new_scale (> 0), the tracker is left alone. */
+int na_grad_scaler_update_to(na_grad_scaler *gs, double new_scale);
+
+/* The current scale (1 when disabled). Reads the device: a sync on CUDA. */
+double na_grad_scaler_get_scale(const na_grad_scaler *gs);
+/* The scale as the f32 0-dim tensor on the device (NULL when disabled). */
+const na_tensor *na_grad_scaler_scale_tensor(const na_grad_scaler *gs);
+/* opt's found_inf flag (f32 0-dim), or NULL if opt was never unscaled by gs. */
+const na_tensor *na_grad_scaler_found_inf(const na_grad_scaler *gs, const na_optim *opt);
+bool na_grad_scaler_is_enabled(const na_grad_scaler *gs);
+na_scaler_kind na_grad_scaler_kind(const na_grad_scaler *gs);
+const char *na_scaler_kind_name(na_scaler_kind kind); /* "grad_scaler", "static", ... */
+na_grad_scaler_cfg na_grad_scaler_config(const na_grad_scaler *gs); /* current values */
+
+typedef struct {
+    double scale;
+    int64_t growth_tracker;     /* PyTorch tracker; Apex unskipped; Apex legacy cur_iter */
+    int64_t last_overflow_iter; /* Apex legacy; -1 before the first overflow */
+    int64_t updates;            /* update() calls so far */
+    int64_t skipped;            /* updates at which some optimizer skipped its step */
+} na_grad_scaler_stats;
+/* Reads the counters (a sync on CUDA). */
+int na_grad_scaler_stats_get(const na_grad_scaler *gs, na_grad_scaler_stats *out);
+
+/* The whole state as named persistent tensors, for a checkpoint (PyTorch's state_dict keys):
+ *   "scale" f32 0-dim; "_growth_tracker", "last_overflow_iter", "updates", "skipped_steps"
+ *   i32 0-dim (on the scaler's device); "kind" i32 0-dim, "growth_factor", "backoff_factor",
+ *   "growth_interval", "min_scale", "max_scale" f64 0-dim (CPU).
+ * Save: na_checkpoint_add(ck, prefixed name, item.tensor) for each; load into a scaler made
+ * the same way: na_checkpoint_copy_into for each (the tensors are the live state; loaded
+ * values are checked at the next use). Only between update() and the next step, as PyTorch's
+ * pickling. A disabled scaler has no state (an empty list). */
+int na_grad_scaler_state(na_grad_scaler *gs, na_named_tensors *out);
+/* Convenience: adds (or loads) every state tensor as prefix + name. */
+int na_grad_scaler_save(na_grad_scaler *gs, na_checkpoint *ck, const char *prefix);
+int na_grad_scaler_load(na_grad_scaler *gs, const na_checkpoint *ck, const char *prefix);
+
+/* ==== model conversion (Apex network_to_half / FP16Model / BN_convert_float) ==================
+ * Every float parameter and buffer (and gradient) of the tree becomes dt (f16 or bf16) except
+ * BatchNorm's, which keep f32: its parameters (affine BatchNorm, as Apex) and its running
+ * statistics, which nanoamp's batch norm (like cuDNN's) keeps in f32 for f16/bf16 input. A
+ * non-affine BatchNorm has no parameters, so "every parameter f16 except affine BatchNorm's"
+ * holds exactly; Apex would also make a non-affine BatchNorm's statistics f16. In place (the
+ * tensor structs stay, so optimizers and pointers stay valid). */
+int na_model_convert(na_module *m, na_dtype dt);
+/* A module whose forward casts its input to dt (Apex's tofp16). */
+na_module *na_cast_input_new(na_dtype dt);
+/* Converts m (na_model_convert) and wraps it: an "FP16Model" module, m as its child
+ * "network", whose forward casts the input to dt and runs m (outputs stay dt). Takes m (also
+ * on failure, when it is freed). */
+na_module *na_model_to_half(na_module *m, na_dtype dt);
+
+/* ==== fp32 master weights (Apex FP16_Optimizer) ==============================================
+ * Wraps any nanoamp optimizer, made WITHOUT parameters (na_sgd_new(NULL, &cfg), ...): the fp16
+ * optimizer adds the f32 master copies of the model's f16/bf16 parameters (f32 parameters are
+ * used directly) as the optimizer's parameters, optionally as one flat f32 buffer. Per step:
+ *   backward(loss): loss as f32 times the scale, backward (f16 gradients), then (unless
+ *     deferred) update_master_grads: the f16 gradients are copied into the f32 master
+ *     gradients and unscaled in one fused pass with the overflow check, and the scaler is
+ *     updated (on the device);
+ *   step(): steps the masters unless that overflowed (the optimizer kernel reads the flag),
+ *     then copies the masters into the f16 parameters (fused into the optimizer kernel).
+ * Several losses per step: backward(loss, false) for each, then update_master_grads once. */
+typedef struct {
+    na_grad_scaler_cfg scaler; /* Apex: static 1.0 unless dynamic_loss_scale */
+    bool flat_master;          /* one flat f32 master buffer for the f16 parameters */
+    bool verbose;              /* step() prints Apex's "Gradient overflow.  Skipping step,
+                                  reducing loss scale to S" (reads the flag: a sync on CUDA) */
+} na_fp16_optimizer_cfg;
+#define NA_FP16_OPTIMIZER_DEFAULTS { .scaler = NA_STATIC_SCALER(1.0) }
+#define NA_FP16_OPTIMIZER_DYNAMIC { .scaler = NA_APEX_SCALER_DEFAULTS }
+
+typedef struct na_fp16_optimizer na_fp16_optimizer;
+
+/* Takes opt (freed with the fp16 optimizer, also on failure). model may be NULL: add groups
+ * with na_fp16_optimizer_add_group. NULL cfg: NA_FP16_OPTIMIZER_DEFAULTS. */
+na_fp16_optimizer *na_fp16_optimizer_new(na_optim *opt, na_module *model,
+                                         const na_fp16_optimizer_cfg *cfg);
+/* A group of n model parameters (float, persistent, requiring grad); returns the group index
+ * in the wrapped optimizer (its lr etc. are set there) or a negative status. */
+int na_fp16_optimizer_add_group(na_fp16_optimizer *fo, int64_t n, na_tensor *const *params);
+void na_fp16_optimizer_free(na_fp16_optimizer *fo); /* masters, scaler, the optimizer */
+
+int na_fp16_optimizer_backward(na_fp16_optimizer *fo, na_tensor *loss, bool update_master_grads);
+int na_fp16_optimizer_update_master_grads(na_fp16_optimizer *fo);
+int na_fp16_optimizer_step(na_fp16_optimizer *fo);
+/* Clips the master gradients to max_norm (PyTorch's rule) and returns their total norm, or -1
+ * when the last update_master_grads found an overflow (reads the flag and the norm: a sync on
+ * CUDA). NAN with an error on failure. */
+double na_fp16_optimizer_clip_master_grads(na_fp16_optimizer *fo, double max_norm);
+int na_fp16_optimizer_zero_grad(na_fp16_optimizer *fo); /* model and master gradients */
+/* Whether the last update_master_grads found an overflow (a sync on CUDA). */
+bool na_fp16_optimizer_overflow(const na_fp16_optimizer *fo);
+
+na_optim *na_fp16_optimizer_optim(const na_fp16_optimizer *fo);
+na_grad_scaler *na_fp16_optimizer_scaler(const na_fp16_optimizer *fo);
+int64_t na_fp16_optimizer_num_params(const na_fp16_optimizer *fo); /* model parameters */
+na_tensor *na_fp16_optimizer_model_param(const na_fp16_optimizer *fo, int64_t i);
+/* The f32 tensor holding model parameter i's master value: the parameter itself when f32, a
+ * master copy, or (flat) a view into the flat buffer. */
+na_tensor *na_fp16_optimizer_master(const na_fp16_optimizer *fo, int64_t i);
+
+/* The whole state for a checkpoint: "optimizer.<name>" (na_optim_state of the wrapped
+ * optimizer, whose parameters are the masters), "scaler.<name>" (na_grad_scaler_state),
+ * "fp32_from_fp16.<i>" (master copy of the i-th f16 parameter; or "fp32_from_fp16_flat.<g>"
+ * per group when flat). Save and load as na_optim_state; save the model too. */
+int na_fp16_optimizer_state(na_fp16_optimizer *fo, na_named_tensors *out);
+
+/* ---- manual helpers (Apex fp16util) ---------------------------------------------------------
+ * For users who keep master weights themselves:
+ *     na_param_lists pl;
+ *     na_prep_param_lists(model, false, &pl);     // f32 clones of every trainable parameter
+ *     na_optim *opt = na_sgd_new(NULL, &cfg);  na_optim_add_group(opt, pl.n_master, pl.master);
+ *     ... backward ...; na_model_grads_to_master_grads(&pl); (unscale); na_optim_step(opt, NULL);
+ *     na_master_params_to_model_params(&pl);
+ *     na_param_lists_free(&pl);                    // the masters, not the model */
+typedef struct {
+    int64_t n_model;
+    na_tensor **model;  /* the model's parameters that require grad (not owned) */
+    int64_t n_master;   /* n_model, or 1 when flat */
+    na_tensor **master; /* f32 persistent leaves that require grad, with gradients allocated */
+    bool flat;
+} na_param_lists;
+/* flat: one 1-d f32 master of all parameters (they must share one dtype, as Apex asks). */
+int na_prep_param_lists(na_module *model, bool flat, na_param_lists *out);
+/* Copies the model gradients into the master gradients (converted to f32); a parameter
+ * without a gradient gives a zero master gradient. */
+int na_model_grads_to_master_grads(na_param_lists *pl);
+/* Copies the master values into the model parameters (rounded to their dtype). */
+int na_master_params_to_model_params(na_param_lists *pl);
+void na_param_lists_free(na_param_lists *pl);
+
+/* ==== which precision to use ================================================================ */
+typedef enum {
+    NA_AMP_MODE_F32,  /* no mixed precision */
+    NA_AMP_MODE_BF16, /* bf16 autocast, no loss scaling */
+    NA_AMP_MODE_F16,  /* f16 autocast with dynamic loss scaling */
+} na_amp_mode;
+typedef struct {
+    na_amp_mode mode;
+    na_dtype dtype;     /* the autocast dtype (f32 for NA_AMP_MODE_F32) */
+    bool loss_scaling;  /* use a dynamic GradScaler */
+    const char *reason; /* one sentence on why */
+} na_amp_recommendation;
+/* bf16 where the device computes it natively (CUDA sm_80+), f16 with dynamic loss scaling on
+ * CUDA devices with tensor cores but no bf16 (sm_70..sm_75), f32 otherwise. The CPU gets bf16,
+ * PyTorch's CPU autocast default: the CPU backend emulates f16/bf16 bit-exactly (widened to f32,
+ * rounded on store), so it is slower than f32 there and serves correctness, not speed. */
+na_amp_recommendation na_amp_recommend(na_device dev);
+const char *na_amp_mode_name(na_amp_mode mode); /* "f32", "bf16", "f16" */
+
+/* ==== monitoring ============================================================================
+ * Records one line per step (loss, scale, skipped) and watches for trouble:
+ *   NA_AMP_ALERT_LOSS_RISING     the loss's moving average (EMA, 0.9) rose for loss_rise_steps
+ *                                steps in a row
+ *   NA_AMP_ALERT_SKIP_RATE       more than skip_rate_alert of the last `window` steps skipped
+ *                                (once at least window/4 steps are recorded)
+ *   NA_AMP_ALERT_SCALE_COLLAPSE  the scale is below scale_drop_ratio of its value
+ *                                scale_drop_updates records ago
+ *   NA_AMP_ALERT_NONFINITE_LOSS  the loss itself is inf or NaN
+ * with an optional CSV log "step,loss,scale,skipped" (examples/amp/amp-plot turns it into an
+ * SVG). */
+enum {
+    NA_AMP_ALERT_LOSS_RISING = 1,
+    NA_AMP_ALERT_SKIP_RATE = 2,
+    NA_AMP_ALERT_SCALE_COLLAPSE = 4,
+    NA_AMP_ALERT_NONFINITE_LOSS = 8,
+};
+typedef struct {
+    int window;              /* steps in the skip-rate window */
+    int loss_rise_steps;
+    double skip_rate_alert;  /* a fraction */
+    double scale_drop_ratio;
+    int scale_drop_updates;
+} na_amp_monitor_cfg;
+#define NA_AMP_MONITOR_DEFAULTS                                                     \
+    { .window = 100, .loss_rise_steps = 50, .skip_rate_alert = 0.3,                 \
+      .scale_drop_ratio = 0.1, .scale_drop_updates = 10 }
+
+typedef struct na_amp_monitor na_amp_monitor;
+na_amp_monitor *na_amp_monitor_new(const na_amp_monitor_cfg *cfg); /* NULL: defaults */
+void na_amp_monitor_free(na_amp_monitor *m); /* closes the CSV log */
+/* Starts a CSV log at path (written through, flushed at each record). */
+int na_amp_monitor_open_csv(na_amp_monitor *m, const char *path);
+/* One step. Returns the alerts raised by this record (0 when none). */
+unsigned na_amp_monitor_record(na_amp_monitor *m, int64_t step, double loss, double scale,
+                               bool skipped);
+/* The same from a loss tensor and a scaler (NULL: scale 1, never skipped): reads the loss, the
+ * scale and the skipped counter, so one call per k steps still counts every skip (a sync on
+ * CUDA: record every k steps there). */
+unsigned na_amp_monitor_record_scaler(na_amp_monitor *m, int64_t step, const na_tensor *loss,
+                                      const na_grad_scaler *gs);
+int64_t na_amp_monitor_steps(const na_amp_monitor *m);
+int64_t na_amp_monitor_skipped(const na_amp_monitor *m);     /* in total */
+double na_amp_monitor_skip_rate(const na_amp_monitor *m);    /* over the window */
+double na_amp_monitor_scale(const na_amp_monitor *m);        /* the last recorded */
+unsigned na_amp_monitor_alerts(const na_amp_monitor *m);     /* raised by the last record */
+/* The alerts as text ("loss rising for 50 steps; ..."), "" when none. Returns buf. */
+const char *na_amp_monitor_describe(const na_amp_monitor *m, char *buf, size_t size);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

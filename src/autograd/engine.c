@@ -1,0 +1,184 @@
+/* The backward pass: a dynamic tape walked in reverse topological order.
+ *
+ * Gradients of non-leaf tensors are kept in their .grad (step arena) while the pass runs;
+ * leaves that require grad accumulate (+=) into their .grad, which for a persistent leaf is
+ * persistent. */
+#include <inttypes.h>
+#include <stdlib.h>
+
+#include "src/autograd/graph.h"
+#include "src/tensor/arena.h"
+#include "src/tensor/tensor_internal.h"
+
+static _Thread_local int no_grad_depth;
+static unsigned visit_epoch;
+
+void na_no_grad_begin(void) { no_grad_depth++; }
+void na_no_grad_end(void) {
+    if (no_grad_depth > 0) no_grad_depth--;
+}
+bool na_grad_enabled(void) { return no_grad_depth == 0; }
+
+na_node *na_graph_record(na_op op, na_tensor *out, int n_inputs, na_tensor *const *inputs) {
+    if (!na_grad_enabled() || !na_op_defs[op].differentiable) return NULL;
+    bool any = false;
+    for (int k = 0; k < n_inputs; k++) any |= inputs[k] && inputs[k]->requires_grad;
+    if (!any) return NULL;
+    na_node *n = na_arena_host_alloc(sizeof *n);
+    if (!n) return NULL;
+    n->op = op;
+    n->n_inputs = n_inputs;
+    for (int k = 0; k < n_inputs; k++) n->inputs[k] = inputs[k];
+    n->out = out;
+    out->requires_grad = true;
+    out->grad_fn = n;
+    return n;
+}
+
+int na_tensor_set_requires_grad(na_tensor *t, bool requires_grad) {
+    if (!na_check_tensor("na_tensor_set_requires_grad", t, "tensor")) return na_last_status();
+    if (requires_grad && !na_dtype_is_float(t->dtype))
+        return na_set_error(NA_EDTYPE, "na_tensor_set_requires_grad: only float tensors can "
+                            "require grad, got %s", na_dtype_name(t->dtype));
+    if (t->grad_fn)
+        return na_set_error(NA_EINVAL, "na_tensor_set_requires_grad: only leaves can be changed "
+                            "(this tensor was made by %s)", na_op_name(t->grad_fn->op));
+    t->requires_grad = requires_grad;
+    return NA_OK;
+}
+
+int na_tensor_zero_grad(na_tensor *t) {
+    return (t && t->grad) ? na_fill_(t->grad, 0.0) : NA_OK;
+}
+
+na_tensor *na_detach(na_tensor *t) {
+    if (!na_check_tensor("na_detach", t, "input")) return NULL;
+    na_tensor *v = na_tensor_view_header(t);
+    if (v) {
+        v->requires_grad = false;
+        v->grad_fn = NULL;
+        v->grad = NULL;
+    }
+    return v;
+}
+
+/* ---- topological order -------------------------------------------------------------------- */
+
+typedef struct {
+    na_node **items;
+    size_t n, cap;
+} node_list;
+
+static int push(node_list *l, na_node *n) {
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? 2 * l->cap : 256;
+        na_node **p = realloc(l->items, cap * sizeof *p);
+        if (!p) return na_set_error(NA_ENOMEM, "na_backward: out of memory sorting the graph");
+        l->items = p;
+        l->cap = cap;
+    }
+    l->items[l->n++] = n;
+    return NA_OK;
+}
+
+/* Post-order DFS without recursion: `order` ends with the root's node last. */
+static int topo_sort(na_node *root, node_list *order) {
+    node_list stack = {0};
+    unsigned mark = ++visit_epoch;
+    int rc = push(&stack, root);
+    /* visit = mark: on the stack; visit = mark+1<<31 flag: children pushed */
+    while (!rc && stack.n) {
+        na_node *n = stack.items[stack.n - 1];
+        if (n->visit == (mark | 0x80000000u)) {
+            stack.n--;
+            continue;
+        }
+        if (n->visit == mark) { /* children done: emit */
+            n->visit = mark | 0x80000000u;
+            stack.n--;
+            rc = push(order, n);
+            continue;
+        }
+        n->visit = mark;
+        for (int k = 0; k < n->n_inputs && !rc; k++) {
+            na_tensor *in = n->inputs[k];
+            if (in && in->grad_fn && (in->grad_fn->visit & 0x7fffffffu) != mark)
+                rc = push(&stack, in->grad_fn);
+        }
+    }
+    free(stack.items);
+    return rc;
+}
+
+/* ---- accumulation -------------------------------------------------------------------------- */
+
+static int accumulate(na_tensor *t, na_tensor *g) {
+    char a[NA_DESCRIBE_MAX], b[NA_DESCRIBE_MAX];
+    if (!na_same_shape(t, g))
+        return na_set_error(NA_ESTATE, "na_backward: internal error: gradient %s for tensor %s",
+                            na_tensor_describe(g, a, sizeof a), na_tensor_describe(t, b, sizeof b));
+    if (g->dtype != t->dtype && !(g = na_cast(g, t->dtype))) return na_last_status();
+    if (g->device != t->device && !(g = na_to_device(g, t->device))) return na_last_status();
+    if (t->grad_fn) { /* non-leaf: never written in place, so adopting g aliases nothing */
+        t->grad = t->grad ? na_add(t->grad, g) : g;
+        return t->grad ? NA_OK : na_last_status();
+    }
+    if (!t->grad) { /* a leaf owns its gradient: persistent for a persistent leaf */
+        t->grad = t->persistent ? na_tensor_new(t->dtype, t->device, t->ndim, t->shape)
+                                : na_empty(t->dtype, t->device, t->ndim, t->shape);
+        if (!t->grad) return na_last_status();
+        return na_be(t)->copy(t->grad, g);
+    }
+    na_broadcast bc = {.ndim = g->ndim};
+    for (int i = 0; i < g->ndim; i++) {
+        bc.shape[i] = g->shape[i];
+        bc.a_stride[i] = t->grad->stride[i];
+        bc.b_stride[i] = g->stride[i];
+    }
+    return na_be(t)->binary(NA_BINARY_ADD, t->grad, g, t->grad, &bc);
+}
+
+int na_backward(na_tensor *root, na_tensor *grad) {
+    const char *fn = "na_backward";
+    char s1[NA_DESCRIBE_MAX], s2[NA_DESCRIBE_MAX];
+    if (!na_check_tensor(fn, root, "root")) return na_last_status();
+    if (!root->requires_grad)
+        return na_set_error(NA_ESTATE, "%s: the root %s does not require grad (no input of the "
+                            "graph requires grad, or it was built under no-grad)", fn,
+                            na_tensor_describe(root, s1, sizeof s1));
+    if (!grad) {
+        if (root->numel != 1)
+            return na_set_error(NA_ESHAPE, "%s: the root %s is not a scalar: pass its gradient "
+                                "explicitly", fn, na_tensor_describe(root, s1, sizeof s1));
+        if (!(grad = na_ones(root->dtype, root->device, root->ndim, root->shape)))
+            return na_last_status();
+    } else if (!na_same_shape(grad, root) || grad->device != root->device) {
+        return na_set_error(NA_ESHAPE, "%s: gradient %s does not match the root %s", fn,
+                            na_tensor_describe(grad, s1, sizeof s1),
+                            na_tensor_describe(root, s2, sizeof s2));
+    }
+    if (!root->grad_fn) return accumulate(root, grad);
+
+    node_list order = {0};
+    int rc = topo_sort(root->grad_fn, &order);
+    for (size_t i = 0; i < order.n; i++) order.items[i]->out->grad = NULL; /* fresh pass */
+    na_no_grad_begin();
+    if (!rc) rc = accumulate(root, grad);
+    for (size_t i = order.n; i-- > 0 && !rc;) {
+        na_node *n = order.items[i];
+        na_tensor *gout = n->out->grad;
+        if (!gout) continue; /* nothing flowed into this node */
+        na_tensor *gin[NA_NODE_MAX_INPUTS] = {0};
+        rc = na_op_defs[n->op].backward(n, gout, gin);
+        if (rc) {
+            na_set_error(rc, "%s: backward of %s failed: %s", fn, na_op_name(n->op),
+                         na_last_error());
+            break;
+        }
+        for (int k = 0; k < n->n_inputs && !rc; k++)
+            if (gin[k] && na_node_needs_grad(n, k)) rc = accumulate(n->inputs[k], gin[k]);
+    }
+    na_no_grad_end();
+    free(order.items);
+    return rc;
+}

@@ -1,0 +1,169 @@
+/* Matrix products: matmul (2-d and batched) and linear (x @ w^T + b with the bias fused).
+ * Transposed views are passed to the GEMM as transpose flags, never copied. */
+#include <inttypes.h>
+
+#include "src/autograd/graph.h"
+#include "src/tensor/tensor_internal.h"
+
+/* How the last two dims of t are stored: row-major (trans=false, ld = row stride) or as the
+ * transpose of a row-major matrix (trans=true). Anything else needs a contiguous copy. */
+static bool matrix_layout(const na_tensor *t, bool *trans, int64_t *ld) {
+    int nd = t->ndim;
+    int64_t rows = t->shape[nd - 2], cols = t->shape[nd - 1];
+    int64_t sr = t->stride[nd - 2], sc = t->stride[nd - 1];
+    if ((sc == 1 || cols == 1) && sr >= (cols > 1 ? cols : 1)) {
+        *trans = false;
+        *ld = sr;
+        return true;
+    }
+    if ((sr == 1 || rows == 1) && sc >= (rows > 1 ? rows : 1)) {
+        *trans = true;
+        *ld = sc;
+        return true;
+    }
+    return false;
+}
+
+/* Batch dims must be contiguous among themselves: stride of one batch entry. */
+static bool batch_stride(const na_tensor *t, int64_t *stride) {
+    int nd = t->ndim;
+    if (nd == 2) {
+        *stride = 0;
+        return true;
+    }
+    int64_t s = t->stride[nd - 3];
+    for (int i = nd - 4; i >= 0; i--)
+        if (t->shape[i + 1] != 1 && t->stride[i] != t->stride[i + 1] * t->shape[i + 1]) return false;
+    /* a matrix of the batch must not overlap the next one */
+    *stride = s;
+    return true;
+}
+
+static na_tensor *gemm_operand(na_tensor *t, bool *trans, int64_t *ld, int64_t *bstride) {
+    if (matrix_layout(t, trans, ld) && batch_stride(t, bstride)) return t;
+    na_tensor *c = na_contiguous(t);
+    if (!c) return NULL;
+    matrix_layout(c, trans, ld);
+    batch_stride(c, bstride);
+    return c;
+}
+
+na_tensor *na_matmul(na_tensor *a, na_tensor *b) {
+    const char *fn = "na_matmul";
+    char x[NA_DESCRIBE_MAX], y[NA_DESCRIBE_MAX];
+    if (!na_check_float(fn, a, "a") || !na_check_float(fn, b, "b") ||
+        !na_check_same_device(fn, a, b))
+        return NULL;
+    if (a->ndim < 2 || b->ndim < 2) {
+        na_set_error(NA_ESHAPE, "%s: operands need at least 2 dims, got %s and %s", fn,
+                     na_tensor_describe(a, x, sizeof x), na_tensor_describe(b, y, sizeof y));
+        return NULL;
+    }
+    na_tensor *ins[2] = {a, b};
+    if (na_autocast_inputs(NA_OP_MATMUL, ins, 2) != NA_OK) return NULL;
+    a = ins[0], b = ins[1];
+    if (!na_check_same_dtype(fn, a, b)) return NULL;
+    int64_t m = a->shape[a->ndim - 2], k = a->shape[a->ndim - 1];
+    int64_t k2 = b->shape[b->ndim - 2], n = b->shape[b->ndim - 1];
+    if (k != k2) {
+        na_set_error(NA_ESHAPE, "%s: inner dimensions differ: a is %s, b is %s", fn,
+                     na_tensor_describe(a, x, sizeof x), na_tensor_describe(b, y, sizeof y));
+        return NULL;
+    }
+    /* batch dims: equal, or one side has none (it is then shared by every batch entry) */
+    const na_tensor *big = a->ndim >= b->ndim ? a : b;
+    int nb = big->ndim - 2;
+    if (a->ndim > 2 && b->ndim > 2) {
+        bool same = a->ndim == b->ndim;
+        for (int i = 0; same && i < nb; i++) same = a->shape[i] == b->shape[i];
+        if (!same) {
+            na_set_error(NA_ESHAPE, "%s: batch dims of %s and %s differ (equal batch dims, or one "
+                         "2-d operand, are supported)", fn, na_tensor_describe(a, x, sizeof x),
+                         na_tensor_describe(b, y, sizeof y));
+            return NULL;
+        }
+    }
+    int64_t shape[NA_MAX_DIMS];
+    for (int i = 0; i < nb; i++) shape[i] = big->shape[i];
+    shape[nb] = m, shape[nb + 1] = n;
+    na_gemm_args g = {.dtype = a->dtype, .m = m, .n = n, .k = k, .alpha = 1.0f, .beta = 0.0f};
+    a = gemm_operand(a, &g.ta, &g.lda, &g.stride_a);
+    b = gemm_operand(b, &g.tb, &g.ldb, &g.stride_b);
+    na_tensor *out = (a && b) ? na_empty(a->dtype, a->device, nb + 2, shape) : NULL;
+    if (!out) return NULL;
+    g.a = a->data, g.b = b->data, g.c = out->data;
+    g.ldc = n, g.stride_c = m * n;
+    g.batch = na_shape_numel(nb, shape);
+    if (na_be(out)->gemm(&g) != NA_OK) return NULL;
+    na_tensor *in[2] = {a, b};
+    na_graph_record(NA_OP_MATMUL, out, 2, in);
+    return out;
+}
+
+int na_bw_MATMUL(na_node *n, na_tensor *gout, na_tensor **gin) {
+    na_tensor *a = n->inputs[0], *b = n->inputs[1];
+    int nd = gout->ndim;
+    if (na_node_needs_grad(n, 0)) { /* ga = gout @ b^T, summed over batch if a was shared */
+        na_tensor *ga = na_matmul(gout, na_transpose(b, b->ndim - 2, b->ndim - 1));
+        if (ga && a->ndim < nd) ga = na_sum_to_shape(ga, a->ndim, a->shape);
+        if (!(gin[0] = ga)) return na_last_status();
+    }
+    if (na_node_needs_grad(n, 1)) { /* gb = a^T @ gout */
+        na_tensor *gb = na_matmul(na_transpose(a, a->ndim - 2, a->ndim - 1), gout);
+        if (gb && b->ndim < nd) gb = na_sum_to_shape(gb, b->ndim, b->shape);
+        if (!(gin[1] = gb)) return na_last_status();
+    }
+    return NA_OK;
+}
+
+na_tensor *na_linear(na_tensor *x, na_tensor *w, na_tensor *b) {
+    const char *fn = "na_linear";
+    char s1[NA_DESCRIBE_MAX], s2[NA_DESCRIBE_MAX];
+    if (!na_check_float(fn, x, "x") || !na_check_float(fn, w, "weight") ||
+        !na_check_same_device(fn, x, w) || (b && (!na_check_float(fn, b, "bias") ||
+                                                  !na_check_same_device(fn, x, b))))
+        return NULL;
+    if (x->ndim < 1 || w->ndim != 2 || x->shape[x->ndim - 1] != w->shape[1] ||
+        (b && (b->ndim != 1 || b->shape[0] != w->shape[0]))) {
+        na_set_error(NA_ESHAPE, "%s: expected x [.., in], weight [out, in], bias [out]; got x %s, "
+                     "weight %s%s", fn, na_tensor_describe(x, s1, sizeof s1),
+                     na_tensor_describe(w, s2, sizeof s2), b ? " and a bias of the wrong shape" : "");
+        return NULL;
+    }
+    na_tensor *ins[3] = {x, w, b};
+    if (na_autocast_inputs(NA_OP_LINEAR, ins, b ? 3 : 2) != NA_OK) return NULL;
+    x = ins[0], w = ins[1], b = ins[2];
+    if (!na_check_same_dtype(fn, x, w) || (b && !na_check_same_dtype(fn, x, b))) return NULL;
+    int64_t in = w->shape[1], outf = w->shape[0], rows = x->numel / (in ? in : 1);
+    na_tensor *x2 = na_contiguous(x), *wc = na_contiguous(w), *bc = b ? na_contiguous(b) : NULL;
+    if (!x2 || !wc || (b && !bc)) return NULL;
+    int64_t shape[NA_MAX_DIMS];
+    for (int i = 0; i < x->ndim - 1; i++) shape[i] = x->shape[i];
+    shape[x->ndim - 1] = outf;
+    na_tensor *out = na_empty(x->dtype, x->device, x->ndim, shape);
+    if (!out) return NULL;
+    na_gemm_args g = {.dtype = x->dtype, .a = x2->data, .b = wc->data, .bias = bc ? bc->data : NULL,
+                      .c = out->data, .tb = true, .m = rows, .n = outf, .k = in, .lda = in,
+                      .ldb = in, .ldc = outf, .batch = 1, .alpha = 1.0f, .beta = 0.0f};
+    if (na_be(out)->gemm(&g) != NA_OK) return NULL;
+    na_tensor *inputs[3] = {x2, wc, bc};
+    na_graph_record(NA_OP_LINEAR, out, 3, inputs);
+    return out;
+}
+
+int na_bw_LINEAR(na_node *n, na_tensor *gout, na_tensor **gin) {
+    na_tensor *x = n->inputs[0], *w = n->inputs[1];
+    int64_t in = w->shape[1], outf = w->shape[0];
+    na_tensor *g2 = na_reshape(gout, 2, (const int64_t[]){-1, outf});
+    if (!g2) return na_last_status();
+    if (na_node_needs_grad(n, 0)) { /* gx = gout @ w */
+        na_tensor *gx = na_matmul(g2, w);
+        if (!(gin[0] = gx ? na_reshape(gx, x->ndim, x->shape) : NULL)) return na_last_status();
+    }
+    if (na_node_needs_grad(n, 1)) { /* gw = gout^T @ x */
+        na_tensor *x2 = na_reshape(x, 2, (const int64_t[]){-1, in});
+        if (!(gin[1] = x2 ? na_matmul(na_transpose(g2, 0, 1), x2) : NULL)) return na_last_status();
+    }
+    if (na_node_needs_grad(n, 2) && !(gin[2] = na_sum_dim(g2, 0, false))) return na_last_status();
+    return NA_OK;
+}

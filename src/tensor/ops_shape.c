@@ -1,0 +1,191 @@
+/* Views, copies and casts: reshape, permute/transpose, slice, contiguous, cast, to_device.
+ * Each op's backward sits right after its forward. */
+#include <inttypes.h>
+#include <string.h>
+
+#include "src/autograd/graph.h"
+#include "src/tensor/tensor_internal.h"
+
+/* ---- reshape ------------------------------------------------------------------------ */
+
+na_tensor *na_reshape(na_tensor *t, int ndim, const int64_t *shape) {
+    const char *fn = "na_reshape";
+    if (!na_check_tensor(fn, t, "input")) return NULL;
+    if (ndim < 0 || ndim > NA_MAX_DIMS) {
+        na_set_error(NA_ESHAPE, "%s: %d dims requested, at most %d supported", fn, ndim, NA_MAX_DIMS);
+        return NULL;
+    }
+    int64_t s[NA_MAX_DIMS], known = 1;
+    int infer = -1;
+    for (int i = 0; i < ndim; i++) {
+        s[i] = shape[i];
+        if (s[i] == -1 && infer < 0) infer = i;
+        else if (s[i] < 0) {
+            na_set_error(NA_ESHAPE, "%s: invalid size %" PRId64 " at dim %d", fn, s[i], i);
+            return NULL;
+        } else known *= s[i];
+    }
+    if (infer >= 0) s[infer] = known ? t->numel / known : 0;
+    if (na_shape_numel(ndim, s) != t->numel) {
+        char b[NA_DESCRIBE_MAX];
+        na_set_error(NA_ESHAPE, "%s: cannot view %s (%" PRId64 " elements) with %d dims of %" PRId64
+                     " elements", fn, na_tensor_describe(t, b, sizeof b), t->numel, ndim,
+                     na_shape_numel(ndim, s));
+        return NULL;
+    }
+    na_tensor *src = na_is_contiguous(t) ? t : na_contiguous(t);
+    if (!src) return NULL;
+    na_tensor *out = na_tensor_view_header(src);
+    if (!out) return NULL;
+    out->ndim = ndim;
+    memcpy(out->shape, s, sizeof(int64_t) * (size_t)ndim);
+    na_set_contiguous_strides(out);
+    na_graph_record(NA_OP_RESHAPE, out, 1, &src);
+    return out;
+}
+
+int na_bw_RESHAPE(na_node *n, na_tensor *gout, na_tensor **gin) {
+    na_tensor *x = n->inputs[0];
+    return (gin[0] = na_reshape(gout, x->ndim, x->shape)) ? NA_OK : na_last_status();
+}
+
+na_tensor *na_flatten(na_tensor *t, int start_dim) {
+    if (!na_check_tensor("na_flatten", t, "input")) return NULL;
+    if (t->ndim == 0) return na_reshape(t, 1, (const int64_t[]){1});
+    if (!na_check_dim("na_flatten", t, &start_dim)) return NULL;
+    int64_t s[NA_MAX_DIMS];
+    for (int i = 0; i < start_dim; i++) s[i] = t->shape[i];
+    s[start_dim] = -1;
+    return na_reshape(t, start_dim + 1, s);
+}
+
+/* ---- permute / transpose --------------------------------------------------------------- */
+
+na_tensor *na_permute(na_tensor *t, const int *perm) {
+    const char *fn = "na_permute";
+    if (!na_check_tensor(fn, t, "input")) return NULL;
+    bool seen[NA_MAX_DIMS] = {0};
+    for (int i = 0; i < t->ndim; i++) {
+        if (perm[i] < 0 || perm[i] >= t->ndim || seen[perm[i]]) {
+            na_set_error(NA_EINVAL, "%s: perm is not a permutation of %d dims (entry %d = %d)",
+                         fn, t->ndim, i, perm[i]);
+            return NULL;
+        }
+        seen[perm[i]] = true;
+    }
+    na_tensor *out = na_tensor_view_header(t);
+    if (!out) return NULL;
+    for (int i = 0; i < t->ndim; i++) {
+        out->shape[i] = t->shape[perm[i]];
+        out->stride[i] = t->stride[perm[i]];
+    }
+    na_node *n = na_graph_record(NA_OP_PERMUTE, out, 1, &t);
+    if (n)
+        for (int i = 0; i < t->ndim; i++) n->i[i] = perm[i];
+    return out;
+}
+
+int na_bw_PERMUTE(na_node *n, na_tensor *gout, na_tensor **gin) {
+    int inv[NA_MAX_DIMS];
+    for (int i = 0; i < gout->ndim; i++) inv[n->i[i]] = i;
+    return (gin[0] = na_permute(gout, inv)) ? NA_OK : na_last_status();
+}
+
+na_tensor *na_transpose(na_tensor *t, int d0, int d1) {
+    if (!na_check_tensor("na_transpose", t, "input") || !na_check_dim("na_transpose", t, &d0) ||
+        !na_check_dim("na_transpose", t, &d1))
+        return NULL;
+    int perm[NA_MAX_DIMS];
+    for (int i = 0; i < t->ndim; i++) perm[i] = i;
+    perm[d0] = d1;
+    perm[d1] = d0;
+    return na_permute(t, perm);
+}
+
+/* ---- slice of the leading dim ----------------------------------------------------------- */
+
+na_tensor *na_slice(na_tensor *t, int64_t start, int64_t stop) {
+    const char *fn = "na_slice";
+    if (!na_check_tensor(fn, t, "input")) return NULL;
+    if (t->ndim == 0 || start < 0 || stop > t->shape[0] || start > stop) {
+        char b[NA_DESCRIBE_MAX];
+        na_set_error(NA_EINVAL, "%s: rows [%" PRId64 ", %" PRId64 ") out of range for %s", fn,
+                     start, stop, na_tensor_describe(t, b, sizeof b));
+        return NULL;
+    }
+    na_tensor *out = na_tensor_view_header(t);
+    if (!out) return NULL;
+    out->shape[0] = stop - start;
+    out->numel = na_shape_numel(out->ndim, out->shape);
+    out->data = (char *)t->data + start * t->stride[0] * (int64_t)na_dtype_size(t->dtype);
+    na_node *n = na_graph_record(NA_OP_SLICE, out, 1, &t);
+    if (n) n->i[0] = start;
+    return out;
+}
+
+int na_bw_SLICE(na_node *n, na_tensor *gout, na_tensor **gin) {
+    na_tensor *x = n->inputs[0];
+    na_tensor *g = na_zeros(gout->dtype, gout->device, x->ndim, x->shape);
+    if (!g) return na_last_status();
+    na_tensor *rows = na_tensor_view_header(g);
+    if (!rows) return na_last_status();
+    rows->shape[0] = gout->shape[0];
+    rows->numel = gout->numel;
+    rows->data = (char *)g->data + n->i[0] * g->stride[0] * (int64_t)na_dtype_size(g->dtype);
+    int rc = na_be(g)->copy(rows, gout);
+    gin[0] = g;
+    return rc;
+}
+
+/* ---- contiguous -------------------------------------------------------------------------- */
+
+na_tensor *na_contiguous(na_tensor *t) {
+    if (!na_check_tensor("na_contiguous", t, "input")) return NULL;
+    if (na_is_contiguous(t)) return t;
+    na_tensor *out = na_empty(t->dtype, t->device, t->ndim, t->shape);
+    if (!out || na_be(t)->copy(out, t) != NA_OK) return NULL;
+    na_graph_record(NA_OP_CONTIGUOUS, out, 1, &t);
+    return out;
+}
+
+int na_bw_CONTIGUOUS(na_node *n, na_tensor *gout, na_tensor **gin) {
+    gin[0] = gout;
+    return NA_OK;
+}
+
+/* ---- cast ------------------------------------------------------------------------------ */
+
+na_tensor *na_cast(na_tensor *x, na_dtype dt) {
+    const char *fn = "na_cast";
+    if (!na_check_tensor(fn, x, "input")) return NULL;
+    if ((unsigned)dt >= NA_DTYPE_COUNT) {
+        na_set_error(NA_EDTYPE, "%s: unknown dtype %d", fn, (int)dt);
+        return NULL;
+    }
+    if (dt == x->dtype) return x;
+    na_tensor *out = na_empty(dt, x->device, x->ndim, x->shape);
+    if (!out || na_be(x)->copy(out, x) != NA_OK) return NULL;
+    if (na_dtype_is_float(x->dtype) && na_dtype_is_float(dt)) na_graph_record(NA_OP_CAST, out, 1, &x);
+    return out;
+}
+
+int na_bw_CAST(na_node *n, na_tensor *gout, na_tensor **gin) {
+    return (gin[0] = na_cast(gout, n->inputs[0]->dtype)) ? NA_OK : na_last_status();
+}
+
+/* ---- to_device ------------------------------------------------------------------------- */
+
+na_tensor *na_to_device(const na_tensor *t, na_device dev) {
+    if (!na_check_tensor("na_to_device", t, "input")) return NULL;
+    na_tensor *out = na_empty(t->dtype, dev, t->ndim, t->shape);
+    if (!out || na_copy_(out, t) != NA_OK) return NULL;
+    if (na_dtype_is_float(t->dtype)) {
+        na_tensor *in = (na_tensor *)t;
+        na_graph_record(NA_OP_TO_DEVICE, out, 1, &in);
+    }
+    return out;
+}
+
+int na_bw_TO_DEVICE(na_node *n, na_tensor *gout, na_tensor **gin) {
+    return (gin[0] = na_to_device(gout, n->inputs[0]->device)) ? NA_OK : na_last_status();
+}

@@ -1,0 +1,40 @@
+/* Helpers shared by the op front-ends (internal). */
+#ifndef NANOAMP_SRC_TENSOR_INTERNAL_H
+#define NANOAMP_SRC_TENSOR_INTERNAL_H
+
+#include "kernels/backend.h"
+#include "nanoamp/error.h"
+#include "nanoamp/ops.h"
+#include "nanoamp/tensor.h"
+
+/* A step tensor with contiguous strides and no data yet (data = NULL). */
+na_tensor *na_tensor_header(na_dtype dt, na_device dev, int ndim, const int64_t *shape);
+/* A step tensor struct that views `base` (copying its geometry). */
+na_tensor *na_tensor_view_header(na_tensor *base);
+void na_set_contiguous_strides(na_tensor *t);
+int64_t na_shape_numel(int ndim, const int64_t *shape);
+
+/* The backend of t's device (error set, NULL if unavailable). */
+const na_backend *na_be(const na_tensor *t);
+
+/* Checks that set a message naming `fn` and return false on failure. */
+bool na_check_tensor(const char *fn, const na_tensor *t, const char *what);
+bool na_check_float(const char *fn, const na_tensor *t, const char *what);
+bool na_check_same_device(const char *fn, const na_tensor *a, const na_tensor *b);
+bool na_check_same_dtype(const char *fn, const na_tensor *a, const na_tensor *b);
+/* Normalizes a possibly negative dim; false with an error if out of range. */
+bool na_check_dim(const char *fn, const na_tensor *t, int *dim);
+
+/* The wider of two float dtypes (f16 with bf16 gives f32). */
+na_dtype na_promote_float(na_dtype a, na_dtype b);
+
+/* Autocast for one op call: replaces ins[k] by casts when a region is active (src/amp).
+ * Returns NA_OK or an error. */
+int na_autocast_inputs(na_op op, na_tensor **ins, int n);
+
+/* [outer, r, inner] split of t around `dim`. */
+void na_split_dims(const na_tensor *t, int dim, int64_t *outer, int64_t *r, int64_t *inner);
+
+/* Reduce g (shape of a broadcast result) to `shape` by summing broadcast dims. */
+na_tensor *na_sum_to_shape(na_tensor *g, int ndim, const int64_t *shape);
+#endif
