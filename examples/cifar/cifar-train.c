@@ -25,6 +25,7 @@ static const char *find_data(const char *given) {
 }
 
 int main(int argc, char **argv) {
+    trainer_tune_blas(argv);
     trainer_opts o;
     int rc = trainer_parse_args(&o, argc, argv, "resnet9", "resnet9");
     if (rc) return rc < 0 ? 2 : 0;

@@ -176,6 +176,28 @@ int trainer_parse_args(trainer_opts *o, int argc, char **argv, const char *model
     return 0;
 }
 
+/* ---- BLAS kernels ------------------------------------------------------------------------ */
+
+void trainer_tune_blas(char **argv) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (getenv("OPENBLAS_CORETYPE") || getenv("NANOAMP_NO_BLAS_TUNE")) return;
+    __builtin_cpu_init();
+    const char *core = NULL;
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+        core = "SkylakeX";
+    else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        core = "Haswell";
+    if (!core) return;
+    setenv("OPENBLAS_CORETYPE", core, 1);
+    setenv("NANOAMP_NO_BLAS_TUNE", "1", 1); /* once */
+    execv("/proc/self/exe", argv);
+    /* exec failed: carry on with the default kernels */
+#else
+    (void)argv;
+#endif
+}
+
 /* ---- data helpers ------------------------------------------------------------------------- */
 
 void trainer_channel_stats(const na_dataset *ds, float *mean, float *std) {

@@ -43,6 +43,13 @@ typedef struct {
  * Returns the process exit code. */
 int trainer_run(const trainer_opts *o, trainer_job *job);
 
+/* OpenBLAS picks its kernels when it loads, from the CPU model it recognizes; on CPUs it does
+ * not know (common in VMs) it falls back to its slowest SSE3 kernels, 3-5x slower here. If
+ * OPENBLAS_CORETYPE is unset and the CPU has AVX-512 (or AVX2+FMA), this sets it to SkylakeX
+ * (Haswell) and re-executes the program once so that OpenBLAS loads with it. Set
+ * OPENBLAS_CORETYPE yourself to choose, or NANOAMP_NO_BLAS_TUNE=1 to keep the default. */
+void trainer_tune_blas(char **argv);
+
 /* Per-channel mean and std of a dataset's pixels scaled to [0, 1]. */
 void trainer_channel_stats(const na_dataset *ds, float *mean, float *std);
 #endif

@@ -33,6 +33,7 @@ static const char *find_data(const char *given) {
 }
 
 int main(int argc, char **argv) {
+    trainer_tune_blas(argv);
     trainer_opts o;
     int rc = trainer_parse_args(&o, argc, argv, "cnn|mlp", "cnn");
     if (rc) return rc < 0 ? 2 : 0;
