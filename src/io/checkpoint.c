@@ -1,0 +1,987 @@
+/* Checkpoints in the safetensors format (see include/nanoamp/io.h).
+ *
+ * Writing mirrors safetensors' serialize(): tensors sorted by descending dtype (F64, F32, I32,
+ * BF16, F16, U8 — the order of safetensors' Dtype enum, i.e. by alignment), then by name;
+ * compact JSON with "__metadata__" first (its keys sorted, for reproducible files); the header
+ * space-padded to a multiple of 8 so that every tensor's data is aligned in the file.
+ *
+ * Reading mirrors SafeTensors::read_metadata + Metadata::validate, in the same order of
+ * checks, with messages that name the file, the tensor and the values. Beyond safetensors it
+ * rejects duplicate keys (serde would keep the last), dtypes nanoamp has no type for, ranks
+ * above NA_CHECKPOINT_MAX_DIMS and dims above INT64_MAX. */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "json.h"
+#include "nanoamp/error.h"
+#include "nanoamp/io.h"
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "nanoamp checkpoints assume a little-endian host (safetensors data is little-endian)"
+#endif
+
+typedef struct {
+    char *name;
+    na_dtype dtype;
+    int ndim;
+    int64_t *shape; /* ndim values (NULL when ndim == 0) */
+    int64_t numel;
+    size_t nbytes;
+    const na_tensor *tensor; /* writer: a referenced tensor ... */
+    const void *data;        /* ... or referenced host data; reader: the tensor's bytes */
+    void *owned;             /* reader: a realigned copy, when the file's offset was odd */
+    uint64_t begin, end;     /* reader: data_offsets */
+} ck_entry;
+
+struct na_checkpoint {
+    ck_entry *e;
+    int64_t n, cap;
+    int64_t *by_name; /* reader: entry indices sorted by name (binary search) */
+    char **mkey, **mval;
+    int64_t mn, mcap;
+    unsigned char *data; /* reader: the data section */
+    char *path;          /* reader: for messages */
+};
+
+/* ---- dtypes ------------------------------------------------------------------------- */
+static const struct {
+    na_dtype dt;
+    const char *name;
+    int rank; /* write order: safetensors' Dtype enum, descending */
+} dtypes[] = {
+    {NA_DTYPE_F64, "F64", 0}, {NA_DTYPE_F32, "F32", 1},  {NA_DTYPE_I32, "I32", 2},
+    {NA_DTYPE_BF16, "BF16", 3}, {NA_DTYPE_F16, "F16", 4}, {NA_DTYPE_U8, "U8", 5},
+};
+#define N_DTYPES ((int)(sizeof dtypes / sizeof dtypes[0]))
+_Static_assert(N_DTYPES == NA_DTYPE_COUNT, "every nanoamp dtype has a safetensors name");
+
+const char *na_safetensors_dtype_name(na_dtype dt) {
+    for (int i = 0; i < N_DTYPES; i++)
+        if (dtypes[i].dt == dt) return dtypes[i].name;
+    return NULL;
+}
+
+bool na_safetensors_dtype_parse(const char *s, na_dtype *out) {
+    for (int i = 0; i < N_DTYPES; i++)
+        if (s && strcmp(s, dtypes[i].name) == 0) {
+            if (out) *out = dtypes[i].dt;
+            return true;
+        }
+    return false;
+}
+
+static int dtype_rank(na_dtype dt) {
+    for (int i = 0; i < N_DTYPES; i++)
+        if (dtypes[i].dt == dt) return dtypes[i].rank;
+    return N_DTYPES;
+}
+
+/* "[10, 64]" into buf (size >= 64); long shapes end in ", ...]". */
+static void shape_str(char *buf, size_t size, int ndim, const int64_t *shape) {
+    size_t at = (size_t)snprintf(buf, size, "[");
+    for (int i = 0; i < ndim; i++) {
+        if (at + 2 + 20 + 7 >= size) {
+            snprintf(buf + at, size - at, ", ...]");
+            return;
+        }
+        at += (size_t)snprintf(buf + at, size - at, "%s%" PRId64, i ? ", " : "", shape[i]);
+    }
+    snprintf(buf + at, size - at, "]");
+}
+
+/* ---- building ----------------------------------------------------------------------- */
+na_checkpoint *na_checkpoint_new(void) {
+    na_checkpoint *ck = calloc(1, sizeof *ck);
+    if (!ck) na_set_error(NA_ENOMEM, "na_checkpoint_new: out of memory");
+    return ck;
+}
+
+void na_checkpoint_free(na_checkpoint *ck) {
+    if (!ck) return;
+    for (int64_t i = 0; i < ck->n; i++) {
+        free(ck->e[i].name);
+        free(ck->e[i].shape);
+        free(ck->e[i].owned);
+    }
+    for (int64_t i = 0; i < ck->mn; i++) {
+        free(ck->mkey[i]);
+        free(ck->mval[i]);
+    }
+    free(ck->e);
+    free(ck->by_name);
+    free(ck->mkey);
+    free(ck->mval);
+    free(ck->data);
+    free(ck->path);
+    free(ck);
+}
+
+static int64_t find_linear(const na_checkpoint *ck, const char *name) {
+    for (int64_t i = 0; i < ck->n; i++)
+        if (strcmp(ck->e[i].name, name) == 0) return i;
+    return -1;
+}
+
+static int64_t find(const na_checkpoint *ck, const char *name) {
+    if (!ck->by_name) return find_linear(ck, name);
+    int64_t lo = 0, hi = ck->n;
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo) / 2;
+        int c = strcmp(ck->e[ck->by_name[mid]].name, name);
+        if (c == 0) return ck->by_name[mid];
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return -1;
+}
+
+static int add_entry(na_checkpoint *ck, const char *fn, const char *name, na_dtype dtype,
+                     int ndim, const int64_t *shape, const na_tensor *t, const void *data) {
+    if (!ck || !name) return na_set_error(NA_EINVAL, "%s: %s is NULL", fn, ck ? "name" : "ck");
+    if (ck->by_name)
+        return na_set_error(NA_ESTATE, "%s: cannot add '%s' to a checkpoint read from a file",
+                            fn, name);
+    if (strcmp(name, "__metadata__") == 0)
+        return na_set_error(NA_EINVAL, "%s: '__metadata__' is reserved for the metadata", fn);
+    if (na_utf8_check((const unsigned char *)name, strlen(name)))
+        return na_set_error(NA_EINVAL, "%s: tensor name is not valid UTF-8", fn);
+    if (find_linear(ck, name) >= 0)
+        return na_set_error(NA_EINVAL, "%s: a tensor named '%s' is already in the checkpoint", fn,
+                            name);
+    if (!na_safetensors_dtype_name(dtype))
+        return na_set_error(NA_EDTYPE, "%s: tensor '%s' has an invalid dtype (%d)", fn, name,
+                            (int)dtype);
+    if (ndim < 0 || ndim > NA_MAX_DIMS || (ndim > 0 && !shape))
+        return na_set_error(NA_EINVAL, "%s: tensor '%s' has ndim %d (expected 0..%d with a shape)",
+                            fn, name, ndim, NA_MAX_DIMS);
+    uint64_t numel = 1;
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] < 0 || __builtin_mul_overflow(numel, (uint64_t)shape[i], &numel))
+            return na_set_error(NA_EINVAL, "%s: tensor '%s' has an invalid shape", fn, name);
+    }
+    uint64_t nbytes;
+    if (__builtin_mul_overflow(numel, (uint64_t)na_dtype_size(dtype), &nbytes) ||
+        nbytes > (uint64_t)INT64_MAX)
+        return na_set_error(NA_EINVAL, "%s: tensor '%s' is too large", fn, name);
+    if (!t && !data && numel > 0)
+        return na_set_error(NA_EINVAL, "%s: tensor '%s' has no data", fn, name);
+    if (ck->n == ck->cap) {
+        int64_t cap = ck->cap ? ck->cap * 2 : 16;
+        ck_entry *e = realloc(ck->e, (size_t)cap * sizeof *e);
+        if (!e) return na_set_error(NA_ENOMEM, "%s: out of memory", fn);
+        ck->e = e;
+        ck->cap = cap;
+    }
+    ck_entry en = {0};
+    en.name = strdup(name);
+    if (ndim > 0) en.shape = malloc((size_t)ndim * sizeof(int64_t));
+    if (!en.name || (ndim > 0 && !en.shape)) {
+        free(en.name);
+        free(en.shape);
+        return na_set_error(NA_ENOMEM, "%s: out of memory", fn);
+    }
+    if (ndim > 0) memcpy(en.shape, shape, (size_t)ndim * sizeof(int64_t));
+    en.dtype = dtype;
+    en.ndim = ndim;
+    en.numel = (int64_t)numel;
+    en.nbytes = (size_t)nbytes;
+    en.tensor = t;
+    en.data = data;
+    ck->e[ck->n++] = en;
+    return NA_OK;
+}
+
+int na_checkpoint_add(na_checkpoint *ck, const char *name, const na_tensor *t) {
+    if (!t) return na_set_error(NA_EINVAL, "na_checkpoint_add: tensor '%s' is NULL",
+                                name ? name : "(null)");
+    return add_entry(ck, "na_checkpoint_add", name, t->dtype, t->ndim, t->shape, t, NULL);
+}
+
+int na_checkpoint_add_host(na_checkpoint *ck, const char *name, na_dtype dtype, int ndim,
+                           const int64_t *shape, const void *data) {
+    return add_entry(ck, "na_checkpoint_add_host", name, dtype, ndim, shape, NULL, data);
+}
+
+/* Appends a pair (taking ownership of both strings, freed on failure). */
+static int meta_append(na_checkpoint *ck, char *key, char *value) {
+    if (ck->mn == ck->mcap) {
+        int64_t cap = ck->mcap ? ck->mcap * 2 : 8;
+        char **k = realloc(ck->mkey, (size_t)cap * sizeof *k);
+        if (k) ck->mkey = k;
+        char **v = k ? realloc(ck->mval, (size_t)cap * sizeof *v) : NULL;
+        if (v) ck->mval = v;
+        if (!k || !v) {
+            free(key);
+            free(value);
+            return NA_ENOMEM;
+        }
+        ck->mcap = cap;
+    }
+    ck->mkey[ck->mn] = key;
+    ck->mval[ck->mn] = value;
+    ck->mn++;
+    return NA_OK;
+}
+
+int na_checkpoint_set_meta(na_checkpoint *ck, const char *key, const char *value) {
+    const char *fn = "na_checkpoint_set_meta";
+    if (!ck || !key || !value)
+        return na_set_error(NA_EINVAL, "%s: %s is NULL", fn, !ck ? "ck" : !key ? "key" : "value");
+    if (na_utf8_check((const unsigned char *)key, strlen(key)) ||
+        na_utf8_check((const unsigned char *)value, strlen(value)))
+        return na_set_error(NA_EINVAL, "%s: key or value of '%s' is not valid UTF-8", fn, key);
+    char *v = strdup(value);
+    if (!v) return na_set_error(NA_ENOMEM, "%s: out of memory", fn);
+    for (int64_t i = 0; i < ck->mn; i++)
+        if (strcmp(ck->mkey[i], key) == 0) {
+            free(ck->mval[i]);
+            ck->mval[i] = v;
+            return NA_OK;
+        }
+    char *k = strdup(key);
+    if (!k) {
+        free(v);
+        return na_set_error(NA_ENOMEM, "%s: out of memory", fn);
+    }
+    if (meta_append(ck, k, v)) return na_set_error(NA_ENOMEM, "%s: out of memory", fn);
+    return NA_OK;
+}
+
+/* ---- saving ------------------------------------------------------------------------- */
+static _Thread_local const na_checkpoint *sort_ck; /* qsort has no context argument */
+
+static int cmp_write_order(const void *a, const void *b) {
+    const ck_entry *x = &sort_ck->e[*(const int64_t *)a], *y = &sort_ck->e[*(const int64_t *)b];
+    int rx = dtype_rank(x->dtype), ry = dtype_rank(y->dtype);
+    if (rx != ry) return rx < ry ? -1 : 1;
+    return strcmp(x->name, y->name);
+}
+
+static int cmp_str_ptr(const void *a, const void *b) {
+    return strcmp(**(char *const *const *)a, **(char *const *const *)b);
+}
+
+/* The padded header for entries in `order`. */
+static int build_header(const na_checkpoint *ck, const int64_t *order, na_sbuf *h) {
+    na_sbuf_put(h, "{", 1);
+    if (ck->mn > 0) {
+        char ***keys = malloc((size_t)ck->mn * sizeof *keys);
+        if (!keys) return na_set_error(NA_ENOMEM, "na_checkpoint_save: out of memory");
+        for (int64_t i = 0; i < ck->mn; i++) keys[i] = &ck->mkey[i];
+        qsort(keys, (size_t)ck->mn, sizeof *keys, cmp_str_ptr);
+        na_sbuf_puts(h, "\"__metadata__\":{");
+        for (int64_t i = 0; i < ck->mn; i++) {
+            int64_t k = keys[i] - ck->mkey;
+            if (i) na_sbuf_put(h, ",", 1);
+            na_sbuf_json_string(h, ck->mkey[k]);
+            na_sbuf_put(h, ":", 1);
+            na_sbuf_json_string(h, ck->mval[k]);
+        }
+        na_sbuf_put(h, "}", 1);
+        free(keys);
+        if (ck->n > 0) na_sbuf_put(h, ",", 1);
+    }
+    uint64_t offset = 0;
+    for (int64_t i = 0; i < ck->n; i++) {
+        const ck_entry *e = &ck->e[order[i]];
+        if (i) na_sbuf_put(h, ",", 1);
+        na_sbuf_json_string(h, e->name);
+        na_sbuf_puts(h, ":{\"dtype\":\"");
+        na_sbuf_puts(h, na_safetensors_dtype_name(e->dtype));
+        na_sbuf_puts(h, "\",\"shape\":[");
+        for (int d = 0; d < e->ndim; d++) na_sbuf_printf(h, d ? ",%" PRId64 : "%" PRId64, e->shape[d]);
+        na_sbuf_printf(h, "],\"data_offsets\":[%" PRIu64 ",%" PRIu64 "]}", offset,
+                       offset + e->nbytes);
+        offset += e->nbytes;
+    }
+    na_sbuf_put(h, "}", 1);
+    while (!h->oom && h->len % 8) na_sbuf_put(h, " ", 1);
+    if (h->oom) return na_set_error(NA_ENOMEM, "na_checkpoint_save: out of memory");
+    return NA_OK;
+}
+
+static int write_all(FILE *f, const void *p, size_t n) {
+    return fwrite(p, 1, n, f) == n ? 0 : -1;
+}
+
+int na_checkpoint_save(const na_checkpoint *ck, const char *path) {
+    const char *fn = "na_checkpoint_save";
+    if (!ck || !path) return na_set_error(NA_EINVAL, "%s: %s is NULL", fn, ck ? "path" : "ck");
+    int st = NA_OK;
+    int64_t *order = malloc((size_t)(ck->n ? ck->n : 1) * sizeof *order);
+    na_sbuf h = {0};
+    void *scratch = NULL;
+    size_t tmp_len = strlen(path) + 32;
+    char *tmp = malloc(tmp_len);
+    FILE *f = NULL;
+    if (!order || !tmp) {
+        st = na_set_error(NA_ENOMEM, "%s: out of memory", fn);
+        goto done;
+    }
+    for (int64_t i = 0; i < ck->n; i++) order[i] = i;
+    sort_ck = ck;
+    qsort(order, (size_t)ck->n, sizeof *order, cmp_write_order);
+    sort_ck = NULL;
+    if ((st = build_header(ck, order, &h))) goto done;
+
+    size_t max_bytes = 0;
+    for (int64_t i = 0; i < ck->n; i++)
+        if (ck->e[i].tensor && ck->e[i].nbytes > max_bytes) max_bytes = ck->e[i].nbytes;
+    if (max_bytes && !(scratch = malloc(max_bytes))) {
+        st = na_set_error(NA_ENOMEM, "%s: cannot allocate %zu bytes to stage a tensor", fn,
+                          max_bytes);
+        goto done;
+    }
+
+    snprintf(tmp, tmp_len, "%s.tmp.%ld", path, (long)getpid());
+    f = fopen(tmp, "wb");
+    if (!f) {
+        st = na_set_error(NA_EIO, "%s: cannot create '%s': %s", fn, tmp, strerror(errno));
+        goto done;
+    }
+    unsigned char len8[8];
+    uint64_t n = h.len;
+    for (int k = 0; k < 8; k++) len8[k] = (unsigned char)(n >> (8 * k));
+    if (write_all(f, len8, 8) || write_all(f, h.p, h.len)) goto write_error;
+    for (int64_t i = 0; i < ck->n; i++) {
+        const ck_entry *e = &ck->e[order[i]];
+        if (e->nbytes == 0) continue;
+        const void *src = e->data;
+        if (e->tensor) {
+            if (e->tensor->dtype != e->dtype || e->tensor->numel != e->numel) {
+                st = na_set_error(NA_ESTATE, "%s: tensor '%s' changed since it was added", fn,
+                                  e->name);
+                goto fail;
+            }
+            if (na_copy_to_host(e->tensor, scratch)) {
+                char msg[512];
+                snprintf(msg, sizeof msg, "%s", na_last_error());
+                st = na_set_error(na_last_status() ? na_last_status() : NA_EIO,
+                                  "%s: cannot read tensor '%s': %s", fn, e->name, msg);
+                goto fail;
+            }
+            src = scratch;
+        }
+        if (write_all(f, src, e->nbytes)) goto write_error;
+    }
+    if (fflush(f) != 0 || fsync(fileno(f)) != 0) goto write_error;
+    int rc = fclose(f);
+    f = NULL;
+    if (rc != 0) goto write_error;
+    if (rename(tmp, path) != 0) {
+        st = na_set_error(NA_EIO, "%s: cannot rename '%s' to '%s': %s", fn, tmp, path,
+                          strerror(errno));
+        goto fail;
+    }
+    /* Make the rename itself durable. */
+    {
+        char *dir = strdup(path);
+        if (dir) {
+            char *slash = strrchr(dir, '/');
+            const char *d = slash ? (slash == dir ? "/" : (*slash = '\0', dir)) : ".";
+            int dfd = open(d, O_RDONLY | O_DIRECTORY);
+            if (dfd >= 0) {
+                (void)fsync(dfd);
+                close(dfd);
+            }
+            free(dir);
+        }
+    }
+    goto done;
+
+write_error:
+    st = na_set_error(NA_EIO, "%s: writing '%s' failed: %s (the previous '%s', if any, is "
+                              "unchanged)",
+                      fn, tmp, strerror(errno), path);
+fail:
+    if (f) fclose(f);
+    f = NULL;
+    unlink(tmp);
+done:
+    free(order);
+    free(h.p);
+    free(scratch);
+    free(tmp);
+    return st;
+}
+
+/* ---- loading ------------------------------------------------------------------------ */
+static int fmt_error(const char *path, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
+static int fmt_error(const char *path, const char *fmt, ...) {
+    char msg[900];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return na_set_error(NA_EFORMAT, "na_checkpoint_load: '%s': %s", path, msg);
+}
+
+static int json_error(const char *path, const na_json *j) {
+    return fmt_error(path, "invalid JSON header at byte %zu (file offset %zu): %s", j->err_at,
+                     j->err_at + 8, j->err);
+}
+
+/* Parses one tensor's info object into e (name already set). */
+static bool parse_tensor_info(na_json *j, ck_entry *e) {
+    bool have_dtype = false, have_shape = false, have_offsets = false;
+    int64_t shape[NA_CHECKPOINT_MAX_DIMS];
+    if (!na_json_expect(j, '{')) return false;
+    if (na_json_peek(j) == '}') {
+        j->i++;
+        return na_json_fail(j, "tensor '%s': missing field 'dtype'", e->name);
+    }
+    for (;;) {
+        char *key = NULL;
+        if (!na_json_string(j, &key)) return false;
+        if (!na_json_expect(j, ':')) {
+            free(key);
+            return false;
+        }
+        bool ok = true;
+        if (strcmp(key, "dtype") == 0) {
+            char *dt = NULL;
+            if (have_dtype)
+                ok = na_json_fail(j, "tensor '%s': duplicate field 'dtype'", e->name);
+            else if ((ok = na_json_string(j, &dt))) {
+                if (!na_safetensors_dtype_parse(dt, &e->dtype))
+                    ok = na_json_fail(j,
+                                      "tensor '%s': unknown dtype '%.40s' (nanoamp reads F64, F32, "
+                                      "F16, BF16, I32, U8)",
+                                      e->name, dt);
+                free(dt);
+            }
+            have_dtype = true;
+        } else if (strcmp(key, "shape") == 0) {
+            if (have_shape)
+                ok = na_json_fail(j, "tensor '%s': duplicate field 'shape'", e->name);
+            else if ((ok = na_json_expect(j, '['))) {
+                int nd = 0;
+                if (na_json_peek(j) == ']')
+                    j->i++;
+                else
+                    for (;;) {
+                        uint64_t v;
+                        if (!(ok = na_json_uint(j, &v))) break;
+                        if (nd == NA_CHECKPOINT_MAX_DIMS) {
+                            ok = na_json_fail(j, "tensor '%s': more than %d dimensions", e->name,
+                                              NA_CHECKPOINT_MAX_DIMS);
+                            break;
+                        }
+                        if (v > (uint64_t)INT64_MAX) {
+                            ok = na_json_fail(j, "tensor '%s': dimension %d is %" PRIu64
+                                                 ", above the supported 2^63-1",
+                                              e->name, nd, v);
+                            break;
+                        }
+                        shape[nd++] = (int64_t)v;
+                        char d = na_json_peek(j);
+                        if (d == ',') {
+                            j->i++;
+                            continue;
+                        }
+                        if (d == ']') {
+                            j->i++;
+                            break;
+                        }
+                        ok = na_json_fail(j, "tensor '%s': expected ',' or ']' in the shape",
+                                          e->name);
+                        break;
+                    }
+                if (ok) {
+                    e->ndim = nd;
+                    if (nd > 0) {
+                        e->shape = malloc((size_t)nd * sizeof(int64_t));
+                        if (!e->shape)
+                            ok = na_json_fail(j, "out of memory");
+                        else
+                            memcpy(e->shape, shape, (size_t)nd * sizeof(int64_t));
+                    }
+                }
+            }
+            have_shape = true;
+        } else if (strcmp(key, "data_offsets") == 0) {
+            if (have_offsets)
+                ok = na_json_fail(j, "tensor '%s': duplicate field 'data_offsets'", e->name);
+            else
+                ok = na_json_expect(j, '[') && na_json_uint(j, &e->begin) &&
+                     na_json_expect(j, ',') && na_json_uint(j, &e->end) &&
+                     (na_json_peek(j) == ']' ||
+                      na_json_fail(j, "tensor '%s': data_offsets must hold exactly 2 integers",
+                                   e->name)) &&
+                     na_json_expect(j, ']');
+            have_offsets = true;
+        } else {
+            ok = na_json_skip(j, 2); /* unknown fields are ignored, as serde does */
+        }
+        free(key);
+        if (!ok) return false;
+        char d = na_json_peek(j);
+        if (d == ',') {
+            j->i++;
+            continue;
+        }
+        if (d == '}') {
+            j->i++;
+            break;
+        }
+        return na_json_fail(j, "expected ',' or '}' in the info of tensor '%s'", e->name);
+    }
+    if (!have_dtype) return na_json_fail(j, "tensor '%s': missing field 'dtype'", e->name);
+    if (!have_shape) return na_json_fail(j, "tensor '%s': missing field 'shape'", e->name);
+    if (!have_offsets) return na_json_fail(j, "tensor '%s': missing field 'data_offsets'", e->name);
+    return true;
+}
+
+static bool parse_metadata(na_json *j, na_checkpoint *ck) {
+    if (na_json_peek(j) == 'n') return na_json_skip(j, 1); /* null: no metadata */
+    if (!na_json_expect(j, '{')) return false;
+    if (na_json_peek(j) == '}') {
+        j->i++;
+        return true;
+    }
+    for (;;) {
+        char *k = NULL, *v = NULL;
+        if (!na_json_string(j, &k)) return false;
+        if (!na_json_expect(j, ':')) {
+            free(k);
+            return false;
+        }
+        if (na_json_peek(j) != '"') {
+            na_json_fail(j, "__metadata__ value of '%.60s' is not a string", k);
+            free(k);
+            return false;
+        }
+        if (!na_json_string(j, &v)) {
+            free(k);
+            return false;
+        }
+        if (meta_append(ck, k, v)) return na_json_fail(j, "out of memory");
+        char d = na_json_peek(j);
+        if (d == ',') {
+            j->i++;
+            continue;
+        }
+        if (d == '}') {
+            j->i++;
+            return true;
+        }
+        return na_json_fail(j, "expected ',' or '}' in __metadata__");
+    }
+}
+
+static bool parse_header(na_json *j, na_checkpoint *ck) {
+    bool have_meta = false;
+    if (!na_json_expect(j, '{')) return false;
+    if (na_json_peek(j) == '}') {
+        j->i++;
+    } else
+        for (;;) {
+            char *key = NULL;
+            if (!na_json_string(j, &key)) return false;
+            if (!na_json_expect(j, ':')) {
+                free(key);
+                return false;
+            }
+            if (strcmp(key, "__metadata__") == 0) {
+                free(key);
+                if (have_meta) return na_json_fail(j, "duplicate key '__metadata__'");
+                have_meta = true;
+                if (!parse_metadata(j, ck)) return false;
+            } else {
+                if (ck->n == ck->cap) {
+                    int64_t cap = ck->cap ? ck->cap * 2 : 16;
+                    ck_entry *e = realloc(ck->e, (size_t)cap * sizeof *e);
+                    if (!e) {
+                        free(key);
+                        return na_json_fail(j, "out of memory");
+                    }
+                    ck->e = e;
+                    ck->cap = cap;
+                }
+                ck_entry *e = &ck->e[ck->n++];
+                memset(e, 0, sizeof *e);
+                e->name = key;
+                if (!parse_tensor_info(j, e)) return false;
+            }
+            char d = na_json_peek(j);
+            if (d == ',') {
+                j->i++;
+                continue;
+            }
+            if (d == '}') {
+                j->i++;
+                break;
+            }
+            return na_json_fail(j, "expected ',' or '}' after a top-level entry");
+        }
+    na_json_ws(j);
+    if (j->i != j->n) return na_json_fail(j, "trailing characters after the JSON object");
+    return true;
+}
+
+static int cmp_by_name(const void *a, const void *b) {
+    const ck_entry *x = &sort_ck->e[*(const int64_t *)a], *y = &sort_ck->e[*(const int64_t *)b];
+    return strcmp(x->name, y->name);
+}
+
+static int cmp_by_offsets(const void *a, const void *b) {
+    const ck_entry *x = a, *y = b;
+    if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
+    if (x->end != y->end) return x->end < y->end ? -1 : 1;
+    return strcmp(x->name, y->name);
+}
+
+na_checkpoint *na_checkpoint_load(const char *path) {
+    if (!path) {
+        na_set_error(NA_EINVAL, "na_checkpoint_load: path is NULL");
+        return NULL;
+    }
+    na_checkpoint *ck = calloc(1, sizeof *ck);
+    char *header = NULL;
+    FILE *f = NULL;
+    if (!ck || !(ck->path = strdup(path))) {
+        na_set_error(NA_ENOMEM, "na_checkpoint_load: out of memory");
+        goto fail;
+    }
+    f = fopen(path, "rb");
+    if (!f) {
+        na_set_error(NA_EIO, "na_checkpoint_load: cannot open '%s': %s", path, strerror(errno));
+        goto fail;
+    }
+    struct stat sb;
+    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        na_set_error(NA_EIO, "na_checkpoint_load: '%s' is not a regular file", path);
+        goto fail;
+    }
+    const uint64_t size = (uint64_t)sb.st_size;
+    if (size < 8) {
+        fmt_error(path, "the file is %" PRIu64 " bytes, too small for the 8-byte header length",
+                  size);
+        goto fail;
+    }
+    unsigned char len8[8];
+    if (fread(len8, 1, 8, f) != 8) goto read_error;
+    uint64_t n = 0;
+    for (int k = 0; k < 8; k++) n |= (uint64_t)len8[k] << (8 * k);
+    if (n > NA_SAFETENSORS_MAX_HEADER) {
+        fmt_error(path, "header length %" PRIu64 " (bytes 0..7) exceeds the limit of %d bytes", n,
+                  NA_SAFETENSORS_MAX_HEADER);
+        goto fail;
+    }
+    if (8 + n > size) {
+        fmt_error(path,
+                  "header length %" PRIu64 " (bytes 0..7) runs past the end of the file: 8 + %" PRIu64
+                  " > %" PRIu64 " bytes",
+                  n, n, size);
+        goto fail;
+    }
+    header = malloc(n ? n : 1);
+    if (!header) {
+        na_set_error(NA_ENOMEM, "na_checkpoint_load: cannot allocate %" PRIu64 " header bytes", n);
+        goto fail;
+    }
+    if (fread(header, 1, n, f) != n) goto read_error;
+    size_t bad = na_utf8_check((const unsigned char *)header, n);
+    if (bad) {
+        fmt_error(path, "the header is not valid UTF-8 (byte 0x%02x at file offset %zu)",
+                  (unsigned char)header[bad - 1], bad - 1 + 8);
+        goto fail;
+    }
+    na_json j = {.s = header, .n = n};
+    if (!parse_header(&j, ck)) {
+        json_error(path, &j);
+        goto fail;
+    }
+    ck->by_name = malloc((size_t)(ck->n ? ck->n : 1) * sizeof(int64_t));
+    if (!ck->by_name) {
+        na_set_error(NA_ENOMEM, "na_checkpoint_load: out of memory");
+        goto fail;
+    }
+    /* validate offsets in file order (as safetensors: sorted by data_offsets) */
+    for (int64_t i = 0; i < ck->n; i++) ck->by_name[i] = i;
+    if (ck->n > 1) {
+        qsort(ck->e, (size_t)ck->n, sizeof *ck->e, cmp_by_offsets);
+        sort_ck = ck;
+        qsort(ck->by_name, (size_t)ck->n, sizeof *ck->by_name, cmp_by_name);
+        sort_ck = NULL;
+    }
+    for (int64_t i = 1; i < ck->n; i++)
+        if (strcmp(ck->e[ck->by_name[i]].name, ck->e[ck->by_name[i - 1]].name) == 0) {
+            fmt_error(path, "duplicate tensor name '%s' in the header", ck->e[ck->by_name[i]].name);
+            goto fail;
+        }
+    uint64_t start = 0;
+    for (int64_t i = 0; i < ck->n; i++) {
+        ck_entry *e = &ck->e[i];
+        if (e->begin != start || e->end < e->begin) {
+            if (e->end < e->begin)
+                fmt_error(path, "tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64 "] end before "
+                                "they begin",
+                          e->name, e->begin, e->end);
+            else if (i == 0)
+                fmt_error(path, "tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64
+                                "]: the first tensor must start at 0 (no gap)",
+                          e->name, e->begin, e->end);
+            else
+                fmt_error(path, "tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64
+                                "] %s the previous tensor '%s', which ends at %" PRIu64,
+                          e->name, e->begin, e->end,
+                          e->begin > start ? "leave a gap after" : "overlap", ck->e[i - 1].name,
+                          start);
+            goto fail;
+        }
+        start = e->end;
+        uint64_t numel = 1, nbytes;
+        bool ovf = false;
+        for (int d = 0; d < e->ndim; d++)
+            ovf = ovf || __builtin_mul_overflow(numel, (uint64_t)e->shape[d], &numel);
+        ovf = ovf || __builtin_mul_overflow(numel, (uint64_t)na_dtype_size(e->dtype), &nbytes);
+        char sh[160];
+        shape_str(sh, sizeof sh, e->ndim, e->shape);
+        if (ovf) {
+            fmt_error(path, "tensor '%s': shape %s x %zu-byte %s overflows 64 bits", e->name, sh,
+                      na_dtype_size(e->dtype), na_safetensors_dtype_name(e->dtype));
+            goto fail;
+        }
+        if (nbytes != e->end - e->begin) {
+            fmt_error(path,
+                      "tensor '%s': shape %s of %s needs %" PRIu64 " bytes but data_offsets [%" PRIu64
+                      ", %" PRIu64 "] span %" PRIu64,
+                      e->name, sh, na_safetensors_dtype_name(e->dtype), nbytes, e->begin, e->end,
+                      e->end - e->begin);
+            goto fail;
+        }
+        e->numel = (int64_t)numel; /* <= nbytes <= file size */
+        e->nbytes = (size_t)nbytes;
+    }
+    const uint64_t data_size = size - 8 - n;
+    if (start != data_size) {
+        fmt_error(path,
+                  "the tensors' data ends at file offset %" PRIu64 " (8 + %" PRIu64 " + %" PRIu64
+                  ") but the file is %" PRIu64 " bytes (%s)",
+                  8 + n + start, n, start, size,
+                  start < data_size ? "trailing bytes" : "missing bytes");
+        goto fail;
+    }
+    if (ck->mn > 0) { /* metadata sorted by key; duplicates rejected */
+        char ***kp = malloc((size_t)ck->mn * sizeof *kp);
+        char **k2 = malloc((size_t)ck->mn * sizeof *k2);
+        char **v2 = malloc((size_t)ck->mn * sizeof *v2);
+        if (!kp || !k2 || !v2) {
+            free(kp);
+            free(k2);
+            free(v2);
+            na_set_error(NA_ENOMEM, "na_checkpoint_load: out of memory");
+            goto fail;
+        }
+        for (int64_t i = 0; i < ck->mn; i++) kp[i] = &ck->mkey[i];
+        qsort(kp, (size_t)ck->mn, sizeof *kp, cmp_str_ptr);
+        for (int64_t i = 0; i < ck->mn; i++) {
+            int64_t at = kp[i] - ck->mkey;
+            k2[i] = ck->mkey[at];
+            v2[i] = ck->mval[at];
+        }
+        free(kp);
+        free(ck->mkey);
+        free(ck->mval);
+        ck->mkey = k2;
+        ck->mval = v2;
+        ck->mcap = ck->mn;
+        for (int64_t i = 1; i < ck->mn; i++)
+            if (strcmp(ck->mkey[i], ck->mkey[i - 1]) == 0) {
+                fmt_error(path, "duplicate __metadata__ key '%s'", ck->mkey[i]);
+                goto fail;
+            }
+    }
+    ck->data = malloc(data_size ? data_size : 1);
+    if (!ck->data) {
+        na_set_error(NA_ENOMEM, "na_checkpoint_load: '%s': cannot allocate %" PRIu64 " data bytes",
+                     path, data_size);
+        goto fail;
+    }
+    if (data_size && fread(ck->data, 1, data_size, f) != data_size) goto read_error;
+    for (int64_t i = 0; i < ck->n; i++) {
+        ck_entry *e = &ck->e[i];
+        e->data = ck->data + e->begin;
+        if (e->nbytes && e->begin % na_dtype_size(e->dtype) != 0) { /* realign */
+            e->owned = malloc(e->nbytes);
+            if (!e->owned) {
+                na_set_error(NA_ENOMEM, "na_checkpoint_load: out of memory");
+                goto fail;
+            }
+            memcpy(e->owned, e->data, e->nbytes);
+            e->data = e->owned;
+        }
+    }
+    fclose(f);
+    free(header);
+    return ck;
+
+read_error:
+    na_set_error(NA_EIO, "na_checkpoint_load: read error in '%s': %s", path,
+                 ferror(f) ? strerror(errno) : "the file shrank while reading");
+fail:
+    if (f) fclose(f);
+    free(header);
+    na_checkpoint_free(ck);
+    return NULL;
+}
+
+/* ---- queries ------------------------------------------------------------------------ */
+static void fill_entry(const ck_entry *e, na_checkpoint_entry *out) {
+    out->name = e->name;
+    out->dtype = e->dtype;
+    out->ndim = e->ndim;
+    out->shape = e->shape;
+    out->numel = e->numel;
+    out->data = e->data;
+    out->nbytes = e->nbytes;
+}
+
+int64_t na_checkpoint_count(const na_checkpoint *ck) { return ck ? ck->n : 0; }
+
+int na_checkpoint_entry_at(const na_checkpoint *ck, int64_t i, na_checkpoint_entry *out) {
+    if (!ck || !out || i < 0 || i >= ck->n)
+        return na_set_error(NA_EINVAL, "na_checkpoint_entry_at: index %lld out of range 0..%lld",
+                            (long long)i, (long long)(ck ? ck->n - 1 : -1));
+    fill_entry(&ck->e[i], out);
+    return NA_OK;
+}
+
+bool na_checkpoint_has(const na_checkpoint *ck, const char *name) {
+    return ck && name && find(ck, name) >= 0;
+}
+
+int na_checkpoint_get(const na_checkpoint *ck, const char *name, na_checkpoint_entry *out) {
+    if (!ck || !name || !out)
+        return na_set_error(NA_EINVAL, "na_checkpoint_get: NULL argument");
+    int64_t i = find(ck, name);
+    if (i < 0)
+        return na_set_error(NA_EINVAL, "na_checkpoint_get: no tensor '%s' in checkpoint%s%s%s",
+                            name, ck->path ? " '" : "", ck->path ? ck->path : "",
+                            ck->path ? "'" : "");
+    fill_entry(&ck->e[i], out);
+    return NA_OK;
+}
+
+int na_checkpoint_copy_into(const na_checkpoint *ck, const char *name, na_tensor *dst) {
+    const char *fn = "na_checkpoint_copy_into";
+    if (!ck || !name || !dst) return na_set_error(NA_EINVAL, "%s: NULL argument", fn);
+    int64_t i = find(ck, name);
+    const char *file = ck->path ? ck->path : "(unsaved)";
+    if (i < 0)
+        return na_set_error(NA_EINVAL, "%s: no tensor '%s' in checkpoint '%s'", fn, name, file);
+    const ck_entry *e = &ck->e[i];
+    if (e->dtype != dst->dtype)
+        return na_set_error(NA_EDTYPE,
+                            "%s: checkpoint tensor '%s' has dtype %s but the model's is %s "
+                            "(file '%s')",
+                            fn, name, na_dtype_name(e->dtype), na_dtype_name(dst->dtype), file);
+    bool same = e->ndim == dst->ndim;
+    for (int d = 0; same && d < e->ndim; d++) same = e->shape[d] == dst->shape[d];
+    if (!same) {
+        char a[160], b[160];
+        shape_str(a, sizeof a, e->ndim, e->shape);
+        shape_str(b, sizeof b, dst->ndim, dst->shape);
+        return na_set_error(NA_ESHAPE,
+                            "%s: checkpoint tensor '%s' has shape %s but the model's is %s "
+                            "(file '%s')",
+                            fn, name, a, b, file);
+    }
+    if (e->numel == 0) return NA_OK;
+    int st = e->data ? na_copy_from_host(dst, e->data) : na_copy_(dst, e->tensor);
+    if (st) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", na_last_error());
+        return na_set_error(st, "%s: tensor '%s': %s", fn, name, msg);
+    }
+    return NA_OK;
+}
+
+const char *na_checkpoint_get_meta(const na_checkpoint *ck, const char *key) {
+    if (!ck || !key) return NULL;
+    for (int64_t i = 0; i < ck->mn; i++)
+        if (strcmp(ck->mkey[i], key) == 0) return ck->mval[i];
+    return NULL;
+}
+
+int64_t na_checkpoint_meta_count(const na_checkpoint *ck) { return ck ? ck->mn : 0; }
+
+int na_checkpoint_meta_at(const na_checkpoint *ck, int64_t i, const char **key,
+                          const char **value) {
+    if (!ck || i < 0 || i >= ck->mn)
+        return na_set_error(NA_EINVAL, "na_checkpoint_meta_at: index %lld out of range",
+                            (long long)i);
+    if (key) *key = ck->mkey[i];
+    if (value) *value = ck->mval[i];
+    return NA_OK;
+}
+
+/* ---- convenience -------------------------------------------------------------------- */
+int na_checkpoint_save_tensors(const char *path, int n, const char *const *names,
+                               const na_tensor *const *tensors) {
+    const char *fn = "na_checkpoint_save_tensors";
+    if (n < 0 || (n > 0 && !tensors))
+        return na_set_error(NA_EINVAL, "%s: %d tensors, tensors array %s", fn, n,
+                            tensors ? "given" : "NULL");
+    na_checkpoint *ck = na_checkpoint_new();
+    if (!ck) return na_last_status();
+    int st = NA_OK;
+    for (int i = 0; i < n && !st; i++) {
+        const char *name = names ? names[i] : tensors[i] ? tensors[i]->name : NULL;
+        if (!name) {
+            st = na_set_error(NA_EINVAL, "%s: tensor %d has no name", fn, i);
+            break;
+        }
+        st = na_checkpoint_add(ck, name, tensors[i]);
+    }
+    if (!st) st = na_checkpoint_save(ck, path);
+    na_checkpoint_free(ck);
+    return st;
+}
+
+int na_checkpoint_load_tensors(const char *path, int n, const char *const *names,
+                               na_tensor *const *tensors, bool strict) {
+    const char *fn = "na_checkpoint_load_tensors";
+    if (n < 0 || (n > 0 && !tensors))
+        return na_set_error(NA_EINVAL, "%s: %d tensors, tensors array %s", fn, n,
+                            tensors ? "given" : "NULL");
+    na_checkpoint *ck = na_checkpoint_load(path);
+    if (!ck) return na_last_status();
+    int st = NA_OK;
+    bool *used = calloc((size_t)(ck->n ? ck->n : 1), 1);
+    if (!used) st = na_set_error(NA_ENOMEM, "%s: out of memory", fn);
+    for (int i = 0; i < n && !st; i++) {
+        const char *name = names ? names[i] : tensors[i] ? tensors[i]->name : NULL;
+        if (!name) {
+            st = na_set_error(NA_EINVAL, "%s: tensor %d has no name", fn, i);
+            break;
+        }
+        int64_t k = find(ck, name);
+        if (k >= 0) used[k] = true;
+        st = na_checkpoint_copy_into(ck, name, tensors[i]);
+    }
+    for (int64_t k = 0; strict && !st && k < ck->n; k++)
+        if (!used[k])
+            st = na_set_error(NA_EINVAL,
+                              "%s: '%s' holds tensor '%s', which is not among the %d tensors "
+                              "to load (strict)",
+                              fn, path, ck->e[k].name, n);
+    free(used);
+    na_checkpoint_free(ck);
+    return st;
+}

@@ -1,0 +1,873 @@
+/* tests/test_data.c — IDX and CIFAR-10 readers (valid and hostile files, plain and gzip),
+ * the synthetic dataset, and the batcher (shuffle, normalization, crop/flip, seek, prefetch).
+ *
+ * Every file is written by hand into a fresh mkdtemp directory; every corruption case checks
+ * the status and the pieces of the message a user needs (file, expected, found, offset). */
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include "nanoamp/data.h"
+#include "nanoamp/error.h"
+
+/* ---- helpers ------------------------------------------------------------------------------ */
+
+static char tmpdir[256];
+
+static void make_tmpdir(void) {
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/na_test_data_XXXXXX");
+    cr_assert_not_null(mkdtemp(tmpdir), "mkdtemp: %s", strerror(errno));
+}
+
+static void rm_rf(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *e;
+    char p[1024];
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        struct stat st;
+        if (lstat(p, &st) == 0 && S_ISDIR(st.st_mode))
+            rm_rf(p);
+        else
+            unlink(p);
+    }
+    closedir(d);
+    rmdir(dir);
+}
+
+static void cleanup(void) { rm_rf(tmpdir); }
+
+static const char *tpath(const char *name) {
+    static char bufs[64][512];
+    static int k;
+    char *b = bufs[k++ % 64];
+    snprintf(b, 512, "%s/%s", tmpdir, name);
+    return b;
+}
+
+static void write_bytes(const char *path, const void *p, size_t n, bool gz) {
+    if (gz) {
+        gzFile g = gzopen(path, "wb");
+        cr_assert_not_null(g);
+        if (n) cr_assert_eq(gzwrite(g, p, (unsigned)n), (int)n);
+        cr_assert_eq(gzclose(g), Z_OK);
+    } else {
+        FILE *f = fopen(path, "wb");
+        cr_assert_not_null(f);
+        if (n) cr_assert_eq(fwrite(p, 1, n, f), n);
+        cr_assert_eq(fclose(f), 0);
+    }
+}
+
+static void put_be32(uint8_t *b, uint32_t v) {
+    b[0] = (uint8_t)(v >> 24);
+    b[1] = (uint8_t)(v >> 16);
+    b[2] = (uint8_t)(v >> 8);
+    b[3] = (uint8_t)v;
+}
+
+/* An IDX image file of n images rows x cols (pixel = (i*7 + k) & 255), in buf (malloc'd). */
+static uint8_t *idx_images(uint32_t n, uint32_t rows, uint32_t cols, size_t *len) {
+    size_t data = (size_t)n * rows * cols;
+    uint8_t *b = malloc(16 + data);
+    put_be32(b, 0x00000803);
+    put_be32(b + 4, n);
+    put_be32(b + 8, rows);
+    put_be32(b + 12, cols);
+    for (size_t k = 0; k < data; k++) b[16 + k] = (uint8_t)((k * 7 + k / 13) & 255);
+    *len = 16 + data;
+    return b;
+}
+
+static uint8_t *idx_labels(uint32_t n, size_t *len) {
+    uint8_t *b = malloc(8 + n);
+    put_be32(b, 0x00000801);
+    put_be32(b + 4, n);
+    for (uint32_t i = 0; i < n; i++) b[8 + i] = (uint8_t)((i * 3) % 10);
+    *len = 8 + n;
+    return b;
+}
+
+#define assert_msg_has(s) \
+    cr_assert(strstr(na_last_error(), (s)) != NULL, "message lacks \"%s\": %s", (s), na_last_error())
+
+/* Loads img/lab (written plain or gzip) and expects a failure with status and substrings. */
+static void expect_idx_fail(const uint8_t *img, size_t il, const uint8_t *lab, size_t ll,
+                            bool gz, int status, const char *const *parts) {
+    write_bytes(tpath("img"), img, il, gz);
+    write_bytes(tpath("lab"), lab, ll, gz);
+    na_clear_error();
+    na_dataset *ds = na_idx_load(tpath("img"), tpath("lab"));
+    cr_assert_null(ds, "%s file was accepted", gz ? "gzip" : "plain");
+    cr_assert_eq(na_last_status(), status, "status %d (%s), want %d: %s", na_last_status(),
+                 na_status_str(na_last_status()), status, na_last_error());
+    assert_msg_has("na_idx_load");
+    for (int i = 0; parts && parts[i]; i++) assert_msg_has(parts[i]);
+}
+
+/* ---- IDX: valid files --------------------------------------------------------------------- */
+
+TestSuite(idx, .init = make_tmpdir, .fini = cleanup);
+
+static void check_idx_dataset(const na_dataset *ds, uint32_t n, uint32_t rows, uint32_t cols,
+                              const uint8_t *img, const uint8_t *lab) {
+    cr_assert_not_null(ds, "%s", na_last_error());
+    cr_assert_eq(ds->n, n);
+    cr_assert_eq(ds->channels, 1);
+    cr_assert_eq(ds->height, (int)rows);
+    cr_assert_eq(ds->width, (int)cols);
+    cr_assert_eq(ds->num_classes, 10);
+    cr_assert_eq(memcmp(ds->images, img + 16, (size_t)n * rows * cols), 0);
+    for (uint32_t i = 0; i < n; i++) cr_assert_eq(ds->labels[i], lab[8 + i]);
+}
+
+Test(idx, loads_plain_and_gzip_in_any_combination) {
+    size_t il, ll;
+    uint8_t *img = idx_images(5, 4, 3, &il), *lab = idx_labels(5, &ll);
+    for (int combo = 0; combo < 4; combo++) {
+        write_bytes(tpath("img"), img, il, combo & 1);
+        write_bytes(tpath("lab"), lab, ll, combo & 2);
+        na_dataset *ds = na_idx_load(tpath("img"), tpath("lab"));
+        check_idx_dataset(ds, 5, 4, 3, img, lab);
+        na_dataset_free(ds);
+    }
+    free(img);
+    free(lab);
+}
+
+Test(idx, gzip_is_detected_by_magic_not_by_name) {
+    size_t il, ll;
+    uint8_t *img = idx_images(2, 2, 2, &il), *lab = idx_labels(2, &ll);
+    write_bytes(tpath("images.bin"), img, il, true); /* gzip without .gz */
+    write_bytes(tpath("labels.gz"), lab, ll, false); /* plain named .gz */
+    na_dataset *ds = na_idx_load(tpath("images.bin"), tpath("labels.gz"));
+    check_idx_dataset(ds, 2, 2, 2, img, lab);
+    na_dataset_free(ds);
+    free(img);
+    free(lab);
+}
+
+Test(idx, a_large_gzip_file_is_read_in_chunks) {
+    size_t il, ll;
+    uint8_t *img = idx_images(3000, 28, 28, &il), *lab = idx_labels(3000, &ll); /* 2.3 MB */
+    write_bytes(tpath("img"), img, il, true);
+    write_bytes(tpath("lab"), lab, ll, true);
+    na_dataset *ds = na_idx_load(tpath("img"), tpath("lab"));
+    check_idx_dataset(ds, 3000, 28, 28, img, lab);
+    na_dataset_free(ds);
+    free(img);
+    free(lab);
+}
+
+Test(idx, mnist_load_finds_plain_or_gz_files) {
+    size_t il, ll;
+    uint8_t *img = idx_images(4, 28, 28, &il), *lab = idx_labels(4, &ll);
+    write_bytes(tpath("train-images-idx3-ubyte.gz"), img, il, true);
+    write_bytes(tpath("train-labels-idx1-ubyte"), lab, ll, false);
+    na_dataset *ds = na_mnist_load(tmpdir, true);
+    check_idx_dataset(ds, 4, 28, 28, img, lab);
+    na_dataset_free(ds);
+
+    cr_assert_null(na_mnist_load(tmpdir, false));
+    cr_assert_eq(na_last_status(), NA_EIO);
+    assert_msg_has("t10k-images-idx3-ubyte");
+    assert_msg_has(tmpdir);
+    free(img);
+    free(lab);
+}
+
+/* ---- IDX: hostile files ------------------------------------------------------------------- */
+
+Test(idx, rejects_every_corruption_plain_and_gzip) {
+    size_t il, ll;
+    for (int gz = 0; gz < 2; gz++) {
+        uint8_t *img = idx_images(3, 4, 5, &il), *lab = idx_labels(3, &ll); /* 60 data bytes */
+        uint8_t *bad = malloc(il + 64);
+
+        /* wrong magic */
+        memcpy(bad, img, il);
+        put_be32(bad, 0x00000804);
+        expect_idx_fail(bad, il, lab, ll, gz, NA_EFORMAT,
+                        (const char *[]){tpath("img"), "bad magic 0x00000804 at offset 0",
+                                         "expected 0x00000803", NULL});
+        /* magic written little-endian */
+        bad[0] = 0x03, bad[1] = 0x08, bad[2] = 0, bad[3] = 0;
+        expect_idx_fail(bad, il, lab, ll, gz, NA_EFORMAT,
+                        (const char *[]){"bad magic 0x03080000", "first two bytes", NULL});
+        /* wrong data type */
+        put_be32(bad, 0x00000903);
+        expect_idx_fail(bad, il, lab, ll, gz, NA_EFORMAT,
+                        (const char *[]){"0x00000903", "unsigned byte", NULL});
+        /* wrong number of dims */
+        put_be32(bad, 0x00000802);
+        expect_idx_fail(bad, il, lab, ll, gz, NA_EFORMAT,
+                        (const char *[]){"0x00000802", "number of dimensions", NULL});
+        /* images and labels swapped */
+        expect_idx_fail(lab, ll, img, il, gz, NA_EFORMAT,
+                        (const char *[]){"bad magic 0x00000801", "swapped", NULL});
+        /* labels file with images magic in the label slot */
+        memcpy(bad, lab, ll);
+        put_be32(bad, 0x00000803);
+        write_bytes(tpath("img"), img, il, gz);
+        write_bytes(tpath("lab"), bad, ll, gz);
+        cr_assert_null(na_idx_load(tpath("img"), tpath("lab")));
+        assert_msg_has(tpath("lab"));
+        assert_msg_has("expected 0x00000801");
+
+        /* truncated magic and truncated header */
+        expect_idx_fail(img, 2, lab, ll, gz, NA_EFORMAT,
+                        (const char *[]){"truncated", "magic alone takes 4", NULL});
+        expect_idx_fail(img, 10, lab, ll, gz, NA_EFORMAT,
+                        (const char *[]){"truncated", "16-byte header ends at offset 10", NULL});
+        expect_idx_fail(img, il, lab, 6, gz, NA_EFORMAT,
+                        (const char *[]){tpath("lab"), "8-byte header ends at offset 6", NULL});
+        /* truncated data: one byte short */
+        expect_idx_fail(img, il - 1, lab, ll, gz, NA_EFORMAT,
+                        (const char *[]){"truncated", "announces 60 data bytes", "expected 76",
+                                         NULL});
+        expect_idx_fail(img, il, lab, ll - 1, gz, NA_EFORMAT,
+                        (const char *[]){tpath("lab"), "truncated", "announces 3 data bytes",
+                                         NULL});
+        /* trailing bytes */
+        memcpy(bad, img, il);
+        bad[il] = 0xAB;
+        bad[il + 1] = 0xCD;
+        expect_idx_fail(bad, il + 2, lab, ll, gz, NA_EFORMAT,
+                        (const char *[]){"2 trailing bytes after", "offset 76", NULL});
+        /* a dim of 0 */
+        memcpy(bad, img, il);
+        put_be32(bad + 8, 0);
+        expect_idx_fail(bad, il, lab, ll, gz, NA_EFORMAT,
+                        (const char *[]){"dimension 1 (at offset 8) is 0", NULL});
+        /* N*rows*cols overflows 32 and 64 bits: rejected before any allocation */
+        put_be32(bad + 4, 0xFFFFFFFFu);
+        put_be32(bad + 8, 0xFFFFFFFFu);
+        put_be32(bad + 12, 0xFFFFFFFFu);
+        expect_idx_fail(bad, il, lab, ll, gz, NA_EFORMAT,
+                        (const char *[]){"more than 4294967296 bytes", NULL});
+        /* 60000 x 28 x 28 announced (47 MB, under the cap), 60 bytes present */
+        put_be32(bad + 4, 60000);
+        put_be32(bad + 8, 28);
+        put_be32(bad + 12, 28);
+        expect_idx_fail(bad, il, lab, ll, gz, NA_EFORMAT,
+                        (const char *[]){"truncated", "announces 47040000 data bytes", NULL});
+        /* count mismatch */
+        uint8_t *lab2 = idx_labels(2, &ll);
+        expect_idx_fail(img, il, lab2, ll, gz, NA_EFORMAT,
+                        (const char *[]){"3 images", "2 labels", tpath("img"), tpath("lab"),
+                                         NULL});
+        free(lab2);
+        /* label out of range */
+        free(lab);
+        lab = idx_labels(3, &ll);
+        lab[8 + 1] = 10;
+        expect_idx_fail(img, il, lab, ll, gz, NA_EFORMAT,
+                        (const char *[]){"label 10 of sample 1 (offset 9)", "0..9", NULL});
+        lab[8 + 1] = 255;
+        expect_idx_fail(img, il, lab, ll, gz, NA_EFORMAT, (const char *[]){"label 255", NULL});
+        free(bad);
+        free(img);
+        free(lab);
+    }
+}
+
+Test(idx, rejects_corrupt_and_cut_gzip_streams) {
+    size_t il, ll;
+    uint8_t *img = idx_images(50, 28, 28, &il), *lab = idx_labels(50, &ll);
+    write_bytes(tpath("img"), img, il, true);
+    write_bytes(tpath("lab"), lab, ll, true);
+    FILE *f = fopen(tpath("img"), "rb");
+    uint8_t gzb[1 << 16];
+    size_t gzn = fread(gzb, 1, sizeof gzb, f);
+    fclose(f);
+    cr_assert_gt(gzn, 100);
+
+    /* cut in the middle of the deflate stream */
+    write_bytes(tpath("cut"), gzb, gzn / 2, false);
+    cr_assert_null(na_idx_load(tpath("cut"), tpath("lab")));
+    cr_assert_eq(na_last_status(), NA_EFORMAT, "%s", na_last_error());
+    assert_msg_has(tpath("cut"));
+    assert_msg_has("truncated");
+
+    /* garbage inside the deflate stream */
+    memset(gzb + 20, 0xFF, 40);
+    write_bytes(tpath("garbage"), gzb, gzn, false);
+    cr_assert_null(na_idx_load(tpath("garbage"), tpath("lab")));
+    cr_assert(na_last_status() == NA_EFORMAT || na_last_status() == NA_EIO);
+    assert_msg_has(tpath("garbage"));
+
+    /* only the gzip magic */
+    write_bytes(tpath("magic"), "\x1f\x8b", 2, false);
+    cr_assert_null(na_idx_load(tpath("magic"), tpath("lab")));
+    assert_msg_has(tpath("magic"));
+    free(img);
+    free(lab);
+}
+
+Test(idx, missing_files_and_bad_arguments) {
+    cr_assert_null(na_idx_load(tpath("nope"), tpath("nope2")));
+    cr_assert_eq(na_last_status(), NA_EIO);
+    assert_msg_has("cannot open");
+    assert_msg_has(tpath("nope"));
+    cr_assert_null(na_idx_load(NULL, NULL));
+    cr_assert_eq(na_last_status(), NA_EINVAL);
+    cr_assert_null(na_idx_load(tmpdir, tmpdir)); /* a directory */
+    cr_assert_eq(na_last_status(), NA_EIO);
+    cr_assert_null(na_mnist_load(NULL, true));
+}
+
+/* ---- CIFAR -------------------------------------------------------------------------------- */
+
+TestSuite(cifar, .init = make_tmpdir, .fini = cleanup);
+
+/* records with label (first + r) % 10 and pixel k = (r*31 + k) & 255 */
+static uint8_t *cifar_records(int n, int first) {
+    uint8_t *b = malloc((size_t)n * 3073);
+    for (int r = 0; r < n; r++) {
+        b[r * 3073] = (uint8_t)((first + r) % 10);
+        for (int k = 0; k < 3072; k++) b[r * 3073 + 1 + k] = (uint8_t)((r * 31 + k) & 255);
+    }
+    return b;
+}
+
+Test(cifar, loads_small_files_in_chw_order) {
+    uint8_t *a = cifar_records(3, 0), *b = cifar_records(2, 7);
+    write_bytes(tpath("a.bin"), a, 3 * 3073, false);
+    write_bytes(tpath("b.bin"), b, 2 * 3073, false);
+    const char *paths[] = {tpath("a.bin"), tpath("b.bin")};
+    na_dataset *ds = na_cifar_load_files(paths, 2, false);
+    cr_assert_not_null(ds, "%s", na_last_error());
+    cr_assert_eq(ds->n, 5);
+    cr_assert_eq(ds->channels, 3);
+    cr_assert_eq(ds->height, 32);
+    cr_assert_eq(ds->width, 32);
+    cr_assert_eq(ds->num_classes, 10);
+    int want_labels[] = {0, 1, 2, 7, 8};
+    for (int i = 0; i < 5; i++) cr_assert_eq(ds->labels[i], want_labels[i]);
+    /* record 1 of file a: green channel (c=1), row 2, col 5 = byte 1 + 1024 + 2*32 + 5 */
+    cr_assert_eq(ds->images[1 * 3072 + 1024 + 2 * 32 + 5], a[3073 + 1 + 1024 + 69]);
+    cr_assert_eq(memcmp(ds->images + 3 * 3072, b + 1, 3072), 0);
+    cr_assert_eq(memcmp(ds->images + 4 * 3072, b + 3073 + 1, 3072), 0);
+    na_dataset_free(ds);
+
+    /* exact_size demands the official 10000 records */
+    cr_assert_null(na_cifar_load_files(paths, 2, true));
+    cr_assert_eq(na_last_status(), NA_EFORMAT);
+    assert_msg_has(tpath("a.bin"));
+    assert_msg_has("expected exactly 30730000");
+    free(a);
+    free(b);
+}
+
+Test(cifar, rejects_bad_files) {
+    uint8_t *a = cifar_records(3, 0);
+    const char *p[] = {tpath("x.bin")};
+    /* size not a multiple of 3073 */
+    write_bytes(p[0], a, 2 * 3073 + 5, false);
+    cr_assert_null(na_cifar_load_files(p, 1, false));
+    cr_assert_eq(na_last_status(), NA_EFORMAT);
+    assert_msg_has(p[0]);
+    assert_msg_has("6151 bytes, not a multiple of the 3073-byte record");
+    assert_msg_has("2 whole records and 5 stray bytes");
+    /* label > 9 */
+    a[3073] = 10;
+    write_bytes(p[0], a, 3 * 3073, false);
+    cr_assert_null(na_cifar_load_files(p, 1, false));
+    cr_assert_eq(na_last_status(), NA_EFORMAT);
+    assert_msg_has("label 10 of record 1 (offset 3073)");
+    /* empty */
+    write_bytes(p[0], a, 0, false);
+    cr_assert_null(na_cifar_load_files(p, 1, false));
+    assert_msg_has("empty");
+    /* missing */
+    const char *m[] = {tpath("missing.bin")};
+    cr_assert_null(na_cifar_load_files(m, 1, false));
+    cr_assert_eq(na_last_status(), NA_EIO);
+    assert_msg_has(m[0]);
+    /* gzip-compressed file gets a hint */
+    write_bytes(p[0], a, 3073, true);
+    cr_assert_null(na_cifar_load_files(p, 1, false));
+    assert_msg_has("gzip");
+    cr_assert_null(na_cifar_load_files(NULL, 0, false));
+    cr_assert_eq(na_last_status(), NA_EINVAL);
+    free(a);
+}
+
+Test(cifar, cifar10_load_finds_official_files_or_says_where_to_put_them) {
+    cr_assert_null(na_cifar10_load(tmpdir, true));
+    cr_assert_eq(na_last_status(), NA_EIO);
+    assert_msg_has("data_batch_1.bin");
+    assert_msg_has("cifar-10-batches-bin");
+    assert_msg_has("https://www.cs.toronto.edu/~kriz/cifar.html");
+    assert_msg_has(tmpdir);
+
+    /* an official-size test_batch.bin (all-zero records: label 0) in the tarball's folder */
+    char sub[512];
+    snprintf(sub, sizeof sub, "%s/cifar-10-batches-bin", tmpdir);
+    cr_assert_eq(mkdir(sub, 0755), 0);
+    char path[600];
+    snprintf(path, sizeof path, "%s/test_batch.bin", sub);
+    FILE *f = fopen(path, "wb");
+    cr_assert_eq(ftruncate(fileno(f), 30730000), 0);
+    uint8_t rec[3073] = {3};
+    rec[1 + 3071] = 200;
+    fseek(f, 9999L * 3073, SEEK_SET);
+    fwrite(rec, 1, sizeof rec, f);
+    fclose(f);
+    na_dataset *ds = na_cifar10_load(tmpdir, false);
+    cr_assert_not_null(ds, "%s", na_last_error());
+    cr_assert_eq(ds->n, 10000);
+    cr_assert_eq(ds->labels[0], 0);
+    cr_assert_eq(ds->labels[9999], 3);
+    cr_assert_eq(ds->images[9999 * 3072 + 3071], 200);
+    na_dataset_free(ds);
+
+    /* train split: batches 1..4 present, 5 missing */
+    for (int i = 1; i <= 4; i++) {
+        snprintf(path, sizeof path, "%s/data_batch_%d.bin", sub, i);
+        f = fopen(path, "wb");
+        cr_assert_eq(ftruncate(fileno(f), 30730000), 0);
+        fclose(f);
+    }
+    cr_assert_null(na_cifar10_load(tmpdir, true));
+    assert_msg_has("data_batch_5.bin");
+}
+
+/* ---- synthetic ---------------------------------------------------------------------------- */
+
+Test(synthetic, deterministic_and_learnable) {
+    na_dataset *a = na_dataset_synthetic_cifar(2000, 42), *b = na_dataset_synthetic_cifar(2000, 42);
+    na_dataset *c = na_dataset_synthetic_cifar(2000, 43);
+    cr_assert(a && b && c);
+    cr_assert_eq(a->channels, 3);
+    cr_assert_eq(a->height, 32);
+    cr_assert_eq(memcmp(a->images, b->images, 2000 * 3072), 0);
+    cr_assert_eq(memcmp(a->labels, b->labels, 2000 * 4), 0);
+    cr_assert_neq(memcmp(a->images, c->images, 2000 * 3072), 0);
+    int count[10] = {0};
+    for (int i = 0; i < 2000; i++) {
+        cr_assert(a->labels[i] >= 0 && a->labels[i] < 10);
+        count[a->labels[i]]++;
+    }
+    for (int k = 0; k < 10; k++) cr_assert_gt(count[k], 100);
+    /* nearest class mean (trained on a, tested on c) is far above chance */
+    double *mean = calloc(10 * 3072, sizeof(double));
+    for (int i = 0; i < 2000; i++)
+        for (int p = 0; p < 3072; p++) mean[a->labels[i] * 3072 + p] += a->images[i * 3072 + p];
+    for (int k = 0; k < 10; k++)
+        for (int p = 0; p < 3072; p++) mean[k * 3072 + p] /= count[k];
+    int correct = 0;
+    for (int i = 0; i < 2000; i++) {
+        int best = -1;
+        double bd = 0;
+        for (int k = 0; k < 10; k++) {
+            double d = 0;
+            for (int p = 0; p < 3072; p++) {
+                double t = c->images[i * 3072 + p] - mean[k * 3072 + p];
+                d += t * t;
+            }
+            if (best < 0 || d < bd) best = k, bd = d;
+        }
+        correct += best == c->labels[i];
+    }
+    cr_assert_gt(correct, 1000, "nearest-mean accuracy %d/2000", correct);
+    free(mean);
+    na_dataset_free(a);
+    na_dataset_free(b);
+    na_dataset_free(c);
+}
+
+/* ---- batcher ------------------------------------------------------------------------------ */
+
+/* n samples of 1x1x2 whose pixels encode the index (lo, hi byte); label = index % 10 */
+static na_dataset *indexed_dataset(int64_t n) {
+    na_dataset *ds = na_dataset_new(n, 1, 1, 2, 10);
+    cr_assert_not_null(ds);
+    for (int64_t i = 0; i < n; i++) {
+        ds->images[2 * i] = (uint8_t)(i & 255);
+        ds->images[2 * i + 1] = (uint8_t)(i >> 8);
+        ds->labels[i] = (int32_t)(i % 10);
+    }
+    return ds;
+}
+
+static int64_t decode_index(const float *x) {
+    return lrintf(x[0] * 255.0f) + 256 * lrintf(x[1] * 255.0f);
+}
+
+/* The dataset indices of one epoch, in order. Returns the count. */
+static int64_t epoch_order(na_batcher *b, int64_t epoch, int64_t *out, int64_t bsz,
+                           int64_t *nbatches) {
+    float x[2 * 64];
+    int32_t y[64];
+    int64_t got, total = 0;
+    *nbatches = 0;
+    cr_assert_eq(na_batcher_start_epoch(b, epoch), NA_OK);
+    while (na_batcher_next(b, x, y, &got)) {
+        cr_assert(got > 0 && got <= bsz);
+        for (int64_t k = 0; k < got; k++) {
+            out[total] = decode_index(x + 2 * k);
+            cr_assert_eq(y[k], out[total] % 10);
+            total++;
+        }
+        (*nbatches)++;
+    }
+    return total;
+}
+
+Test(batcher, shuffle_is_a_seeded_permutation_per_epoch) {
+    na_dataset *ds = indexed_dataset(103);
+    na_batcher *b = na_batcher_new(ds, &(na_batcher_cfg){.batch_size = 10, .seed = 7, .shuffle = true});
+    na_batcher *b2 = na_batcher_new(ds, &(na_batcher_cfg){.batch_size = 10, .seed = 7, .shuffle = true});
+    cr_assert(b && b2, "%s", na_last_error());
+    cr_assert_eq(na_batcher_steps_per_epoch(b), 11);
+    int64_t o0[103], o1[103], o0b[103], nb;
+    cr_assert_eq(epoch_order(b, 0, o0, 10, &nb), 103);
+    cr_assert_eq(nb, 11);
+    cr_assert_eq(epoch_order(b, 1, o1, 10, &nb), 103);
+    cr_assert_eq(epoch_order(b2, 0, o0b, 10, &nb), 103);
+    bool seen[103] = {0};
+    int moved = 0, differs = 0;
+    for (int i = 0; i < 103; i++) {
+        cr_assert(o0[i] >= 0 && o0[i] < 103);
+        cr_assert(!seen[o0[i]], "index %lld twice", (long long)o0[i]);
+        seen[o0[i]] = true;
+        moved += o0[i] != i;
+        differs += o0[i] != o1[i];
+        cr_assert_eq(o0[i], o0b[i]); /* same seed, same epoch, same order */
+    }
+    cr_assert_gt(moved, 80);
+    cr_assert_gt(differs, 80);
+    /* the public permutation is the batcher's order */
+    int64_t perm[103];
+    na_shuffle_permutation(perm, 103, 7, 1);
+    cr_assert_eq(memcmp(perm, o1, sizeof perm), 0);
+    na_batcher_free(b);
+    na_batcher_free(b2);
+
+    /* no shuffle: identity; a different seed: a different order */
+    b = na_batcher_new(ds, &(na_batcher_cfg){.batch_size = 16});
+    cr_assert_eq(epoch_order(b, 3, o0, 16, &nb), 103);
+    for (int i = 0; i < 103; i++) cr_assert_eq(o0[i], i);
+    na_batcher_free(b);
+    b = na_batcher_new(ds, &(na_batcher_cfg){.batch_size = 16, .seed = 8, .shuffle = true});
+    epoch_order(b, 0, o1, 16, &nb);
+    cr_assert_neq(memcmp(o0b, o1, sizeof o1), 0);
+    na_batcher_free(b);
+    na_dataset_free(ds);
+}
+
+Test(batcher, drop_last_skips_the_partial_batch) {
+    na_dataset *ds = indexed_dataset(103);
+    na_batcher *b = na_batcher_new(
+        ds, &(na_batcher_cfg){.batch_size = 10, .seed = 1, .shuffle = true, .drop_last = true});
+    cr_assert_eq(na_batcher_steps_per_epoch(b), 10);
+    int64_t o[103], nb;
+    cr_assert_eq(epoch_order(b, 0, o, 10, &nb), 100);
+    cr_assert_eq(nb, 10);
+    bool seen[103] = {0};
+    for (int i = 0; i < 100; i++) {
+        cr_assert(!seen[o[i]]);
+        seen[o[i]] = true;
+    }
+    /* after the end, next keeps returning false until a new epoch */
+    float x[20];
+    int32_t y[10];
+    int64_t got = -1;
+    cr_assert(!na_batcher_next(b, x, y, &got));
+    cr_assert_eq(got, 0);
+    na_batcher_free(b);
+    na_dataset_free(ds);
+}
+
+Test(batcher, normalization_per_channel) {
+    na_dataset *ds = na_dataset_new(1, 3, 2, 2, 10);
+    const uint8_t px[4] = {0, 1, 128, 255};
+    for (int c = 0; c < 3; c++) memcpy(ds->images + c * 4, px, 4);
+    const float mean[3] = {0.4914f, 0.4822f, 0.4465f}, std[3] = {0.2470f, 0.2435f, 0.2616f};
+    na_batcher *b = na_batcher_new(ds, &(na_batcher_cfg){.batch_size = 1, .mean = mean, .std = std});
+    cr_assert_not_null(b, "%s", na_last_error());
+    float x[12];
+    int32_t y[1];
+    int64_t got;
+    cr_assert(na_batcher_next(b, x, y, &got));
+    cr_assert_eq(got, 1);
+    for (int c = 0; c < 3; c++)
+        for (int k = 0; k < 4; k++) {
+            double want = (px[k] / 255.0 - mean[c]) / std[c];
+            cr_assert_float_eq(x[c * 4 + k], want, 1e-6, "c=%d p=%u: %.9g vs %.9g", c, px[k],
+                               x[c * 4 + k], want);
+        }
+    cr_assert_eq(na_batcher_batch_bytes(b), 12 * sizeof(float));
+    na_batcher_free(b);
+    /* defaults: x = p / 255 */
+    b = na_batcher_new(ds, &(na_batcher_cfg){.batch_size = 1});
+    cr_assert(na_batcher_next(b, x, y, &got));
+    cr_assert_eq(x[0], 0.0f);
+    cr_assert_eq(x[3], 1.0f);
+    cr_assert_float_eq(x[2], 128 / 255.0, 1e-7);
+    na_batcher_free(b);
+    na_dataset_free(ds);
+}
+
+/* Expected crop/flip of an HxW single-channel image (values 1..255) for offsets (oy, ox) in
+ * the padded image and flip; padding is 0. */
+static void crop_flip_ref(const uint8_t *img, int H, int W, int pad, int oy, int ox, bool flip,
+                          uint8_t *out) {
+    for (int y = 0; y < H; y++)
+        for (int x = 0; x < W; x++) {
+            int cx = flip ? W - 1 - x : x; /* column in the crop */
+            int sy = y + oy - pad, sx = cx + ox - pad;
+            out[y * W + x] = (sy >= 0 && sy < H && sx >= 0 && sx < W) ? img[sy * W + sx] : 0;
+        }
+}
+
+Test(batcher, crop_with_zero_padding_and_flip_on_a_hand_made_image) {
+    enum { H = 8, W = 8, PAD = 4 };
+    na_dataset *ds = na_dataset_new(1, 1, H, W, 10);
+    for (int k = 0; k < H * W; k++) ds->images[k] = (uint8_t)(k + 1); /* unique, non-zero */
+    na_batcher *b = na_batcher_new(
+        ds, &(na_batcher_cfg){.batch_size = 1, .seed = 3, .crop_pad = PAD, .hflip = true});
+    cr_assert_not_null(b, "%s", na_last_error());
+    int seen_oy[2 * PAD + 1] = {0}, seen_ox[2 * PAD + 1] = {0}, flips = 0, identity = 0;
+    const int epochs = 400;
+    for (int e = 0; e < epochs; e++) {
+        float x[H * W];
+        int32_t y[1];
+        int64_t got;
+        na_batcher_start_epoch(b, e);
+        cr_assert(na_batcher_next(b, x, y, &got));
+        uint8_t out[H * W], ref[H * W];
+        for (int k = 0; k < H * W; k++) out[k] = (uint8_t)lrintf(x[k] * 255.0f);
+        int matches = 0, moy = 0, mox = 0;
+        bool mflip = false;
+        for (int oy = 0; oy <= 2 * PAD; oy++)
+            for (int ox = 0; ox <= 2 * PAD; ox++)
+                for (int f = 0; f < 2; f++) {
+                    crop_flip_ref(ds->images, H, W, PAD, oy, ox, f, ref);
+                    if (memcmp(ref, out, sizeof out) == 0) matches++, moy = oy, mox = ox, mflip = f;
+                }
+        /* (oy, ox) = (0, 0)/(8, 8)-like windows with few image pixels can coincide for both
+         * flips only when the window holds no pixel at all, impossible with pad 4 < 8. */
+        cr_assert_eq(matches, 1, "epoch %d: output is not one crop/flip of the input", e);
+        seen_oy[moy]++;
+        seen_ox[mox]++;
+        flips += mflip;
+        identity += (moy == PAD && mox == PAD && !mflip);
+    }
+    for (int k = 0; k <= 2 * PAD; k++) {
+        cr_assert_gt(seen_oy[k], 10, "row offset %d seen %d times", k - PAD, seen_oy[k]);
+        cr_assert_gt(seen_ox[k], 10, "col offset %d seen %d times", k - PAD, seen_ox[k]);
+    }
+    cr_assert(flips > epochs / 2 - 60 && flips < epochs / 2 + 60, "%d flips", flips);
+    cr_assert_gt(identity, 0);
+    na_batcher_free(b);
+
+    /* flip only: either the image or its mirror */
+    b = na_batcher_new(ds, &(na_batcher_cfg){.batch_size = 1, .seed = 3, .hflip = true});
+    int mirrored = 0;
+    for (int e = 0; e < 64; e++) {
+        float x[H * W];
+        int32_t y[1];
+        int64_t got;
+        na_batcher_start_epoch(b, e);
+        cr_assert(na_batcher_next(b, x, y, &got));
+        bool same = true, mirror = true;
+        for (int r = 0; r < H; r++)
+            for (int c = 0; c < W; c++) {
+                uint8_t v = (uint8_t)lrintf(x[r * W + c] * 255.0f);
+                same = same && v == ds->images[r * W + c];
+                mirror = mirror && v == ds->images[r * W + (W - 1 - c)];
+            }
+        cr_assert(same != mirror);
+        mirrored += mirror;
+    }
+    cr_assert(mirrored > 10 && mirrored < 54);
+    na_batcher_free(b);
+
+    /* padded pixels are zero bytes before normalization: (0 - mean) / std */
+    const float mean[1] = {0.5f}, std[1] = {0.25f};
+    b = na_batcher_new(ds, &(na_batcher_cfg){.batch_size = 1, .seed = 5, .crop_pad = PAD,
+                                             .mean = mean, .std = std});
+    int saw_pad = 0;
+    for (int e = 0; e < 20; e++) {
+        float x[H * W];
+        int32_t y[1];
+        int64_t got;
+        na_batcher_start_epoch(b, e);
+        na_batcher_next(b, x, y, &got);
+        for (int k = 0; k < H * W; k++) {
+            float v = x[k] * 0.25f + 0.5f; /* back to p/255 */
+            int p = (int)lrintf(v * 255.0f);
+            cr_assert(p >= 0 && p <= 64, "pixel %d", p);
+            if (p == 0) {
+                cr_assert_float_eq(x[k], -2.0f, 1e-6);
+                saw_pad++;
+            }
+        }
+    }
+    cr_assert_gt(saw_pad, 0);
+    na_batcher_free(b);
+    na_dataset_free(ds);
+}
+
+static void collect_epochs(na_batcher *b, int epochs, float *imgs, int32_t *labs, int64_t *sizes,
+                           int64_t per_batch_floats, int64_t bsz) {
+    int64_t step = 0;
+    for (int e = 0; e < epochs; e++) {
+        cr_assert_eq(na_batcher_start_epoch(b, e), NA_OK);
+        int64_t got;
+        while (na_batcher_next(b, imgs + step * per_batch_floats, labs + step * bsz, &got))
+            sizes[step++] = got;
+    }
+}
+
+Test(batcher, prefetch_matches_sync_and_seek_resumes) {
+    enum { N = 300, B = 32, EPOCHS = 3 };
+    na_dataset *ds = na_dataset_synthetic_cifar(N, 11);
+    const float mean[3] = {0.5f, 0.4f, 0.3f}, std[3] = {0.2f, 0.25f, 0.3f};
+    for (int drop = 0; drop < 2; drop++) {
+        na_batcher_cfg cfg = {.batch_size = B, .seed = 99, .shuffle = true, .drop_last = drop,
+                              .mean = mean, .std = std, .crop_pad = 4, .hflip = true};
+        na_batcher *s = na_batcher_new(ds, &cfg);
+        cfg.prefetch = true;
+        na_batcher *p = na_batcher_new(ds, &cfg);
+        cr_assert(s && p, "%s", na_last_error());
+        int64_t steps = na_batcher_steps_per_epoch(s), fl = (int64_t)B * 3072;
+        cr_assert_eq(steps, drop ? N / B : (N + B - 1) / B);
+        size_t nb = (size_t)(EPOCHS * steps);
+        float *si = calloc(nb * fl, sizeof(float)), *pi = calloc(nb * fl, sizeof(float));
+        int32_t *sl = calloc(nb * B, 4), *pl = calloc(nb * B, 4);
+        int64_t *ss = calloc(nb, 8), *ps = calloc(nb, 8);
+        collect_epochs(s, EPOCHS, si, sl, ss, fl, B);
+        collect_epochs(p, EPOCHS, pi, pl, ps, fl, B);
+        cr_assert_eq(memcmp(ss, ps, nb * 8), 0);
+        cr_assert_eq(memcmp(sl, pl, nb * B * 4), 0);
+        cr_assert_eq(memcmp(si, pi, nb * fl * sizeof(float)), 0, "prefetch output differs");
+
+        /* seek to (epoch 1, step 4) on both: the same batch as the uninterrupted run */
+        float *x = malloc(fl * sizeof(float));
+        int32_t y[B];
+        int64_t got;
+        for (int k = 0; k < 2; k++) {
+            na_batcher *bb = k ? p : s;
+            cr_assert_eq(na_batcher_seek(bb, 1, 4), NA_OK);
+            cr_assert_eq(na_batcher_epoch(bb), 1);
+            cr_assert_eq(na_batcher_step(bb), 4);
+            cr_assert(na_batcher_next(bb, x, y, &got));
+            size_t at = (size_t)(steps + 4);
+            cr_assert_eq(got, ss[at]);
+            cr_assert_eq(memcmp(x, si + at * fl, (size_t)got * 3072 * sizeof(float)), 0);
+            cr_assert_eq(memcmp(y, sl + at * B, (size_t)got * 4), 0);
+            /* seeking to the end: nothing left */
+            cr_assert_eq(na_batcher_seek(bb, 2, steps), NA_OK);
+            cr_assert(!na_batcher_next(bb, x, y, &got));
+            cr_assert_eq(na_batcher_seek(bb, 0, steps + 1), NA_EINVAL);
+            cr_assert_eq(na_batcher_seek(bb, -1, 0), NA_EINVAL);
+        }
+        /* a fresh batcher seeking straight into epoch 2 agrees too */
+        na_batcher *r = na_batcher_new(ds, &cfg);
+        cr_assert_eq(na_batcher_seek(r, 2, steps - 1), NA_OK);
+        cr_assert(na_batcher_next(r, x, y, &got));
+        size_t at = (size_t)(3 * steps - 1);
+        cr_assert_eq(got, ss[at]);
+        cr_assert_eq(memcmp(x, si + at * fl, (size_t)got * 3072 * sizeof(float)), 0);
+        /* freeing while the worker prepares the next batch */
+        cr_assert_eq(na_batcher_start_epoch(r, 0), NA_OK);
+        cr_assert(na_batcher_next(r, x, y, &got));
+        na_batcher_free(r);
+        free(x);
+        free(si);
+        free(pi);
+        free(sl);
+        free(pl);
+        free(ss);
+        free(ps);
+        na_batcher_free(s);
+        na_batcher_free(p);
+    }
+    na_dataset_free(ds);
+}
+
+Test(batcher, rejects_bad_configurations) {
+    na_dataset *ds = indexed_dataset(10);
+    cr_assert_null(na_batcher_new(ds, &(na_batcher_cfg){.batch_size = 0}));
+    cr_assert_eq(na_last_status(), NA_EINVAL);
+    assert_msg_has("batch_size");
+    cr_assert_null(na_batcher_new(ds, &(na_batcher_cfg){.batch_size = 11, .drop_last = true}));
+    assert_msg_has("drop_last");
+    const float zero[1] = {0};
+    cr_assert_null(na_batcher_new(ds, &(na_batcher_cfg){.batch_size = 2, .std = zero}));
+    assert_msg_has("std[0]");
+    cr_assert_null(na_batcher_new(ds, &(na_batcher_cfg){.batch_size = 2, .crop_pad = -1}));
+    cr_assert_null(na_batcher_new(NULL, &(na_batcher_cfg){.batch_size = 2}));
+    cr_assert_null(na_batcher_new(ds, NULL));
+    na_batcher *b = na_batcher_new(ds, &(na_batcher_cfg){.batch_size = 4});
+    int32_t y[4];
+    int64_t got;
+    cr_assert(!na_batcher_next(b, NULL, y, &got));
+    cr_assert_eq(na_last_status(), NA_EINVAL);
+    na_batcher_free(b);
+    na_batcher_free(NULL);
+    na_dataset_free(NULL);
+    cr_assert_null(na_dataset_new(0, 1, 1, 1, 10));
+    na_dataset_free(ds);
+}
+
+/* ---- mutation smoke test ------------------------------------------------------------------ */
+
+static uint64_t mix_state;
+static uint64_t rnd(void) {
+    uint64_t z = (mix_state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+Test(idx, random_header_mutations_fail_cleanly) {
+    /* seeded mutations of the headers, truncations and extensions of both files, plain and
+     * gzip: a load either succeeds with consistent sizes or fails with a message */
+    size_t il, ll;
+    uint8_t *img = idx_images(6, 3, 4, &il), *lab = idx_labels(6, &ll);
+    uint8_t *bi = malloc(il + 16), *bl = malloc(ll + 16);
+    mix_state = 777;
+    for (int it = 0; it < 600; it++) {
+        memcpy(bi, img, il);
+        memcpy(bl, lab, ll);
+        size_t ni = il, nl = ll;
+        int kind = (int)(rnd() % 4);
+        if (kind == 0) ni = rnd() % il;
+        if (kind == 1) nl = (size_t)(rnd() % (ll + 8));
+        if (nl > ll) nl = ll; /* the buffer holds ll bytes */
+        for (int m = 0; m < 2; m++) {
+            if (rnd() & 1)
+                bi[rnd() % 16] = (uint8_t)rnd();
+            else
+                bl[rnd() % 8] = (uint8_t)(rnd() % 16);
+        }
+        bool gz = rnd() & 1;
+        write_bytes(tpath("img"), bi, ni, gz);
+        write_bytes(tpath("lab"), bl, nl, !gz);
+        na_dataset *ds = na_idx_load(tpath("img"), tpath("lab"));
+        if (!ds) {
+            cr_assert_neq(na_last_error()[0], '\0');
+            continue;
+        }
+        cr_assert_eq((size_t)(ds->n * ds->height * ds->width), ni - 16);
+        for (int64_t i = 0; i < ds->n; i++) cr_assert(ds->labels[i] >= 0 && ds->labels[i] < 10);
+        na_dataset_free(ds);
+    }
+    free(bi);
+    free(bl);
+    free(img);
+    free(lab);
+}
