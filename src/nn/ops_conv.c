@@ -202,6 +202,10 @@ na_tensor *na_batch_norm(na_tensor *x, na_tensor *running_mean, na_tensor *runni
         na_set_error(NA_EINVAL, "%s: eval mode needs running statistics", fn);
         return NULL;
     }
+    if (!running_mean != !running_var) { /* kernels update both when running_mean is given */
+        na_set_error(NA_EINVAL, "%s: give both running_mean and running_var, or neither", fn);
+        return NULL;
+    }
     if (training && nb * sp <= 1) {
         na_set_error(NA_ESHAPE, "%s: expected more than 1 value per channel when training, got "
                      "input %s", fn, na_tensor_describe(x, s, sizeof s));

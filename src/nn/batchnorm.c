@@ -1,0 +1,78 @@
+/* BatchNorm1d / BatchNorm2d modules over na_batch_norm, with PyTorch's running statistics:
+ * momentum or cumulative average (momentum=None), track_running_stats, affine. */
+#include <inttypes.h>
+
+#include "src/nn/module.h"
+
+typedef struct {
+    na_batch_norm_cfg cfg;
+    int64_t c;
+    na_tensor *weight, *bias;                            /* NULL when !affine */
+    na_tensor *running_mean, *running_var, *num_batches; /* NULL when not tracking */
+} bn_state;
+
+static na_tensor *bn_forward(na_module *m, na_tensor *x) {
+    bn_state *s = m->state;
+    char d[NA_DESCRIBE_MAX];
+    bool two_d = m->kind == NA_MODULE_BATCH_NORM2D;
+    if ((two_d ? x->ndim != 4 : x->ndim != 2 && x->ndim != 3) || x->shape[1] != s->c) {
+        na_set_error(NA_ESHAPE, "%s(%" PRId64 "): expected input %s with %" PRId64 " channels in "
+                     "dim 1, got %s", m->type_name, s->c, two_d ? "[N, C, H, W]" : "[N, C] or "
+                     "[N, C, L]", s->c, na_tensor_describe(x, d, sizeof d));
+        return NULL;
+    }
+    bool track = s->cfg.track_running_stats;
+    if (!m->training && track) /* eval with running statistics */
+        return na_batch_norm(x, s->running_mean, s->running_var, s->weight, s->bias, false, 0.0,
+                             s->cfg.eps);
+    double momentum = s->cfg.momentum;
+    int32_t *count = track ? s->num_batches->data : NULL; /* host memory, see nn.h */
+    if (track && s->cfg.cumulative_average) momentum = 1.0 / ((double)*count + 1.0);
+    na_tensor *y = na_batch_norm(x, track ? s->running_mean : NULL, track ? s->running_var : NULL,
+                                 s->weight, s->bias, true, momentum, s->cfg.eps);
+    if (y && count && *count < INT32_MAX) ++*count; /* counted once the batch was used */
+    return y;
+}
+
+static na_module *bn_new(na_module_kind kind, int64_t c, const na_batch_norm_cfg *cfg) {
+    const char *name =
+        kind == NA_MODULE_BATCH_NORM2D ? "na_batch_norm2d_new" : "na_batch_norm1d_new";
+    na_batch_norm_cfg k = cfg ? *cfg : (na_batch_norm_cfg)NA_BATCH_NORM_DEFAULTS;
+    if (c <= 0 || !(k.eps > 0) || !(k.momentum >= 0 && k.momentum <= 1)) {
+        na_set_error(NA_EINVAL, "%s: need num_features > 0, eps > 0 and momentum in [0, 1], got "
+                     "%" PRId64 ", %g, %g (start from NA_BATCH_NORM_DEFAULTS)", name, c, k.eps,
+                     k.momentum);
+        return NULL;
+    }
+    na_module *m = na_module_make(kind, bn_forward, sizeof(bn_state));
+    bn_state *s = m ? m->state : NULL;
+    if (!s) return NULL;
+    s->cfg = k;
+    s->c = c;
+    if (k.affine) {
+        if (!(s->weight = na_module_new_tensor(m, "weight", false, NA_SHAPE(c))) ||
+            !(s->bias = na_module_new_tensor(m, "bias", false, NA_SHAPE(c))) ||
+            na_fill_(s->weight, 1.0))
+            goto fail;
+    }
+    if (k.track_running_stats) {
+        if (!(s->running_mean = na_module_new_tensor(m, "running_mean", true, NA_SHAPE(c))) ||
+            !(s->running_var = na_module_new_tensor(m, "running_var", true, NA_SHAPE(c))) ||
+            na_fill_(s->running_var, 1.0))
+            goto fail;
+        s->num_batches = na_tensor_new(NA_DTYPE_I32, NA_DEVICE_CPU, 0, NULL);
+        if (!s->num_batches || na_module_add_buffer(m, "num_batches_tracked", s->num_batches))
+            goto fail;
+    }
+    return m;
+fail:
+    na_module_free(m);
+    return NULL;
+}
+
+na_module *na_batch_norm1d_new(int64_t num_features, const na_batch_norm_cfg *cfg) {
+    return bn_new(NA_MODULE_BATCH_NORM1D, num_features, cfg);
+}
+na_module *na_batch_norm2d_new(int64_t num_features, const na_batch_norm_cfg *cfg) {
+    return bn_new(NA_MODULE_BATCH_NORM2D, num_features, cfg);
+}

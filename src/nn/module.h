@@ -1,0 +1,36 @@
+/* The module struct and helpers shared by the layer files (internal). */
+#ifndef NANOAMP_SRC_NN_MODULE_H
+#define NANOAMP_SRC_NN_MODULE_H
+
+#include "nanoamp/error.h"
+#include "nanoamp/nn.h"
+
+/* A parameter or buffer held directly by a module. */
+typedef struct {
+    char *name;
+    na_tensor *t;
+    bool buffer;
+} na_module_slot;
+
+struct na_module {
+    na_module_kind kind;
+    char *type_name;
+    na_module_forward_fn forward;
+    bool training;
+    int n_slots, cap_slots;
+    na_module_slot *slots; /* in registration order */
+    int n_children, cap_children;
+    na_module **children;
+    char **child_names;
+    void *state; /* the layer's configuration and tensor shortcuts */
+    void (*free_state)(void *state);
+};
+
+/* A module of a built-in kind whose state is a zeroed block of state_size bytes (freed with
+ * it), or NULL with an error. */
+na_module *na_module_make(na_module_kind kind, na_module_forward_fn forward, size_t state_size);
+/* A new persistent f32 CPU tensor registered as parameter or buffer (zero-filled); NULL with
+ * an error (the module is unchanged). */
+na_tensor *na_module_new_tensor(na_module *m, const char *name, bool buffer, int ndim,
+                                const int64_t *shape);
+#endif
