@@ -1,0 +1,184 @@
+/* kernels/cpu/cpu_backend.c — the CPU backend's table, memory, scratch and pairwise sums.
+ *
+ * Memory is plain host memory: 64-byte aligned, sizes rounded up to 64 bytes so vector loops
+ * may read a whole last line. Copies are memcpy and nothing is asynchronous.
+ */
+#include <pthread.h>
+#include <stdlib.h>
+
+#include "cpu/cpu_amp.h" /* amp: loss scaling */
+#include "cpu/cpu_optim.h" /* optimizers */
+#include "cpu/cpu_internal.h"
+
+/* ---- memory ----------------------------------------------------------------------------- */
+
+void *na_cpu_alloc(size_t bytes) {
+    if (bytes > SIZE_MAX - 63) {
+        na_set_error(NA_ENOMEM, "cpu_alloc: cannot allocate %zu bytes", bytes);
+        return NULL;
+    }
+    size_t rounded = bytes ? (bytes + 63) & ~(size_t)63 : 64;
+    void *p = aligned_alloc(64, rounded);
+    if (!p) na_set_error(NA_ENOMEM, "cpu_alloc: out of memory allocating %zu bytes", bytes);
+    return p;
+}
+
+void na_cpu_free(void *p) { free(p); }
+
+int na_cpu_memcpy(void *dst, const void *src, size_t bytes) {
+    if (bytes && dst != src) memcpy(dst, src, bytes);
+    return NA_OK;
+}
+
+int na_cpu_synchronize(void) { return NA_OK; }
+
+/* ---- scratch ---------------------------------------------------------------------------- */
+
+typedef struct {
+    void *p[NA_CPU_SCRATCH_COUNT];
+    size_t cap[NA_CPU_SCRATCH_COUNT];
+    bool registered;
+} scratch_set;
+
+static _Thread_local scratch_set tls_scratch;
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+
+static void scratch_release(void *arg) {
+    scratch_set *s = arg;
+    for (int i = 0; i < NA_CPU_SCRATCH_COUNT; i++) {
+        free(s->p[i]);
+        s->p[i] = NULL;
+        s->cap[i] = 0;
+    }
+}
+
+static void scratch_make_key(void) { pthread_key_create(&scratch_key, scratch_release); }
+
+void *na_cpu_scratch(int slot, size_t bytes, const char *fn) {
+    scratch_set *s = &tls_scratch;
+    if (bytes <= s->cap[slot]) return s->p[slot];
+    if (!s->registered) {
+        pthread_once(&scratch_once, scratch_make_key);
+        pthread_setspecific(scratch_key, s); /* frees the buffers at thread exit */
+        s->registered = true;
+    }
+    if (bytes > SIZE_MAX - 63) {
+        na_set_error(NA_ENOMEM, "%s: cannot allocate %zu bytes of scratch", fn, bytes);
+        return NULL;
+    }
+    size_t want = bytes + bytes / 2; /* grow geometrically so the high-water mark settles */
+    if (want < bytes || want > SIZE_MAX - 63) want = bytes;
+    want = (want + 63) & ~(size_t)63;
+    void *p = aligned_alloc(64, want);
+    if (!p) {
+        na_set_error(NA_ENOMEM, "%s: out of memory allocating %zu bytes of scratch", fn, want);
+        return NULL;
+    }
+    free(s->p[slot]);
+    s->p[slot] = p;
+    s->cap[slot] = want;
+    return p;
+}
+
+int na_cpu_bad_dtype(const char *fn, const char *what, na_dtype dt) {
+    return na_set_error(NA_EDTYPE, "%s: unsupported dtype %s for %s", fn, na_dtype_name(dt),
+                        what);
+}
+
+/* ---- pairwise sums ---------------------------------------------------------------------- */
+
+#define NA_CPU_DEFINE_SUMS(T, SFX)                                                          \
+    T na_cpu_sum_##SFX(const T *x, int64_t n) {                                             \
+        if (n <= 128) {                                                                     \
+            T acc[8] = {0};                                                                 \
+            int64_t i = 0;                                                                  \
+            for (; i + 8 <= n; i += 8)                                                      \
+                for (int j = 0; j < 8; j++) acc[j] += x[i + j];                             \
+            T s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7])); \
+            for (; i < n; i++) s += x[i];                                                   \
+            return s;                                                                       \
+        }                                                                                   \
+        int64_t h = (n / 2 + 7) & ~(int64_t)7;                                              \
+        return na_cpu_sum_##SFX(x, h) + na_cpu_sum_##SFX(x + h, n - h);                     \
+    }                                                                                       \
+    void na_cpu_psum_add_##SFX(na_cpu_psum_##SFX *s, T v) {                                 \
+        /* binary counter: level k holds the sum of 2^k values */                           \
+        int k = 0;                                                                          \
+        uint64_t c = s->count;                                                              \
+        while (c & 1u) {                                                                    \
+            v = s->level[k] + v;                                                            \
+            c >>= 1;                                                                        \
+            k++;                                                                            \
+        }                                                                                   \
+        s->level[k] = v;                                                                    \
+        s->count++;                                                                         \
+    }                                                                                       \
+    T na_cpu_psum_total_##SFX(const na_cpu_psum_##SFX *s) {                                 \
+        T t = 0;                                                                            \
+        for (int k = 0; k < 64; k++)                                                        \
+            if (s->count >> k & 1u) t += s->level[k];                                       \
+        return t;                                                                           \
+    }                                                                                       \
+    T na_cpu_sum_any_##SFX(na_dtype dt, const void *p, int64_t off, int64_t n) {            \
+        T buf[NA_CPU_CHUNK];                                                                \
+        if (n <= NA_CPU_CHUNK) return na_cpu_sum_##SFX(na_cpu_view_##SFX(dt, p, off, n, buf), n); \
+        if (dt == NA_DTYPE_F32 && sizeof(T) == 4) return na_cpu_sum_##SFX((const T *)p + off, n); \
+        if (dt == NA_DTYPE_F64 && sizeof(T) == 8) return na_cpu_sum_##SFX((const T *)p + off, n); \
+        na_cpu_psum_##SFX acc = {{0}, 0};                                                   \
+        for (int64_t o = 0; o < n; o += NA_CPU_CHUNK) {                                     \
+            int64_t cnt = n - o < NA_CPU_CHUNK ? n - o : NA_CPU_CHUNK;                      \
+            na_cpu_psum_add_##SFX(&acc,                                                     \
+                                  na_cpu_sum_##SFX(na_cpu_view_##SFX(dt, p, off + o, cnt, buf), cnt)); \
+        }                                                                                   \
+        return na_cpu_psum_total_##SFX(&acc);                                               \
+    }
+
+NA_CPU_DEFINE_SUMS(float, f)
+NA_CPU_DEFINE_SUMS(double, d)
+
+/* ---- the table -------------------------------------------------------------------------- */
+
+const na_backend na_cpu_backend = {
+    .name = "cpu",
+    .alloc = na_cpu_alloc,
+    .free = na_cpu_free,
+    .memcpy_h2d = na_cpu_memcpy,
+    .memcpy_d2h = na_cpu_memcpy,
+    .memcpy_d2d = na_cpu_memcpy,
+    .synchronize = na_cpu_synchronize,
+    .fill = na_cpu_fill,
+    .arange = na_cpu_arange,
+    .fill_uniform = na_cpu_fill_uniform,
+    .fill_normal = na_cpu_fill_normal,
+    .dropout_mask = na_cpu_dropout_mask,
+    .copy = na_cpu_copy,
+    .unary = na_cpu_unary,
+    .unary_backward = na_cpu_unary_backward,
+    .binary = na_cpu_binary,
+    .reduce = na_cpu_reduce,
+    .argmax = na_cpu_argmax,
+    .scatter_max_grad = na_cpu_scatter_max_grad,
+    .softmax = na_cpu_softmax,
+    .softmax_backward = na_cpu_softmax_backward,
+    .cross_entropy = na_cpu_cross_entropy,
+    .cross_entropy_backward = na_cpu_cross_entropy_backward,
+    .gemm = na_cpu_gemm,
+    .conv2d = na_cpu_conv2d,
+    .conv2d_backward_data = na_cpu_conv2d_backward_data,
+    .conv2d_backward_weight = na_cpu_conv2d_backward_weight,
+    .max_pool2d = na_cpu_max_pool2d,
+    .max_pool2d_backward = na_cpu_max_pool2d_backward,
+    .avg_pool2d = na_cpu_avg_pool2d,
+    .avg_pool2d_backward = na_cpu_avg_pool2d_backward,
+    .batch_norm_train = na_cpu_batch_norm_train,
+    .batch_norm_eval = na_cpu_batch_norm_eval,
+    .batch_norm_backward = na_cpu_batch_norm_backward,
+    /* amp: loss scaling */
+    .amp_unscale = na_cpu_amp_unscale,
+    .amp_update_scale = na_cpu_amp_update_scale,
+    /* optimizers */
+    .sgd_step = na_cpu_sgd_step,
+    .adam_step = na_cpu_adam_step,
+    .l2norm = na_cpu_l2norm,
+};

@@ -1,0 +1,431 @@
+/* kernels/cpu/cpu_conv.c — 2-d convolution (im2col + GEMM) and pooling, NCHW.
+ *
+ * Per group g (Cg = C_in/groups, Cog = C_out/groups, K = Cg*kh*kw, P = oh*ow) and block of
+ * nb images laid side by side (columns b*P .. b*P+P-1 belong to image b):
+ *   forward        Y (Cog x nb*P)   = W[g] (Cog x K) @ col(x[.., g]) (K x nb*P), + bias,
+ *                                     scattered to y[n, g]
+ *   backward data  gcol (K x nb*P)  = W[g]^T @ gy[.., g];   gx[n, g] = col2im(gcol)
+ *   backward wt    gW[g] (Cog x K) += gy[.., g] @ col(x[.., g])^T, summed over the batch
+ * One block holds as many images as fit a few MiB of scratch, so the GEMMs are large (the
+ * MNIST shapes run as one or two GEMMs per call instead of 128 small ones).
+ * f16/bf16 tensors are widened per image into f32 scratch; outputs (and the weight gradient
+ * summed over the whole batch) accumulate in f32 and are rounded once.
+ *
+ * Pooling windows: cell (oy*sh - ph + i*dh, ox*sw - pw + j*dw). Max pooling ignores padded
+ * cells, takes the first maximum (NaN propagates) and saves its flat index iy*W + ix within
+ * the (n, c) plane (-1 for a window with no cell inside the input). Average pooling divides
+ * by the number of window cells inside the padded input (count_include_pad) or inside the
+ * input (otherwise).
+ */
+#include "cpu/cpu_internal.h"
+
+static int64_t ceil_div(int64_t a, int64_t b) { return a >= 0 ? (a + b - 1) / b : -((-a) / b); }
+
+/* [lo, hi): the output positions o whose input position o*s - p + k*d lies in [0, size) */
+static void valid_range(int64_t size, int64_t out, int64_t s, int64_t p, int64_t kd,
+                        int64_t *lo, int64_t *hi) {
+    int64_t l = ceil_div(p - kd, s), h = ceil_div(size + p - kd, s);
+    *lo = l < 0 ? 0 : l > out ? out : l;
+    *hi = h < *lo ? *lo : h > out ? out : h;
+}
+
+/* Images per GEMM: as many as keep the column matrix and the output block within about
+ * na_cpu_conv_block_budget elements (16 MiB of f32), so one large GEMM replaces many small
+ * ones. */
+int64_t na_cpu_conv_block_budget = (int64_t)4 << 20;
+
+static int64_t images_per_block(const na_conv_geom *g) {
+    int64_t cg = g->c_in / g->groups, cog = g->c_out / g->groups;
+    int64_t per = (cg * g->kh * g->kw + cog) * g->oh * g->ow;
+    int64_t nb = per > 0 ? na_cpu_conv_block_budget / per : g->n;
+    return nb < 1 ? 1 : nb > g->n ? g->n : nb;
+}
+
+static int check_geom(const char *fn, const na_conv_geom *g, bool conv) {
+    if (g->n < 0 || g->c_in < 0 || g->h < 0 || g->w < 0 || g->c_out < 0 || g->oh < 0 ||
+        g->ow < 0 || g->kh <= 0 || g->kw <= 0 || g->sh <= 0 || g->sw <= 0 || g->ph < 0 ||
+        g->pw < 0 || g->dh <= 0 || g->dw <= 0)
+        return na_set_error(NA_EINVAL,
+                            "%s: bad geometry n=%lld c_in=%lld h=%lld w=%lld c_out=%lld "
+                            "oh=%lld ow=%lld k=%dx%d s=%dx%d p=%dx%d d=%dx%d",
+                            fn, (long long)g->n, (long long)g->c_in, (long long)g->h,
+                            (long long)g->w, (long long)g->c_out, (long long)g->oh,
+                            (long long)g->ow, g->kh, g->kw, g->sh, g->sw, g->ph, g->pw, g->dh,
+                            g->dw);
+    if (conv && (g->groups <= 0 || g->c_in % g->groups || g->c_out % g->groups))
+        return na_set_error(NA_EINVAL, "%s: %d groups do not divide c_in=%lld, c_out=%lld", fn,
+                            g->groups, (long long)g->c_in, (long long)g->c_out);
+    return NA_OK;
+}
+
+#define NA_CPU_DEFINE_CONV(T, SFX, GEMM)                                                    \
+    /* rows of col (Cg*kh*kw of them, row stride ld) from the Cg channel planes at x */     \
+    static void im2col_##SFX(const na_conv_geom *g, int64_t cg, const T *restrict x,        \
+                             T *restrict col, int64_t ld) {                                 \
+        const int64_t H = g->h, W = g->w, OH = g->oh, OW = g->ow, SH = g->sh, SW = g->sw;   \
+        const int64_t PH = g->ph, PW = g->pw, DH = g->dh, DW = g->dw;                       \
+        const int KH = g->kh, KW = g->kw;                                                   \
+        for (int64_t c = 0; c < cg; c++)                                                    \
+            for (int ki = 0; ki < KH; ki++)                                                 \
+                for (int kj = 0; kj < KW; kj++) {                                           \
+                    T *row = col + ((c * KH + ki) * KW + kj) * ld;                          \
+                    const T *plane = x + c * H * W;                                         \
+                    int64_t ylo, yhi, xlo, xhi;                                             \
+                    valid_range(H, OH, SH, PH, ki * DH, &ylo, &yhi);                        \
+                    valid_range(W, OW, SW, PW, kj * DW, &xlo, &xhi);                        \
+                    for (int64_t oy = 0; oy < OH; oy++) {                                   \
+                        T *r = row + oy * OW;                                               \
+                        if (oy < ylo || oy >= yhi) {                                        \
+                            for (int64_t ox = 0; ox < OW; ox++) r[ox] = 0;                  \
+                            continue;                                                       \
+                        }                                                                   \
+                        /* b + ox*SW >= 0 for ox >= xlo */                                  \
+                        int64_t b = (oy * SH - PH + ki * DH) * W - PW + kj * DW;            \
+                        for (int64_t ox = 0; ox < xlo; ox++) r[ox] = 0;                     \
+                        if (SW == 1)                                                        \
+                            for (int64_t ox = xlo; ox < xhi; ox++) r[ox] = plane[b + ox];   \
+                        else                                                                \
+                            for (int64_t ox = xlo; ox < xhi; ox++) r[ox] = plane[b + ox * SW]; \
+                        for (int64_t ox = xhi; ox < OW; ox++) r[ox] = 0;                    \
+                    }                                                                       \
+                }                                                                           \
+    }                                                                                       \
+    /* x planes += col2im(col), col rows of stride ld */                                    \
+    static void col2im_##SFX(const na_conv_geom *g, int64_t cg, const T *restrict col,      \
+                             int64_t ld, T *restrict x) {                                   \
+        const int64_t H = g->h, W = g->w, OH = g->oh, OW = g->ow, SH = g->sh, SW = g->sw;   \
+        const int64_t PH = g->ph, PW = g->pw, DH = g->dh, DW = g->dw;                       \
+        const int KH = g->kh, KW = g->kw;                                                   \
+        for (int64_t c = 0; c < cg; c++)                                                    \
+            for (int ki = 0; ki < KH; ki++)                                                 \
+                for (int kj = 0; kj < KW; kj++) {                                           \
+                    const T *row = col + ((c * KH + ki) * KW + kj) * ld;                    \
+                    T *plane = x + c * H * W;                                               \
+                    int64_t ylo, yhi, xlo, xhi;                                             \
+                    valid_range(H, OH, SH, PH, ki * DH, &ylo, &yhi);                        \
+                    valid_range(W, OW, SW, PW, kj * DW, &xlo, &xhi);                        \
+                    for (int64_t oy = ylo; oy < yhi; oy++) {                                \
+                        const T *r = row + oy * OW;                                         \
+                        int64_t b = (oy * SH - PH + ki * DH) * W - PW + kj * DW;            \
+                        for (int64_t ox = xlo; ox < xhi; ox++) plane[b + ox * SW] += r[ox]; \
+                    }                                                                       \
+                }                                                                           \
+    }                                                                                       \
+    /* col (K x nb*P, image b in columns [b*P, (b+1)*P)) for group gi of images n0.. */     \
+    static void im2col_block_##SFX(const na_conv_geom *g, const na_tensor *x, int64_t n0,   \
+                                   int64_t nb, int64_t gi, T *xb, T *col) {                 \
+        int64_t cg = g->c_in / g->groups, HW = g->h * g->w, P = g->oh * g->ow;              \
+        for (int64_t b = 0; b < nb; b++) {                                                  \
+            const T *xv = na_cpu_view_##SFX(x->dtype, x->data,                              \
+                                            ((n0 + b) * g->c_in + gi * cg) * HW, cg * HW, xb); \
+            im2col_##SFX(g, cg, xv, col + b * P, nb * P);                                   \
+        }                                                                                   \
+    }                                                                                       \
+    /* blk (Cog x nb*P) = group gi's channels of images n0.. of t [N, C_out, P] */          \
+    static void gather_out_##SFX(const na_conv_geom *g, const na_tensor *t, int64_t n0,     \
+                                 int64_t nb, int64_t gi, T *blk) {                          \
+        int64_t cog = g->c_out / g->groups, P = g->oh * g->ow;                              \
+        for (int64_t b = 0; b < nb; b++)                                                    \
+            for (int64_t co = 0; co < cog; co++)                                            \
+                na_cpu_load_##SFX(t->dtype, t->data,                                        \
+                                  ((n0 + b) * g->c_out + gi * cog + co) * P, P,             \
+                                  blk + co * nb * P + b * P);                               \
+    }                                                                                       \
+                                                                                            \
+    static int conv2d_##SFX(const na_conv_geom *g, const na_tensor *x, const na_tensor *w,  \
+                            const na_tensor *bias, na_tensor *y) {                          \
+        const char *fn = "cpu_conv2d";                                                      \
+        int64_t G = g->groups, cg = g->c_in / G, cog = g->c_out / G;                        \
+        int64_t K = cg * g->kh * g->kw, P = g->oh * g->ow, HW = g->h * g->w;                \
+        int64_t NB = images_per_block(g);                                                   \
+        T *xb = na_cpu_scratch(NA_CPU_SCRATCH_0, (size_t)(cg * HW) * sizeof(T), fn);        \
+        T *col = na_cpu_scratch(NA_CPU_SCRATCH_1, (size_t)(K * NB * P) * sizeof(T), fn);    \
+        T *yb = na_cpu_scratch(NA_CPU_SCRATCH_2, (size_t)(cog * NB * P) * sizeof(T), fn);   \
+        T *wb = na_cpu_scratch(NA_CPU_SCRATCH_3, (size_t)(g->c_out * K) * sizeof(T), fn);   \
+        T *bb = na_cpu_scratch(NA_CPU_SCRATCH_4, (size_t)g->c_out * sizeof(T), fn);         \
+        if (!xb || !col || !yb || !wb || !bb) return NA_ENOMEM;                             \
+        const T *wv = na_cpu_view_##SFX(w->dtype, w->data, 0, g->c_out * K, wb);            \
+        if (bias) na_cpu_load_##SFX(bias->dtype, bias->data, 0, g->c_out, bb);              \
+        else memset(bb, 0, (size_t)g->c_out * sizeof(T));                                   \
+        for (int64_t n0 = 0; n0 < g->n; n0 += NB) {                                         \
+            int64_t nb = g->n - n0 < NB ? g->n - n0 : NB, ld = nb * P;                      \
+            for (int64_t gi = 0; gi < G; gi++) {                                            \
+                im2col_block_##SFX(g, x, n0, nb, gi, xb, col);                              \
+                int st = GEMM(false, false, cog, ld, K, 1, wv + gi * cog * K, K, col, ld,   \
+                              0, yb, ld);                                                   \
+                if (st) return st;                                                          \
+                for (int64_t b = 0; b < nb; b++)                                            \
+                    for (int64_t co = 0; co < cog; co++) {                                  \
+                        T *r = yb + co * ld + b * P, bv = bb[gi * cog + co];                \
+                        if (bias)                                                           \
+                            for (int64_t p = 0; p < P; p++) r[p] += bv;                     \
+                        na_cpu_store_##SFX(y->dtype, y->data,                               \
+                                           ((n0 + b) * g->c_out + gi * cog + co) * P, P, r); \
+                    }                                                                       \
+            }                                                                               \
+        }                                                                                   \
+        return NA_OK;                                                                       \
+    }                                                                                       \
+                                                                                            \
+    static int conv2d_bwd_data_##SFX(const na_conv_geom *g, const na_tensor *gy,            \
+                                     const na_tensor *w, na_tensor *gx) {                   \
+        const char *fn = "cpu_conv2d_backward_data";                                        \
+        int64_t G = g->groups, cg = g->c_in / G, cog = g->c_out / G;                        \
+        int64_t K = cg * g->kh * g->kw, P = g->oh * g->ow, HW = g->h * g->w;                \
+        int64_t NB = images_per_block(g);                                                   \
+        T *gxb = na_cpu_scratch(NA_CPU_SCRATCH_0, (size_t)(cg * HW) * sizeof(T), fn);       \
+        T *col = na_cpu_scratch(NA_CPU_SCRATCH_1, (size_t)(K * NB * P) * sizeof(T), fn);    \
+        T *gyb = na_cpu_scratch(NA_CPU_SCRATCH_2, (size_t)(cog * NB * P) * sizeof(T), fn);  \
+        T *wb = na_cpu_scratch(NA_CPU_SCRATCH_3, (size_t)(g->c_out * K) * sizeof(T), fn);   \
+        if (!gxb || !col || !gyb || !wb) return NA_ENOMEM;                                  \
+        const T *wv = na_cpu_view_##SFX(w->dtype, w->data, 0, g->c_out * K, wb);            \
+        for (int64_t n0 = 0; n0 < g->n; n0 += NB) {                                         \
+            int64_t nb = g->n - n0 < NB ? g->n - n0 : NB, ld = nb * P;                      \
+            for (int64_t gi = 0; gi < G; gi++) {                                            \
+                gather_out_##SFX(g, gy, n0, nb, gi, gyb);                                   \
+                int st = GEMM(true, false, K, ld, cog, 1, wv + gi * cog * K, K, gyb, ld,    \
+                              0, col, ld);                                                  \
+                if (st) return st;                                                          \
+                for (int64_t b = 0; b < nb; b++) {                                          \
+                    int64_t off = ((n0 + b) * g->c_in + gi * cg) * HW;                      \
+                    T *gxv = na_cpu_out_##SFX(gx->dtype, gx->data, off, gxb);               \
+                    memset(gxv, 0, (size_t)(cg * HW) * sizeof(T));                          \
+                    col2im_##SFX(g, cg, col + b * P, ld, gxv);                              \
+                    na_cpu_store_##SFX(gx->dtype, gx->data, off, cg * HW, gxv);             \
+                }                                                                           \
+            }                                                                               \
+        }                                                                                   \
+        return NA_OK;                                                                       \
+    }                                                                                       \
+                                                                                            \
+    static int conv2d_bwd_weight_##SFX(const na_conv_geom *g, const na_tensor *x,           \
+                                       const na_tensor *gy, na_tensor *gw) {                \
+        const char *fn = "cpu_conv2d_backward_weight";                                      \
+        int64_t G = g->groups, cg = g->c_in / G, cog = g->c_out / G;                        \
+        int64_t K = cg * g->kh * g->kw, P = g->oh * g->ow, HW = g->h * g->w;                \
+        int64_t NB = images_per_block(g);                                                   \
+        T *xb = na_cpu_scratch(NA_CPU_SCRATCH_0, (size_t)(cg * HW) * sizeof(T), fn);        \
+        T *col = na_cpu_scratch(NA_CPU_SCRATCH_1, (size_t)(K * NB * P) * sizeof(T), fn);    \
+        T *gyb = na_cpu_scratch(NA_CPU_SCRATCH_2, (size_t)(cog * NB * P) * sizeof(T), fn);  \
+        T *gwb = na_cpu_scratch(NA_CPU_SCRATCH_3, (size_t)(g->c_out * K) * sizeof(T), fn);  \
+        if (!xb || !col || !gyb || !gwb) return NA_ENOMEM;                                  \
+        T *gwv = na_cpu_out_##SFX(gw->dtype, gw->data, 0, gwb);                             \
+        if (g->n == 0) memset(gwv, 0, (size_t)(g->c_out * K) * sizeof(T));                  \
+        for (int64_t n0 = 0; n0 < g->n; n0 += NB) {                                         \
+            int64_t nb = g->n - n0 < NB ? g->n - n0 : NB, ld = nb * P;                      \
+            for (int64_t gi = 0; gi < G; gi++) {                                            \
+                im2col_block_##SFX(g, x, n0, nb, gi, xb, col);                              \
+                gather_out_##SFX(g, gy, n0, nb, gi, gyb);                                   \
+                int st = GEMM(false, true, cog, K, ld, 1, gyb, ld, col, ld,                 \
+                              n0 == 0 ? 0 : 1, gwv + gi * cog * K, K);                      \
+                if (st) return st;                                                          \
+            }                                                                               \
+        }                                                                                   \
+        na_cpu_store_##SFX(gw->dtype, gw->data, 0, g->c_out * K, gwv);                      \
+        return NA_OK;                                                                       \
+    }
+
+NA_CPU_DEFINE_CONV(float, f, na_cpu_sgemm)
+NA_CPU_DEFINE_CONV(double, d, na_cpu_dgemm)
+
+#define NA_CPU_CONV_DISPATCH(fn, name, a, b, c, ...)                                        \
+    do {                                                                                    \
+        NA_CPU_CHECK_FLOAT(fn, a);                                                          \
+        NA_CPU_CHECK_FLOAT(fn, b);                                                          \
+        NA_CPU_CHECK_FLOAT(fn, c);                                                          \
+        int st_ = check_geom(fn, g, true);                                                  \
+        if (st_) return st_;                                                                \
+        bool d_ = a->dtype == NA_DTYPE_F64 || b->dtype == NA_DTYPE_F64 ||                   \
+                  c->dtype == NA_DTYPE_F64;                                                 \
+        return d_ ? name##_d(g, __VA_ARGS__) : name##_f(g, __VA_ARGS__);                    \
+    } while (0)
+
+int na_cpu_conv2d(const na_conv_geom *g, const na_tensor *x, const na_tensor *w,
+                  const na_tensor *bias, na_tensor *y) {
+    NA_CPU_CHECK_FLOAT("cpu_conv2d", bias);
+    NA_CPU_CONV_DISPATCH("cpu_conv2d", conv2d, x, w, y, x, w, bias, y);
+}
+
+int na_cpu_conv2d_backward_data(const na_conv_geom *g, const na_tensor *gy, const na_tensor *w,
+                                na_tensor *gx) {
+    NA_CPU_CONV_DISPATCH("cpu_conv2d_backward_data", conv2d_bwd_data, gy, w, gx, gy, w, gx);
+}
+
+int na_cpu_conv2d_backward_weight(const na_conv_geom *g, const na_tensor *x, const na_tensor *gy,
+                                  na_tensor *gw) {
+    NA_CPU_CONV_DISPATCH("cpu_conv2d_backward_weight", conv2d_bwd_weight, x, gy, gw, x, gy, gw);
+}
+
+/* ---- pooling ---------------------------------------------------------------------------- */
+
+/* [lo, hi): the window taps i < k whose cell start + i*d lies in [0, size) */
+static void win_range(int64_t start, int64_t size, int64_t d, int k, int64_t *lo, int64_t *hi) {
+    int64_t l = start >= 0 ? 0 : ceil_div(-start, d);
+    int64_t h = start >= size ? 0 : ceil_div(size - start, d);
+    *lo = l > k ? k : l;
+    *hi = h > k ? k : h < *lo ? *lo : h;
+}
+
+/* the geometry as locals: the output stores could otherwise alias *g (-fno-strict-aliasing) */
+#define NA_CPU_POOL_LOCALS(g)                                                               \
+    const int64_t H = (g)->h, W = (g)->w, OH = (g)->oh, OW = (g)->ow;                       \
+    const int64_t SH = (g)->sh, SW = (g)->sw, PH = (g)->ph, PW = (g)->pw, DH = (g)->dh,     \
+                  DW = (g)->dw;                                                             \
+    const int KH = (g)->kh, KW = (g)->kw;                                                   \
+    const int64_t HW = H * W, P = OH * OW, PLANES = (g)->n * (g)->c_in;                     \
+    (void)SH; (void)SW; (void)PH; (void)PW; (void)DH; (void)DW; (void)KH; (void)KW
+
+/* for each output (oy, ox) of a plane: BODY with the window's valid taps [ilo, ihi) x
+ * [jlo, jhi), its top-left cell (y0, x0) and the output index o */
+#define NA_CPU_POOL_FOR_EACH_OUTPUT(BODY)                                                   \
+    for (int64_t oy = 0; oy < OH; oy++) {                                                   \
+        int64_t y0 = oy * SH - PH, ilo, ihi;                                                \
+        win_range(y0, H, DH, KH, &ilo, &ihi);                                               \
+        for (int64_t ox = 0; ox < OW; ox++) {                                               \
+            int64_t x0 = ox * SW - PW, jlo, jhi, o = oy * OW + ox;                          \
+            win_range(x0, W, DW, KW, &jlo, &jhi);                                           \
+            BODY                                                                            \
+        }                                                                                   \
+    }
+
+#define NA_CPU_DEFINE_POOL(T, SFX)                                                          \
+    static int max_pool_##SFX(const na_conv_geom *g, const na_tensor *x, na_tensor *y,      \
+                              na_tensor *idx) {                                             \
+        const char *fn = "cpu_max_pool2d";                                                  \
+        NA_CPU_POOL_LOCALS(g);                                                              \
+        T *xb = na_cpu_scratch(NA_CPU_SCRATCH_0, (size_t)HW * sizeof(T), fn);               \
+        T *yb = na_cpu_scratch(NA_CPU_SCRATCH_1, (size_t)P * sizeof(T), fn);                \
+        if (!xb || !yb) return NA_ENOMEM;                                                   \
+        for (int64_t pl = 0; pl < PLANES; pl++) {                                           \
+            const T *xv = na_cpu_view_##SFX(x->dtype, x->data, pl * HW, HW, xb);            \
+            T *yv = na_cpu_out_##SFX(y->dtype, y->data, pl * P, yb);                        \
+            int32_t *iv = idx ? (int32_t *)idx->data + pl * P : NULL;                       \
+            NA_CPU_POOL_FOR_EACH_OUTPUT({                                                   \
+                T best = -INFINITY;                                                         \
+                int64_t bi = -1;                                                            \
+                for (int64_t i = ilo; i < ihi; i++) {                                       \
+                    const T *r = xv + (y0 + i * DH) * W + x0;                               \
+                    for (int64_t j = jlo; j < jhi; j++) {                                   \
+                        T v = r[j * DW];                                                    \
+                        if (bi < 0 || v > best || (v != v && best == best)) {               \
+                            best = v;                                                       \
+                            bi = (y0 + i * DH) * W + x0 + j * DW;                           \
+                        }                                                                   \
+                    }                                                                       \
+                }                                                                           \
+                yv[o] = best;                                                               \
+                if (iv) iv[o] = (int32_t)bi;                                                \
+            })                                                                              \
+            na_cpu_store_##SFX(y->dtype, y->data, pl * P, P, yv);                           \
+        }                                                                                   \
+        return NA_OK;                                                                       \
+    }                                                                                       \
+    static int max_pool_bwd_##SFX(const na_conv_geom *g, const na_tensor *gy,               \
+                                  const na_tensor *idx, na_tensor *gx) {                    \
+        const char *fn = "cpu_max_pool2d_backward";                                         \
+        NA_CPU_POOL_LOCALS(g);                                                              \
+        T *gyb = na_cpu_scratch(NA_CPU_SCRATCH_0, (size_t)P * sizeof(T), fn);               \
+        T *gxb = na_cpu_scratch(NA_CPU_SCRATCH_1, (size_t)HW * sizeof(T), fn);              \
+        if (!gyb || !gxb) return NA_ENOMEM;                                                 \
+        for (int64_t pl = 0; pl < PLANES; pl++) {                                           \
+            const T *gyv = na_cpu_view_##SFX(gy->dtype, gy->data, pl * P, P, gyb);          \
+            T *gxv = na_cpu_out_##SFX(gx->dtype, gx->data, pl * HW, gxb);                   \
+            const int32_t *iv = (const int32_t *)idx->data + pl * P;                        \
+            memset(gxv, 0, (size_t)HW * sizeof(T));                                         \
+            for (int64_t p = 0; p < P; p++) {                                               \
+                int32_t i = iv[p];                                                          \
+                if (i >= 0 && i < HW) gxv[i] += gyv[p];                                     \
+            }                                                                               \
+            na_cpu_store_##SFX(gx->dtype, gx->data, pl * HW, HW, gxv);                      \
+        }                                                                                   \
+        return NA_OK;                                                                       \
+    }                                                                                       \
+    /* the divisor of a window: taps inside the input, or inside the padded input */        \
+    static T avg_divisor_##SFX(const na_conv_geom *g, int64_t y0, int64_t x0, int64_t ilo,  \
+                               int64_t ihi, int64_t jlo, int64_t jhi) {                     \
+        if (!g->count_include_pad) return (T)((ihi - ilo) * (jhi - jlo));                   \
+        int64_t a, b, c, d;                                                                 \
+        win_range(y0 + g->ph, g->h + 2 * (int64_t)g->ph, g->dh, g->kh, &a, &b);             \
+        win_range(x0 + g->pw, g->w + 2 * (int64_t)g->pw, g->dw, g->kw, &c, &d);             \
+        return (T)((b - a) * (d - c));                                                      \
+    }                                                                                       \
+    static int avg_pool_##SFX(const na_conv_geom *g, const na_tensor *x, na_tensor *y) {    \
+        const char *fn = "cpu_avg_pool2d";                                                  \
+        NA_CPU_POOL_LOCALS(g);                                                              \
+        T *xb = na_cpu_scratch(NA_CPU_SCRATCH_0, (size_t)HW * sizeof(T), fn);               \
+        T *yb = na_cpu_scratch(NA_CPU_SCRATCH_1, (size_t)P * sizeof(T), fn);                \
+        if (!xb || !yb) return NA_ENOMEM;                                                   \
+        for (int64_t pl = 0; pl < PLANES; pl++) {                                           \
+            const T *xv = na_cpu_view_##SFX(x->dtype, x->data, pl * HW, HW, xb);            \
+            T *yv = na_cpu_out_##SFX(y->dtype, y->data, pl * P, yb);                        \
+            NA_CPU_POOL_FOR_EACH_OUTPUT({                                                   \
+                T s = 0;                                                                    \
+                for (int64_t i = ilo; i < ihi; i++) {                                       \
+                    const T *r = xv + (y0 + i * DH) * W + x0;                               \
+                    for (int64_t j = jlo; j < jhi; j++) s += r[j * DW];                     \
+                }                                                                           \
+                T dv = avg_divisor_##SFX(g, y0, x0, ilo, ihi, jlo, jhi);                    \
+                yv[o] = dv > 0 ? s / dv : 0;                                                \
+            })                                                                              \
+            na_cpu_store_##SFX(y->dtype, y->data, pl * P, P, yv);                           \
+        }                                                                                   \
+        return NA_OK;                                                                       \
+    }                                                                                       \
+    static int avg_pool_bwd_##SFX(const na_conv_geom *g, const na_tensor *gy, na_tensor *gx) { \
+        const char *fn = "cpu_avg_pool2d_backward";                                         \
+        NA_CPU_POOL_LOCALS(g);                                                              \
+        T *gyb = na_cpu_scratch(NA_CPU_SCRATCH_0, (size_t)P * sizeof(T), fn);               \
+        T *gxb = na_cpu_scratch(NA_CPU_SCRATCH_1, (size_t)HW * sizeof(T), fn);              \
+        if (!gyb || !gxb) return NA_ENOMEM;                                                 \
+        for (int64_t pl = 0; pl < PLANES; pl++) {                                           \
+            const T *gyv = na_cpu_view_##SFX(gy->dtype, gy->data, pl * P, P, gyb);          \
+            T *gxv = na_cpu_out_##SFX(gx->dtype, gx->data, pl * HW, gxb);                   \
+            memset(gxv, 0, (size_t)HW * sizeof(T));                                         \
+            NA_CPU_POOL_FOR_EACH_OUTPUT({                                                   \
+                T dv = avg_divisor_##SFX(g, y0, x0, ilo, ihi, jlo, jhi);                    \
+                if (dv > 0) {                                                               \
+                    T v = gyv[o] / dv;                                                      \
+                    for (int64_t i = ilo; i < ihi; i++) {                                   \
+                        T *r = gxv + (y0 + i * DH) * W + x0;                                \
+                        for (int64_t j = jlo; j < jhi; j++) r[j * DW] += v;                 \
+                    }                                                                       \
+                }                                                                           \
+            })                                                                              \
+            na_cpu_store_##SFX(gx->dtype, gx->data, pl * HW, HW, gxv);                      \
+        }                                                                                   \
+        return NA_OK;                                                                       \
+    }
+
+NA_CPU_DEFINE_POOL(float, f)
+NA_CPU_DEFINE_POOL(double, d)
+
+#define NA_CPU_POOL_DISPATCH(fn, name, a, b, ...)                                           \
+    do {                                                                                    \
+        NA_CPU_CHECK_FLOAT(fn, a);                                                          \
+        NA_CPU_CHECK_FLOAT(fn, b);                                                          \
+        int st_ = check_geom(fn, g, false);                                                 \
+        if (st_) return st_;                                                                \
+        bool d_ = a->dtype == NA_DTYPE_F64 || b->dtype == NA_DTYPE_F64;                     \
+        return d_ ? name##_d(g, __VA_ARGS__) : name##_f(g, __VA_ARGS__);                    \
+    } while (0)
+
+int na_cpu_max_pool2d(const na_conv_geom *g, const na_tensor *x, na_tensor *y, na_tensor *idx) {
+    if (idx && idx->dtype != NA_DTYPE_I32)
+        return na_cpu_bad_dtype("cpu_max_pool2d", "idx", idx->dtype);
+    NA_CPU_POOL_DISPATCH("cpu_max_pool2d", max_pool, x, y, x, y, idx);
+}
+
+int na_cpu_max_pool2d_backward(const na_conv_geom *g, const na_tensor *gy, const na_tensor *idx,
+                               na_tensor *gx) {
+    if (idx->dtype != NA_DTYPE_I32)
+        return na_cpu_bad_dtype("cpu_max_pool2d_backward", "idx", idx->dtype);
+    NA_CPU_POOL_DISPATCH("cpu_max_pool2d_backward", max_pool_bwd, gy, gx, gy, idx, gx);
+}
+
+int na_cpu_avg_pool2d(const na_conv_geom *g, const na_tensor *x, na_tensor *y) {
+    NA_CPU_POOL_DISPATCH("cpu_avg_pool2d", avg_pool, x, y, x, y);
+}
+
+int na_cpu_avg_pool2d_backward(const na_conv_geom *g, const na_tensor *gy, na_tensor *gx) {
+    NA_CPU_POOL_DISPATCH("cpu_avg_pool2d_backward", avg_pool_bwd, gy, gx, gy, gx);
+}

@@ -1,0 +1,317 @@
+/* kernels/cpu/cpu_internal.h — helpers shared by the CPU backend's files (not installed).
+ *
+ * The CPU backend is the reference the CUDA backend is checked against, so its numerics follow
+ * the GPU: f16/bf16 are widened to f32, computed and accumulated in f32 and rounded once on
+ * store (common/half.h); f64 computes in double. Every kernel works on chunks of at most
+ * NA_CPU_CHUNK elements converted into stack buffers (f32 data is used in place), so the
+ * per-element loops stay simple and vectorizable and no kernel mallocs per call. Larger
+ * temporaries (rows, im2col columns, GEMM packing) come from thread-local scratch buffers that
+ * only grow: once a training step has run, later steps allocate nothing.
+ */
+#ifndef NANOAMP_KERNELS_CPU_INTERNAL_H
+#define NANOAMP_KERNELS_CPU_INTERNAL_H
+
+#include <math.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "backend.h"
+#include "common/half.h"
+#include "nanoamp/error.h"
+
+#define NA_CPU_CHUNK 1024
+
+/* ---- scratch ---------------------------------------------------------------------------- */
+
+/* One kernel call may hold several slots at once; the GEMM packing slots are used only inside
+ * na_cpu_gemm_*, so any kernel may call the GEMM while it holds slots 0..5. */
+enum {
+    NA_CPU_SCRATCH_0,
+    NA_CPU_SCRATCH_1,
+    NA_CPU_SCRATCH_2,
+    NA_CPU_SCRATCH_3,
+    NA_CPU_SCRATCH_4,
+    NA_CPU_SCRATCH_5,
+    NA_CPU_SCRATCH_PACK_A,
+    NA_CPU_SCRATCH_PACK_B,
+    NA_CPU_SCRATCH_COUNT
+};
+
+/* A 64-byte aligned buffer of at least `bytes` for this thread's `slot` (contents undefined),
+ * or NULL with an NA_ENOMEM error naming `fn`. Freed when the thread exits. */
+void *na_cpu_scratch(int slot, size_t bytes, const char *fn);
+
+/* ---- dtypes ----------------------------------------------------------------------------- */
+
+static inline bool na_cpu_is_float(na_dtype dt) {
+    return dt == NA_DTYPE_F32 || dt == NA_DTYPE_F64 || dt == NA_DTYPE_F16 || dt == NA_DTYPE_BF16;
+}
+
+/* Sets "<fn>: unsupported dtype <dt> for <what>" and returns NA_EDTYPE. */
+int na_cpu_bad_dtype(const char *fn, const char *what, na_dtype dt);
+
+/* NA_EDTYPE unless t (may be NULL when allowed) is a float tensor. */
+#define NA_CPU_CHECK_FLOAT(fn, t)                                                           \
+    do {                                                                                    \
+        if ((t) && !na_cpu_is_float((t)->dtype))                                            \
+            return na_cpu_bad_dtype(fn, #t, (t)->dtype);                                    \
+    } while (0)
+
+/* Saturating float -> integer conversions (NaN -> 0), defined for every input. */
+static inline int64_t na_cpu_d_to_i64(double v) {
+    if (v != v) return 0;
+    if (v >= 9.2233720368547758e18) return INT64_MAX;
+    if (v <= -9.2233720368547758e18) return INT64_MIN;
+    return (int64_t)v;
+}
+static inline int32_t na_cpu_d_to_i32(double v) {
+    int64_t i = na_cpu_d_to_i64(v);
+    return i > INT32_MAX ? INT32_MAX : i < INT32_MIN ? INT32_MIN : (int32_t)i;
+}
+/* u8 takes the low byte of the truncated integer, as a C cast of an integer does. */
+static inline uint8_t na_cpu_d_to_u8(double v) { return (uint8_t)(uint64_t)na_cpu_d_to_i64(v); }
+
+/* Element i of any dtype, as double (exact for every dtype). */
+static inline double na_cpu_get(na_dtype dt, const void *p, int64_t i) {
+    switch (dt) {
+    case NA_DTYPE_F64: return ((const double *)p)[i];
+    case NA_DTYPE_F32: return ((const float *)p)[i];
+    case NA_DTYPE_F16: return na_f16_bits_to_f32(((const uint16_t *)p)[i]);
+    case NA_DTYPE_BF16: return na_bf16_bits_to_f32(((const uint16_t *)p)[i]);
+    case NA_DTYPE_I32: return ((const int32_t *)p)[i];
+    case NA_DTYPE_U8: return ((const uint8_t *)p)[i];
+    default: return NAN;
+    }
+}
+
+/* Store v into element i; f16/bf16 go through f32 (as c10::Half(double) does). */
+static inline void na_cpu_set(na_dtype dt, void *p, int64_t i, double v) {
+    switch (dt) {
+    case NA_DTYPE_F64: ((double *)p)[i] = v; break;
+    case NA_DTYPE_F32: ((float *)p)[i] = (float)v; break;
+    case NA_DTYPE_F16: ((uint16_t *)p)[i] = na_f32_to_f16_bits((float)v); break;
+    case NA_DTYPE_BF16: ((uint16_t *)p)[i] = na_f32_to_bf16_bits((float)v); break;
+    case NA_DTYPE_I32: ((int32_t *)p)[i] = na_cpu_d_to_i32(v); break;
+    case NA_DTYPE_U8: ((uint8_t *)p)[i] = na_cpu_d_to_u8(v); break;
+    default: break;
+    }
+}
+
+/* ---- contiguous chunk conversion ---------------------------------------------------------
+ * na_cpu_load_f(dt, p, off, n, dst)   dst[0..n) = (float) p[off..off+n)
+ * na_cpu_view_f(dt, p, off, n, buf)   the f32 values of p[off..off+n): p itself when it is f32,
+ *                                     else buf filled by load
+ * na_cpu_store_f(dt, p, off, n, src)  p[off..off+n) = src rounded once to dt
+ * and the _d forms for double. Float-typed dtypes only (plus i32/u8 in load/store). */
+
+static inline void na_cpu_load_f(na_dtype dt, const void *p, int64_t off, int64_t n, float *dst) {
+    switch (dt) {
+    case NA_DTYPE_F32: memcpy(dst, (const float *)p + off, (size_t)n * sizeof(float)); break;
+    case NA_DTYPE_F64: {
+        const double *s = (const double *)p + off;
+        for (int64_t i = 0; i < n; i++) dst[i] = (float)s[i];
+    } break;
+    case NA_DTYPE_F16: {
+        const uint16_t *s = (const uint16_t *)p + off;
+        for (int64_t i = 0; i < n; i++) dst[i] = na_f16_bits_to_f32(s[i]);
+    } break;
+    case NA_DTYPE_BF16: {
+        const uint16_t *s = (const uint16_t *)p + off;
+        for (int64_t i = 0; i < n; i++) dst[i] = na_bf16_bits_to_f32(s[i]);
+    } break;
+    case NA_DTYPE_I32: {
+        const int32_t *s = (const int32_t *)p + off;
+        for (int64_t i = 0; i < n; i++) dst[i] = (float)s[i];
+    } break;
+    case NA_DTYPE_U8: {
+        const uint8_t *s = (const uint8_t *)p + off;
+        for (int64_t i = 0; i < n; i++) dst[i] = (float)s[i];
+    } break;
+    default: for (int64_t i = 0; i < n; i++) dst[i] = NAN; break;
+    }
+}
+
+static inline void na_cpu_load_d(na_dtype dt, const void *p, int64_t off, int64_t n, double *dst) {
+    switch (dt) {
+    case NA_DTYPE_F64: memcpy(dst, (const double *)p + off, (size_t)n * sizeof(double)); break;
+    case NA_DTYPE_F32: {
+        const float *s = (const float *)p + off;
+        for (int64_t i = 0; i < n; i++) dst[i] = s[i];
+    } break;
+    default:
+        for (int64_t i = 0; i < n; i++) dst[i] = na_cpu_get(dt, p, off + i);
+        break;
+    }
+}
+
+static inline const float *na_cpu_view_f(na_dtype dt, const void *p, int64_t off, int64_t n,
+                                         float *buf) {
+    if (dt == NA_DTYPE_F32) return (const float *)p + off;
+    na_cpu_load_f(dt, p, off, n, buf);
+    return buf;
+}
+
+static inline const double *na_cpu_view_d(na_dtype dt, const void *p, int64_t off, int64_t n,
+                                          double *buf) {
+    if (dt == NA_DTYPE_F64) return (const double *)p + off;
+    na_cpu_load_d(dt, p, off, n, buf);
+    return buf;
+}
+
+static inline void na_cpu_store_f(na_dtype dt, void *p, int64_t off, int64_t n, const float *src) {
+    switch (dt) {
+    case NA_DTYPE_F32:
+        if ((float *)p + off != src) memcpy((float *)p + off, src, (size_t)n * sizeof(float));
+        break;
+    case NA_DTYPE_F64: {
+        double *d = (double *)p + off;
+        for (int64_t i = 0; i < n; i++) d[i] = src[i];
+    } break;
+    case NA_DTYPE_F16: {
+        uint16_t *d = (uint16_t *)p + off;
+        for (int64_t i = 0; i < n; i++) d[i] = na_f32_to_f16_bits(src[i]);
+    } break;
+    case NA_DTYPE_BF16: {
+        uint16_t *d = (uint16_t *)p + off;
+        for (int64_t i = 0; i < n; i++) d[i] = na_f32_to_bf16_bits(src[i]);
+    } break;
+    default:
+        for (int64_t i = 0; i < n; i++) na_cpu_set(dt, p, off + i, src[i]);
+        break;
+    }
+}
+
+static inline void na_cpu_store_d(na_dtype dt, void *p, int64_t off, int64_t n, const double *src) {
+    switch (dt) {
+    case NA_DTYPE_F64:
+        if ((double *)p + off != src) memcpy((double *)p + off, src, (size_t)n * sizeof(double));
+        break;
+    case NA_DTYPE_F32: {
+        float *d = (float *)p + off;
+        for (int64_t i = 0; i < n; i++) d[i] = (float)src[i];
+    } break;
+    default:
+        for (int64_t i = 0; i < n; i++) na_cpu_set(dt, p, off + i, src[i]);
+        break;
+    }
+}
+
+/* Where a kernel writes chunk [off, off+n) of an output: in place when the output is already
+ * of the compute type, else the caller's buffer (then na_cpu_store_* rounds it). */
+static inline float *na_cpu_out_f(na_dtype dt, void *p, int64_t off, float *buf) {
+    return dt == NA_DTYPE_F32 ? (float *)p + off : buf;
+}
+static inline double *na_cpu_out_d(na_dtype dt, void *p, int64_t off, double *buf) {
+    return dt == NA_DTYPE_F64 ? (double *)p + off : buf;
+}
+
+/* ---- sums ------------------------------------------------------------------------------- */
+
+/* Pairwise (cascade) sum of x[0..n): error grows with log n, not n. */
+float na_cpu_sum_f(const float *x, int64_t n);
+double na_cpu_sum_d(const double *x, int64_t n);
+
+/* Pairwise accumulator for a long stream of chunk sums (any chunk count, O(log) memory). */
+typedef struct {
+    float level[64];
+    uint64_t count;
+} na_cpu_psum_f;
+typedef struct {
+    double level[64];
+    uint64_t count;
+} na_cpu_psum_d;
+void na_cpu_psum_add_f(na_cpu_psum_f *s, float v);
+float na_cpu_psum_total_f(const na_cpu_psum_f *s);
+void na_cpu_psum_add_d(na_cpu_psum_d *s, double v);
+double na_cpu_psum_total_d(const na_cpu_psum_d *s);
+
+/* Sum of n elements of any float dtype starting at p[off] (chunked, pairwise), f32 / f64. */
+float na_cpu_sum_any_f(na_dtype dt, const void *p, int64_t off, int64_t n);
+double na_cpu_sum_any_d(na_dtype dt, const void *p, int64_t off, int64_t n);
+
+/* ---- GEMM ------------------------------------------------------------------------------- */
+
+/* Row-major C = alpha * op(A) @ op(B) + beta * C (C not read when beta == 0), one matrix.
+ * Uses CBLAS when built with it and the sizes fit its int, else the built-in blocked GEMM.
+ * Returns NA_OK or NA_ENOMEM (packing scratch) with the error set. */
+int na_cpu_sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                 int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
+int na_cpu_dgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha,
+                 const double *a, int64_t lda, const double *b, int64_t ldb, double beta,
+                 double *c, int64_t ldc);
+/* The built-in cache-blocked GEMM, always compiled (tests call it directly). */
+int na_cpu_sgemm_builtin(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+                         const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+                         float *c, int64_t ldc);
+int na_cpu_dgemm_builtin(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha,
+                         const double *a, int64_t lda, const double *b, int64_t ldb, double beta,
+                         double *c, int64_t ldc);
+/* Test hook: when true, na_cpu_sgemm/dgemm never use CBLAS. */
+extern bool na_cpu_gemm_force_builtin;
+
+/* Test hook: elements of scratch one convolution block (images per GEMM) may use. */
+extern int64_t na_cpu_conv_block_budget;
+
+/* ---- kernels (one group per file) ------------------------------------------------------- */
+
+void *na_cpu_alloc(size_t bytes);
+void na_cpu_free(void *p);
+int na_cpu_memcpy(void *dst, const void *src, size_t bytes);
+int na_cpu_synchronize(void);
+
+int na_cpu_fill(na_tensor *t, double value);
+int na_cpu_arange(na_tensor *t, double start, double step);
+int na_cpu_fill_uniform(na_tensor *t, double lo, double hi, uint64_t seed, uint64_t offset);
+int na_cpu_fill_normal(na_tensor *t, double mean, double std, uint64_t seed, uint64_t offset);
+int na_cpu_dropout_mask(na_tensor *mask, double p, uint64_t seed, uint64_t offset);
+int na_cpu_copy(na_tensor *dst, const na_tensor *src);
+
+int na_cpu_unary(na_unary_op op, const na_tensor *x, na_tensor *y, double a, double b);
+int na_cpu_unary_backward(na_unary_op op, const na_tensor *x, const na_tensor *y,
+                          const na_tensor *gy, na_tensor *gx, double a, double b);
+int na_cpu_binary(na_binary_op op, const na_tensor *a, const na_tensor *b, na_tensor *out,
+                  const na_broadcast *bc);
+
+int na_cpu_reduce(na_reduce_op op, const na_tensor *x, na_tensor *out, na_tensor *idx,
+                  int64_t outer, int64_t r, int64_t inner);
+int na_cpu_argmax(const na_tensor *x, na_tensor *idx, int64_t outer, int64_t r, int64_t inner);
+int na_cpu_scatter_max_grad(const na_tensor *gy, const na_tensor *idx, na_tensor *gx,
+                            int64_t outer, int64_t r, int64_t inner);
+int na_cpu_softmax(const na_tensor *x, na_tensor *y, int64_t rows, int64_t cols, bool log);
+int na_cpu_softmax_backward(const na_tensor *y, const na_tensor *gy, na_tensor *gx,
+                            int64_t rows, int64_t cols, bool log);
+int na_cpu_cross_entropy(const na_tensor *logits, const na_tensor *labels, na_tensor *loss,
+                         na_tensor *lse, double smoothing);
+int na_cpu_cross_entropy_backward(const na_tensor *logits, const na_tensor *labels,
+                                  const na_tensor *lse, const na_tensor *g, na_tensor *gx,
+                                  double smoothing);
+
+int na_cpu_gemm(const na_gemm_args *args);
+
+int na_cpu_conv2d(const na_conv_geom *g, const na_tensor *x, const na_tensor *w,
+                  const na_tensor *bias, na_tensor *y);
+int na_cpu_conv2d_backward_data(const na_conv_geom *g, const na_tensor *gy, const na_tensor *w,
+                                na_tensor *gx);
+int na_cpu_conv2d_backward_weight(const na_conv_geom *g, const na_tensor *x, const na_tensor *gy,
+                                  na_tensor *gw);
+int na_cpu_max_pool2d(const na_conv_geom *g, const na_tensor *x, na_tensor *y, na_tensor *idx);
+int na_cpu_max_pool2d_backward(const na_conv_geom *g, const na_tensor *gy, const na_tensor *idx,
+                               na_tensor *gx);
+int na_cpu_avg_pool2d(const na_conv_geom *g, const na_tensor *x, na_tensor *y);
+int na_cpu_avg_pool2d_backward(const na_conv_geom *g, const na_tensor *gy, na_tensor *gx);
+
+int na_cpu_batch_norm_train(const na_tensor *x, const na_tensor *gamma, const na_tensor *beta,
+                            na_tensor *running_mean, na_tensor *running_var, na_tensor *y,
+                            na_tensor *save_mean, na_tensor *save_invstd, int64_t n, int64_t c,
+                            int64_t s, double momentum, double eps);
+int na_cpu_batch_norm_eval(const na_tensor *x, const na_tensor *gamma, const na_tensor *beta,
+                           const na_tensor *running_mean, const na_tensor *running_var,
+                           na_tensor *y, int64_t n, int64_t c, int64_t s, double eps);
+int na_cpu_batch_norm_backward(const na_tensor *x, const na_tensor *gy, const na_tensor *gamma,
+                               const na_tensor *mean, const na_tensor *invstd, na_tensor *gx,
+                               na_tensor *ggamma, na_tensor *gbeta, int64_t n, int64_t c,
+                               int64_t s, bool train);
+
+#endif

@@ -1,0 +1,1239 @@
+/* tests/test_cpu_kernels.c — the CPU backend's kernels, called directly through na_cpu_backend.
+ *
+ * Tensors are built here by hand (stack structs over malloc'ed data, contiguous strides), so
+ * these tests do not depend on the front-end. References are independent loops in double
+ * precision (naive GEMM, direct convolution, the adjoint loops of convolution and pooling,
+ * two-pass batch statistics); f16/bf16 results are checked bit for bit against the round-to-
+ * nearest-even of the f32 computation on the widened inputs, which is the backend contract.
+ */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "common/half.h"
+#include "common/philox.h"
+#include "cpu/cpu_internal.h"
+#include "nanoamp/error.h"
+
+static const na_backend *B = &na_cpu_backend;
+
+/* ---- helpers ------------------------------------------------------------------------------ */
+
+static size_t esize(na_dtype dt) {
+    switch (dt) {
+    case NA_DTYPE_F64: return 8;
+    case NA_DTYPE_F32: case NA_DTYPE_I32: return 4;
+    case NA_DTYPE_F16: case NA_DTYPE_BF16: return 2;
+    default: return 1;
+    }
+}
+
+static na_tensor mk(na_dtype dt, int ndim, const int64_t *shape) {
+    na_tensor t;
+    memset(&t, 0, sizeof t);
+    t.dtype = dt;
+    t.device = NA_DEVICE_CPU;
+    t.ndim = ndim;
+    int64_t n = 1;
+    for (int d = ndim - 1; d >= 0; d--) {
+        t.shape[d] = shape[d];
+        t.stride[d] = n;
+        n *= shape[d];
+    }
+    t.numel = n;
+    t.data = calloc((size_t)(n ? n : 1), esize(dt));
+    cr_assert(t.data);
+    return t;
+}
+#define MK(dt, ...) mk(dt, NA_SHAPE(__VA_ARGS__))
+
+static void rm(na_tensor *t) {
+    free(t->data);
+    t->data = NULL;
+}
+
+static double get(const na_tensor *t, int64_t i) {
+    switch (t->dtype) {
+    case NA_DTYPE_F64: return ((double *)t->data)[i];
+    case NA_DTYPE_F32: return ((float *)t->data)[i];
+    case NA_DTYPE_F16: return na_f16_bits_to_f32(((uint16_t *)t->data)[i]);
+    case NA_DTYPE_BF16: return na_bf16_bits_to_f32(((uint16_t *)t->data)[i]);
+    case NA_DTYPE_I32: return ((int32_t *)t->data)[i];
+    default: return ((uint8_t *)t->data)[i];
+    }
+}
+
+static void set(na_tensor *t, int64_t i, double v) {
+    switch (t->dtype) {
+    case NA_DTYPE_F64: ((double *)t->data)[i] = v; break;
+    case NA_DTYPE_F32: ((float *)t->data)[i] = (float)v; break;
+    case NA_DTYPE_F16: ((uint16_t *)t->data)[i] = na_f32_to_f16_bits((float)v); break;
+    case NA_DTYPE_BF16: ((uint16_t *)t->data)[i] = na_f32_to_bf16_bits((float)v); break;
+    case NA_DTYPE_I32: ((int32_t *)t->data)[i] = (int32_t)v; break;
+    default: ((uint8_t *)t->data)[i] = (uint8_t)v; break;
+    }
+}
+
+static uint64_t rng_state = 0x1234567;
+static double urand(void) { /* [0, 1) */
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    return (double)(rng_state >> 11) * 0x1p-53;
+}
+static void fill_rand(na_tensor *t, double lo, double hi) {
+    for (int64_t i = 0; i < t->numel; i++) set(t, i, lo + (hi - lo) * urand());
+}
+
+/* |got - want| <= atol + rtol*|want| for each element, NaN only where want is NaN */
+static void expect_close_arr(const na_tensor *t, const double *want, double atol, double rtol,
+                             const char *what) {
+    for (int64_t i = 0; i < t->numel; i++) {
+        double g = get(t, i), w = want[i];
+        if (isnan(w)) {
+            cr_assert(isnan(g), "%s[%lld]: got %.9g, want NaN", what, (long long)i, g);
+            continue;
+        }
+        cr_assert(fabs(g - w) <= atol + rtol * fabs(w), "%s[%lld]: got %.9g, want %.9g", what,
+                  (long long)i, g, w);
+    }
+}
+
+/* bitwise equality of two tensors of the same dtype */
+static void expect_same_bits(const na_tensor *a, const na_tensor *b, const char *what) {
+    cr_assert_eq(a->dtype, b->dtype);
+    cr_assert_eq(a->numel, b->numel);
+    size_t es = esize(a->dtype);
+    for (int64_t i = 0; i < a->numel; i++)
+        cr_assert(!memcmp((char *)a->data + i * es, (char *)b->data + i * es, es),
+                  "%s[%lld]: got %.9g, want %.9g", what, (long long)i, get(a, i), get(b, i));
+}
+
+/* f32 copy of t (widened values) */
+static na_tensor widened(const na_tensor *t) {
+    na_tensor w = mk(NA_DTYPE_F32, t->ndim, t->shape);
+    for (int64_t i = 0; i < t->numel; i++) set(&w, i, get(t, i));
+    return w;
+}
+
+/* t rounded (RNE) from an f32 tensor */
+static na_tensor rounded(na_dtype dt, const na_tensor *f) {
+    na_tensor r = mk(dt, f->ndim, f->shape);
+    for (int64_t i = 0; i < f->numel; i++) set(&r, i, get(f, i));
+    return r;
+}
+
+/* ---- memory ------------------------------------------------------------------------------- */
+
+Test(cpu_memory, alloc_copy_free) {
+    uint8_t *p = B->alloc(100);
+    cr_assert(p);
+    cr_assert_eq((uintptr_t)p % 64, 0);
+    uint8_t src[100];
+    for (int i = 0; i < 100; i++) src[i] = (uint8_t)i;
+    cr_assert_eq(B->memcpy_h2d(p, src, 100), NA_OK);
+    uint8_t *q = B->alloc(100);
+    cr_assert_eq(B->memcpy_d2d(q, p, 100), NA_OK);
+    uint8_t back[100];
+    cr_assert_eq(B->memcpy_d2h(back, q, 100), NA_OK);
+    cr_assert(!memcmp(back, src, 100));
+    cr_assert_eq(B->synchronize(), NA_OK);
+    B->free(p);
+    B->free(q);
+    void *z = B->alloc(0);
+    cr_assert(z);
+    B->free(z);
+}
+
+Test(cpu_memory, alloc_failure_sets_error) {
+    na_clear_error();
+    cr_assert_null(B->alloc(SIZE_MAX - 8));
+    cr_assert_eq(na_last_status(), NA_ENOMEM);
+    cr_assert(strstr(na_last_error(), "cpu_alloc"), "%s", na_last_error());
+}
+
+/* ---- fills -------------------------------------------------------------------------------- */
+
+Test(cpu_fill, fill_and_arange_all_dtypes) {
+    na_dtype dts[] = {NA_DTYPE_F64, NA_DTYPE_F32, NA_DTYPE_F16, NA_DTYPE_BF16, NA_DTYPE_I32,
+                      NA_DTYPE_U8};
+    for (int k = 0; k < 6; k++) {
+        na_tensor t = MK(dts[k], 3, 5);
+        cr_assert_eq(B->fill(&t, 7.0), NA_OK);
+        for (int i = 0; i < 15; i++) cr_assert_eq(get(&t, i), 7.0);
+        cr_assert_eq(B->arange(&t, 2.0, 3.0), NA_OK);
+        for (int i = 0; i < 15; i++) cr_assert_eq(get(&t, i), 2.0 + 3.0 * i);
+        rm(&t);
+    }
+    na_tensor h = MK(NA_DTYPE_F16, 1);
+    B->fill(&h, 0.1);
+    cr_assert_eq(((uint16_t *)h.data)[0], na_f32_to_f16_bits(0.1f));
+    rm(&h);
+}
+
+Test(cpu_fill, uniform_normal_reproducible) {
+    na_tensor a = MK(NA_DTYPE_F32, 10001), b = MK(NA_DTYPE_F32, 10001), c = MK(NA_DTYPE_F32, 10001);
+    cr_assert_eq(B->fill_uniform(&a, -2.0, 3.0, 42, 7), NA_OK);
+    B->fill_uniform(&b, -2.0, 3.0, 42, 7);
+    B->fill_uniform(&c, -2.0, 3.0, 42, 8);
+    expect_same_bits(&a, &b, "uniform");
+    int differ = 0;
+    double mean = 0;
+    for (int i = 0; i < 10001; i++) {
+        double v = get(&a, i);
+        cr_assert(v >= -2.0 && v < 3.0);
+        cr_assert_eq((float)v, -2.0f + 5.0f * na_philox_uniform(42, 7, (uint64_t)i));
+        differ += get(&a, i) != get(&c, i);
+        mean += v / 10001;
+    }
+    cr_assert_gt(differ, 9900);
+    cr_assert(fabs(mean - 0.5) < 0.05, "mean %g", mean);
+
+    /* f16 uniform is the RNE of the f32 value (but below hi); f64 uses the same draws */
+    na_tensor h = MK(NA_DTYPE_F16, 10001), d = MK(NA_DTYPE_F64, 10001);
+    B->fill_uniform(&h, -2.0, 3.0, 42, 7);
+    B->fill_uniform(&d, -2.0, 3.0, 42, 7);
+    for (int i = 0; i < 10001; i++) {
+        uint16_t want = na_f32_to_f16_bits((float)get(&a, i));
+        if (na_f16_bits_to_f32(want) >= 3.0) want--; /* rounded up to hi: the value below */
+        cr_assert_eq(((uint16_t *)h.data)[i], want);
+        cr_assert(fabs(get(&d, i) - get(&a, i)) < 1e-6);
+    }
+
+    /* [lo, hi) holds after rounding: f16/bf16 round draws near 1 up to 1.0 unless handled,
+     * and in f32 1 + (1 - 2^-24) rounds to 2 */
+    na_tensor h16 = MK(NA_DTYPE_F16, 1 << 16), hb = MK(NA_DTYPE_BF16, 1 << 16),
+              f2 = MK(NA_DTYPE_F32, 1 << 16);
+    B->fill_uniform(&h16, 0.0, 1.0, 5, 0);
+    B->fill_uniform(&hb, 0.0, 1.0, 5, 0);
+    B->fill_uniform(&f2, 1.0, 2.0, 5, 0);
+    int top16 = 0, topb = 0;
+    for (int i = 0; i < 1 << 16; i++) {
+        cr_assert(get(&h16, i) >= 0 && get(&h16, i) < 1, "f16 %d: %g", i, get(&h16, i));
+        cr_assert(get(&hb, i) >= 0 && get(&hb, i) < 1, "bf16 %d: %g", i, get(&hb, i));
+        cr_assert(get(&f2, i) >= 1 && get(&f2, i) < 2, "f32 %d: %.9g", i, get(&f2, i));
+        top16 += get(&h16, i) == 1 - 0x1p-11;
+        topb += get(&hb, i) == 1 - 0x1p-8;
+    }
+    cr_assert_gt(top16, 0);
+    cr_assert_gt(topb, 0);
+    rm(&h16); rm(&hb); rm(&f2);
+
+    B->fill_normal(&a, 1.0, 2.0, 9, 0);
+    B->fill_normal(&b, 1.0, 2.0, 9, 0);
+    expect_same_bits(&a, &b, "normal");
+    double m = 0, v = 0;
+    for (int i = 0; i < 10001; i++) m += get(&a, i) / 10001;
+    for (int i = 0; i < 10001; i++) v += (get(&a, i) - m) * (get(&a, i) - m) / 10000;
+    cr_assert(fabs(m - 1.0) < 0.1 && fabs(sqrt(v) - 2.0) < 0.1, "mean %g std %g", m, sqrt(v));
+    cr_assert_eq((float)get(&a, 5), 1.0f + 2.0f * na_philox_normal(9, 0, 5));
+    rm(&a); rm(&b); rm(&c); rm(&h); rm(&d);
+}
+
+Test(cpu_fill, dropout_mask) {
+    na_tensor m = MK(NA_DTYPE_F32, 20000);
+    cr_assert_eq(B->dropout_mask(&m, 0.25, 3, 11), NA_OK);
+    int zeros = 0;
+    for (int i = 0; i < 20000; i++) {
+        double v = get(&m, i);
+        bool keep = (double)na_philox_uniform(3, 11, (uint64_t)i) >= 0.25;
+        cr_assert_eq(v, keep ? (float)(1.0 / 0.75) : 0.0);
+        zeros += v == 0;
+    }
+    cr_assert(fabs(zeros / 20000.0 - 0.25) < 0.02);
+    na_tensor h = MK(NA_DTYPE_BF16, 100);
+    B->dropout_mask(&h, 0.5, 3, 11);
+    for (int i = 0; i < 100; i++) cr_assert(get(&h, i) == 0 || get(&h, i) == 2.0);
+    rm(&m);
+    rm(&h);
+}
+
+Test(cpu_fill, random_fill_rejects_int) {
+    na_tensor t = MK(NA_DTYPE_I32, 4);
+    cr_assert_eq(B->fill_uniform(&t, 0, 1, 1, 1), NA_EDTYPE);
+    cr_assert(strstr(na_last_error(), "cpu_fill_uniform"));
+    rm(&t);
+}
+
+/* ---- copy --------------------------------------------------------------------------------- */
+
+Test(cpu_copy, transposed_strided_source) {
+    na_tensor a = MK(NA_DTYPE_F32, 3, 4); /* viewed as its transpose [4, 3] */
+    for (int i = 0; i < 12; i++) set(&a, i, i);
+    na_tensor v = a;
+    v.shape[0] = 4; v.shape[1] = 3;
+    v.stride[0] = 1; v.stride[1] = 4;
+    na_tensor d = MK(NA_DTYPE_F32, 4, 3), h = MK(NA_DTYPE_F16, 4, 3), w = MK(NA_DTYPE_F64, 4, 3);
+    cr_assert_eq(B->copy(&d, &v), NA_OK);
+    cr_assert_eq(B->copy(&h, &v), NA_OK);
+    cr_assert_eq(B->copy(&w, &v), NA_OK);
+    for (int r = 0; r < 4; r++)
+        for (int c = 0; c < 3; c++) {
+            cr_assert_eq(get(&d, r * 3 + c), c * 4 + r);
+            cr_assert_eq(get(&h, r * 3 + c), c * 4 + r);
+            cr_assert_eq(get(&w, r * 3 + c), c * 4 + r);
+        }
+    /* a 3-d permuted view with a broadcast (stride 0) dim */
+    na_tensor b = MK(NA_DTYPE_F32, 2, 3);
+    for (int i = 0; i < 6; i++) set(&b, i, i + 1);
+    na_tensor bv = b;
+    bv.ndim = 3;
+    bv.shape[0] = 3; bv.shape[1] = 4; bv.shape[2] = 2;
+    bv.stride[0] = 1; bv.stride[1] = 0; bv.stride[2] = 3;
+    bv.numel = 24;
+    na_tensor out = MK(NA_DTYPE_F32, 3, 4, 2);
+    cr_assert_eq(B->copy(&out, &bv), NA_OK);
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 4; j++)
+            for (int k = 0; k < 2; k++) cr_assert_eq(get(&out, (i * 4 + j) * 2 + k), k * 3 + i + 1);
+    rm(&a); rm(&d); rm(&h); rm(&w); rm(&b); rm(&out);
+}
+
+Test(cpu_copy, conversions_round_to_nearest_even) {
+    int n = 4096;
+    na_tensor f = MK(NA_DTYPE_F32, n), h = MK(NA_DTYPE_F16, n), b = MK(NA_DTYPE_BF16, n),
+              back = MK(NA_DTYPE_F32, n);
+    for (int i = 0; i < n; i++) ((float *)f.data)[i] = (float)((urand() - 0.5) * 1e5 * urand());
+    ((float *)f.data)[0] = 1.0f + 0x1p-11f; /* a tie: rounds to even (1.0) */
+    ((float *)f.data)[1] = 1.0f + 3 * 0x1p-11f; /* a tie: rounds to even (1 + 2^-9) */
+    ((float *)f.data)[2] = 70000.0f;            /* overflow: inf */
+    ((float *)f.data)[3] = NAN;
+    cr_assert_eq(B->copy(&h, &f), NA_OK);
+    cr_assert_eq(B->copy(&b, &f), NA_OK);
+    for (int i = 0; i < n; i++) {
+        float v = ((float *)f.data)[i];
+        cr_assert_eq(((uint16_t *)h.data)[i], na_f32_to_f16_bits(v), "f16 %d", i);
+        cr_assert_eq(((uint16_t *)b.data)[i], na_f32_to_bf16_bits(v), "bf16 %d", i);
+    }
+    cr_assert_eq(get(&h, 0), 1.0);
+    cr_assert_eq(get(&h, 1), 1.0 + 0x1p-9);
+    cr_assert(isinf(get(&h, 2)));
+    cr_assert(isnan(get(&h, 3)));
+    cr_assert_eq(B->copy(&back, &h), NA_OK);
+    for (int i = 0; i < n; i++) {
+        if (isnan(get(&h, i))) cr_assert(isnan(get(&back, i)));
+        else cr_assert_eq(get(&back, i), get(&h, i));
+    }
+
+    /* integers */
+    na_tensor i32 = MK(NA_DTYPE_I32, 5), u8 = MK(NA_DTYPE_U8, 5), fl = MK(NA_DTYPE_F32, 5),
+              d = MK(NA_DTYPE_F64, 5);
+    int32_t iv[5] = {-3, 0, 7, 255, 16777217};
+    memcpy(i32.data, iv, sizeof iv);
+    cr_assert_eq(B->copy(&d, &i32), NA_OK);
+    for (int i = 0; i < 5; i++) cr_assert_eq(get(&d, i), iv[i]);
+    cr_assert_eq(B->copy(&fl, &i32), NA_OK);
+    cr_assert_eq(get(&fl, 4), (double)(float)16777217);
+    uint8_t uv[5] = {0, 1, 128, 200, 255};
+    memcpy(u8.data, uv, 5);
+    cr_assert_eq(B->copy(&fl, &u8), NA_OK);
+    for (int i = 0; i < 5; i++) cr_assert_eq(get(&fl, i), uv[i]);
+    float fv[5] = {-2.7f, 2.7f, 1e10f, NAN, 254.9f};
+    memcpy(fl.data, fv, sizeof fv);
+    cr_assert_eq(B->copy(&i32, &fl), NA_OK);
+    cr_assert_eq(((int32_t *)i32.data)[0], -2);
+    cr_assert_eq(((int32_t *)i32.data)[1], 2);
+    cr_assert_eq(((int32_t *)i32.data)[2], INT32_MAX);
+    cr_assert_eq(((int32_t *)i32.data)[3], 0);
+    cr_assert_eq(B->copy(&u8, &fl), NA_OK);
+    cr_assert_eq(((uint8_t *)u8.data)[1], 2);
+    cr_assert_eq(((uint8_t *)u8.data)[4], 254);
+    rm(&f); rm(&h); rm(&b); rm(&back); rm(&i32); rm(&u8); rm(&fl); rm(&d);
+}
+
+/* ---- unary -------------------------------------------------------------------------------- */
+
+static double ref_unary(int op, double x, double a, double b) {
+    switch (op) {
+    case NA_UNARY_NEG: return -x;
+    case NA_UNARY_SCALE: return x * a;
+    case NA_UNARY_ADD_SCALAR: return x + a;
+    case NA_UNARY_EXP: return exp(x);
+    case NA_UNARY_LOG: return log(x);
+    case NA_UNARY_SQRT: return sqrt(x);
+    case NA_UNARY_RSQRT: return 1 / sqrt(x);
+    case NA_UNARY_POW: return pow(x, a);
+    case NA_UNARY_ABS: return fabs(x);
+    case NA_UNARY_CLAMP: return fmin(fmax(x, a), b);
+    case NA_UNARY_RELU: return x > 0 ? x : 0;
+    case NA_UNARY_GELU: return 0.5 * x * (1 + erf(x / sqrt(2.0)));
+    case NA_UNARY_SIGMOID: return 1 / (1 + exp(-x));
+    case NA_UNARY_TANH: return tanh(x);
+    default: return NAN;
+    }
+}
+
+static double ref_grad(int op, double x, double a, double b) {
+    const double pi = 3.14159265358979323846;
+    switch (op) {
+    case NA_UNARY_NEG: return -1;
+    case NA_UNARY_SCALE: return a;
+    case NA_UNARY_ADD_SCALAR: return 1;
+    case NA_UNARY_EXP: return exp(x);
+    case NA_UNARY_LOG: return 1 / x;
+    case NA_UNARY_SQRT: return 0.5 / sqrt(x);
+    case NA_UNARY_RSQRT: return -0.5 * pow(x, -1.5);
+    case NA_UNARY_POW: return a * pow(x, a - 1);
+    case NA_UNARY_ABS: return x > 0 ? 1 : -1;
+    case NA_UNARY_CLAMP: return x >= a && x <= b ? 1 : 0;
+    case NA_UNARY_RELU: return x > 0 ? 1 : 0;
+    case NA_UNARY_GELU: return 0.5 * (1 + erf(x / sqrt(2.0))) + x * exp(-0.5 * x * x) / sqrt(2 * pi);
+    case NA_UNARY_SIGMOID: { double s = 1 / (1 + exp(-x)); return s * (1 - s); }
+    case NA_UNARY_TANH: return 1 - tanh(x) * tanh(x);
+    default: return NAN;
+    }
+}
+
+static void run_unary_case(na_dtype dt, double atol, double rtol) {
+    const int n = 3000; /* > one chunk */
+    for (int op = 0; op < NA_UNARY_COUNT; op++) {
+        double a = op == NA_UNARY_POW ? 2.5 : op == NA_UNARY_CLAMP ? -0.5 : 1.75;
+        double b = 0.75;
+        bool pos = op == NA_UNARY_LOG || op == NA_UNARY_SQRT || op == NA_UNARY_RSQRT ||
+                   op == NA_UNARY_POW;
+        na_tensor x = MK(dt, n), y = MK(dt, n), gy = MK(dt, n), gx = MK(dt, n);
+        fill_rand(&x, pos ? 0.1 : -3, 3);
+        fill_rand(&gy, -1, 1);
+        double *want = malloc(n * sizeof(double)), *gwant = malloc(n * sizeof(double));
+        for (int i = 0; i < n; i++) {
+            double xv = get(&x, i);
+            if (op == NA_UNARY_ABS && xv == 0) set(&x, i, xv = 0.5);
+            want[i] = ref_unary(op, xv, a, b);
+            gwant[i] = get(&gy, i) * ref_grad(op, xv, a, b);
+        }
+        cr_assert_eq(B->unary(op, &x, &y, a, b), NA_OK);
+        char what[64];
+        snprintf(what, sizeof what, "unary %d (%d)", op, (int)dt);
+        expect_close_arr(&y, want, atol, rtol, what);
+        cr_assert_eq(B->unary_backward(op, &x, &y, &gy, &gx, a, b), NA_OK);
+        snprintf(what, sizeof what, "unary grad %d (%d)", op, (int)dt);
+        expect_close_arr(&gx, gwant, atol * 4, rtol * 4, what);
+        free(want); free(gwant);
+        rm(&x); rm(&y); rm(&gy); rm(&gx);
+    }
+}
+
+Test(cpu_unary, every_op_and_grad_f64) { run_unary_case(NA_DTYPE_F64, 1e-13, 1e-12); }
+Test(cpu_unary, every_op_and_grad_f32) { run_unary_case(NA_DTYPE_F32, 1e-6, 1e-5); }
+
+Test(cpu_unary, f16_rounds_once_from_f32) {
+    na_dtype dts[] = {NA_DTYPE_F16, NA_DTYPE_BF16};
+    for (int k = 0; k < 2; k++)
+        for (int op = 0; op < NA_UNARY_COUNT; op++) {
+            na_tensor x = MK(dts[k], 2500), y = MK(dts[k], 2500);
+            fill_rand(&x, 0.1, 4);
+            na_tensor xf = widened(&x), yf = MK(NA_DTYPE_F32, 2500);
+            cr_assert_eq(B->unary(op, &x, &y, 1.5, 2.0), NA_OK);
+            cr_assert_eq(B->unary(op, &xf, &yf, 1.5, 2.0), NA_OK);
+            na_tensor want = rounded(dts[k], &yf);
+            expect_same_bits(&y, &want, "f16 unary");
+            /* the backward too */
+            na_tensor gy = MK(dts[k], 2500), gx = MK(dts[k], 2500), gyf, gxf = MK(NA_DTYPE_F32, 2500);
+            fill_rand(&gy, -1, 1);
+            gyf = widened(&gy);
+            na_tensor yw = widened(&y);
+            cr_assert_eq(B->unary_backward(op, &x, &y, &gy, &gx, 1.5, 2.0), NA_OK);
+            cr_assert_eq(B->unary_backward(op, &xf, &yw, &gyf, &gxf, 1.5, 2.0), NA_OK);
+            na_tensor gwant = rounded(dts[k], &gxf);
+            expect_same_bits(&gx, &gwant, "f16 unary grad");
+            rm(&x); rm(&y); rm(&xf); rm(&yf); rm(&want); rm(&gy); rm(&gx); rm(&gyf); rm(&gxf);
+            rm(&gwant); rm(&yw);
+        }
+}
+
+Test(cpu_unary, rejects_int_dtype) {
+    na_tensor x = MK(NA_DTYPE_I32, 4), y = MK(NA_DTYPE_I32, 4);
+    na_clear_error();
+    cr_assert_eq(B->unary(NA_UNARY_EXP, &x, &y, 0, 0), NA_EDTYPE);
+    cr_assert(strstr(na_last_error(), "cpu_unary"), "%s", na_last_error());
+    cr_assert(strstr(na_last_error(), "i32"), "%s", na_last_error());
+    rm(&x); rm(&y);
+}
+
+/* ---- binary ------------------------------------------------------------------------------- */
+
+static na_broadcast bc2(int64_t r, int64_t c, int64_t ar, int64_t ac, int64_t br, int64_t bcs) {
+    na_broadcast bc = {.ndim = 2, .shape = {r, c}, .a_stride = {ar, ac}, .b_stride = {br, bcs}};
+    return bc;
+}
+
+Test(cpu_binary, broadcast_row_vector) {
+    na_dtype dts[] = {NA_DTYPE_F32, NA_DTYPE_F64, NA_DTYPE_F16};
+    for (int k = 0; k < 3; k++) {
+        na_tensor a = MK(dts[k], 2, 3), b = MK(dts[k], 3), o = MK(dts[k], 2, 3);
+        for (int i = 0; i < 6; i++) set(&a, i, i + 1);
+        for (int i = 0; i < 3; i++) set(&b, i, 10 * (i + 1));
+        na_broadcast bc = bc2(2, 3, 3, 1, 0, 1);
+        for (int op = 0; op < NA_BINARY_COUNT; op++) {
+            cr_assert_eq(B->binary(op, &a, &b, &o, &bc), NA_OK);
+            double want[6];
+            for (int i = 0; i < 2; i++)
+                for (int j = 0; j < 3; j++) {
+                    double x = i * 3 + j + 1, y = 10 * (j + 1);
+                    double r = op == NA_BINARY_ADD ? x + y : op == NA_BINARY_SUB ? x - y
+                               : op == NA_BINARY_MUL ? x * y : x / y;
+                    want[i * 3 + j] = dts[k] == NA_DTYPE_F16 ? na_round_f16((float)r)
+                                      : dts[k] == NA_DTYPE_F32 ? (float)r : r;
+                }
+            expect_close_arr(&o, want, 0, 0, "binary [2,3] op [3]");
+        }
+        rm(&a); rm(&b); rm(&o);
+    }
+}
+
+Test(cpu_binary, broadcast_outer_and_long_rows) {
+    na_tensor a = MK(NA_DTYPE_F32, 2, 1), b = MK(NA_DTYPE_F32, 1, 3), o = MK(NA_DTYPE_F32, 2, 3);
+    set(&a, 0, 2); set(&a, 1, 3);
+    for (int i = 0; i < 3; i++) set(&b, i, i + 1);
+    na_broadcast bc = bc2(2, 3, 1, 0, 0, 1);
+    cr_assert_eq(B->binary(NA_BINARY_MUL, &a, &b, &o, &bc), NA_OK);
+    double want[6] = {2, 4, 6, 3, 6, 9};
+    expect_close_arr(&o, want, 0, 0, "[2,1]*[1,3]");
+    /* scalar (0-d) op long vector, both orders, > one chunk */
+    int n = 5000;
+    na_tensor s = MK(NA_DTYPE_F32, 1), v = MK(NA_DTYPE_F32, n), out = MK(NA_DTYPE_F32, n);
+    set(&s, 0, 4);
+    fill_rand(&v, -1, 1);
+    na_broadcast b1 = {.ndim = 1, .shape = {n}, .a_stride = {1}, .b_stride = {0}};
+    cr_assert_eq(B->binary(NA_BINARY_SUB, &v, &s, &out, &b1), NA_OK);
+    for (int i = 0; i < n; i++) cr_assert_eq(get(&out, i), (float)(get(&v, i) - 4));
+    /* [3, 1, 2] + [1, 4, 2] -> [3, 4, 2] */
+    na_tensor x = MK(NA_DTYPE_F64, 3, 1, 2), y = MK(NA_DTYPE_F64, 1, 4, 2), z = MK(NA_DTYPE_F64, 3, 4, 2);
+    fill_rand(&x, -1, 1);
+    fill_rand(&y, -1, 1);
+    na_broadcast b3 = {.ndim = 3, .shape = {3, 4, 2}, .a_stride = {2, 0, 1}, .b_stride = {0, 2, 1}};
+    cr_assert_eq(B->binary(NA_BINARY_ADD, &x, &y, &z, &b3), NA_OK);
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 4; j++)
+            for (int k = 0; k < 2; k++)
+                cr_assert_eq(get(&z, (i * 4 + j) * 2 + k), get(&x, i * 2 + k) + get(&y, j * 2 + k));
+    rm(&a); rm(&b); rm(&o); rm(&s); rm(&v); rm(&out); rm(&x); rm(&y); rm(&z);
+}
+
+/* ---- reductions --------------------------------------------------------------------------- */
+
+Test(cpu_reduce, sum_mean_max_middle_and_last_axis) {
+    na_tensor x = MK(NA_DTYPE_F32, 2, 3, 4);
+    fill_rand(&x, -5, 5);
+    set(&x, 0 * 12 + 1 * 4 + 2, 100);   /* max of [0, :, 2] at r = 1 */
+    set(&x, 0 * 12 + 2 * 4 + 2, 100);   /* a tie later: first one wins */
+    na_tensor o = MK(NA_DTYPE_F32, 2, 4), idx = MK(NA_DTYPE_I32, 2, 4);
+    for (int op = 0; op < NA_REDUCE_COUNT; op++) {
+        cr_assert_eq(B->reduce(op, &x, &o, &idx, 2, 3, 4), NA_OK);
+        for (int a = 0; a < 2; a++)
+            for (int i = 0; i < 4; i++) {
+                double s = 0, m = -INFINITY;
+                int mi = -1;
+                for (int j = 0; j < 3; j++) {
+                    double v = get(&x, (a * 3 + j) * 4 + i);
+                    s += v;
+                    if (v > m) { m = v; mi = j; }
+                }
+                double want = op == NA_REDUCE_SUM ? s : op == NA_REDUCE_MEAN ? s / 3 : m;
+                cr_assert(fabs(get(&o, a * 4 + i) - want) < 1e-5, "op %d", op);
+                if (op == NA_REDUCE_MAX) cr_assert_eq(get(&idx, a * 4 + i), mi);
+            }
+    }
+    cr_assert_eq(get(&idx, 2), 1);
+    /* the last axis (inner == 1) */
+    na_tensor o2 = MK(NA_DTYPE_F32, 6), i2 = MK(NA_DTYPE_I32, 6);
+    cr_assert_eq(B->reduce(NA_REDUCE_MAX, &x, &o2, &i2, 6, 4, 1), NA_OK);
+    for (int r = 0; r < 6; r++) {
+        double m = -INFINITY;
+        int mi = 0;
+        for (int j = 0; j < 4; j++)
+            if (get(&x, r * 4 + j) > m) { m = get(&x, r * 4 + j); mi = j; }
+        cr_assert_eq(get(&o2, r), m);
+        cr_assert_eq(get(&i2, r), mi);
+    }
+    cr_assert_eq(B->argmax(&x, &i2, 6, 4, 1), NA_OK);
+    cr_assert_eq(get(&i2, 1), 2); /* x[6] = 100 */
+    cr_assert_eq(B->reduce(NA_REDUCE_MEAN, &x, &o2, NULL, 6, 4, 1), NA_OK);
+    for (int r = 0; r < 6; r++) {
+        double s = 0;
+        for (int j = 0; j < 4; j++) s += get(&x, r * 4 + j);
+        cr_assert(fabs(get(&o2, r) - s / 4) < 1e-5);
+    }
+    rm(&x); rm(&o); rm(&idx); rm(&o2); rm(&i2);
+}
+
+Test(cpu_reduce, long_sums_accurate_and_f16_to_f32) {
+    int64_t n = 1 << 21;
+    na_tensor x = MK(NA_DTYPE_F32, n), o = MK(NA_DTYPE_F32, 1);
+    double want = 0;
+    for (int64_t i = 0; i < n; i++) {
+        float v = (float)(0.1 + urand());
+        ((float *)x.data)[i] = v;
+        want += v;
+    }
+    cr_assert_eq(B->reduce(NA_REDUCE_SUM, &x, &o, NULL, 1, n, 1), NA_OK);
+    cr_assert(fabs(get(&o, 0) - want) / want < 1e-6, "got %.9g want %.9g", get(&o, 0), want);
+    /* the same down two columns (inner > 1): blocked */
+    rm(&o);
+    o = MK(NA_DTYPE_F32, 2);
+    cr_assert_eq(B->reduce(NA_REDUCE_SUM, &x, &o, NULL, 1, n / 2, 2), NA_OK);
+    cr_assert(fabs(get(&o, 0) + get(&o, 1) - want) / want < 1e-6);
+    /* f16 input, f32 output, and f64 */
+    na_tensor h = MK(NA_DTYPE_F16, 3000), of = MK(NA_DTYPE_F32, 1), d = MK(NA_DTYPE_F64, 3000),
+              od = MK(NA_DTYPE_F64, 1);
+    double hs = 0;
+    for (int i = 0; i < 3000; i++) {
+        set(&h, i, 60.0 * urand());
+        hs += get(&h, i);
+        set(&d, i, get(&h, i));
+    }
+    cr_assert_eq(B->reduce(NA_REDUCE_SUM, &h, &of, NULL, 1, 3000, 1), NA_OK);
+    cr_assert(fabs(get(&of, 0) - hs) < 1e-6 * hs, "f16 sum %g vs %g", get(&of, 0), hs);
+    cr_assert_gt(get(&of, 0), 65504.0); /* would overflow in f16 */
+    cr_assert_eq(B->reduce(NA_REDUCE_MEAN, &d, &od, NULL, 1, 3000, 1), NA_OK);
+    cr_assert(fabs(get(&od, 0) - hs / 3000) < 1e-12);
+    rm(&x); rm(&o); rm(&h); rm(&of); rm(&d); rm(&od);
+}
+
+Test(cpu_reduce, max_propagates_nan_and_scatter_grad) {
+    na_tensor x = MK(NA_DTYPE_F32, 2, 4), o = MK(NA_DTYPE_F32, 2), idx = MK(NA_DTYPE_I32, 2);
+    float v[8] = {1, NAN, 5, NAN, 3, 3, 2, 1};
+    memcpy(x.data, v, sizeof v);
+    cr_assert_eq(B->reduce(NA_REDUCE_MAX, &x, &o, &idx, 2, 4, 1), NA_OK);
+    cr_assert(isnan(get(&o, 0)));
+    cr_assert_eq(get(&idx, 0), 1);
+    cr_assert_eq(get(&o, 1), 3);
+    cr_assert_eq(get(&idx, 1), 0);
+    na_tensor gy = MK(NA_DTYPE_F32, 2), gx = MK(NA_DTYPE_F32, 2, 4);
+    set(&gy, 0, 7); set(&gy, 1, -2);
+    fill_rand(&gx, 5, 6); /* must be zeroed by the kernel */
+    cr_assert_eq(B->scatter_max_grad(&gy, &idx, &gx, 2, 4, 1), NA_OK);
+    double want[8] = {0, 7, 0, 0, -2, 0, 0, 0};
+    expect_close_arr(&gx, want, 0, 0, "scatter_max_grad");
+    rm(&x); rm(&o); rm(&idx); rm(&gy); rm(&gx);
+}
+
+/* ---- softmax ------------------------------------------------------------------------------ */
+
+Test(cpu_softmax, rows_sum_to_one_and_backward) {
+    int rows = 5, cols = 1300;
+    na_tensor x = MK(NA_DTYPE_F32, rows, cols), y = MK(NA_DTYPE_F32, rows, cols),
+              ly = MK(NA_DTYPE_F32, rows, cols);
+    fill_rand(&x, -8, 8);
+    set(&x, 3, 80); /* large values: the max shift matters */
+    cr_assert_eq(B->softmax(&x, &y, rows, cols, false), NA_OK);
+    cr_assert_eq(B->softmax(&x, &ly, rows, cols, true), NA_OK);
+    for (int r = 0; r < rows; r++) {
+        double m = -INFINITY, s = 0, sy = 0, sl = 0;
+        for (int c = 0; c < cols; c++) m = fmax(m, get(&x, r * cols + c));
+        for (int c = 0; c < cols; c++) s += exp(get(&x, r * cols + c) - m);
+        for (int c = 0; c < cols; c++) {
+            int64_t i = r * cols + c;
+            double p = exp(get(&x, i) - m) / s;
+            cr_assert(fabs(get(&y, i) - p) < 1e-6 + 1e-5 * p);
+            cr_assert(fabs(get(&ly, i) - log(p)) < 1e-5 * fmax(1, fabs(log(p))));
+            sy += get(&y, i);
+            sl += exp(get(&ly, i));
+        }
+        cr_assert(fabs(sy - 1) < 1e-5, "row %d sums to %.9g", r, sy);
+        cr_assert(fabs(sl - 1) < 1e-5);
+    }
+    /* backward vs the formula in double */
+    na_tensor gy = MK(NA_DTYPE_F32, rows, cols), gx = MK(NA_DTYPE_F32, rows, cols);
+    fill_rand(&gy, -1, 1);
+    for (int lg = 0; lg < 2; lg++) {
+        na_tensor *yy = lg ? &ly : &y;
+        cr_assert_eq(B->softmax_backward(yy, &gy, &gx, rows, cols, lg), NA_OK);
+        for (int r = 0; r < rows; r++) {
+            double dot = 0, sg = 0;
+            for (int c = 0; c < cols; c++) {
+                dot += get(&gy, r * cols + c) * get(yy, r * cols + c);
+                sg += get(&gy, r * cols + c);
+            }
+            for (int c = 0; c < cols; c++) {
+                int64_t i = r * cols + c;
+                double want = lg ? get(&gy, i) - exp(get(yy, i)) * sg
+                                 : get(yy, i) * (get(&gy, i) - dot);
+                cr_assert(fabs(get(&gx, i) - want) < 1e-5, "lg %d [%lld] %g vs %g", lg,
+                          (long long)i, get(&gx, i), want);
+            }
+        }
+    }
+    /* f16 in, f32 out: equals the f32 softmax of the widened input */
+    na_tensor h = MK(NA_DTYPE_F16, rows, cols), hy = MK(NA_DTYPE_F32, rows, cols);
+    for (int64_t i = 0; i < x.numel; i++) set(&h, i, get(&x, i));
+    na_tensor hf = widened(&h), hfy = MK(NA_DTYPE_F32, rows, cols);
+    cr_assert_eq(B->softmax(&h, &hy, rows, cols, false), NA_OK);
+    cr_assert_eq(B->softmax(&hf, &hfy, rows, cols, false), NA_OK);
+    expect_same_bits(&hy, &hfy, "softmax f16->f32");
+    rm(&x); rm(&y); rm(&ly); rm(&gy); rm(&gx); rm(&h); rm(&hy); rm(&hf); rm(&hfy);
+}
+
+/* ---- cross-entropy ------------------------------------------------------------------------ */
+
+Test(cpu_cross_entropy, hand_computed_with_and_without_smoothing) {
+    /* logits [2, 3] */
+    double lv[6] = {1, 2, 3, -1, 0.5, 0};
+    int32_t lab[2] = {2, 0};
+    na_dtype dts[] = {NA_DTYPE_F32, NA_DTYPE_F64, NA_DTYPE_F16, NA_DTYPE_BF16};
+    for (int k = 0; k < 4; k++) {
+        na_dtype ldt = dts[k] == NA_DTYPE_F64 ? NA_DTYPE_F64 : NA_DTYPE_F32;
+        na_tensor x = MK(dts[k], 2, 3), y = MK(NA_DTYPE_I32, 2), loss = MK(ldt, 2),
+                  lse = MK(ldt, 2), g = MK(ldt, 2), gx = MK(dts[k], 2, 3);
+        for (int i = 0; i < 6; i++) set(&x, i, lv[i]);
+        memcpy(y.data, lab, sizeof lab);
+        set(&g, 0, 1.0); set(&g, 1, 0.5);
+        double tol = dts[k] == NA_DTYPE_F64 ? 1e-14 : dts[k] == NA_DTYPE_F32 ? 1e-6
+                     : dts[k] == NA_DTYPE_F16 ? 2e-3 : 1.6e-2;
+        for (int sm = 0; sm < 2; sm++) {
+            double e = sm ? 0.1 : 0.0;
+            cr_assert_eq(B->cross_entropy(&x, &y, &loss, &lse, e), NA_OK);
+            cr_assert_eq(B->cross_entropy_backward(&x, &y, &lse, &g, &gx, e), NA_OK);
+            for (int r = 0; r < 2; r++) {
+                double m = -INFINITY, s = 0, sx = 0;
+                for (int c = 0; c < 3; c++) m = fmax(m, lv[r * 3 + c]);
+                for (int c = 0; c < 3; c++) {
+                    s += exp(lv[r * 3 + c] - m);
+                    sx += lv[r * 3 + c];
+                }
+                double ls = m + log(s);
+                double want = ls - ((1 - e) * lv[r * 3 + lab[r]] + e / 3 * sx);
+                cr_assert(fabs(get(&lse, r) - ls) < 1e-6, "lse %g vs %g", get(&lse, r), ls);
+                cr_assert(fabs(get(&loss, r) - want) < 1e-6, "dt %d e %g loss %g vs %g",
+                          (int)dts[k], e, get(&loss, r), want);
+                for (int c = 0; c < 3; c++) {
+                    double p = exp(lv[r * 3 + c] - ls);
+                    double gw = get(&g, r) * (p - ((1 - e) * (c == lab[r]) + e / 3));
+                    cr_assert(fabs(get(&gx, r * 3 + c) - gw) <= tol * fmax(1, fabs(gw)),
+                              "dt %d e %g gx %g vs %g", (int)dts[k], e, get(&gx, r * 3 + c), gw);
+                }
+            }
+        }
+        rm(&x); rm(&y); rm(&loss); rm(&lse); rm(&g); rm(&gx);
+    }
+}
+
+Test(cpu_cross_entropy, backward_matches_finite_differences_f64) {
+    int n = 3, c = 7;
+    na_tensor x = MK(NA_DTYPE_F64, n, c), y = MK(NA_DTYPE_I32, n), loss = MK(NA_DTYPE_F64, n),
+              lse = MK(NA_DTYPE_F64, n), g = MK(NA_DTYPE_F64, n), gx = MK(NA_DTYPE_F64, n, c);
+    fill_rand(&x, -3, 3);
+    int32_t lab[3] = {0, 6, 3};
+    memcpy(y.data, lab, sizeof lab);
+    for (int i = 0; i < n; i++) set(&g, i, 1.0);
+    B->cross_entropy(&x, &y, &loss, &lse, 0.2);
+    B->cross_entropy_backward(&x, &y, &lse, &g, &gx, 0.2);
+    for (int i = 0; i < n * c; i++) {
+        double keep = get(&x, i), h = 1e-6, lp = 0, lm = 0;
+        set(&x, i, keep + h);
+        B->cross_entropy(&x, &y, &loss, &lse, 0.2);
+        for (int r = 0; r < n; r++) lp += get(&loss, r);
+        set(&x, i, keep - h);
+        B->cross_entropy(&x, &y, &loss, &lse, 0.2);
+        for (int r = 0; r < n; r++) lm += get(&loss, r);
+        set(&x, i, keep);
+        cr_assert(fabs((lp - lm) / (2 * h) - get(&gx, i)) < 1e-7);
+    }
+    /* a label out of range: NaN, not a crash */
+    lab[1] = 9;
+    memcpy(y.data, lab, sizeof lab);
+    B->cross_entropy(&x, &y, &loss, &lse, 0.0);
+    cr_assert(isnan(get(&loss, 1)) && !isnan(get(&loss, 0)));
+    rm(&x); rm(&y); rm(&loss); rm(&lse); rm(&g); rm(&gx);
+}
+
+/* ---- gemm --------------------------------------------------------------------------------- */
+
+/* C = alpha op(A) op(B) + beta C (+bias, relu) in double, element access through get() */
+static void naive_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha,
+                       const na_tensor *a, int64_t lda, int64_t oa, const na_tensor *b,
+                       int64_t ldb, int64_t ob, double beta, const double *c0, int64_t ldc,
+                       const na_tensor *bias, bool relu, double *out) {
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++) {
+            double s = 0;
+            for (int64_t p = 0; p < k; p++)
+                s += get(a, oa + (ta ? p * lda + i : i * lda + p)) *
+                     get(b, ob + (tb ? j * ldb + p : p * ldb + j));
+            double v = alpha * s + (beta != 0 ? beta * c0[i * ldc + j] : 0);
+            if (bias) v += get(bias, j);
+            if (relu) v = v > 0 ? v : 0;
+            out[i * ldc + j] = v;
+        }
+}
+
+static void check_gemm(na_dtype dt, int64_t m, int64_t n, int64_t k, bool ta, bool tb,
+                       int64_t batch, float alpha, float beta, bool bias, bool relu) {
+    int64_t lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 1, ldc = n + 2; /* padded rows */
+    int64_t sa = (ta ? k : m) * lda + 5, sb = (tb ? n : k) * ldb, sc = m * ldc + 7;
+    na_tensor a = MK(dt, batch * sa), b = MK(dt, batch * sb), c = MK(dt, batch * sc),
+              bi = MK(dt, n);
+    fill_rand(&a, -1, 1);
+    fill_rand(&b, -1, 1);
+    fill_rand(&c, -1, 1);
+    fill_rand(&bi, -1, 1);
+    double *c0 = malloc((size_t)c.numel * sizeof(double)), *want = malloc((size_t)c.numel * sizeof(double));
+    for (int64_t i = 0; i < c.numel; i++) c0[i] = want[i] = get(&c, i);
+    na_gemm_args g = {.dtype = dt, .a = a.data, .b = b.data, .bias = bias ? bi.data : NULL,
+                      .c = c.data, .ta = ta, .tb = tb, .relu = relu, .m = m, .n = n, .k = k,
+                      .lda = lda, .ldb = ldb, .ldc = ldc, .batch = batch, .stride_a = sa,
+                      .stride_b = sb, .stride_c = sc, .alpha = alpha, .beta = beta};
+    cr_assert_eq(B->gemm(&g), NA_OK, "%s", na_last_error());
+    for (int64_t q = 0; q < batch; q++)
+        naive_gemm(ta, tb, m, n, k, alpha, &a, lda, q * sa, &b, ldb, q * sb, beta, c0 + q * sc,
+                   ldc, bias ? &bi : NULL, relu, want + q * sc);
+    /* padding between rows and batches is untouched */
+    double tol = dt == NA_DTYPE_F64 ? 1e-12 : 1e-5 * sqrt((double)k) + 1e-6;
+    char what[96];
+    snprintf(what, sizeof what, "gemm dt=%d %lldx%lldx%lld ta=%d tb=%d", (int)dt, (long long)m,
+             (long long)n, (long long)k, ta, tb);
+    expect_close_arr(&c, want, tol, tol, what);
+    free(c0); free(want);
+    rm(&a); rm(&b); rm(&c); rm(&bi);
+}
+
+Test(cpu_gemm, all_transposes_batched_bias_relu) {
+    for (int t = 0; t < 4; t++) {
+        check_gemm(NA_DTYPE_F32, 5, 7, 3, t & 1, t & 2, 1, 1.0f, 0.0f, false, false);
+        check_gemm(NA_DTYPE_F32, 13, 9, 21, t & 1, t & 2, 3, 0.5f, 2.0f, true, true);
+        check_gemm(NA_DTYPE_F64, 13, 9, 21, t & 1, t & 2, 2, -1.5f, 0.25f, true, false);
+    }
+    check_gemm(NA_DTYPE_F32, 4, 6, 0, false, false, 1, 1.0f, 0.5f, true, false); /* k = 0 */
+}
+
+Test(cpu_gemm, beta_zero_ignores_garbage_in_c) {
+    float a[4] = {1, 2, 3, 4}, b[4] = {1, 0, 0, 1}, c[4] = {NAN, INFINITY, NAN, NAN};
+    na_gemm_args g = {.dtype = NA_DTYPE_F32, .a = a, .b = b, .c = c, .m = 2, .n = 2, .k = 2,
+                      .lda = 2, .ldb = 2, .ldc = 2, .batch = 1, .alpha = 1, .beta = 0};
+    cr_assert_eq(B->gemm(&g), NA_OK);
+    for (int i = 0; i < 4; i++) cr_assert_eq(c[i], a[i]);
+    na_cpu_gemm_force_builtin = true;
+    float c2[4] = {NAN, NAN, NAN, NAN};
+    g.c = c2;
+    cr_assert_eq(B->gemm(&g), NA_OK);
+    na_cpu_gemm_force_builtin = false;
+    for (int i = 0; i < 4; i++) cr_assert_eq(c2[i], a[i]);
+}
+
+Test(cpu_gemm, builtin_vs_naive_odd_and_blocked_sizes) {
+    int64_t sizes[][3] = {{37, 53, 29}, {1, 1, 1}, {6, 8, 1}, {7, 17, 300}, {150, 1100, 260}};
+    for (int s = 0; s < 5; s++)
+        for (int t = 0; t < 4; t++) {
+            bool ta = t & 1, tb = t & 2;
+            int64_t m = sizes[s][0], n = sizes[s][1], k = sizes[s][2];
+            if (s == 4 && t != 0 && t != 3) continue; /* the big one: two combos */
+            int64_t lda = ta ? m : k, ldb = tb ? k : n;
+            na_tensor a = MK(NA_DTYPE_F32, m * k), b = MK(NA_DTYPE_F32, k * n),
+                      c = MK(NA_DTYPE_F32, m * n), ad = MK(NA_DTYPE_F64, m * k),
+                      bd = MK(NA_DTYPE_F64, k * n), cd = MK(NA_DTYPE_F64, m * n);
+            fill_rand(&a, -1, 1);
+            fill_rand(&b, -1, 1);
+            fill_rand(&c, -1, 1);
+            for (int64_t i = 0; i < m * k; i++) set(&ad, i, get(&a, i));
+            for (int64_t i = 0; i < k * n; i++) set(&bd, i, get(&b, i));
+            for (int64_t i = 0; i < m * n; i++) set(&cd, i, get(&c, i));
+            double *c0 = malloc((size_t)(m * n) * sizeof(double)), *want = malloc((size_t)(m * n) * sizeof(double));
+            for (int64_t i = 0; i < m * n; i++) c0[i] = get(&c, i);
+            naive_gemm(ta, tb, m, n, k, 0.75, &a, lda, 0, &b, ldb, 0, -0.5, c0, n, NULL, false, want);
+            cr_assert_eq(na_cpu_sgemm_builtin(ta, tb, m, n, k, 0.75f, a.data, lda, b.data, ldb,
+                                              -0.5f, c.data, n), NA_OK);
+            cr_assert_eq(na_cpu_dgemm_builtin(ta, tb, m, n, k, 0.75, ad.data, lda, bd.data, ldb,
+                                              -0.5, cd.data, n), NA_OK);
+            char what[80];
+            snprintf(what, sizeof what, "builtin sgemm %lldx%lldx%lld t%d", (long long)m,
+                     (long long)n, (long long)k, t);
+            expect_close_arr(&c, want, 1e-5 * sqrt((double)k), 1e-5, what);
+            expect_close_arr(&cd, want, 1e-12, 1e-12, what);
+            free(c0); free(want);
+            rm(&a); rm(&b); rm(&c); rm(&ad); rm(&bd); rm(&cd);
+        }
+}
+
+Test(cpu_gemm, builtin_through_backend) {
+    na_cpu_gemm_force_builtin = true;
+    for (int t = 0; t < 4; t++) {
+        check_gemm(NA_DTYPE_F32, 13, 9, 21, t & 1, t & 2, 3, 0.5f, 2.0f, true, true);
+        check_gemm(NA_DTYPE_F64, 8, 11, 5, t & 1, t & 2, 2, 1.0f, 0.0f, false, true);
+    }
+    na_cpu_gemm_force_builtin = false;
+}
+
+/* f16/bf16: widen, f32 gemm (same backend), f32 bias/relu, one rounding -> bitwise equal */
+Test(cpu_gemm, half_paths_round_once) {
+    na_dtype dts[] = {NA_DTYPE_F16, NA_DTYPE_BF16};
+    for (int q = 0; q < 2; q++)
+        for (int t = 0; t < 4; t++) {
+            bool ta = t & 1, tb = t & 2;
+            int64_t m = 9, n = 10, k = 33, batch = 2;
+            int64_t lda = ta ? m : k, ldb = tb ? k : n;
+            na_tensor a = MK(dts[q], batch, m * k), b = MK(dts[q], batch, k * n),
+                      c = MK(dts[q], batch, m * n), bi = MK(dts[q], n);
+            fill_rand(&a, -2, 2);
+            fill_rand(&b, -2, 2);
+            fill_rand(&c, -2, 2);
+            fill_rand(&bi, -1, 1);
+            na_tensor af = widened(&a), bf = widened(&b), cf = widened(&c), bif = widened(&bi);
+            na_gemm_args g = {.dtype = dts[q], .a = a.data, .b = b.data, .bias = bi.data,
+                              .c = c.data, .ta = ta, .tb = tb, .relu = true, .m = m, .n = n,
+                              .k = k, .lda = lda, .ldb = ldb, .ldc = n, .batch = batch,
+                              .stride_a = m * k, .stride_b = k * n, .stride_c = m * n,
+                              .alpha = 1.25f, .beta = 0.5f};
+            cr_assert_eq(B->gemm(&g), NA_OK);
+            g.dtype = NA_DTYPE_F32;
+            g.a = af.data; g.b = bf.data; g.c = cf.data; g.bias = bif.data;
+            cr_assert_eq(B->gemm(&g), NA_OK);
+            na_tensor want = rounded(dts[q], &cf);
+            expect_same_bits(&c, &want, "half gemm");
+            /* and close to the double-precision product */
+            rm(&a); rm(&b); rm(&c); rm(&bi); rm(&af); rm(&bf); rm(&cf); rm(&bif); rm(&want);
+        }
+}
+
+/* ---- convolution -------------------------------------------------------------------------- */
+
+static na_conv_geom conv_geom(int64_t n, int64_t ci, int64_t h, int64_t w, int64_t co, int k,
+                              int s, int p, int d, int groups) {
+    na_conv_geom g = {.n = n, .c_in = ci, .h = h, .w = w, .c_out = co, .kh = k, .kw = k,
+                      .sh = s, .sw = s, .ph = p, .pw = p, .dh = d, .dw = d, .groups = groups};
+    g.oh = (h + 2 * p - d * (k - 1) - 1) / s + 1;
+    g.ow = (w + 2 * p - d * (k - 1) - 1) / s + 1;
+    return g;
+}
+
+/* direct convolution and its adjoints, in double */
+static void naive_conv(const na_conv_geom *g, const na_tensor *x, const na_tensor *w,
+                       const na_tensor *bias, double *y) {
+    int64_t cg = g->c_in / g->groups, cog = g->c_out / g->groups;
+    for (int64_t n = 0; n < g->n; n++)
+        for (int64_t co = 0; co < g->c_out; co++)
+            for (int64_t oy = 0; oy < g->oh; oy++)
+                for (int64_t ox = 0; ox < g->ow; ox++) {
+                    double s = bias ? get(bias, co) : 0;
+                    int64_t gi = co / cog;
+                    for (int64_t c = 0; c < cg; c++)
+                        for (int i = 0; i < g->kh; i++)
+                            for (int j = 0; j < g->kw; j++) {
+                                int64_t iy = oy * g->sh - g->ph + i * g->dh;
+                                int64_t ix = ox * g->sw - g->pw + j * g->dw;
+                                if (iy < 0 || iy >= g->h || ix < 0 || ix >= g->w) continue;
+                                s += get(x, ((n * g->c_in + gi * cg + c) * g->h + iy) * g->w + ix) *
+                                     get(w, ((co * cg + c) * g->kh + i) * g->kw + j);
+                            }
+                    y[((n * g->c_out + co) * g->oh + oy) * g->ow + ox] = s;
+                }
+}
+
+static void naive_conv_adjoints(const na_conv_geom *g, const na_tensor *x, const na_tensor *w,
+                                const na_tensor *gy, double *gx, double *gw) {
+    int64_t cg = g->c_in / g->groups, cog = g->c_out / g->groups;
+    memset(gx, 0, (size_t)(g->n * g->c_in * g->h * g->w) * sizeof(double));
+    memset(gw, 0, (size_t)(g->c_out * cg * g->kh * g->kw) * sizeof(double));
+    for (int64_t n = 0; n < g->n; n++)
+        for (int64_t co = 0; co < g->c_out; co++)
+            for (int64_t oy = 0; oy < g->oh; oy++)
+                for (int64_t ox = 0; ox < g->ow; ox++) {
+                    double gv = get(gy, ((n * g->c_out + co) * g->oh + oy) * g->ow + ox);
+                    int64_t gi = co / cog;
+                    for (int64_t c = 0; c < cg; c++)
+                        for (int i = 0; i < g->kh; i++)
+                            for (int j = 0; j < g->kw; j++) {
+                                int64_t iy = oy * g->sh - g->ph + i * g->dh;
+                                int64_t ix = ox * g->sw - g->pw + j * g->dw;
+                                if (iy < 0 || iy >= g->h || ix < 0 || ix >= g->w) continue;
+                                int64_t xi = ((n * g->c_in + gi * cg + c) * g->h + iy) * g->w + ix;
+                                int64_t wi = ((co * cg + c) * g->kh + i) * g->kw + j;
+                                gx[xi] += gv * get(w, wi);
+                                gw[wi] += gv * get(x, xi);
+                            }
+                }
+}
+
+static void check_conv(na_dtype dt, na_conv_geom g, bool bias, double tol) {
+    int64_t cg = g.c_in / g.groups;
+    na_tensor x = MK(dt, g.n, g.c_in, g.h, g.w), w = MK(dt, g.c_out, cg, g.kh, g.kw),
+              b = MK(dt, g.c_out), y = MK(dt, g.n, g.c_out, g.oh, g.ow),
+              gy = MK(dt, g.n, g.c_out, g.oh, g.ow), gx = MK(dt, g.n, g.c_in, g.h, g.w),
+              gw = MK(dt, g.c_out, cg, g.kh, g.kw);
+    fill_rand(&x, -1, 1);
+    fill_rand(&w, -1, 1);
+    fill_rand(&b, -1, 1);
+    fill_rand(&gy, -1, 1);
+    fill_rand(&gx, 9, 10); /* overwritten */
+    fill_rand(&gw, 9, 10);
+    double *yw = malloc((size_t)y.numel * sizeof(double)), *gxw = malloc((size_t)x.numel * sizeof(double)),
+           *gww = malloc((size_t)w.numel * sizeof(double));
+    naive_conv(&g, &x, &w, bias ? &b : NULL, yw);
+    naive_conv_adjoints(&g, &x, &w, &gy, gxw, gww);
+    cr_assert_eq(B->conv2d(&g, &x, &w, bias ? &b : NULL, &y), NA_OK, "%s", na_last_error());
+    cr_assert_eq(B->conv2d_backward_data(&g, &gy, &w, &gx), NA_OK);
+    cr_assert_eq(B->conv2d_backward_weight(&g, &x, &gy, &gw), NA_OK);
+    char what[128];
+    snprintf(what, sizeof what, "conv dt=%d k%dx%d s%d p%d d%d g%d", (int)dt, g.kh, g.kw, g.sh,
+             g.ph, g.dh, g.groups);
+    expect_close_arr(&y, yw, tol, tol, what);
+    expect_close_arr(&gx, gxw, tol, tol, what);
+    expect_close_arr(&gw, gww, tol, tol, what);
+    free(yw); free(gxw); free(gww);
+    rm(&x); rm(&w); rm(&b); rm(&y); rm(&gy); rm(&gx); rm(&gw);
+}
+
+Test(cpu_conv, versus_direct_loops) {
+    na_dtype dts[] = {NA_DTYPE_F64, NA_DTYPE_F32};
+    for (int k = 0; k < 2; k++) {
+        double tol = k ? 2e-5 : 1e-12;
+        check_conv(dts[k], conv_geom(2, 4, 9, 8, 6, 3, 2, 1, 2, 2), true, tol); /* s2 p1 d2 g2 */
+        check_conv(dts[k], conv_geom(3, 3, 7, 7, 5, 3, 1, 1, 1, 1), true, tol);
+        check_conv(dts[k], conv_geom(2, 6, 5, 4, 9, 1, 1, 0, 1, 3), true, tol); /* pointwise */
+        check_conv(dts[k], conv_geom(1, 2, 6, 9, 4, 2, 3, 2, 1, 1), false, tol);
+        check_conv(dts[k], conv_geom(2, 4, 5, 5, 4, 3, 1, 1, 1, 4), false, tol); /* depthwise */
+        check_conv(dts[k], conv_geom(1, 2, 6, 7, 2, 3, 1, 3, 2, 1), true, tol); /* pad > reach */
+        na_conv_geom r = {.n = 2, .c_in = 3, .h = 7, .w = 9, .c_out = 2, .kh = 2, .kw = 3,
+                          .sh = 1, .sw = 2, .ph = 1, .pw = 2, .dh = 2, .dw = 1, .groups = 1};
+        r.oh = (r.h + 2 * r.ph - r.dh * (r.kh - 1) - 1) / r.sh + 1;
+        r.ow = (r.w + 2 * r.pw - r.dw * (r.kw - 1) - 1) / r.sw + 1;
+        check_conv(dts[k], r, true, tol); /* non-square everything */
+    }
+    na_cpu_gemm_force_builtin = true;
+    check_conv(NA_DTYPE_F32, conv_geom(2, 4, 9, 8, 6, 3, 2, 1, 2, 2), true, 2e-5);
+    na_cpu_gemm_force_builtin = false;
+    /* several images per block, and a last partial block */
+    int64_t keep = na_cpu_conv_block_budget;
+    na_cpu_conv_block_budget = 2 * (2 * 9 + 3) * 5 * 4;
+    check_conv(NA_DTYPE_F64, conv_geom(5, 4, 9, 8, 6, 3, 2, 1, 2, 2), true, 1e-12);
+    na_cpu_conv_block_budget = 1; /* one image per block */
+    check_conv(NA_DTYPE_F32, conv_geom(3, 3, 7, 7, 5, 3, 1, 1, 1, 1), true, 2e-5);
+    na_cpu_conv_block_budget = keep;
+}
+
+Test(cpu_conv, half_rounds_once) {
+    na_conv_geom g = conv_geom(2, 4, 8, 8, 6, 3, 1, 1, 1, 2);
+    na_dtype dts[] = {NA_DTYPE_F16, NA_DTYPE_BF16};
+    for (int q = 0; q < 2; q++) {
+        na_tensor x = MK(dts[q], 2, 4, 8, 8), w = MK(dts[q], 6, 2, 3, 3), b = MK(dts[q], 6),
+                  y = MK(dts[q], 2, 6, 8, 8), gy = MK(dts[q], 2, 6, 8, 8),
+                  gx = MK(dts[q], 2, 4, 8, 8), gw = MK(dts[q], 6, 2, 3, 3);
+        fill_rand(&x, -1, 1);
+        fill_rand(&w, -1, 1);
+        fill_rand(&b, -1, 1);
+        fill_rand(&gy, -1, 1);
+        na_tensor xf = widened(&x), wf = widened(&w), bf = widened(&b), gyf = widened(&gy),
+                  yf = MK(NA_DTYPE_F32, 2, 6, 8, 8), gxf = MK(NA_DTYPE_F32, 2, 4, 8, 8),
+                  gwf = MK(NA_DTYPE_F32, 6, 2, 3, 3);
+        cr_assert_eq(B->conv2d(&g, &x, &w, &b, &y), NA_OK);
+        cr_assert_eq(B->conv2d(&g, &xf, &wf, &bf, &yf), NA_OK);
+        cr_assert_eq(B->conv2d_backward_data(&g, &gy, &w, &gx), NA_OK);
+        cr_assert_eq(B->conv2d_backward_data(&g, &gyf, &wf, &gxf), NA_OK);
+        cr_assert_eq(B->conv2d_backward_weight(&g, &x, &gy, &gw), NA_OK);
+        cr_assert_eq(B->conv2d_backward_weight(&g, &xf, &gyf, &gwf), NA_OK);
+        na_tensor r1 = rounded(dts[q], &yf), r2 = rounded(dts[q], &gxf), r3 = rounded(dts[q], &gwf);
+        expect_same_bits(&y, &r1, "conv half y");
+        expect_same_bits(&gx, &r2, "conv half gx");
+        expect_same_bits(&gw, &r3, "conv half gw");
+        rm(&x); rm(&w); rm(&b); rm(&y); rm(&gy); rm(&gx); rm(&gw); rm(&xf); rm(&wf); rm(&bf);
+        rm(&gyf); rm(&yf); rm(&gxf); rm(&gwf); rm(&r1); rm(&r2); rm(&r3);
+    }
+}
+
+/* ---- pooling ------------------------------------------------------------------------------ */
+
+Test(cpu_pool, max_pool_forward_backward) {
+    na_conv_geom g = conv_geom(2, 3, 7, 6, 3, 3, 2, 1, 1, 1);
+    na_tensor x = MK(NA_DTYPE_F32, 2, 3, 7, 6), y = MK(NA_DTYPE_F32, 2, 3, g.oh, g.ow),
+              idx = MK(NA_DTYPE_I32, 2, 3, g.oh, g.ow), gy = MK(NA_DTYPE_F32, 2, 3, g.oh, g.ow),
+              gx = MK(NA_DTYPE_F32, 2, 3, 7, 6);
+    fill_rand(&x, -3, -1); /* all negative: a padded zero must not win */
+    set(&x, 0, get(&x, 1)); /* a tie inside one window */
+    fill_rand(&gy, -1, 1);
+    fill_rand(&gx, 5, 6);
+    cr_assert_eq(B->max_pool2d(&g, &x, &y, &idx), NA_OK);
+    cr_assert_eq(B->max_pool2d_backward(&g, &gy, &idx, &gx), NA_OK);
+    double *gxw = calloc((size_t)x.numel, sizeof(double));
+    for (int64_t pl = 0; pl < 6; pl++)
+        for (int64_t oy = 0; oy < g.oh; oy++)
+            for (int64_t ox = 0; ox < g.ow; ox++) {
+                double m = -INFINITY;
+                int64_t mi = -1;
+                for (int i = 0; i < 3; i++)
+                    for (int j = 0; j < 3; j++) {
+                        int64_t iy = oy * 2 - 1 + i, ix = ox * 2 - 1 + j;
+                        if (iy < 0 || iy >= 7 || ix < 0 || ix >= 6) continue;
+                        double v = get(&x, pl * 42 + iy * 6 + ix);
+                        if (v > m) { m = v; mi = iy * 6 + ix; }
+                    }
+                int64_t o = (pl * g.oh + oy) * g.ow + ox;
+                cr_assert_eq(get(&y, o), m);
+                cr_assert_eq(get(&idx, o), mi);
+                gxw[pl * 42 + mi] += get(&gy, o);
+            }
+    expect_close_arr(&gx, gxw, 1e-6, 0, "max_pool backward");
+    /* f16 / f64 give the same indices */
+    na_tensor xh = MK(NA_DTYPE_F64, 2, 3, 7, 6), yh = MK(NA_DTYPE_F64, 2, 3, g.oh, g.ow),
+              ih = MK(NA_DTYPE_I32, 2, 3, g.oh, g.ow);
+    for (int64_t i = 0; i < x.numel; i++) set(&xh, i, get(&x, i));
+    cr_assert_eq(B->max_pool2d(&g, &xh, &yh, &ih), NA_OK);
+    expect_same_bits(&ih, &idx, "max_pool f64 idx");
+    free(gxw);
+    rm(&x); rm(&y); rm(&idx); rm(&gy); rm(&gx); rm(&xh); rm(&yh); rm(&ih);
+}
+
+Test(cpu_pool, avg_pool_count_include_pad) {
+    for (int cip = 0; cip < 2; cip++) {
+        na_conv_geom g = conv_geom(1, 2, 5, 5, 2, 3, 2, 1, 1, 1);
+        g.count_include_pad = cip;
+        na_tensor x = MK(NA_DTYPE_F64, 1, 2, 5, 5), y = MK(NA_DTYPE_F64, 1, 2, g.oh, g.ow),
+                  gy = MK(NA_DTYPE_F64, 1, 2, g.oh, g.ow), gx = MK(NA_DTYPE_F64, 1, 2, 5, 5);
+        fill_rand(&x, -1, 1);
+        fill_rand(&gy, -1, 1);
+        cr_assert_eq(B->avg_pool2d(&g, &x, &y), NA_OK);
+        cr_assert_eq(B->avg_pool2d_backward(&g, &gy, &gx), NA_OK);
+        double gxw[50] = {0};
+        for (int pl = 0; pl < 2; pl++)
+            for (int oy = 0; oy < g.oh; oy++)
+                for (int ox = 0; ox < g.ow; ox++) {
+                    double s = 0;
+                    int cnt = 0;
+                    for (int i = 0; i < 3; i++)
+                        for (int j = 0; j < 3; j++) {
+                            int iy = oy * 2 - 1 + i, ix = ox * 2 - 1 + j;
+                            if (iy < 0 || iy >= 5 || ix < 0 || ix >= 5) continue;
+                            s += get(&x, pl * 25 + iy * 5 + ix);
+                            cnt++;
+                        }
+                    double div = cip ? 9 : cnt;
+                    int o = (pl * g.oh + oy) * g.ow + ox;
+                    cr_assert(fabs(get(&y, o) - s / div) < 1e-14);
+                    for (int i = 0; i < 3; i++)
+                        for (int j = 0; j < 3; j++) {
+                            int iy = oy * 2 - 1 + i, ix = ox * 2 - 1 + j;
+                            if (iy < 0 || iy >= 5 || ix < 0 || ix >= 5) continue;
+                            gxw[pl * 25 + iy * 5 + ix] += get(&gy, o) / div;
+                        }
+                }
+        expect_close_arr(&gx, gxw, 1e-14, 0, "avg_pool backward");
+        /* corner output (0, 0) covers 4 cells inside, 9 with padding */
+        double corner = (get(&x, 0) + get(&x, 1) + get(&x, 5) + get(&x, 6)) / (cip ? 9 : 4);
+        cr_assert(fabs(get(&y, 0) - corner) < 1e-14);
+        rm(&x); rm(&y); rm(&gy); rm(&gx);
+    }
+}
+
+/* ---- batch norm --------------------------------------------------------------------------- */
+
+Test(cpu_batchnorm, train_running_stats_hand_numbers) {
+    /* N = 2, C = 1, S = 2: x = {1, 2, 3, 6}: mean 3, biased var 3.5, unbiased 14/3 */
+    na_tensor x = MK(NA_DTYPE_F32, 2, 1, 2), y = MK(NA_DTYPE_F32, 2, 1, 2), gam = MK(NA_DTYPE_F32, 1),
+              bet = MK(NA_DTYPE_F32, 1), rm_ = MK(NA_DTYPE_F32, 1), rv = MK(NA_DTYPE_F32, 1),
+              sm = MK(NA_DTYPE_F32, 1), si = MK(NA_DTYPE_F32, 1);
+    double xv[4] = {1, 2, 3, 6};
+    for (int i = 0; i < 4; i++) set(&x, i, xv[i]);
+    set(&gam, 0, 2); set(&bet, 0, 0.5); set(&rm_, 0, 0); set(&rv, 0, 1);
+    cr_assert_eq(B->batch_norm_train(&x, &gam, &bet, &rm_, &rv, &y, &sm, &si, 2, 1, 2, 0.1, 1e-5),
+                 NA_OK);
+    double invstd = 1 / sqrt(3.5 + 1e-5);
+    cr_assert(fabs(get(&sm, 0) - 3) < 1e-6);
+    cr_assert(fabs(get(&si, 0) - invstd) < 1e-6);
+    cr_assert(fabs(get(&rm_, 0) - 0.3) < 1e-6, "running mean %g", get(&rm_, 0));
+    cr_assert(fabs(get(&rv, 0) - (0.9 + 0.1 * 14.0 / 3.0)) < 1e-6, "running var %g", get(&rv, 0));
+    for (int i = 0; i < 4; i++)
+        cr_assert(fabs(get(&y, i) - ((xv[i] - 3) * invstd * 2 + 0.5)) < 1e-5);
+    /* without running stats or affine */
+    cr_assert_eq(B->batch_norm_train(&x, NULL, NULL, NULL, NULL, &y, &sm, &si, 2, 1, 2, 0.1, 1e-5),
+                 NA_OK);
+    for (int i = 0; i < 4; i++) cr_assert(fabs(get(&y, i) - (xv[i] - 3) * invstd) < 1e-5);
+    rm(&x); rm(&y); rm(&gam); rm(&bet); rm(&rm_); rm(&rv); rm(&sm); rm(&si);
+}
+
+/* y and grads of batch norm in double by hand, for [N, C, S] */
+static void check_bn(na_dtype dt, int64_t n, int64_t c, int64_t s, double tol) {
+    na_dtype pdt = dt == NA_DTYPE_F64 ? NA_DTYPE_F64 : NA_DTYPE_F32;
+    na_tensor x = MK(dt, n, c, s), y = MK(dt, n, c, s), gy = MK(dt, n, c, s), gx = MK(dt, n, c, s),
+              gam = MK(pdt, c), bet = MK(pdt, c), rm_ = MK(pdt, c), rv = MK(pdt, c),
+              sm = MK(pdt, c), si = MK(pdt, c), gg = MK(pdt, c), gb = MK(pdt, c);
+    fill_rand(&x, -2, 3);
+    fill_rand(&gy, -1, 1);
+    fill_rand(&gam, 0.5, 1.5);
+    fill_rand(&bet, -1, 1);
+    fill_rand(&rm_, -0.5, 0.5);
+    fill_rand(&rv, 0.5, 2);
+    double *rm0 = malloc(c * sizeof(double)), *rv0 = malloc(c * sizeof(double));
+    for (int64_t ch = 0; ch < c; ch++) { rm0[ch] = get(&rm_, ch); rv0[ch] = get(&rv, ch); }
+    cr_assert_eq(B->batch_norm_train(&x, &gam, &bet, &rm_, &rv, &y, &sm, &si, n, c, s, 0.1, 1e-5),
+                 NA_OK);
+    cr_assert_eq(B->batch_norm_backward(&x, &gy, &gam, &sm, &si, &gx, &gg, &gb, n, c, s, true),
+                 NA_OK);
+    int64_t M = n * s;
+    for (int64_t ch = 0; ch < c; ch++) {
+        double mean = 0, var = 0, sg = 0, sgx = 0;
+        for (int64_t a = 0; a < n; a++)
+            for (int64_t i = 0; i < s; i++) mean += get(&x, (a * c + ch) * s + i) / M;
+        for (int64_t a = 0; a < n; a++)
+            for (int64_t i = 0; i < s; i++) {
+                double d = get(&x, (a * c + ch) * s + i) - mean;
+                var += d * d / M;
+            }
+        double is = 1 / sqrt(var + 1e-5), gm = get(&gam, ch), bt = get(&bet, ch);
+        cr_assert(fabs(get(&sm, ch) - mean) < tol);
+        cr_assert(fabs(get(&si, ch) - is) < tol * is);
+        cr_assert(fabs(get(&rm_, ch) - (0.9 * rm0[ch] + 0.1 * mean)) < tol);
+        cr_assert(fabs(get(&rv, ch) - (0.9 * rv0[ch] + 0.1 * var * M / (M - 1))) < tol * 10);
+        for (int64_t a = 0; a < n; a++)
+            for (int64_t i = 0; i < s; i++) {
+                int64_t k = (a * c + ch) * s + i;
+                double xh = (get(&x, k) - mean) * is;
+                cr_assert(fabs(get(&y, k) - (xh * gm + bt)) < tol * 10, "bn y");
+                sg += get(&gy, k);
+                sgx += get(&gy, k) * xh;
+            }
+        cr_assert(fabs(get(&gg, ch) - sgx) < tol * M, "ggamma %g vs %g", get(&gg, ch), sgx);
+        cr_assert(fabs(get(&gb, ch) - sg) < tol * M);
+        for (int64_t a = 0; a < n; a++)
+            for (int64_t i = 0; i < s; i++) {
+                int64_t k = (a * c + ch) * s + i;
+                double xh = (get(&x, k) - mean) * is;
+                double want = (get(&gy, k) - sg / M - xh * sgx / M) * is * gm;
+                cr_assert(fabs(get(&gx, k) - want) < tol * 10, "bn gx %g vs %g", get(&gx, k), want);
+            }
+    }
+    /* eval forward and eval backward */
+    cr_assert_eq(B->batch_norm_eval(&x, &gam, &bet, &rm_, &rv, &y, n, c, s, 1e-5), NA_OK);
+    na_tensor eis = MK(pdt, c);
+    for (int64_t ch = 0; ch < c; ch++) set(&eis, ch, 1 / sqrt(get(&rv, ch) + 1e-5));
+    cr_assert_eq(B->batch_norm_backward(&x, &gy, &gam, &rm_, &eis, &gx, &gg, NULL, n, c, s, false),
+                 NA_OK);
+    for (int64_t ch = 0; ch < c; ch++) {
+        double is = 1 / sqrt(get(&rv, ch) + 1e-5), sgx = 0;
+        for (int64_t a = 0; a < n; a++)
+            for (int64_t i = 0; i < s; i++) {
+                int64_t k = (a * c + ch) * s + i;
+                double xh = (get(&x, k) - get(&rm_, ch)) * is;
+                cr_assert(fabs(get(&y, k) - (xh * get(&gam, ch) + get(&bet, ch))) < tol * 10);
+                cr_assert(fabs(get(&gx, k) - get(&gy, k) * is * get(&gam, ch)) < tol * 10);
+                sgx += get(&gy, k) * xh;
+            }
+        cr_assert(fabs(get(&gg, ch) - sgx) < tol * M);
+    }
+    free(rm0); free(rv0);
+    rm(&x); rm(&y); rm(&gy); rm(&gx); rm(&gam); rm(&bet); rm(&rm_); rm(&rv); rm(&sm); rm(&si);
+    rm(&gg); rm(&gb); rm(&eis);
+}
+
+Test(cpu_batchnorm, train_eval_backward_vs_hand_loops) {
+    check_bn(NA_DTYPE_F64, 4, 3, 50, 1e-12);
+    check_bn(NA_DTYPE_F32, 8, 5, 1100, 2e-6); /* S > one chunk */
+    check_bn(NA_DTYPE_F32, 16, 3, 1, 2e-6);   /* BatchNorm1d */
+}
+
+Test(cpu_batchnorm, half_input_f32_params) {
+    int64_t n = 4, c = 2, s = 30;
+    na_tensor x = MK(NA_DTYPE_F16, n, c, s), y = MK(NA_DTYPE_F16, n, c, s),
+              xf, yf = MK(NA_DTYPE_F32, n, c, s), gam = MK(NA_DTYPE_F32, c),
+              bet = MK(NA_DTYPE_F32, c), sm = MK(NA_DTYPE_F32, c), si = MK(NA_DTYPE_F32, c);
+    fill_rand(&x, -2, 2);
+    fill_rand(&gam, 0.5, 1.5);
+    fill_rand(&bet, -1, 1);
+    xf = widened(&x);
+    cr_assert_eq(B->batch_norm_train(&x, &gam, &bet, NULL, NULL, &y, &sm, &si, n, c, s, 0.1, 1e-5),
+                 NA_OK);
+    cr_assert_eq(B->batch_norm_train(&xf, &gam, &bet, NULL, NULL, &yf, &sm, &si, n, c, s, 0.1, 1e-5),
+                 NA_OK);
+    na_tensor want = rounded(NA_DTYPE_F16, &yf);
+    expect_same_bits(&y, &want, "bn f16");
+    rm(&x); rm(&y); rm(&xf); rm(&yf); rm(&gam); rm(&bet); rm(&sm); rm(&si); rm(&want);
+}
