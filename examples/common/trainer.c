@@ -35,6 +35,7 @@ static void usage(const char *prog, const char *models) {
            "  --save FILE           checkpoint after every epoch (safetensors)\n"
            "  --resume FILE         continue from a checkpoint\n"
            "  --limit N             use only the first N training images\n"
+           "  --test-limit N        evaluate on the first N test images only\n"
            "  --json                last line of output: one JSON object with the results\n"
            "  --quiet               no progress output\n",
            prog, models);
@@ -114,6 +115,8 @@ int trainer_parse_args(trainer_opts *o, int argc, char **argv, const char *model
             if (parse_i64(a, v, &o->batch, 1)) return -1;
         } else if (!strcmp(a, "--limit")) {
             if (parse_i64(a, v, &o->limit, 1)) return -1;
+        } else if (!strcmp(a, "--test-limit")) {
+            if (parse_i64(a, v, &o->test_limit, 1)) return -1;
         } else if (!strcmp(a, "--synthetic")) {
             if (parse_i64(a, v, &o->synthetic, 1)) return -1;
         } else if (!strcmp(a, "--seed")) {
@@ -166,11 +169,6 @@ int trainer_parse_args(trainer_opts *o, int argc, char **argv, const char *model
             return -1;
         }
         if (takes) i++;
-    }
-    if (strcmp(o->amp, "off") != 0) {
-        fprintf(stderr, "--amp %s: mixed precision is not wired into the trainers yet; use --amp off\n",
-                o->amp);
-        return -1;
     }
     if (o->lr < 0) o->lr = strcmp(o->optim, "adamw") ? 0.05 : 1e-3;
     return 0;
@@ -252,7 +250,7 @@ static void progress_show(progress *p, int64_t epoch, int64_t epochs, int64_t st
 /* ---- evaluation ---------------------------------------------------------------------------- */
 
 static double evaluate(na_module *net, const na_dataset *ds, const float *mean, const float *std,
-                       na_device dev) {
+                       na_device dev, na_dtype input_dtype) {
     na_batcher *b = na_batcher_new(ds, &(na_batcher_cfg){.batch_size = 1000, .mean = mean, .std = std});
     if (!b) return NAN;
     float *x = malloc(na_batcher_batch_bytes(b));
@@ -265,6 +263,7 @@ static double evaluate(na_module *net, const na_dataset *ds, const float *mean, 
     while (x && y && pred && na_batcher_next(b, x, y, &n)) {
         int64_t shape[4] = {n, ds->channels, ds->height, ds->width};
         na_tensor *xt = na_from_host(NA_DTYPE_F32, dev, 4, shape, x);
+        if (xt) xt = na_cast(xt, input_dtype);
         na_tensor *logits = xt ? na_module_forward(net, xt) : NULL;
         na_tensor *am = logits ? na_argmax(logits, 1, false) : NULL;
         if (!am || na_copy_to_host(am, pred) != NA_OK) {
@@ -285,7 +284,46 @@ static double evaluate(na_module *net, const na_dataset *ds, const float *mean, 
 
 /* ---- checkpoints ----------------------------------------------------------------------------- */
 
-static int save_checkpoint(const char *path, na_module *net, na_optim *opt, int64_t epoch,
+/* ---- mixed precision (--amp, --loss-scale, --amp-trace, --log) ------------------------------ */
+
+typedef struct {
+    const char *mode;      /* off | fp16 | bf16 | o2, after resolving auto */
+    bool autocast;         /* fp16 / bf16: autocast regions around forward and loss */
+    na_dtype dtype;        /* the autocast dtype, or o2's model dtype */
+    na_grad_scaler *gs;    /* fp16 / bf16 / off (disabled unless fp16); NULL for o2 */
+    na_fp16_optimizer *fo; /* o2 */
+    na_optim *opt;         /* the optimizer whose lr the schedule sets */
+    na_amp_monitor *mon;   /* --log */
+    unsigned alerts_shown;
+} amp_ctx;
+
+/* The optimizer-side state of a checkpoint: "optim." (or, for o2, "fp16." with the masters)
+ * and "scaler." for an enabled GradScaler. */
+static int amp_state(const amp_ctx *a, na_named_tensors *out) {
+    na_named_tensors l = {0};
+    *out = (na_named_tensors){0};
+    int rc = a->fo ? na_fp16_optimizer_state(a->fo, &l) : na_optim_state(a->opt, &l);
+    int64_t n = l.n;
+    na_named_tensors sc = {0};
+    if (!rc && a->gs && na_grad_scaler_is_enabled(a->gs)) rc = na_grad_scaler_state(a->gs, &sc);
+    if (!rc && !(out->items = calloc((size_t)(n + sc.n + 1), sizeof *out->items)))
+        rc = na_set_error(NA_ENOMEM, "checkpoint: out of host memory");
+    for (int64_t i = 0; !rc && i < n + sc.n; i++) {
+        const na_named_tensor *it = i < n ? &l.items[i] : &sc.items[i - n];
+        const char *prefix = i >= n ? "scaler." : a->fo ? "fp16." : "optim.";
+        size_t len = strlen(prefix) + strlen(it->name) + 1;
+        char *name = malloc(len);
+        if (!name) rc = na_set_error(NA_ENOMEM, "checkpoint: out of host memory");
+        else snprintf(name, len, "%s%s", prefix, it->name);
+        out->items[out->n++] = (na_named_tensor){.name = name, .tensor = it->tensor};
+    }
+    na_named_tensors_free(&l);
+    na_named_tensors_free(&sc);
+    if (rc) na_named_tensors_free(out);
+    return rc;
+}
+
+static int save_checkpoint(const char *path, na_module *net, const amp_ctx *amp, int64_t epoch,
                            uint64_t seed) {
     na_checkpoint *ck = na_checkpoint_new();
     na_named_tensors model = {0}, state = {0};
@@ -293,12 +331,9 @@ static int save_checkpoint(const char *path, na_module *net, na_optim *opt, int6
     if (!rc) rc = na_module_named_tensors(net, NA_MODULE_STATE, &model);
     for (int64_t i = 0; !rc && i < model.n; i++)
         rc = na_checkpoint_add(ck, model.items[i].name, model.items[i].tensor);
-    if (!rc) rc = na_optim_state(opt, &state);
-    for (int64_t i = 0; !rc && i < state.n; i++) {
-        char name[256];
-        snprintf(name, sizeof name, "optim.%s", state.items[i].name);
-        rc = na_checkpoint_add(ck, name, state.items[i].tensor);
-    }
+    if (!rc) rc = amp_state(amp, &state);
+    for (int64_t i = 0; !rc && i < state.n; i++)
+        rc = na_checkpoint_add(ck, state.items[i].name, state.items[i].tensor);
     char buf[64];
     snprintf(buf, sizeof buf, "%" PRId64, epoch);
     if (!rc) rc = na_checkpoint_set_meta(ck, "epochs_done", buf);
@@ -313,19 +348,17 @@ static int save_checkpoint(const char *path, na_module *net, na_optim *opt, int6
     return rc;
 }
 
-static int load_checkpoint(const char *path, na_module *net, na_optim *opt, int64_t *epochs_done) {
+static int load_checkpoint(const char *path, na_module *net, const amp_ctx *amp,
+                           int64_t *epochs_done) {
     na_checkpoint *ck = na_checkpoint_load(path);
     if (!ck) return na_last_status();
     na_named_tensors model = {0}, state = {0};
     int rc = na_module_named_tensors(net, NA_MODULE_STATE, &model);
     for (int64_t i = 0; !rc && i < model.n; i++)
         rc = na_checkpoint_copy_into(ck, model.items[i].name, model.items[i].tensor);
-    if (!rc) rc = na_optim_state(opt, &state);
-    for (int64_t i = 0; !rc && i < state.n; i++) {
-        char name[256];
-        snprintf(name, sizeof name, "optim.%s", state.items[i].name);
-        rc = na_checkpoint_copy_into(ck, name, state.items[i].tensor);
-    }
+    if (!rc) rc = amp_state(amp, &state);
+    for (int64_t i = 0; !rc && i < state.n; i++)
+        rc = na_checkpoint_copy_into(ck, state.items[i].name, state.items[i].tensor);
     const char *e = na_checkpoint_get_meta(ck, "epochs_done");
     const char *s = na_checkpoint_get_meta(ck, "seed");
     const char *off = na_checkpoint_get_meta(ck, "rng_offset");
@@ -357,6 +390,74 @@ static na_optim *make_optimizer(const trainer_opts *o, na_module *net) {
     return na_sgd_new(net, &c);
 }
 
+/* Resolves --amp (auto: na_amp_recommend) and makes the optimizer, the scaler or the fp16
+ * optimizer and the monitor. The model is converted in place for o2 (its tensors keep their
+ * names, so checkpoints of every mode name tensors alike). */
+static int amp_setup(const trainer_opts *o, na_module *net, amp_ctx *a) {
+    *a = (amp_ctx){.mode = o->amp, .dtype = NA_DTYPE_F32};
+    if (!strcmp(a->mode, "auto")) {
+        na_amp_recommendation r = na_amp_recommend(o->device);
+        a->mode = r.mode == NA_AMP_MODE_BF16 ? "bf16" : r.mode == NA_AMP_MODE_F16 ? "fp16" : "off";
+        if (!o->quiet) fprintf(stderr, "--amp auto: %s (%s)\n", a->mode, r.reason);
+    }
+    bool fp16 = !strcmp(a->mode, "fp16"), bf16 = !strcmp(a->mode, "bf16");
+    bool o2 = !strcmp(a->mode, "o2"), dynamic = !strcmp(o->loss_scale, "dynamic");
+    double static_scale = dynamic ? 1.0 : strtod(o->loss_scale, NULL);
+    if (fp16 || bf16) {
+        a->autocast = true;
+        a->dtype = fp16 ? NA_DTYPE_F16 : NA_DTYPE_BF16;
+        if (na_autocast_check_device(o->device, a->dtype)) return na_last_status();
+    }
+    if (o2) {
+        a->dtype = NA_DTYPE_F16;
+        if (na_model_convert(net, NA_DTYPE_F16)) return na_last_status();
+        na_fp16_optimizer_cfg fc = {.scaler = NA_APEX_SCALER_DEFAULTS};
+        if (!dynamic) fc.scaler = (na_grad_scaler_cfg)NA_STATIC_SCALER(static_scale);
+        fc.scaler.device = o->device;
+        if (!(a->fo = na_fp16_optimizer_new(make_optimizer(o, NULL), net, &fc)))
+            return na_last_status();
+        a->opt = na_fp16_optimizer_optim(a->fo);
+    } else {
+        /* a GradScaler for fp16; disabled (a plain step) for bf16 and off */
+        na_grad_scaler_cfg gc = NA_GRAD_SCALER_DEFAULTS;
+        if (fp16 && !dynamic) gc = (na_grad_scaler_cfg)NA_STATIC_SCALER(static_scale);
+        gc.enabled = fp16;
+        gc.device = o->device;
+        if (!(a->gs = na_grad_scaler_new(&gc)) || !(a->opt = make_optimizer(o, net)))
+            return na_last_status();
+    }
+    if (o->log_path) {
+        if (!(a->mon = na_amp_monitor_new(NULL)) || na_amp_monitor_open_csv(a->mon, o->log_path))
+            return na_last_status();
+    }
+    return NA_OK;
+}
+
+static void amp_free(amp_ctx *a) {
+    if (a->fo) na_fp16_optimizer_free(a->fo); /* frees its optimizer */
+    else na_optim_free(a->opt);
+    na_grad_scaler_free(a->gs);
+    na_amp_monitor_free(a->mon);
+}
+
+static na_grad_scaler *amp_scaler(const amp_ctx *a) {
+    return a->fo ? na_fp16_optimizer_scaler(a->fo) : a->gs;
+}
+
+/* backward, step (skipped on the device on overflow), scale update, zero_grad */
+static int amp_step(amp_ctx *a, na_tensor *loss) {
+    if (a->fo)
+        return na_fp16_optimizer_backward(a->fo, loss, true) || na_fp16_optimizer_step(a->fo) ||
+                       na_fp16_optimizer_zero_grad(a->fo)
+                   ? na_last_status()
+                   : NA_OK;
+    na_tensor *scaled = na_grad_scaler_scale(a->gs, loss);
+    return !scaled || na_backward(scaled, NULL) || na_grad_scaler_step(a->gs, a->opt) ||
+                   na_grad_scaler_update(a->gs) || na_optim_zero_grad(a->opt)
+               ? na_last_status()
+               : NA_OK;
+}
+
 int trainer_run(const trainer_opts *o, trainer_job *job) {
     const na_dataset *train = job->train;
     na_module *net = job->net;
@@ -365,7 +466,14 @@ int trainer_run(const trainer_opts *o, trainer_job *job) {
         fprintf(stderr, "%s: %s\n", o->program, na_last_error());
         return 1;
     }
-    na_optim *opt = make_optimizer(o, net);
+    amp_ctx amp;
+    if (amp_setup(o, net, &amp) != NA_OK) {
+        fprintf(stderr, "%s: --amp %s: %s\n", o->program, o->amp, na_last_error());
+        amp_free(&amp);
+        return 1;
+    }
+    na_optim *opt = amp.opt;
+    na_dtype input_dtype = amp.fo ? amp.dtype : NA_DTYPE_F32;
     na_batcher_cfg bc = job->batcher;
     bc.batch_size = o->batch, bc.seed = o->seed, bc.shuffle = true;
     na_batcher *b = opt ? na_batcher_new(train, &bc) : NULL;
@@ -377,7 +485,7 @@ int trainer_run(const trainer_opts *o, trainer_job *job) {
     }
     int64_t start_epoch = 0;
     if (o->resume_path) {
-        if (load_checkpoint(o->resume_path, net, opt, &start_epoch) != NA_OK) {
+        if (load_checkpoint(o->resume_path, net, &amp, &start_epoch) != NA_OK) {
             fprintf(stderr, "%s: --resume: %s\n", o->program, na_last_error());
             return 1;
         }
@@ -398,15 +506,33 @@ int trainer_run(const trainer_opts *o, trainer_job *job) {
             na_lr_schedule_apply(&sched, opt, epoch * steps + step);
             na_tensor *xt = na_from_host(NA_DTYPE_F32, o->device, 4, shape, x);
             na_tensor *yt = na_from_host(NA_DTYPE_I32, o->device, NA_SHAPE(n), y);
+            if (xt) xt = na_cast(xt, input_dtype); /* o2: the model is f16 */
+            bool trace = o->amp_trace && epoch == start_epoch && step == 0;
+            if (trace) { /* the first step's forward: autocast regions, or every op for o2/off */
+                if (!o->quiet) fputc('\n', stderr);
+                na_autocast_trace(amp.autocast ? NA_AMP_TRACE_REGIONS : NA_AMP_TRACE_ALL, stderr);
+            }
+            if (amp.autocast) na_autocast_begin(amp.dtype);
             na_tensor *logits = xt && yt ? na_module_forward(net, xt) : NULL;
             na_tensor *loss = logits ? na_cross_entropy(logits, yt, &(na_cross_entropy_opts){
                                                             .label_smoothing = o->label_smoothing})
                                      : NULL;
-            if (!loss || na_backward(loss, NULL) != NA_OK || na_optim_step(opt, NULL) != NA_OK ||
-                na_optim_zero_grad(opt) != NA_OK) {
+            if (amp.autocast) na_autocast_end();
+            if (trace) na_autocast_trace(NA_AMP_TRACE_OFF, NULL);
+            if (!loss || amp_step(&amp, loss) != NA_OK) {
                 fprintf(stderr, "\n%s: training step failed: %s\n", o->program, na_last_error());
                 rc = 1;
                 break;
+            }
+            if (amp.mon) { /* --log: one line per step (reads the loss: a sync on CUDA) */
+                unsigned alerts = na_amp_monitor_record_scaler(amp.mon, epoch * steps + step, loss,
+                                                               amp_scaler(&amp));
+                if (alerts & ~amp.alerts_shown) {
+                    char why[256];
+                    fprintf(stderr, "\n%s: amp monitor at step %" PRId64 ": %s\n", o->program,
+                            epoch * steps + step, na_amp_monitor_describe(amp.mon, why, sizeof why));
+                    amp.alerts_shown |= alerts;
+                }
             }
             images += n, step++;
             /* reading the loss is a host round trip: do it only for the progress display */
@@ -421,16 +547,20 @@ int trainer_run(const trainer_opts *o, trainer_job *job) {
         }
         train_time += now_s() - t0;
         if (rc) break;
-        test_acc = evaluate(net, job->test, bc.mean, bc.std, o->device);
+        test_acc = evaluate(net, job->test, bc.mean, bc.std, o->device, input_dtype);
         if (!o->quiet)
             fprintf(stderr, "epoch %" PRId64 ": train loss %.4f, test accuracy %.2f%%\n", epoch + 1,
                     loss_count ? loss_sum / (double)loss_count : NAN, 100 * test_acc);
-        if (o->save_path && save_checkpoint(o->save_path, net, opt, epoch + 1, o->seed) != NA_OK) {
+        if (o->save_path && save_checkpoint(o->save_path, net, &amp, epoch + 1, o->seed) != NA_OK) {
             fprintf(stderr, "%s: --save: %s\n", o->program, na_last_error());
             rc = 1;
         }
     }
-    if (!rc && isnan(test_acc)) test_acc = evaluate(net, job->test, bc.mean, bc.std, o->device);
+    if (!rc && isnan(test_acc))
+        test_acc = evaluate(net, job->test, bc.mean, bc.std, o->device, input_dtype);
+    na_grad_scaler_stats st = {.scale = 1.0};
+    if (na_grad_scaler_is_enabled(amp_scaler(&amp)) && na_grad_scaler_stats_get(amp_scaler(&amp), &st))
+        st = (na_grad_scaler_stats){.scale = NAN};
     double ips = train_time > 0 ? (double)images / train_time : 0;
     if (!rc && !o->quiet)
         printf("%s: %s on %s, test accuracy %.2f%%, %.0f images/s, %.1f s training\n", o->program,
@@ -439,11 +569,13 @@ int trainer_run(const trainer_opts *o, trainer_job *job) {
         printf("{\"model\": \"%s\", \"device\": \"%s\", \"amp\": \"%s\", \"epochs\": %" PRId64
                ", \"batch\": %" PRId64 ", \"train_images_per_s\": %.1f, \"train_time_s\": %.3f, "
                "\"test_acc\": %.4f, \"final_loss\": %.6f, \"params\": %" PRId64 ", \"seed\": %" PRIu64
-               "}\n", o->model, na_device_name(o->device), o->amp, o->epochs, o->batch, ips,
-               train_time, test_acc, final_loss, na_module_num_params(net), o->seed);
+               ", \"amp_mode\": \"%s\", \"skipped_steps\": %" PRId64 ", \"final_scale\": %.9g}\n",
+               o->model, na_device_name(o->device), o->amp, o->epochs, o->batch, ips, train_time,
+               test_acc, final_loss, na_module_num_params(net), o->seed, amp.mode, st.skipped,
+               st.scale);
     fflush(stdout);
     free(x), free(y);
     na_batcher_free(b);
-    na_optim_free(opt);
+    amp_free(&amp);
     return rc;
 }

@@ -13,7 +13,7 @@ typedef struct {
     const char *program;  /* "mnist-train" */
     const char *data_dir; /* --data */
     const char *model;    /* --model */
-    int64_t epochs, batch, limit;
+    int64_t epochs, batch, limit, test_limit;
     double lr, momentum, weight_decay, label_smoothing;
     const char *optim;    /* sgd | adamw */
     na_device device;

@@ -46,6 +46,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     if (o.limit > 0 && o.limit < train->n) train->n = o.limit;
+    if (o.test_limit > 0 && o.test_limit < test->n) test->n = o.test_limit;
     na_manual_seed(o.seed);
     na_module *net = strcmp(o.model, "mlp") ? model_mnist_cnn() : model_mnist_mlp();
     if (!net) {

@@ -1,0 +1,50 @@
+/* amp-plot — turns a training log (mnist-train --log run.csv, or any na_amp_monitor CSV) into an
+ * SVG: the loss, the loss scale on a log axis, skipped steps marked.
+ *
+ *   amp-plot run.csv            writes run.svg
+ *   amp-plot run.csv out.svg    writes out.svg ("-" for stdout)
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "amp_plot.h"
+
+int main(int argc, char **argv) {
+    if (argc < 2 || argc > 3 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+        fprintf(stderr, "usage: amp-plot LOG.csv [OUT.svg | -]\n"
+                        "draws the loss, the loss scale (log axis) and the skipped steps of a "
+                        "training log (columns step,loss,scale,skipped)\n");
+        return argc == 2 ? 0 : 2;
+    }
+    char out[4096];
+    if (argc == 3) {
+        snprintf(out, sizeof out, "%s", argv[2]);
+    } else {
+        snprintf(out, sizeof out, "%s", argv[1]);
+        size_t len = strlen(out);
+        if (len > 4 && !strcmp(out + len - 4, ".csv")) out[len - 4] = '\0';
+        strncat(out, ".svg", sizeof out - strlen(out) - 1);
+    }
+    FILE *in = fopen(argv[1], "r");
+    if (!in) {
+        fprintf(stderr, "amp-plot: cannot read %s\n", argv[1]);
+        return 1;
+    }
+    FILE *svg = strcmp(out, "-") ? fopen(out, "w") : stdout;
+    if (!svg) {
+        fprintf(stderr, "amp-plot: cannot write %s\n", out);
+        fclose(in);
+        return 1;
+    }
+    char err[256];
+    int n = amp_plot_svg(in, svg, argv[1], err, sizeof err);
+    fclose(in);
+    if (svg != stdout && fclose(svg) != 0) n = -1, snprintf(err, sizeof err, "write failed");
+    if (n < 0) {
+        fprintf(stderr, "amp-plot: %s: %s\n", argv[1], err);
+        if (svg != stdout) remove(out);
+        return 1;
+    }
+    if (svg != stdout) fprintf(stderr, "amp-plot: %d steps -> %s\n", n, out);
+    return 0;
+}
