@@ -6,6 +6,8 @@
 #include <inttypes.h>
 #include <stdlib.h>
 
+#include "nanoamp/amp.h"
+#include "src/amp/amp_internal.h" /* na_amp_trace_op */
 #include "src/autograd/graph.h"
 #include "src/tensor/arena.h"
 #include "src/tensor/tensor_internal.h"
@@ -20,6 +22,7 @@ void na_no_grad_end(void) {
 bool na_grad_enabled(void) { return no_grad_depth == 0; }
 
 na_node *na_graph_record(na_op op, na_tensor *out, int n_inputs, na_tensor *const *inputs) {
+    na_amp_trace_op(op, out, n_inputs, inputs); /* amp: the trace completes the op's line */
     if (!na_grad_enabled() || !na_op_defs[op].differentiable) return NULL;
     bool any = false;
     for (int k = 0; k < n_inputs; k++) any |= inputs[k] && inputs[k]->requires_grad;
@@ -163,6 +166,9 @@ int na_backward(na_tensor *root, na_tensor *grad) {
     int rc = topo_sort(root->grad_fn, &order);
     for (size_t i = 0; i < order.n; i++) order.items[i]->out->grad = NULL; /* fresh pass */
     na_no_grad_begin();
+    /* Gradients are computed in the forward's dtypes: the ops backward runs must not be cast
+     * by an autocast region that happens to be open (a disabled region shadows it). */
+    bool shadow = na_autocast_enabled() && na_autocast_begin_disabled() == NA_OK;
     if (!rc) rc = accumulate(root, grad);
     for (size_t i = order.n; i-- > 0 && !rc;) {
         na_node *n = order.items[i];
@@ -178,6 +184,7 @@ int na_backward(na_tensor *root, na_tensor *grad) {
         for (int k = 0; k < n->n_inputs && !rc; k++)
             if (gin[k] && na_node_needs_grad(n, k)) rc = accumulate(n->inputs[k], gin[k]);
     }
+    if (shadow) na_autocast_end();
     na_no_grad_end();
     free(order.items);
     return rc;

@@ -143,9 +143,13 @@ na_tensor *na_mse_loss(na_tensor *a, na_tensor *b, na_reduction reduction) {
     if (!na_check_float(fn, a, "input") || !na_check_float(fn, b, "target") ||
         !na_check_same_device(fn, a, b))
         return NULL;
-    if (!na_same_shape(a, b) || (unsigned)reduction > NA_REDUCTION_NONE) {
+    if (!na_same_shape(a, b)) {
         na_set_error(NA_ESHAPE, "%s: input %s and target %s must have the same shape", fn,
                      na_tensor_describe(a, s1, sizeof s1), na_tensor_describe(b, s2, sizeof s2));
+        return NULL;
+    }
+    if ((unsigned)reduction > NA_REDUCTION_NONE) {
+        na_set_error(NA_EINVAL, "%s: unknown reduction %d (mean, sum or none)", fn, (int)reduction);
         return NULL;
     }
     na_tensor *ins[2] = {a, b};
