@@ -104,4 +104,11 @@ static NA_HD float na_bf16_bits_to_f32(uint16_t b) {
 static NA_HD float na_round_f16(float f) { return na_f16_bits_to_f32(na_f32_to_f16_bits(f)); }
 static NA_HD float na_round_bf16(float f) { return na_bf16_bits_to_f32(na_f32_to_bf16_bits(f)); }
 
+/* The f16/bf16 value just below the one with bits b (toward -inf); uniform fills use it to
+ * keep [lo, hi) when rounding to the storage dtype lands on hi. */
+static NA_HD uint16_t na_half_bits_prev(uint16_t b) {
+    if ((b & 0x7FFFu) == 0) return 0x8001u; /* +-0 -> the smallest negative subnormal */
+    return (uint16_t)(b & 0x8000u ? b + 1u : b - 1u);
+}
+
 #endif

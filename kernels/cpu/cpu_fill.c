@@ -69,12 +69,6 @@ int na_cpu_arange(na_tensor *t, double start, double step) {
         }                                                                                   \
     } while (0)
 
-/* the f16/bf16 value just below the one with these bits (toward -inf) */
-static uint16_t half_prev(uint16_t b) {
-    if ((b & 0x7FFFu) == 0) return 0x8001u; /* +-0 -> the smallest negative subnormal */
-    return (uint16_t)(b & 0x8000u ? b + 1u : b - 1u);
-}
-
 int na_cpu_fill_uniform(na_tensor *t, double lo, double hi, uint64_t seed, uint64_t offset) {
     NA_CPU_CHECK_FLOAT("cpu_fill_uniform", t);
     float lof = (float)lo, spanf = (float)(hi - lo);
@@ -102,7 +96,7 @@ int na_cpu_fill_uniform(na_tensor *t, double lo, double hi, uint64_t seed, uint6
             float v = lof + spanf * na_philox_uniform(seed, offset, (uint64_t)i);
             uint16_t b = f16 ? na_f32_to_f16_bits(v) : na_f32_to_bf16_bits(v);
             double r = f16 ? na_f16_bits_to_f32(b) : na_bf16_bits_to_f32(b);
-            p[i] = r >= hi ? half_prev(b) : b;
+            p[i] = r >= hi ? na_half_bits_prev(b) : b;
         }
     } break;
     }

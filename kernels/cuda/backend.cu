@@ -1,0 +1,366 @@
+/* kernels/cuda/backend.cu — the CUDA backend's context, memory and table, and nanoamp/cuda.h.
+ *
+ * One device (0; pick another with CUDA_VISIBLE_DEVICES), one non-blocking stream on which
+ * every kernel, copy and library call is enqueued, a cuBLAS and a cuBLASLt handle (with a
+ * 32 MiB workspace) and, when built with cuDNN, a cuDNN handle (made at the first
+ * convolution), all bound to that stream.
+ *
+ * Initialisation is lazy and happens once: na_cuda_backend_init() returns the table, or NULL
+ * with NA_EDEVICE when there is no driver or no device (cudaGetDeviceCount fails or finds
+ * none); a failure is remembered, so later calls answer at once with the same message.
+ *
+ * Memory: alloc/free are cudaMalloc/cudaFree of the arena's big chunks and of persistent
+ * tensors; a host-side table of live pointers keeps the bytes in use and the peak
+ * (na_cuda_bytes_in_use / na_cuda_peak_bytes). Internal workspaces (cuBLASLt, scratch) are
+ * not counted there. memcpy_d2h and synchronize wait for the stream and count one host
+ * round trip each (na_cuda_sync_count).
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_common.cuh"
+
+na_cuda_context na_cuda_ctx;
+
+/* ---- live allocations (pointer -> bytes), open addressing ---------------------------- */
+typedef struct {
+    uintptr_t key; /* 0: empty, 1: deleted */
+    size_t bytes;
+} na_alloc_slot;
+static na_alloc_slot *alloc_table;
+static size_t alloc_cap, alloc_used; /* slots, slots not empty (live + deleted) */
+
+static size_t alloc_hash(uintptr_t k, size_t cap) {
+    uint64_t x = (uint64_t)k;
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    return (size_t)x & (cap - 1);
+}
+
+static bool alloc_table_put(uintptr_t key, size_t bytes) {
+    if ((alloc_used + 1) * 2 > alloc_cap) {
+        size_t ncap = alloc_cap ? alloc_cap * 2 : 256;
+        na_alloc_slot *nt = (na_alloc_slot *)calloc(ncap, sizeof *nt);
+        if (!nt) return false;
+        size_t live = 0;
+        for (size_t i = 0; i < alloc_cap; i++) {
+            if (alloc_table[i].key > 1) {
+                size_t h = alloc_hash(alloc_table[i].key, ncap);
+                while (nt[h].key) h = (h + 1) & (ncap - 1);
+                nt[h] = alloc_table[i];
+                live++;
+            }
+        }
+        free(alloc_table);
+        alloc_table = nt;
+        alloc_cap = ncap;
+        alloc_used = live;
+    }
+    size_t h = alloc_hash(key, alloc_cap);
+    while (alloc_table[h].key > 1) h = (h + 1) & (alloc_cap - 1);
+    if (alloc_table[h].key == 0) alloc_used++;
+    alloc_table[h].key = key;
+    alloc_table[h].bytes = bytes;
+    return true;
+}
+
+/* bytes of a live pointer (and forget it); false when unknown */
+static bool alloc_table_take(uintptr_t key, size_t *bytes) {
+    if (!alloc_cap) return false;
+    size_t h = alloc_hash(key, alloc_cap);
+    while (alloc_table[h].key) {
+        if (alloc_table[h].key == key) {
+            *bytes = alloc_table[h].bytes;
+            alloc_table[h].key = 1;
+            return true;
+        }
+        h = (h + 1) & (alloc_cap - 1);
+    }
+    return false;
+}
+
+/* ---- memory ----------------------------------------------------------------------------- */
+static void *cuda_alloc(size_t bytes) {
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        size_t free_b = 0, total_b = 0;
+        (void)cudaMemGetInfo(&free_b, &total_b);
+        (void)cudaGetLastError();
+        na_set_error(e == cudaErrorMemoryAllocation ? NA_ENOMEM : NA_ECUDA,
+                     "cuda alloc: cudaMalloc(%zu bytes) failed: %s (nanoamp holds %llu bytes; "
+                     "device has %zu of %zu bytes free)",
+                     bytes, cudaGetErrorString(e), (unsigned long long)na_cuda_ctx.bytes_in_use,
+                     free_b, total_b);
+        return NULL;
+    }
+    if (!alloc_table_put((uintptr_t)p, bytes)) {
+        cudaFree(p);
+        na_set_error(NA_ENOMEM, "cuda alloc: out of host memory for the allocation table");
+        return NULL;
+    }
+    na_cuda_ctx.bytes_in_use += bytes;
+    if (na_cuda_ctx.bytes_in_use > na_cuda_ctx.peak_bytes)
+        na_cuda_ctx.peak_bytes = na_cuda_ctx.bytes_in_use;
+    return p;
+}
+
+static void cuda_free(void *p) {
+    if (!p) return;
+    size_t bytes = 0;
+    if (alloc_table_take((uintptr_t)p, &bytes)) na_cuda_ctx.bytes_in_use -= bytes;
+    /* kernels still queued may use the buffer: let them finish first */
+    cudaError_t e = cudaStreamSynchronize(na_cuda_ctx.stream);
+    if (e == cudaSuccess) e = cudaFree(p);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        na_set_error(NA_ECUDA, "cuda free: cudaFree(%p) failed: %s", p, cudaGetErrorString(e));
+    }
+}
+
+static int cuda_memcpy_h2d(void *dst, const void *src, size_t bytes) {
+    if (!bytes) return NA_OK;
+    /* From pageable memory this returns once src has been staged, so the caller may reuse
+     * src right away; from pinned memory the copy is asynchronous. */
+    NA_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, na_cuda_ctx.stream));
+    return NA_OK;
+}
+
+static int cuda_memcpy_d2h(void *dst, const void *src, size_t bytes) {
+    na_cuda_ctx.sync_count++;
+    if (bytes)
+        NA_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, na_cuda_ctx.stream));
+    NA_CUDA_CHECK(cudaStreamSynchronize(na_cuda_ctx.stream));
+    return NA_OK;
+}
+
+static int cuda_memcpy_d2d(void *dst, const void *src, size_t bytes) {
+    if (!bytes) return NA_OK;
+    NA_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, na_cuda_ctx.stream));
+    return NA_OK;
+}
+
+static int cuda_synchronize(void) {
+    na_cuda_ctx.sync_count++;
+    NA_CUDA_CHECK(cudaStreamSynchronize(na_cuda_ctx.stream));
+    return NA_OK;
+}
+
+void *na_cuda_scratch(size_t bytes) {
+    if (bytes <= na_cuda_ctx.scratch_size && na_cuda_ctx.scratch) return na_cuda_ctx.scratch;
+    size_t want = bytes < ((size_t)1 << 20) ? ((size_t)1 << 20) : bytes;
+    want = (want + want / 4 + 255) & ~(size_t)255; /* some headroom for the next shape */
+    if (na_cuda_ctx.scratch) {
+        cudaError_t e = cudaStreamSynchronize(na_cuda_ctx.stream);
+        if (e == cudaSuccess) e = cudaFree(na_cuda_ctx.scratch);
+        na_cuda_ctx.scratch = NULL;
+        na_cuda_ctx.scratch_size = 0;
+        if (e != cudaSuccess) {
+            (void)cudaGetLastError();
+            na_set_error(NA_ECUDA, "na_cuda_scratch: cudaFree failed: %s", cudaGetErrorString(e));
+            return NULL;
+        }
+    }
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, want);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        na_set_error(e == cudaErrorMemoryAllocation ? NA_ENOMEM : NA_ECUDA,
+                     "na_cuda_scratch: cudaMalloc(%zu bytes) for a kernel workspace failed: %s",
+                     want, cudaGetErrorString(e));
+        return NULL;
+    }
+    na_cuda_ctx.scratch = p;
+    na_cuda_ctx.scratch_size = want;
+    return p;
+}
+
+/* ---- the table -------------------------------------------------------------------------- */
+/* Filled by name at initialisation, so entries appended to na_backend later stay NULL
+ * ("not implemented on cuda") until a kernel is written for them. */
+static na_backend na_cuda_backend_table;
+
+static void fill_table(na_backend *b) {
+    memset(b, 0, sizeof *b);
+    b->name = "cuda";
+    b->alloc = cuda_alloc;
+    b->free = cuda_free;
+    b->memcpy_h2d = cuda_memcpy_h2d;
+    b->memcpy_d2h = cuda_memcpy_d2h;
+    b->memcpy_d2d = cuda_memcpy_d2d;
+    b->synchronize = cuda_synchronize;
+    b->fill = na_cuda_fill;
+    b->arange = na_cuda_arange;
+    b->fill_uniform = na_cuda_fill_uniform;
+    b->fill_normal = na_cuda_fill_normal;
+    b->dropout_mask = na_cuda_dropout_mask;
+    b->copy = na_cuda_copy;
+    b->unary = na_cuda_unary;
+    b->unary_backward = na_cuda_unary_backward;
+    b->binary = na_cuda_binary;
+    b->reduce = na_cuda_reduce;
+    b->argmax = na_cuda_argmax;
+    b->scatter_max_grad = na_cuda_scatter_max_grad;
+    b->softmax = na_cuda_softmax;
+    b->softmax_backward = na_cuda_softmax_backward;
+    b->cross_entropy = na_cuda_cross_entropy;
+    b->cross_entropy_backward = na_cuda_cross_entropy_backward;
+    b->gemm = na_cuda_gemm;
+    b->conv2d = na_cuda_conv2d;
+    b->conv2d_backward_data = na_cuda_conv2d_backward_data;
+    b->conv2d_backward_weight = na_cuda_conv2d_backward_weight;
+    b->max_pool2d = na_cuda_max_pool2d;
+    b->max_pool2d_backward = na_cuda_max_pool2d_backward;
+    b->avg_pool2d = na_cuda_avg_pool2d;
+    b->avg_pool2d_backward = na_cuda_avg_pool2d_backward;
+    b->batch_norm_train = na_cuda_batch_norm_train;
+    b->batch_norm_eval = na_cuda_batch_norm_eval;
+    b->batch_norm_backward = na_cuda_batch_norm_backward;
+    b->sgd_step = na_cuda_sgd_step;
+    b->adam_step = na_cuda_adam_step;
+    b->l2norm = na_cuda_l2norm;
+    b->amp_unscale = na_cuda_amp_unscale;
+    b->amp_update_scale = na_cuda_amp_update_scale;
+}
+
+/* ---- initialisation -------------------------------------------------------------------- */
+/* Remembers why initialisation failed (reported by every later na_cuda_backend_init). */
+__attribute__((format(printf, 2, 3))) static void init_fail(int status, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(na_cuda_ctx.init_error, sizeof na_cuda_ctx.init_error, fmt, ap);
+    va_end(ap);
+    na_cuda_ctx.init_status = status;
+    na_cuda_ctx.state = -1;
+}
+
+#define INIT_CUDA(call)                                                                       \
+    do {                                                                                      \
+        cudaError_t e_ = (call);                                                              \
+        if (e_ != cudaSuccess) {                                                              \
+            (void)cudaGetLastError();                                                         \
+            init_fail(NA_ECUDA, "CUDA backend: %s failed: %s", #call, cudaGetErrorString(e_)); \
+            return false;                                                                     \
+        }                                                                                     \
+    } while (0)
+#define INIT_CUBLAS(call)                                                                     \
+    do {                                                                                      \
+        cublasStatus_t s_ = (call);                                                           \
+        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                    \
+            init_fail(NA_ECUDA, "CUDA backend: %s failed: %s", #call,                         \
+                      cublasGetStatusString(s_));                                             \
+            return false;                                                                     \
+        }                                                                                     \
+    } while (0)
+
+static bool cuda_init_once(void) {
+    na_cuda_context *c = &na_cuda_ctx;
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        init_fail(NA_EDEVICE, "no CUDA device: cudaGetDeviceCount failed: %s (%s)",
+                  cudaGetErrorString(e), cudaGetErrorName(e));
+        return false;
+    }
+    if (count < 1) {
+        init_fail(NA_EDEVICE, "no CUDA device: cudaGetDeviceCount found none");
+        return false;
+    }
+    c->device = 0;
+    INIT_CUDA(cudaSetDevice(c->device));
+    cudaDeviceProp prop;
+    INIT_CUDA(cudaGetDeviceProperties(&prop, c->device));
+    c->major = prop.major;
+    c->minor = prop.minor;
+    c->sm_count = prop.multiProcessorCount;
+    snprintf(c->name, sizeof c->name, "%s", prop.name);
+    INIT_CUDA(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+    INIT_CUBLAS(cublasCreate(&c->blas));
+    INIT_CUBLAS(cublasSetStream(c->blas, c->stream));
+    INIT_CUBLAS(cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH));
+    INIT_CUBLAS(cublasLtCreate(&c->lt));
+    c->lt_workspace_size = (size_t)32 << 20; /* NVIDIA's advice for Hopper */
+    INIT_CUDA(cudaMalloc(&c->lt_workspace, c->lt_workspace_size));
+    c->tf32 = false;
+    fill_table(&na_cuda_backend_table);
+    c->state = 1;
+    return true;
+}
+
+extern "C" const na_backend *na_cuda_backend_init(void) {
+    if (na_cuda_ctx.state == 0) cuda_init_once();
+    if (na_cuda_ctx.state == 1) return &na_cuda_backend_table;
+    na_set_error(na_cuda_ctx.init_status, "%s", na_cuda_ctx.init_error);
+    return NULL;
+}
+
+/* Initialise without disturbing the caller's last error (for the boolean queries). */
+static bool cuda_ready_quiet(void) {
+    if (na_cuda_ctx.state == 0) cuda_init_once();
+    return na_cuda_ctx.state == 1;
+}
+
+static int cuda_need_device(const char *who) {
+    if (cuda_ready_quiet()) return NA_OK;
+    return na_set_error(NA_EDEVICE, "%s: %s", who, na_cuda_ctx.init_error);
+}
+
+#if NA_HAVE_CUDNN
+/* The cuDNN handle, created on first use (loading cuDNN takes a while; programs without
+ * convolutions never pay for it) and bound to the backend's stream. */
+int na_cuda_dnn(cudnnHandle_t *out) {
+    if (!na_cuda_ctx.dnn) {
+        cudnnHandle_t h = NULL;
+        NA_CUDNN_CHECK(cudnnCreate(&h));
+        cudnnStatus_t s = cudnnSetStream(h, na_cuda_ctx.stream);
+        if (s != CUDNN_STATUS_SUCCESS) {
+            cudnnDestroy(h);
+            return na_set_error(NA_ECUDA, "na_cuda_dnn: cudnnSetStream failed: %s",
+                                cudnnGetErrorString(s));
+        }
+        na_cuda_ctx.dnn = h;
+    }
+    *out = na_cuda_ctx.dnn;
+    return NA_OK;
+}
+#endif
+
+/* ---- nanoamp/cuda.h ------------------------------------------------------------------- */
+extern "C" {
+
+bool na_cuda_built(void) { return true; }
+
+bool na_cuda_available(void) { return cuda_ready_quiet(); }
+
+int na_cuda_capability(int *major, int *minor) {
+    NA_TRY(cuda_need_device("na_cuda_capability"));
+    if (major) *major = na_cuda_ctx.major;
+    if (minor) *minor = na_cuda_ctx.minor;
+    return NA_OK;
+}
+
+bool na_cuda_bf16_supported(void) { return cuda_ready_quiet() && na_cuda_ctx.major >= 8; }
+
+int na_cuda_set_tf32(bool enabled) {
+    NA_TRY(cuda_need_device("na_cuda_set_tf32"));
+    na_cuda_ctx.tf32 = enabled;
+    return NA_OK;
+}
+
+int na_cuda_synchronize(void) {
+    NA_TRY(cuda_need_device("na_cuda_synchronize"));
+    return cuda_synchronize();
+}
+
+uint64_t na_cuda_sync_count(void) { return na_cuda_ctx.sync_count; }
+uint64_t na_cuda_bytes_in_use(void) { return na_cuda_ctx.bytes_in_use; }
+uint64_t na_cuda_peak_bytes(void) { return na_cuda_ctx.peak_bytes; }
+
+const char *na_cuda_device_name(void) { return cuda_ready_quiet() ? na_cuda_ctx.name : ""; }
+
+} /* extern "C" */

@@ -1,0 +1,547 @@
+/* kernels/cuda/conv.cu — 2-d convolution (NCHW, cross-correlation, groups, stride, padding,
+ * dilation): forward, backward data, backward weight.
+ *
+ * With cuDNN (NA_HAVE_CUDNN): the legacy convolution API. The algorithm is chosen once per
+ * problem (geometry, dtype, math mode, determinism) with cudnnGet*Algorithm_v7 and cached.
+ * Math: f16/bf16 with f32 compute and tensor cores; f32 with FMA math (no TF32) unless TF32
+ * is enabled (na_cuda_set_tf32); f64 in f64. For f32/f64, FFT and Winograd algorithms are
+ * skipped (their error is larger than the parity tolerance of f32). With
+ * NANOAMP_DETERMINISTIC=1 only algorithms cuDNN reports as deterministic are taken.
+ * Workspaces come from the backend's scratch buffer.
+ *
+ * Without cuDNN, when cuDNN offers no algorithm, or with NANOAMP_CONV_IM2COL=1 (for tests):
+ * im2col + gemm. Per group and per chunk of images, the patches of x are unfolded into a
+ * column buffer [K = C_in/g*kh*kw, OH*OW] and multiplied with the weights; backward data
+ * multiplies W^T with gy into an f32 column buffer and folds it back (col2im, a gather: no
+ * atomics); backward weight accumulates gy @ col^T over the images in f32 and converts once.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_common.cuh"
+
+static bool env_flag(const char *name) {
+    const char *v = getenv(name);
+    return v && v[0] && strcmp(v, "0") != 0;
+}
+
+struct conv_dims {
+    int64_t n, cin, h, w, cout, oh, ow;
+    int kh, kw, sh, sw, ph, pw, dh, dw, groups;
+    int64_t cin_g, cout_g, K, ohw; /* per group: input/output channels, patch size; OH*OW */
+};
+
+static conv_dims conv_dims_of(const na_conv_geom *g) {
+    conv_dims d;
+    d.n = g->n;
+    d.cin = g->c_in;
+    d.h = g->h;
+    d.w = g->w;
+    d.cout = g->c_out;
+    d.oh = g->oh;
+    d.ow = g->ow;
+    d.kh = g->kh;
+    d.kw = g->kw;
+    d.sh = g->sh > 0 ? g->sh : 1;
+    d.sw = g->sw > 0 ? g->sw : 1;
+    d.ph = g->ph;
+    d.pw = g->pw;
+    d.dh = g->dh > 0 ? g->dh : 1;
+    d.dw = g->dw > 0 ? g->dw : 1;
+    d.groups = g->groups > 0 ? g->groups : 1;
+    d.cin_g = d.cin / d.groups;
+    d.cout_g = d.cout / d.groups;
+    d.K = d.cin_g * d.kh * d.kw;
+    d.ohw = d.oh * d.ow;
+    return d;
+}
+
+/* ---- im2col / col2im ----------------------------------------------------------------------- */
+/* col[b][kk][p] = x[img0+b][grp*cin_g + ci][oy*sh - ph + ky*dh][ox*sw - pw + kx*dw] or 0 */
+template <typename C>
+__global__ void k_im2col(const void *x, int xdt, void *col, int cdt, conv_dims d, int64_t img0,
+                         int grp, int64_t total) {
+    NA_GRID_STRIDE(e, total) {
+        int64_t p = e % d.ohw;
+        int64_t t = e / d.ohw;
+        int64_t kk = t % d.K;
+        int64_t b = t / d.K;
+        int64_t ci = kk / (d.kh * d.kw);
+        int64_t r = kk - ci * (d.kh * d.kw);
+        int ky = (int)(r / d.kw), kx = (int)(r % d.kw);
+        int64_t oy = p / d.ow, ox = p - (p / d.ow) * d.ow;
+        int64_t ih = oy * d.sh - d.ph + (int64_t)ky * d.dh;
+        int64_t iw = ox * d.sw - d.pw + (int64_t)kx * d.dw;
+        C v = (C)0;
+        if (ih >= 0 && ih < d.h && iw >= 0 && iw < d.w)
+            v = na_ld<C>(x, xdt, (((img0 + b) * d.cin + grp * d.cin_g + ci) * d.h + ih) * d.w + iw);
+        na_st(col, cdt, e, v);
+    }
+}
+
+/* gx[img0+b][grp*cin_g + ci][ih][iw] = sum of the column entries that read it */
+template <typename C>
+__global__ void k_col2im(const void *col, int cdt, void *gx, int gxdt, conv_dims d, int64_t img0,
+                         int grp, int64_t total) {
+    NA_GRID_STRIDE(e, total) {
+        int64_t iw = e % d.w;
+        int64_t t = e / d.w;
+        int64_t ih = t % d.h;
+        t /= d.h;
+        int64_t ci = t % d.cin_g;
+        int64_t b = t / d.cin_g;
+        C s = (C)0;
+        for (int ky = 0; ky < d.kh; ky++) {
+            int64_t ny = ih + d.ph - (int64_t)ky * d.dh;
+            if (ny < 0 || ny % d.sh) continue;
+            int64_t oy = ny / d.sh;
+            if (oy >= d.oh) continue;
+            for (int kx = 0; kx < d.kw; kx++) {
+                int64_t nx = iw + d.pw - (int64_t)kx * d.dw;
+                if (nx < 0 || nx % d.sw) continue;
+                int64_t ox = nx / d.sw;
+                if (ox >= d.ow) continue;
+                int64_t kk = (ci * d.kh + ky) * d.kw + kx;
+                s += na_ld<C>(col, cdt, (b * d.K + kk) * d.ohw + oy * d.ow + ox);
+            }
+        }
+        na_st(gx, gxdt, (((img0 + b) * d.cin + grp * d.cin_g + ci) * d.h + ih) * d.w + iw, s);
+    }
+}
+
+static int im2col(const conv_dims &d, const void *x, na_dtype xdt, void *col, na_dtype cdt,
+                  int64_t img0, int64_t nb, int grp) {
+    int64_t total = nb * d.K * d.ohw;
+    unsigned grid = na_grid(total, NA_BLOCK);
+    if (xdt == NA_DTYPE_F64)
+        k_im2col<double><<<grid, NA_BLOCK, 0, na_cuda_ctx.stream>>>(x, xdt, col, cdt, d, img0, grp, total);
+    else
+        k_im2col<float><<<grid, NA_BLOCK, 0, na_cuda_ctx.stream>>>(x, xdt, col, cdt, d, img0, grp, total);
+    NA_CUDA_LAUNCH_CHECK("k_im2col");
+    return NA_OK;
+}
+
+static int col2im(const conv_dims &d, const void *col, na_dtype cdt, void *gx, na_dtype gxdt,
+                  int64_t img0, int64_t nb, int grp) {
+    int64_t total = nb * d.cin_g * d.h * d.w;
+    unsigned grid = na_grid(total, NA_BLOCK);
+    if (cdt == NA_DTYPE_F64)
+        k_col2im<double><<<grid, NA_BLOCK, 0, na_cuda_ctx.stream>>>(col, cdt, gx, gxdt, d, img0, grp, total);
+    else
+        k_col2im<float><<<grid, NA_BLOCK, 0, na_cuda_ctx.stream>>>(col, cdt, gx, gxdt, d, img0, grp, total);
+    NA_CUDA_LAUNCH_CHECK("k_col2im");
+    return NA_OK;
+}
+
+/* images per chunk so that the column buffer stays under ~256 MiB */
+static int64_t chunk_images(const conv_dims &d, size_t esize) {
+    size_t per = (size_t)d.K * (size_t)d.ohw * esize;
+    int64_t nb = per ? (int64_t)(((size_t)256 << 20) / per) : d.n;
+    if (nb < 1) nb = 1;
+    if (nb > d.n) nb = d.n;
+    return nb;
+}
+
+static size_t align256(size_t b) { return (b + 255) & ~(size_t)255; }
+
+static na_dtype acc_dtype(na_dtype dt) { return dt == NA_DTYPE_F64 ? NA_DTYPE_F64 : NA_DTYPE_F32; }
+
+static int fallback_forward(const conv_dims &d, const na_tensor *x, const na_tensor *w,
+                            na_tensor *y) {
+    na_dtype dt = x->dtype;
+    size_t es = na_dtype_size(dt);
+    int64_t nb = chunk_images(d, es);
+    char *col = (char *)na_cuda_scratch(align256((size_t)nb * d.K * d.ohw * es));
+    if (!col) return na_last_status();
+    for (int64_t img0 = 0; img0 < d.n; img0 += nb) {
+        int64_t cnt = d.n - img0 < nb ? d.n - img0 : nb;
+        for (int grp = 0; grp < d.groups; grp++) {
+            NA_TRY(im2col(d, x->data, dt, col, dt, img0, cnt, grp));
+            na_gemm_args g;
+            memset(&g, 0, sizeof g);
+            g.dtype = dt;
+            g.a = (const char *)w->data + (size_t)grp * d.cout_g * d.K * es;
+            g.b = col;
+            g.c = (char *)y->data + (size_t)(img0 * d.cout + grp * d.cout_g) * d.ohw * es;
+            g.m = d.cout_g;
+            g.n = d.ohw;
+            g.k = d.K;
+            g.lda = d.K;
+            g.ldb = d.ohw;
+            g.ldc = d.ohw;
+            g.batch = cnt;
+            g.stride_a = 0;
+            g.stride_b = d.K * d.ohw;
+            g.stride_c = d.cout * d.ohw;
+            g.alpha = 1.0f;
+            g.beta = 0.0f;
+            NA_TRY(na_cuda_gemm_ex(&g, dt));
+        }
+    }
+    return NA_OK;
+}
+
+static int fallback_backward_data(const conv_dims &d, const na_tensor *gy, const na_tensor *w,
+                                  na_tensor *gx) {
+    na_dtype dt = gy->dtype, ct = acc_dtype(dt);
+    size_t es = na_dtype_size(dt), cs = na_dtype_size(ct);
+    int64_t nb = chunk_images(d, cs);
+    char *col = (char *)na_cuda_scratch(align256((size_t)nb * d.K * d.ohw * cs));
+    if (!col) return na_last_status();
+    for (int64_t img0 = 0; img0 < d.n; img0 += nb) {
+        int64_t cnt = d.n - img0 < nb ? d.n - img0 : nb;
+        for (int grp = 0; grp < d.groups; grp++) {
+            na_gemm_args g; /* col[b] (K x OHW) = W_g^T (K x cout_g) @ gy_g[b] */
+            memset(&g, 0, sizeof g);
+            g.dtype = dt;
+            g.a = (const char *)w->data + (size_t)grp * d.cout_g * d.K * es;
+            g.ta = true;
+            g.b = (const char *)gy->data + (size_t)(img0 * d.cout + grp * d.cout_g) * d.ohw * es;
+            g.c = col;
+            g.m = d.K;
+            g.n = d.ohw;
+            g.k = d.cout_g;
+            g.lda = d.K;
+            g.ldb = d.ohw;
+            g.ldc = d.ohw;
+            g.batch = cnt;
+            g.stride_a = 0;
+            g.stride_b = d.cout * d.ohw;
+            g.stride_c = d.K * d.ohw;
+            g.alpha = 1.0f;
+            g.beta = 0.0f;
+            NA_TRY(na_cuda_gemm_ex(&g, ct));
+            NA_TRY(col2im(d, col, ct, gx->data, gx->dtype, img0, cnt, grp));
+        }
+    }
+    return NA_OK;
+}
+
+static int fallback_backward_weight(const conv_dims &d, const na_tensor *x, const na_tensor *gy,
+                                    na_tensor *gw) {
+    na_dtype dt = x->dtype, ct = acc_dtype(dt);
+    size_t es = na_dtype_size(dt), cs = na_dtype_size(ct);
+    int64_t nb = chunk_images(d, es);
+    size_t col_bytes = align256((size_t)nb * d.K * d.ohw * es);
+    size_t acc_bytes = align256((size_t)d.cout * d.K * cs);
+    char *ws = (char *)na_cuda_scratch(col_bytes + acc_bytes);
+    if (!ws) return na_last_status();
+    char *col = ws, *acc = ws + col_bytes;
+    NA_CUDA_CHECK(cudaMemsetAsync(acc, 0, (size_t)d.cout * d.K * cs, na_cuda_ctx.stream));
+    for (int64_t img0 = 0; img0 < d.n; img0 += nb) {
+        int64_t cnt = d.n - img0 < nb ? d.n - img0 : nb;
+        for (int grp = 0; grp < d.groups; grp++) {
+            NA_TRY(im2col(d, x->data, dt, col, dt, img0, cnt, grp));
+            for (int64_t b = 0; b < cnt; b++) {
+                na_gemm_args g; /* acc_g (cout_g x K) += gy_g[b] (cout_g x OHW) @ col[b]^T */
+                memset(&g, 0, sizeof g);
+                g.dtype = dt;
+                g.a = (const char *)gy->data +
+                      (size_t)((img0 + b) * d.cout + grp * d.cout_g) * d.ohw * es;
+                g.b = col + (size_t)b * d.K * d.ohw * es;
+                g.tb = true;
+                g.c = acc + (size_t)grp * d.cout_g * d.K * cs;
+                g.m = d.cout_g;
+                g.n = d.K;
+                g.k = d.ohw;
+                g.lda = d.ohw;
+                g.ldb = d.ohw;
+                g.ldc = d.K;
+                g.batch = 1;
+                g.alpha = 1.0f;
+                g.beta = 1.0f;
+                NA_TRY(na_cuda_gemm_ex(&g, ct));
+            }
+        }
+    }
+    return na_cuda_convert(gw->data, gw->dtype, acc, ct, d.cout * d.K);
+}
+
+/* ---- cuDNN ----------------------------------------------------------------------------------- */
+#if NA_HAVE_CUDNN
+enum { CONV_FWD, CONV_BWD_DATA, CONV_BWD_FILTER };
+
+struct dnn_key {
+    int32_t kind, dtype, tf32, det;
+    int64_t n, cin, h, w, cout, oh, ow;
+    int32_t kh, kw, sh, sw, ph, pw, dh, dw, groups;
+};
+struct dnn_entry {
+    bool used, found;
+    dnn_key key;
+    int algo;
+    cudnnMathType_t math;
+    size_t ws;
+};
+#define DNN_CACHE 128
+static dnn_entry dnn_cache[DNN_CACHE];
+
+struct dnn_descs {
+    cudnnTensorDescriptor_t x = NULL, y = NULL;
+    cudnnFilterDescriptor_t w = NULL;
+    cudnnConvolutionDescriptor_t conv = NULL;
+    ~dnn_descs() {
+        if (x) cudnnDestroyTensorDescriptor(x);
+        if (y) cudnnDestroyTensorDescriptor(y);
+        if (w) cudnnDestroyFilterDescriptor(w);
+        if (conv) cudnnDestroyConvolutionDescriptor(conv);
+    }
+};
+
+static cudnnDataType_t dnn_type(na_dtype dt) {
+    switch (dt) {
+    case NA_DTYPE_F16: return CUDNN_DATA_HALF;
+    case NA_DTYPE_BF16: return CUDNN_DATA_BFLOAT16;
+    case NA_DTYPE_F64: return CUDNN_DATA_DOUBLE;
+    default: return CUDNN_DATA_FLOAT;
+    }
+}
+
+static bool fits_int(int64_t v) { return v >= 0 && v <= INT32_MAX; }
+
+/* < 0: error; 0: cuDNN can't describe this problem (use the fallback); 1: ready */
+static int dnn_setup(const conv_dims &d, na_dtype dt, cudnnMathType_t math, dnn_descs *s) {
+    if (!fits_int(d.n) || !fits_int(d.cin) || !fits_int(d.h) || !fits_int(d.w) ||
+        !fits_int(d.cout) || !fits_int(d.oh) || !fits_int(d.ow))
+        return 0;
+    cudnnDataType_t t = dnn_type(dt);
+    NA_CUDNN_CHECK(cudnnCreateTensorDescriptor(&s->x));
+    NA_CUDNN_CHECK(cudnnCreateTensorDescriptor(&s->y));
+    NA_CUDNN_CHECK(cudnnCreateFilterDescriptor(&s->w));
+    NA_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&s->conv));
+    NA_CUDNN_CHECK(cudnnSetTensor4dDescriptor(s->x, CUDNN_TENSOR_NCHW, t, (int)d.n, (int)d.cin,
+                                              (int)d.h, (int)d.w));
+    NA_CUDNN_CHECK(cudnnSetTensor4dDescriptor(s->y, CUDNN_TENSOR_NCHW, t, (int)d.n, (int)d.cout,
+                                              (int)d.oh, (int)d.ow));
+    NA_CUDNN_CHECK(cudnnSetFilter4dDescriptor(s->w, t, CUDNN_TENSOR_NCHW, (int)d.cout,
+                                              (int)d.cin_g, d.kh, d.kw));
+    NA_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(
+        s->conv, d.ph, d.pw, d.sh, d.sw, d.dh, d.dw, CUDNN_CROSS_CORRELATION,
+        dt == NA_DTYPE_F64 ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT));
+    NA_CUDNN_CHECK(cudnnSetConvolutionGroupCount(s->conv, d.groups));
+    NA_CUDNN_CHECK(cudnnSetConvolutionMathType(s->conv, math));
+    int on, oc, oh, ow;
+    NA_CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(s->conv, s->x, s->w, &on, &oc, &oh, &ow));
+    if (on != d.n || oc != d.cout || oh != d.oh || ow != d.ow)
+        return na_set_error(NA_ESHAPE,
+                            "conv2d (cuda): output [%lld, %lld, %lld, %lld] does not follow from "
+                            "the geometry (cuDNN computes [%d, %d, %d, %d])",
+                            (long long)d.n, (long long)d.cout, (long long)d.oh, (long long)d.ow,
+                            on, oc, oh, ow);
+    return 1;
+}
+
+static cudnnMathType_t dnn_math(na_dtype dt) {
+    if (dt == NA_DTYPE_F16 || dt == NA_DTYPE_BF16) return CUDNN_TENSOR_OP_MATH;
+    if (dt == NA_DTYPE_F32) return na_cuda_ctx.tf32 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH;
+    return CUDNN_DEFAULT_MATH;
+}
+
+static bool inaccurate_algo(int kind, int algo) {
+    switch (kind) {
+    case CONV_FWD:
+        return algo == CUDNN_CONVOLUTION_FWD_ALGO_FFT || algo == CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING ||
+               algo == CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD ||
+               algo == CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED;
+    case CONV_BWD_DATA:
+        return algo == CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT ||
+               algo == CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING ||
+               algo == CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD ||
+               algo == CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED;
+    default:
+        return algo == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT ||
+               algo == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING ||
+               algo == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED;
+    }
+}
+
+/* Does perf entry (algo, status, determinism, mathType, memory) qualify? */
+template <typename P>
+static bool perf_ok(const P &p, int kind, na_dtype dt, bool det) {
+    if (p.status != CUDNN_STATUS_SUCCESS) return false;
+    if (det && p.determinism != CUDNN_DETERMINISTIC) return false;
+    if ((dt == NA_DTYPE_F32 || dt == NA_DTYPE_F64) && inaccurate_algo(kind, (int)p.algo)) return false;
+    if (dt == NA_DTYPE_F32 && !na_cuda_ctx.tf32 && p.mathType != CUDNN_FMA_MATH &&
+        p.mathType != CUDNN_DEFAULT_MATH)
+        return false;
+    if (p.memory > ((size_t)1 << 30)) return false;
+    return true;
+}
+
+static size_t dnn_hash(const dnn_key *k) {
+    const unsigned char *p = (const unsigned char *)k;
+    uint64_t h = 1469598103934665603ULL;
+    for (size_t i = 0; i < sizeof *k; i++) h = (h ^ p[i]) * 1099511628211ULL;
+    return (size_t)(h % DNN_CACHE);
+}
+
+/* The cached choice for (kind, problem); chooses it on first use. */
+static int dnn_choose(int kind, const conv_dims &d, na_dtype dt, dnn_descs *s, dnn_entry **out) {
+    bool det = env_flag("NANOAMP_DETERMINISTIC");
+    dnn_key key;
+    memset(&key, 0, sizeof key);
+    key.kind = kind;
+    key.dtype = dt;
+    key.tf32 = na_cuda_ctx.tf32;
+    key.det = det;
+    key.n = d.n; key.cin = d.cin; key.h = d.h; key.w = d.w;
+    key.cout = d.cout; key.oh = d.oh; key.ow = d.ow;
+    key.kh = d.kh; key.kw = d.kw; key.sh = d.sh; key.sw = d.sw;
+    key.ph = d.ph; key.pw = d.pw; key.dh = d.dh; key.dw = d.dw; key.groups = d.groups;
+    dnn_entry *e = &dnn_cache[dnn_hash(&key)];
+    *out = e;
+    if (e->used && memcmp(&e->key, &key, sizeof key) == 0) return NA_OK;
+    e->used = true;
+    e->key = key;
+    e->found = false;
+    cudnnHandle_t h;
+    NA_TRY(na_cuda_dnn(&h));
+    int cnt = 0;
+    if (kind == CONV_FWD) {
+        cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+        NA_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(
+            h, s->x, s->w, s->conv, s->y, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &cnt, perf));
+        for (int i = 0; i < cnt && !e->found; i++)
+            if (perf_ok(perf[i], kind, dt, det)) {
+                e->found = true;
+                e->algo = (int)perf[i].algo;
+                e->math = perf[i].mathType;
+                e->ws = perf[i].memory;
+            }
+    } else if (kind == CONV_BWD_DATA) {
+        cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+        NA_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
+            h, s->w, s->y, s->conv, s->x, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &cnt, perf));
+        for (int i = 0; i < cnt && !e->found; i++)
+            if (perf_ok(perf[i], kind, dt, det)) {
+                e->found = true;
+                e->algo = (int)perf[i].algo;
+                e->math = perf[i].mathType;
+                e->ws = perf[i].memory;
+            }
+    } else {
+        cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+        NA_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+            h, s->x, s->y, s->conv, s->w, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &cnt, perf));
+        for (int i = 0; i < cnt && !e->found; i++)
+            if (perf_ok(perf[i], kind, dt, det)) {
+                e->found = true;
+                e->algo = (int)perf[i].algo;
+                e->math = perf[i].mathType;
+                e->ws = perf[i].memory;
+            }
+    }
+    if (e->found && dt == NA_DTYPE_F32 && !na_cuda_ctx.tf32) e->math = CUDNN_FMA_MATH;
+    return NA_OK;
+}
+
+/* Runs one convolution through cuDNN; *done = false when cuDNN can't (use the fallback). */
+static int dnn_run(int kind, const conv_dims &d, na_dtype dt, const void *x, const void *w,
+                   void *y, bool *done) {
+    *done = false;
+    cudnnHandle_t h;
+    NA_TRY(na_cuda_dnn(&h));
+    dnn_descs s;
+    int rc = dnn_setup(d, dt, dnn_math(dt), &s);
+    if (rc <= 0) return rc;
+    dnn_entry *e = NULL;
+    NA_TRY(dnn_choose(kind, d, dt, &s, &e));
+    if (!e->found) return NA_OK;
+    NA_CUDNN_CHECK(cudnnSetConvolutionMathType(s.conv, e->math));
+    void *ws = NULL;
+    if (e->ws) {
+        ws = na_cuda_scratch(e->ws);
+        if (!ws) return na_last_status();
+    }
+    float af = 1.0f, bf = 0.0f;
+    double ad = 1.0, bd = 0.0;
+    const void *alpha = dt == NA_DTYPE_F64 ? (const void *)&ad : (const void *)&af;
+    const void *beta = dt == NA_DTYPE_F64 ? (const void *)&bd : (const void *)&bf;
+    cudnnStatus_t st;
+    if (kind == CONV_FWD)
+        st = cudnnConvolutionForward(h, alpha, s.x, x, s.w, w, s.conv,
+                                     (cudnnConvolutionFwdAlgo_t)e->algo, ws, e->ws, beta, s.y, y);
+    else if (kind == CONV_BWD_DATA) /* x: gx (out), y: gy (in) */
+        st = cudnnConvolutionBackwardData(h, alpha, s.w, w, s.y, y, s.conv,
+                                          (cudnnConvolutionBwdDataAlgo_t)e->algo, ws, e->ws,
+                                          beta, s.x, (void *)x);
+    else /* w: gw (out) */
+        st = cudnnConvolutionBackwardFilter(h, alpha, s.x, x, s.y, y, s.conv,
+                                            (cudnnConvolutionBwdFilterAlgo_t)e->algo, ws, e->ws,
+                                            beta, s.w, (void *)w);
+    if (st == CUDNN_STATUS_NOT_SUPPORTED) { /* remember: this problem takes the fallback */
+        e->found = false;
+        return NA_OK;
+    }
+    if (st != CUDNN_STATUS_SUCCESS)
+        return na_set_error(NA_ECUDA, "conv2d (cuda): cudnnConvolution%s failed: %s",
+                            kind == CONV_FWD ? "Forward"
+                                             : (kind == CONV_BWD_DATA ? "BackwardData" : "BackwardFilter"),
+                            cudnnGetErrorString(st));
+    *done = true;
+    return NA_OK;
+}
+#endif
+
+static bool use_cudnn(void) {
+#if NA_HAVE_CUDNN
+    return !env_flag("NANOAMP_CONV_IM2COL");
+#else
+    return false;
+#endif
+}
+
+static int check_conv(const conv_dims &d, na_dtype dt, const char *who) {
+    if (!na_dtype_is_float(dt))
+        return na_set_error(NA_EDTYPE, "%s (cuda): unsupported dtype %s", who, na_dtype_name(dt));
+    if (d.cin % d.groups || d.cout % d.groups)
+        return na_set_error(NA_EINVAL, "%s (cuda): %lld input / %lld output channels are not "
+                            "divisible by %d groups", who, (long long)d.cin, (long long)d.cout,
+                            d.groups);
+    return NA_OK;
+}
+
+int na_cuda_conv2d(const na_conv_geom *g, const na_tensor *x, const na_tensor *w,
+                   const na_tensor *bias, na_tensor *y) {
+    conv_dims d = conv_dims_of(g);
+    NA_TRY(check_conv(d, x->dtype, "conv2d"));
+    if (d.n * d.cout * d.ohw == 0) return NA_OK;
+    bool done = false;
+#if NA_HAVE_CUDNN
+    if (use_cudnn() && d.K > 0) NA_TRY(dnn_run(CONV_FWD, d, x->dtype, x->data, w->data, y->data, &done));
+#endif
+    if (!done) {
+        if (d.K == 0) NA_TRY(na_cuda_fill(y, 0.0));
+        else NA_TRY(fallback_forward(d, x, w, y));
+    }
+    if (bias) NA_TRY(na_cuda_add_bias(y->data, y->dtype, bias->data, bias->dtype, d.n, d.cout, d.ohw, false));
+    return NA_OK;
+}
+
+int na_cuda_conv2d_backward_data(const na_conv_geom *g, const na_tensor *gy, const na_tensor *w,
+                                 na_tensor *gx) {
+    conv_dims d = conv_dims_of(g);
+    NA_TRY(check_conv(d, gy->dtype, "conv2d_backward_data"));
+    if (d.n * d.cin * d.h * d.w == 0) return NA_OK;
+    if (d.ohw == 0 || d.cout == 0) return na_cuda_fill(gx, 0.0);
+    bool done = false;
+#if NA_HAVE_CUDNN
+    if (use_cudnn()) NA_TRY(dnn_run(CONV_BWD_DATA, d, gy->dtype, gx->data, w->data, gy->data, &done));
+#endif
+    if (!done) NA_TRY(fallback_backward_data(d, gy, w, gx));
+    return NA_OK;
+}
+
+int na_cuda_conv2d_backward_weight(const na_conv_geom *g, const na_tensor *x,
+                                   const na_tensor *gy, na_tensor *gw) {
+    conv_dims d = conv_dims_of(g);
+    NA_TRY(check_conv(d, x->dtype, "conv2d_backward_weight"));
+    if (d.cout * d.K == 0) return NA_OK;
+    if (d.n * d.ohw == 0) return na_cuda_fill(gw, 0.0);
+    bool done = false;
+#if NA_HAVE_CUDNN
+    if (use_cudnn()) NA_TRY(dnn_run(CONV_BWD_FILTER, d, x->dtype, x->data, gw->data, gy->data, &done));
+#endif
+    if (!done) NA_TRY(fallback_backward_weight(d, x, gy, gw));
+    return NA_OK;
+}

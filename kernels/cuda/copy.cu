@@ -1,0 +1,78 @@
+/* kernels/cuda/copy.cu — dtype-converting copies.
+ *
+ * dst contiguous, src any view (strided: the offset of each element comes from src's shape
+ * and strides); every dtype pair, converting through double, which is exact for every source
+ * type, so the result is the direct conversion (f64 -> f16/bf16 goes through f32, as on the
+ * CPU; float -> integer saturates, NaN -> 0). Same dtype and contiguous: cudaMemcpyAsync.
+ */
+#include "cuda_common.cuh"
+
+/* ---- copy -------------------------------------------------------------------------------- */
+template <class TD, class TS>
+__global__ void k_copy(typename TD::S *dst, const typename TS::S *src, int64_t n) {
+    NA_GRID_STRIDE(i, n) dst[i] = TD::from_double(TS::to_double(src[i]));
+}
+
+/* strided, same dtype: move the bits (by element size) */
+template <typename E>
+__global__ void k_copy_strided_bits(E *dst, const E *src, na_strided g, int64_t n) {
+    NA_GRID_STRIDE(i, n) dst[i] = src[na_strided_offset(g, i)];
+}
+
+/* strided with conversion (rare): runtime dtypes through double */
+__global__ void k_copy_strided_any(void *dst, int ddt, const void *src, int sdt, na_strided g,
+                                   int64_t n) {
+    NA_GRID_STRIDE(i, n) na_st_d(dst, ddt, i, na_ld_d(src, sdt, na_strided_offset(g, i)));
+}
+
+static int copy_impl(void *dst, na_dtype ddt, const void *src, na_dtype sdt, int64_t n,
+                     const na_strided *g) {
+    if (n == 0) return NA_OK;
+    if (!g && ddt == sdt) {
+        NA_CUDA_CHECK(cudaMemcpyAsync(dst, src, (size_t)n * na_dtype_size(ddt),
+                                      cudaMemcpyDeviceToDevice, na_cuda_ctx.stream));
+        return NA_OK;
+    }
+    unsigned grid = na_grid(n, NA_BLOCK);
+    cudaStream_t st = na_cuda_ctx.stream;
+    if (g) {
+        if (ddt == sdt) {
+            switch (na_dtype_size(ddt)) {
+            case 1: k_copy_strided_bits<uint8_t><<<grid, NA_BLOCK, 0, st>>>((uint8_t *)dst, (const uint8_t *)src, *g, n); break;
+            case 2: k_copy_strided_bits<uint16_t><<<grid, NA_BLOCK, 0, st>>>((uint16_t *)dst, (const uint16_t *)src, *g, n); break;
+            case 4: k_copy_strided_bits<uint32_t><<<grid, NA_BLOCK, 0, st>>>((uint32_t *)dst, (const uint32_t *)src, *g, n); break;
+            default: k_copy_strided_bits<uint64_t><<<grid, NA_BLOCK, 0, st>>>((uint64_t *)dst, (const uint64_t *)src, *g, n); break;
+            }
+        } else {
+            k_copy_strided_any<<<grid, NA_BLOCK, 0, st>>>(dst, ddt, src, sdt, *g, n);
+        }
+        NA_CUDA_LAUNCH_CHECK("k_copy_strided");
+        return NA_OK;
+    }
+    return na_dispatch_all(ddt, "copy", [&](auto dtag) -> int {
+        typedef typename decltype(dtag)::T TD;
+        return na_dispatch_all(sdt, "copy", [&](auto stag) -> int {
+            typedef typename decltype(stag)::T TS;
+            k_copy<TD, TS><<<grid, NA_BLOCK, 0, st>>>((typename TD::S *)dst,
+                                                      (const typename TS::S *)src, n);
+            NA_CUDA_LAUNCH_CHECK("k_copy");
+            return NA_OK;
+        });
+    });
+}
+
+int na_cuda_copy(na_tensor *dst, const na_tensor *src) {
+    if (dst->numel != src->numel)
+        return na_set_error(NA_ESHAPE, "copy (cuda): dst has %lld elements, src %lld",
+                            (long long)dst->numel, (long long)src->numel);
+    if (!na_cuda_is_contiguous(dst))
+        return na_set_error(NA_EINVAL, "copy (cuda): dst must be contiguous");
+    if (na_cuda_is_contiguous(src))
+        return copy_impl(dst->data, dst->dtype, src->data, src->dtype, src->numel, NULL);
+    na_strided g = na_strided_of(src);
+    return copy_impl(dst->data, dst->dtype, src->data, src->dtype, src->numel, &g);
+}
+
+int na_cuda_convert(void *dst, na_dtype dst_dt, const void *src, na_dtype src_dt, int64_t n) {
+    return copy_impl(dst, dst_dt, src, src_dt, n, NULL);
+}

@@ -1,0 +1,469 @@
+/* kernels/cuda/cuda_common.cuh — what every CUDA kernel file of the backend shares.
+ *
+ *  - the backend's context (one device, one stream, cuBLAS/cuBLASLt/cuDNN handles, counters);
+ *  - status checks: every CUDA/cuBLAS/cuDNN call goes through NA_CUDA_CHECK / NA_CUBLAS_CHECK /
+ *    NA_CUDNN_CHECK, which turn a failure into na_set_error(NA_ECUDA, "<fn>: <call> failed:
+ *    <status string>") and return the status; kernel launches are followed by
+ *    NA_CUDA_LAUNCH_CHECK("kernel name");
+ *  - dtype traits (storage type S, compute type C, load/store with the RNE conversions of
+ *    common/half.h, bit-identical to the CPU backend) and runtime-dtype loads/stores for the
+ *    secondary tensors of an op;
+ *  - block-wide reductions (fixed order: results do not depend on timing);
+ *  - strided-offset helpers and grid sizing.
+ *
+ * Everything here is internal to kernels/cuda; the public face is nanoamp/cuda.h and the
+ * na_backend table returned by na_cuda_backend_init().
+ */
+#ifndef NANOAMP_KERNELS_CUDA_COMMON_CUH
+#define NANOAMP_KERNELS_CUDA_COMMON_CUH
+
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "na_config.h"
+#include "backend.h"
+#include "common/half.h"
+#include "nanoamp/cuda.h"
+#include "nanoamp/error.h"
+
+#if NA_HAVE_CUDNN
+#include <cudnn.h>
+#endif
+
+/* ---- context ----------------------------------------------------------------------- */
+struct na_cuda_context {
+    int state; /* 0: not initialised, 1: ready, -1: failed (init_error says why) */
+    char init_error[512];
+    int init_status; /* NA_EDEVICE (no driver / no device) or NA_ECUDA */
+    int device;
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    cublasLtHandle_t lt;
+    void *lt_workspace;
+    size_t lt_workspace_size;
+#if NA_HAVE_CUDNN
+    cudnnHandle_t dnn;
+#endif
+    int major, minor, sm_count;
+    char name[256];
+    bool tf32;
+    uint64_t sync_count;
+    uint64_t bytes_in_use, peak_bytes;
+    void *scratch; /* grown on demand, see na_cuda_scratch */
+    size_t scratch_size;
+};
+extern na_cuda_context na_cuda_ctx;
+
+/* A device buffer of at least `bytes` for the op being enqueued (shared by all ops: the
+ * stream orders them). NULL with an error set on failure. Growing it synchronizes the stream
+ * (only while shapes are new). */
+void *na_cuda_scratch(size_t bytes);
+
+#if NA_HAVE_CUDNN
+/* The cuDNN handle (created on first use, bound to the stream). */
+int na_cuda_dnn(cudnnHandle_t *out);
+#endif
+
+/* ---- status checks ------------------------------------------------------------------ */
+#define NA_CUDA_CHECK(call)                                                                   \
+    do {                                                                                      \
+        cudaError_t na_e_ = (call);                                                           \
+        if (na_e_ != cudaSuccess) {                                                           \
+            (void)cudaGetLastError();                                                         \
+            return na_set_error(NA_ECUDA, "%s: %s failed: %s (%s)", __func__, #call,          \
+                                cudaGetErrorString(na_e_), cudaGetErrorName(na_e_));          \
+        }                                                                                     \
+    } while (0)
+
+#define NA_CUDA_LAUNCH_CHECK(kname)                                                           \
+    do {                                                                                      \
+        cudaError_t na_e_ = cudaGetLastError();                                               \
+        if (na_e_ != cudaSuccess)                                                             \
+            return na_set_error(NA_ECUDA, "%s: launch of %s failed: %s (%s)", __func__,       \
+                                kname, cudaGetErrorString(na_e_), cudaGetErrorName(na_e_));   \
+    } while (0)
+
+#define NA_CUBLAS_CHECK(call)                                                                 \
+    do {                                                                                      \
+        cublasStatus_t na_s_ = (call);                                                        \
+        if (na_s_ != CUBLAS_STATUS_SUCCESS)                                                   \
+            return na_set_error(NA_ECUDA, "%s: %s failed: %s", __func__, #call,               \
+                                cublasGetStatusString(na_s_));                                \
+    } while (0)
+
+#if NA_HAVE_CUDNN
+#define NA_CUDNN_CHECK(call)                                                                  \
+    do {                                                                                      \
+        cudnnStatus_t na_s_ = (call);                                                         \
+        if (na_s_ != CUDNN_STATUS_SUCCESS)                                                    \
+            return na_set_error(NA_ECUDA, "%s: %s failed: %s", __func__, #call,               \
+                                cudnnGetErrorString(na_s_));                                  \
+    } while (0)
+#endif
+
+/* Propagate a negative status from a helper. */
+#define NA_TRY(expr)                                                                          \
+    do {                                                                                      \
+        int na_rc_ = (expr);                                                                  \
+        if (na_rc_ < 0) return na_rc_;                                                        \
+    } while (0)
+
+/* ---- launch geometry ---------------------------------------------------------------- */
+#define NA_BLOCK 256
+
+/* Blocks for a grid-stride loop over n items with `block` threads: enough to fill the device
+ * a few times over, never more than needed, at least 1. */
+static inline unsigned na_grid(int64_t n, int block) {
+    int64_t want = (n + block - 1) / block;
+    int64_t cap = (int64_t)(na_cuda_ctx.sm_count > 0 ? na_cuda_ctx.sm_count : 80) * 32;
+    if (want > cap) want = cap;
+    if (want < 1) want = 1;
+    return (unsigned)want;
+}
+
+#define NA_GRID_STRIDE(i, n)                                                                  \
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                \
+         i += (int64_t)gridDim.x * blockDim.x)
+
+/* ---- integer conversions (as the CPU backend: saturating, NaN -> 0; u8 takes the low byte
+ * of the truncated integer) ------------------------------------------------------------- */
+static __host__ __device__ __forceinline__ int64_t na_d_to_i64(double v) {
+    if (v != v) return 0;
+    if (v >= 9.2233720368547758e18) return INT64_MAX;
+    if (v <= -9.2233720368547758e18) return INT64_MIN;
+    return (int64_t)v;
+}
+static __host__ __device__ __forceinline__ int32_t na_d_to_i32(double v) {
+    int64_t i = na_d_to_i64(v);
+    return i > INT32_MAX ? INT32_MAX : (i < INT32_MIN ? INT32_MIN : (int32_t)i);
+}
+static __host__ __device__ __forceinline__ uint8_t na_d_to_u8(double v) {
+    return (uint8_t)(uint64_t)na_d_to_i64(v);
+}
+
+/* ---- dtype traits -------------------------------------------------------------------- */
+/* S: storage type; C: compute type (float for f32/f16/bf16, double for f64 and the integer
+ * types, which only fills and copies use); ld/st convert with round-to-nearest-even. */
+template <int DT> struct na_dt;
+template <> struct na_dt<NA_DTYPE_F32> {
+    typedef float S;
+    typedef float C;
+    static __device__ __forceinline__ C ld(const S *p, int64_t i) { return p[i]; }
+    static __device__ __forceinline__ void st(S *p, int64_t i, C v) { p[i] = v; }
+    static __host__ __device__ __forceinline__ S from_double(double v) { return (float)v; }
+    static __device__ __forceinline__ double to_double(S v) { return (double)v; }
+};
+template <> struct na_dt<NA_DTYPE_F64> {
+    typedef double S;
+    typedef double C;
+    static __device__ __forceinline__ C ld(const S *p, int64_t i) { return p[i]; }
+    static __device__ __forceinline__ void st(S *p, int64_t i, C v) { p[i] = v; }
+    static __host__ __device__ __forceinline__ S from_double(double v) { return v; }
+    static __device__ __forceinline__ double to_double(S v) { return v; }
+};
+template <> struct na_dt<NA_DTYPE_F16> {
+    typedef uint16_t S;
+    typedef float C;
+    static __device__ __forceinline__ C ld(const S *p, int64_t i) { return na_f16_bits_to_f32(p[i]); }
+    static __device__ __forceinline__ void st(S *p, int64_t i, C v) { p[i] = na_f32_to_f16_bits(v); }
+    static __host__ __device__ __forceinline__ S from_double(double v) { return na_f32_to_f16_bits((float)v); }
+    static __device__ __forceinline__ double to_double(S v) { return (double)na_f16_bits_to_f32(v); }
+};
+template <> struct na_dt<NA_DTYPE_BF16> {
+    typedef uint16_t S;
+    typedef float C;
+    static __device__ __forceinline__ C ld(const S *p, int64_t i) { return na_bf16_bits_to_f32(p[i]); }
+    static __device__ __forceinline__ void st(S *p, int64_t i, C v) { p[i] = na_f32_to_bf16_bits(v); }
+    static __host__ __device__ __forceinline__ S from_double(double v) { return na_f32_to_bf16_bits((float)v); }
+    static __device__ __forceinline__ double to_double(S v) { return (double)na_bf16_bits_to_f32(v); }
+};
+template <> struct na_dt<NA_DTYPE_I32> {
+    typedef int32_t S;
+    typedef double C;
+    static __device__ __forceinline__ C ld(const S *p, int64_t i) { return (double)p[i]; }
+    static __device__ __forceinline__ void st(S *p, int64_t i, C v) { p[i] = na_d_to_i32(v); }
+    static __host__ __device__ __forceinline__ S from_double(double v) { return na_d_to_i32(v); }
+    static __device__ __forceinline__ double to_double(S v) { return (double)v; }
+};
+template <> struct na_dt<NA_DTYPE_U8> {
+    typedef uint8_t S;
+    typedef double C;
+    static __device__ __forceinline__ C ld(const S *p, int64_t i) { return (double)p[i]; }
+    static __device__ __forceinline__ void st(S *p, int64_t i, C v) { p[i] = na_d_to_u8(v); }
+    static __host__ __device__ __forceinline__ S from_double(double v) { return na_d_to_u8(v); }
+    static __device__ __forceinline__ double to_double(S v) { return (double)v; }
+};
+
+/* Tag passed to the generic lambdas of the dispatchers below. */
+template <int DT> struct na_dt_tag {
+    typedef na_dt<DT> T;
+    static const int dtype = DT;
+};
+
+/* f(na_dt_tag<DT>{}) for a float dtype; NA_EDTYPE (naming `who`) otherwise. */
+template <class F> static inline int na_dispatch_float(na_dtype dt, const char *who, F &&f) {
+    switch (dt) {
+    case NA_DTYPE_F32: return f(na_dt_tag<NA_DTYPE_F32>{});
+    case NA_DTYPE_F64: return f(na_dt_tag<NA_DTYPE_F64>{});
+    case NA_DTYPE_F16: return f(na_dt_tag<NA_DTYPE_F16>{});
+    case NA_DTYPE_BF16: return f(na_dt_tag<NA_DTYPE_BF16>{});
+    default:
+        return na_set_error(NA_EDTYPE, "%s (cuda): unsupported dtype %s (expected a float dtype)",
+                            who, na_dtype_name(dt));
+    }
+}
+
+/* f(na_dt_tag<DT>{}) for any dtype. */
+template <class F> static inline int na_dispatch_all(na_dtype dt, const char *who, F &&f) {
+    switch (dt) {
+    case NA_DTYPE_F32: return f(na_dt_tag<NA_DTYPE_F32>{});
+    case NA_DTYPE_F64: return f(na_dt_tag<NA_DTYPE_F64>{});
+    case NA_DTYPE_F16: return f(na_dt_tag<NA_DTYPE_F16>{});
+    case NA_DTYPE_BF16: return f(na_dt_tag<NA_DTYPE_BF16>{});
+    case NA_DTYPE_I32: return f(na_dt_tag<NA_DTYPE_I32>{});
+    case NA_DTYPE_U8: return f(na_dt_tag<NA_DTYPE_U8>{});
+    default: return na_set_error(NA_EDTYPE, "%s (cuda): invalid dtype %d", who, (int)dt);
+    }
+}
+
+/* ---- runtime-dtype loads and stores (secondary tensors of an op) -------------------- */
+static __device__ __forceinline__ double na_ld_d(const void *p, int dt, int64_t i) {
+    switch (dt) {
+    case NA_DTYPE_F32: return (double)((const float *)p)[i];
+    case NA_DTYPE_F64: return ((const double *)p)[i];
+    case NA_DTYPE_F16: return (double)na_f16_bits_to_f32(((const uint16_t *)p)[i]);
+    case NA_DTYPE_BF16: return (double)na_bf16_bits_to_f32(((const uint16_t *)p)[i]);
+    case NA_DTYPE_I32: return (double)((const int32_t *)p)[i];
+    case NA_DTYPE_U8: return (double)((const uint8_t *)p)[i];
+    default: return (double)NAN;
+    }
+}
+static __device__ __forceinline__ float na_ld_f(const void *p, int dt, int64_t i) {
+    switch (dt) {
+    case NA_DTYPE_F32: return ((const float *)p)[i];
+    case NA_DTYPE_F64: return (float)((const double *)p)[i];
+    case NA_DTYPE_F16: return na_f16_bits_to_f32(((const uint16_t *)p)[i]);
+    case NA_DTYPE_BF16: return na_bf16_bits_to_f32(((const uint16_t *)p)[i]);
+    case NA_DTYPE_I32: return (float)((const int32_t *)p)[i];
+    case NA_DTYPE_U8: return (float)((const uint8_t *)p)[i];
+    default: return NAN;
+    }
+}
+static __device__ __forceinline__ void na_st_d(void *p, int dt, int64_t i, double v) {
+    switch (dt) {
+    case NA_DTYPE_F32: ((float *)p)[i] = (float)v; break;
+    case NA_DTYPE_F64: ((double *)p)[i] = v; break;
+    case NA_DTYPE_F16: ((uint16_t *)p)[i] = na_f32_to_f16_bits((float)v); break;
+    case NA_DTYPE_BF16: ((uint16_t *)p)[i] = na_f32_to_bf16_bits((float)v); break;
+    case NA_DTYPE_I32: ((int32_t *)p)[i] = na_d_to_i32(v); break;
+    case NA_DTYPE_U8: ((uint8_t *)p)[i] = na_d_to_u8(v); break;
+    default: break;
+    }
+}
+static __device__ __forceinline__ void na_st_f(void *p, int dt, int64_t i, float v) {
+    switch (dt) {
+    case NA_DTYPE_F32: ((float *)p)[i] = v; break;
+    case NA_DTYPE_F64: ((double *)p)[i] = (double)v; break;
+    case NA_DTYPE_F16: ((uint16_t *)p)[i] = na_f32_to_f16_bits(v); break;
+    case NA_DTYPE_BF16: ((uint16_t *)p)[i] = na_f32_to_bf16_bits(v); break;
+    case NA_DTYPE_I32: ((int32_t *)p)[i] = na_d_to_i32((double)v); break;
+    case NA_DTYPE_U8: ((uint8_t *)p)[i] = na_d_to_u8((double)v); break;
+    default: break;
+    }
+}
+/* Loads/stores in compute type C (float or double). */
+template <typename C> __device__ __forceinline__ C na_ld(const void *p, int dt, int64_t i);
+template <> __device__ __forceinline__ float na_ld<float>(const void *p, int dt, int64_t i) {
+    return na_ld_f(p, dt, i);
+}
+template <> __device__ __forceinline__ double na_ld<double>(const void *p, int dt, int64_t i) {
+    return na_ld_d(p, dt, i);
+}
+static __device__ __forceinline__ void na_st(void *p, int dt, int64_t i, float v) { na_st_f(p, dt, i, v); }
+static __device__ __forceinline__ void na_st(void *p, int dt, int64_t i, double v) { na_st_d(p, dt, i, v); }
+
+/* Compute-type math overloads (float / double). */
+static __device__ __forceinline__ float na_exp(float x) { return expf(x); }
+static __device__ __forceinline__ double na_exp(double x) { return exp(x); }
+static __device__ __forceinline__ float na_log(float x) { return logf(x); }
+static __device__ __forceinline__ double na_log(double x) { return log(x); }
+static __device__ __forceinline__ float na_sqrt(float x) { return sqrtf(x); }
+static __device__ __forceinline__ double na_sqrt(double x) { return sqrt(x); }
+
+/* ---- strided geometry ---------------------------------------------------------------- */
+struct na_strided {
+    int ndim;
+    int64_t shape[NA_MAX_DIMS];
+    int64_t stride[NA_MAX_DIMS];
+};
+
+/* Element offset of the flat C-order index i. */
+static __device__ __forceinline__ int64_t na_strided_offset(const na_strided &g, int64_t i) {
+    int64_t off = 0;
+    for (int d = g.ndim - 1; d >= 0; d--) {
+        int64_t s = g.shape[d];
+        int64_t q = i / s;
+        off += (i - q * s) * g.stride[d];
+        i = q;
+    }
+    return off;
+}
+
+/* Contiguous (C order) ignoring the strides of size-1 dims. */
+static inline bool na_cuda_is_contiguous(const na_tensor *t) {
+    int64_t expect = 1;
+    for (int d = t->ndim - 1; d >= 0; d--) {
+        if (t->shape[d] != 1 && t->stride[d] != expect) return false;
+        expect *= t->shape[d];
+    }
+    return true;
+}
+
+static inline na_strided na_strided_of(const na_tensor *t) {
+    na_strided g;
+    g.ndim = t->ndim;
+    for (int d = 0; d < NA_MAX_DIMS; d++) {
+        g.shape[d] = d < t->ndim ? t->shape[d] : 1;
+        g.stride[d] = d < t->ndim ? t->stride[d] : 0;
+    }
+    return g;
+}
+
+/* ---- block reductions ---------------------------------------------------------------- */
+/* Blocks are (TX, TY): each row y of the block cooperates on one item; blockDim.x is a
+ * multiple of 32 (at most 1024). Every thread of the block must call these (they sync).
+ * `smem` holds blockDim.x/32 * blockDim.y values of T. The result is returned to every
+ * thread of the row, combined in a fixed order. */
+struct na_op_sum {
+    template <typename T> __device__ __forceinline__ T operator()(T a, T b) const { return a + b; }
+};
+struct na_op_max {
+    /* NaN wins, as in PyTorch */
+    template <typename T> __device__ __forceinline__ T operator()(T a, T b) const {
+        return (a != a || a > b) ? a : b;
+    }
+};
+
+template <typename T, class Op>
+__device__ __forceinline__ T na_row_reduce(T v, Op op, T *smem) {
+    for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+    if (blockDim.x == 32) return v;
+    const int warps = blockDim.x >> 5;
+    T *s = smem + threadIdx.y * warps;
+    __syncthreads(); /* smem may still be read by a previous call */
+    if ((threadIdx.x & 31) == 0) s[threadIdx.x >> 5] = v;
+    __syncthreads();
+    v = s[0];
+    for (int w = 1; w < warps; w++) v = op(v, s[w]);
+    return v;
+}
+
+/* (value, index) pairs for max with the first index among equals; NaN wins (first NaN). */
+template <typename T>
+__device__ __forceinline__ bool na_better(T bv, int64_t bi, T av, int64_t ai) {
+    bool bn = bv != bv, an = av != av;
+    if (bn) return !an || bi < ai;
+    if (an) return false;
+    return bv > av || (bv == av && bi < ai);
+}
+
+template <typename T>
+__device__ __forceinline__ void na_row_reduce_argmax(T &v, int64_t &idx, T *sv, int64_t *si) {
+    for (int o = 16; o > 0; o >>= 1) {
+        T ov = __shfl_xor_sync(0xffffffffu, v, o);
+        int64_t oi = __shfl_xor_sync(0xffffffffu, idx, o);
+        if (na_better(ov, oi, v, idx)) { v = ov; idx = oi; }
+    }
+    if (blockDim.x == 32) return;
+    const int warps = blockDim.x >> 5;
+    T *s = sv + threadIdx.y * warps;
+    int64_t *t = si + threadIdx.y * warps;
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) { s[threadIdx.x >> 5] = v; t[threadIdx.x >> 5] = idx; }
+    __syncthreads();
+    v = s[0];
+    idx = t[0];
+    for (int w = 1; w < warps; w++)
+        if (na_better(s[w], t[w], v, idx)) { v = s[w]; idx = t[w]; }
+}
+
+/* Threads along x for a row of `len` elements: 32 .. 1024, a multiple of 32. */
+static inline int na_row_threads(int64_t len) {
+    if (len <= 64) return 32;
+    if (len <= 256) return 64;
+    if (len <= 1024) return 128;
+    if (len <= 4096) return 256;
+    return 512;
+}
+
+/* ---- cross-file helpers ------------------------------------------------------------------ */
+/* gemm with separate input/output dtypes (a, b: ab_type; c: c_type). Used by the backend's
+ * gemm (same dtypes) and the im2col convolution fallback (f16/bf16 in, f32 out). */
+int na_cuda_gemm_ex(const na_gemm_args *g, na_dtype c_type);
+/* y[n, c, s] (+)= bias[c] then optional relu, for y viewed as [outer, channels, inner]. */
+int na_cuda_add_bias(void *y, na_dtype ydt, const void *bias, na_dtype bdt, int64_t outer,
+                     int64_t channels, int64_t inner, bool relu);
+/* dst (contiguous, dst_dt) = src (contiguous, src_dt), n elements */
+int na_cuda_convert(void *dst, na_dtype dst_dt, const void *src, na_dtype src_dt, int64_t n);
+
+/* backend entry points defined in the kernel files */
+int na_cuda_fill(na_tensor *t, double value);
+int na_cuda_arange(na_tensor *t, double start, double step);
+int na_cuda_fill_uniform(na_tensor *t, double lo, double hi, uint64_t seed, uint64_t offset);
+int na_cuda_fill_normal(na_tensor *t, double mean, double std, uint64_t seed, uint64_t offset);
+int na_cuda_dropout_mask(na_tensor *mask, double p, uint64_t seed, uint64_t offset);
+int na_cuda_copy(na_tensor *dst, const na_tensor *src);
+int na_cuda_unary(na_unary_op op, const na_tensor *x, na_tensor *y, double a, double b);
+int na_cuda_unary_backward(na_unary_op op, const na_tensor *x, const na_tensor *y,
+                           const na_tensor *gy, na_tensor *gx, double a, double b);
+int na_cuda_binary(na_binary_op op, const na_tensor *a, const na_tensor *b, na_tensor *out,
+                   const na_broadcast *bc);
+int na_cuda_reduce(na_reduce_op op, const na_tensor *x, na_tensor *out, na_tensor *idx,
+                   int64_t outer, int64_t r, int64_t inner);
+int na_cuda_argmax(const na_tensor *x, na_tensor *idx, int64_t outer, int64_t r, int64_t inner);
+int na_cuda_scatter_max_grad(const na_tensor *gy, const na_tensor *idx, na_tensor *gx,
+                             int64_t outer, int64_t r, int64_t inner);
+int na_cuda_softmax(const na_tensor *x, na_tensor *y, int64_t rows, int64_t cols, bool log);
+int na_cuda_softmax_backward(const na_tensor *y, const na_tensor *gy, na_tensor *gx,
+                             int64_t rows, int64_t cols, bool log);
+int na_cuda_cross_entropy(const na_tensor *logits, const na_tensor *labels, na_tensor *loss,
+                          na_tensor *lse, double smoothing);
+int na_cuda_cross_entropy_backward(const na_tensor *logits, const na_tensor *labels,
+                                   const na_tensor *lse, const na_tensor *g, na_tensor *gx,
+                                   double smoothing);
+int na_cuda_gemm(const na_gemm_args *args);
+int na_cuda_conv2d(const na_conv_geom *g, const na_tensor *x, const na_tensor *w,
+                   const na_tensor *bias, na_tensor *y);
+int na_cuda_conv2d_backward_data(const na_conv_geom *g, const na_tensor *gy, const na_tensor *w,
+                                 na_tensor *gx);
+int na_cuda_conv2d_backward_weight(const na_conv_geom *g, const na_tensor *x,
+                                   const na_tensor *gy, na_tensor *gw);
+int na_cuda_max_pool2d(const na_conv_geom *g, const na_tensor *x, na_tensor *y, na_tensor *idx);
+int na_cuda_max_pool2d_backward(const na_conv_geom *g, const na_tensor *gy, const na_tensor *idx,
+                                na_tensor *gx);
+int na_cuda_avg_pool2d(const na_conv_geom *g, const na_tensor *x, na_tensor *y);
+int na_cuda_avg_pool2d_backward(const na_conv_geom *g, const na_tensor *gy, na_tensor *gx);
+int na_cuda_batch_norm_train(const na_tensor *x, const na_tensor *gamma, const na_tensor *beta,
+                             na_tensor *running_mean, na_tensor *running_var, na_tensor *y,
+                             na_tensor *save_mean, na_tensor *save_invstd, int64_t n, int64_t c,
+                             int64_t s, double momentum, double eps);
+int na_cuda_batch_norm_eval(const na_tensor *x, const na_tensor *gamma, const na_tensor *beta,
+                            const na_tensor *running_mean, const na_tensor *running_var,
+                            na_tensor *y, int64_t n, int64_t c, int64_t s, double eps);
+int na_cuda_batch_norm_backward(const na_tensor *x, const na_tensor *gy, const na_tensor *gamma,
+                                const na_tensor *mean, const na_tensor *invstd, na_tensor *gx,
+                                na_tensor *ggamma, na_tensor *gbeta, int64_t n, int64_t c,
+                                int64_t s, bool train);
+int na_cuda_sgd_step(const na_optim_tensors *t, const na_optim_hparams *h);
+int na_cuda_adam_step(const na_optim_tensors *t, const na_optim_hparams *h);
+int na_cuda_l2norm(int n, const na_tensor *const *xs, na_tensor *norm, na_tensor *coef,
+                   double max_norm);
+int na_cuda_amp_unscale(int n, const na_tensor *const *in, na_tensor *const *out,
+                        const na_tensor *scale, na_tensor *found_inf);
+int na_cuda_amp_update_scale(int kind, const double *hp, na_tensor *scale, na_tensor *counters,
+                             int n_found, const na_tensor *const *found_infs);
+
+#endif
