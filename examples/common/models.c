@@ -1,5 +1,7 @@
 #include "models.h"
 
+#include <string.h>
+
 na_module *model_mnist_mlp(void) {
     return NA_SEQUENTIAL(na_flatten_new(1), na_linear_new(784, 256, true), na_relu_new(),
                          na_linear_new(256, 10, true));
@@ -34,6 +36,27 @@ na_module *model_resnet9(void) {
                          conv_bn_relu(64, 128, false, true), residual(128),         /* layer1 */
                          conv_bn_relu(128, 256, false, true),                       /* layer2 */
                          conv_bn_relu(256, 512, false, true), residual(512),        /* layer3 */
-                         na_global_max_pool2d_new(), na_linear_new(512, 10, true),
+                         na_global_max_pool2d_new(), na_linear_new(512, 10, false),
                          na_scale_new(0.125));
+}
+
+na_module *model_by_name(const char *name, int64_t input_shape[4]) {
+    int64_t c = 1, hw = 28;
+    na_module *m;
+    if (name && !strcmp(name, "mlp")) {
+        m = model_mnist_mlp();
+    } else if (name && !strcmp(name, "cnn")) {
+        m = model_mnist_cnn();
+    } else if (name && !strcmp(name, "resnet9")) {
+        m = model_resnet9();
+        c = 3, hw = 32;
+    } else {
+        na_set_error(NA_EINVAL, "model_by_name: unknown model '%s' (expected %s)",
+                     name ? name : "(null)", MODEL_NAMES);
+        return NULL;
+    }
+    if (m && input_shape) {
+        input_shape[0] = 1, input_shape[1] = c, input_shape[2] = hw, input_shape[3] = hw;
+    }
+    return m;
 }

@@ -10,7 +10,11 @@ na_module *model_mnist_mlp(void);
 na_module *model_mnist_cnn(void);
 /* The ResNet-9 of the DAWNBench CIFAR-10 record: prep conv 64; layer1 conv 128 + maxpool +
  * residual(conv 128, conv 128); layer2 conv 256 + maxpool; layer3 conv 512 + maxpool +
- * residual(conv 512, conv 512); global max pool; linear 512 -> 10; output * 0.125. Every conv
+ * residual(conv 512, conv 512); global max pool; linear 512 -> 10 (no bias); output * 0.125. Every conv
  * is 3x3, pad 1, no bias, followed by BN and ReLU. */
 na_module *model_resnet9(void);
+#define MODEL_NAMES "mlp, cnn or resnet9"
+/* The model called `name` ("mlp", "cnn", "resnet9"); input_shape (may be NULL) receives the
+ * shape of one input image as [1, C, H, W]. NULL with an error for an unknown name. */
+na_module *model_by_name(const char *name, int64_t input_shape[4]);
 #endif

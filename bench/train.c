@@ -1,0 +1,232 @@
+/* bench/train.c — one training configuration: step time, images/s, peak memory and host
+ * round trips per step.
+ *
+ * The model (examples/common/models.h) trains on one fixed random batch (x ~ N(0, 1), labels uniform in
+ * 0..9) that stays on the device: data loading is not part of the step. One step is
+ * forward, cross-entropy (mean), backward, the optimizer step (SGD, lr 0.01, momentum 0.9),
+ * zero_grad and na_step_end, in one of the amp modes:
+ *   off    f32
+ *   fp16   autocast f16 around forward + loss, GradScaler (PyTorch's defaults)
+ *   bf16   autocast bf16 around forward + loss, no loss scaling (PyTorch's recipe)
+ *   o2     Apex O2: the model converted to f16 except BatchNorm (na_model_to_half), f32
+ *          master weights and dynamic loss scaling (na_fp16_optimizer)
+ *
+ * Timing: --warmup steps first, then --repeats blocks of --steps steps; each block is timed
+ * from a synchronized device to a synchronized device and gives one figure (block time /
+ * steps). Reported: the median, min, max and quartiles of the per-step time over the blocks.
+ * Host round trips: na_cuda_sync_count() over the timed steps, not counting the benchmark's
+ * own synchronizations at block ends. Memory: the process's peak RSS (getrusage) and its RSS
+ * before the model was built; on CUDA nanoamp's peak device bytes. Run each configuration in a
+ * fresh process (bench/run does) so peaks do not mix. bench/torch/train.py is the twin. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench.h"
+#include "bench_util.h"
+#include "../examples/common/models.h"
+
+typedef enum { AMP_OFF, AMP_FP16, AMP_BF16, AMP_O2 } amp_mode;
+static const char *const amp_names[] = {"off", "fp16", "bf16", "o2"};
+
+typedef struct {
+    amp_mode amp;
+    na_module *net;             /* the model (for o2: the FP16Model wrapper) */
+    na_optim *opt;              /* off, fp16, bf16 */
+    na_grad_scaler *gs;         /* fp16 */
+    na_fp16_optimizer *fo;      /* o2 (owns its optimizer) */
+    na_tensor *x, *y;           /* the batch: f32 [B, C, H, W], i32 [B] */
+    na_tensor *loss;            /* the last step's loss (valid until na_step_end) */
+} bench_trainer;
+
+/* One training step; keeps the loss (a step tensor) and does not end the step. */
+static int train_step(bench_trainer *t) {
+    na_tensor *logits, *loss = NULL;
+    switch (t->amp) {
+    case AMP_OFF:
+        logits = na_module_forward(t->net, t->x);
+        loss = logits ? na_cross_entropy(logits, t->y, NULL) : NULL;
+        if (!loss || na_backward(loss, NULL) || na_optim_step(t->opt, NULL)) return -1;
+        break;
+    case AMP_FP16:
+    case AMP_BF16:
+        if (na_autocast_begin(t->amp == AMP_FP16 ? NA_DTYPE_F16 : NA_DTYPE_BF16)) return -1;
+        logits = na_module_forward(t->net, t->x);
+        loss = logits ? na_cross_entropy(logits, t->y, NULL) : NULL;
+        na_autocast_end();
+        if (!loss) return -1;
+        if (t->amp == AMP_BF16) {
+            if (na_backward(loss, NULL) || na_optim_step(t->opt, NULL)) return -1;
+        } else {
+            na_tensor *scaled = na_grad_scaler_scale(t->gs, loss);
+            if (!scaled || na_backward(scaled, NULL) || na_grad_scaler_step(t->gs, t->opt) ||
+                na_grad_scaler_update(t->gs))
+                return -1;
+        }
+        break;
+    case AMP_O2:
+        logits = na_module_forward(t->net, t->x);
+        loss = logits ? na_cross_entropy(logits, t->y, NULL) : NULL;
+        if (!loss || na_fp16_optimizer_backward(t->fo, loss, true) ||
+            na_fp16_optimizer_step(t->fo) || na_fp16_optimizer_zero_grad(t->fo))
+            return -1;
+        t->loss = loss;
+        return 0;
+    }
+    if (na_optim_zero_grad(t->opt)) return -1;
+    t->loss = loss;
+    return 0;
+}
+
+static int setup(bench_trainer *t, const char *model, na_device dev, int64_t batch) {
+    int64_t shape[4];
+    na_module *net = model_by_name(model, shape);
+    if (!net || na_module_to(net, dev)) return -1;
+    na_sgd_cfg sgd = NA_SGD_DEFAULTS;
+    sgd.lr = 0.01, sgd.momentum = 0.9;
+    if (t->amp == AMP_O2) {
+        t->net = na_model_to_half(net, NA_DTYPE_F16);
+        if (!t->net) return -1;
+        na_fp16_optimizer_cfg fc = NA_FP16_OPTIMIZER_DYNAMIC;
+        na_optim *inner = na_sgd_new(NULL, &sgd);
+        t->fo = inner ? na_fp16_optimizer_new(inner, t->net, &fc) : NULL;
+        if (!t->fo) return -1;
+    } else {
+        t->net = net;
+        t->opt = na_sgd_new(net, &sgd);
+        if (!t->opt) return -1;
+        if (t->amp == AMP_FP16 && !(t->gs = na_grad_scaler_new(NULL))) return -1;
+    }
+    na_module_train(t->net, true);
+
+    shape[0] = batch;
+    t->x = na_tensor_new(NA_DTYPE_F32, dev, 4, shape);
+    t->y = na_tensor_new(NA_DTYPE_I32, dev, NA_SHAPE(batch));
+    int32_t *labels = malloc(sizeof(int32_t) * (size_t)batch);
+    if (!t->x || !t->y || !labels) return -1;
+    uint64_t s = 0x9E3779B97F4A7C15ull;
+    for (int64_t i = 0; i < batch; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        labels[i] = (int32_t)((s >> 33) % 10);
+    }
+    na_tensor *r = na_randn(NA_DTYPE_F32, dev, 4, shape, 0.0, 1.0);
+    int rc = !r || na_copy_(t->x, r) || na_copy_from_host(t->y, labels) ? -1 : 0;
+    free(labels);
+    na_step_end();
+    return rc;
+}
+
+static void teardown(bench_trainer *t) {
+    na_fp16_optimizer_free(t->fo);
+    na_grad_scaler_free(t->gs);
+    na_optim_free(t->opt);
+    na_module_free(t->net);
+    na_tensor_free(t->x);
+    na_tensor_free(t->y);
+}
+
+int bench_train_main(int argc, char **argv) {
+    const char *model = "mlp";
+    na_device dev = NA_DEVICE_CPU;
+    amp_mode amp = AMP_OFF;
+    int64_t batch = 128, warmup = 5, repeats = 10, steps = 5;
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--model")) {
+            model = bench_arg_str(argc, argv, &i);
+        } else if (!strcmp(a, "--device")) {
+            if (bench_parse_device(bench_arg_str(argc, argv, &i), &dev)) return 2;
+        } else if (!strcmp(a, "--amp")) {
+            const char *v = bench_arg_str(argc, argv, &i);
+            int k = 0;
+            while (k < 4 && strcmp(v, amp_names[k])) k++;
+            if (k == 4) {
+                fprintf(stderr, "na-bench train: --amp expects off, fp16, bf16 or o2, got '%s'\n", v);
+                return 2;
+            }
+            amp = (amp_mode)k;
+        } else if (!strcmp(a, "--batch")) {
+            batch = bench_arg_i64(argc, argv, &i, 1);
+        } else if (!strcmp(a, "--warmup")) {
+            warmup = bench_arg_i64(argc, argv, &i, 0);
+        } else if (!strcmp(a, "--repeats")) {
+            repeats = bench_arg_i64(argc, argv, &i, 1);
+        } else if (!strcmp(a, "--steps")) {
+            steps = bench_arg_i64(argc, argv, &i, 1);
+        } else {
+            fprintf(stderr, "na-bench train: unknown option '%s'\n"
+                            "usage: na-bench train --model %s [--device cpu|cuda] "
+                            "[--amp off|fp16|bf16|o2] [--batch N] [--warmup N] [--repeats N] "
+                            "[--steps N]\n", a, MODEL_NAMES);
+            return 2;
+        }
+    }
+    char key[128];
+    snprintf(key, sizeof key, "train/%s/%s/%s", na_device_name(dev), model, amp_names[amp]);
+    if (bench_check_device(dev, key)) return 3;
+    if (dev == NA_DEVICE_CUDA && amp == AMP_BF16 && !na_cuda_bf16_supported()) {
+        na_set_error(NA_EDTYPE, "bf16 needs a CUDA device of compute capability 8.0 or newer");
+        return bench_fail(key, "setup");
+    }
+
+    double base_rss = bench_rss_now_mib();
+    na_manual_seed(0);
+    bench_trainer t = {.amp = amp};
+    if (setup(&t, model, dev, batch)) return bench_fail(key, "setup");
+
+    for (int64_t i = 0; i < warmup; i++) {
+        if (train_step(&t)) return bench_fail(key, "warm-up step");
+        na_step_end();
+    }
+    double *per_step = calloc((size_t)repeats, sizeof *per_step);
+    if (!per_step) return bench_fail(key, "out of memory");
+    /* the last step's loss is copied here on the device (no round trip) and read at the end */
+    na_tensor *last_loss = na_tensor_new(NA_DTYPE_F32, dev, 0, NULL);
+    if (!last_loss) return bench_fail(key, "setup");
+    uint64_t syncs = 0;
+    for (int64_t r = 0; r < repeats; r++) {
+        bench_sync(dev);
+        uint64_t c0 = na_cuda_sync_count();
+        double t0 = bench_now_s();
+        for (int64_t i = 0; i < steps; i++) {
+            if (train_step(&t)) return bench_fail(key, "step");
+            if (r == repeats - 1 && i == steps - 1 && na_copy_(last_loss, t.loss))
+                return bench_fail(key, "keeping the loss");
+            na_step_end();
+        }
+        syncs += na_cuda_sync_count() - c0;
+        bench_sync(dev);
+        per_step[r] = (bench_now_s() - t0) / (double)steps * 1e3;
+    }
+    double loss = na_item(last_loss);
+    na_tensor_free(last_loss);
+
+    bench_stats st = bench_stats_of(per_step, (int)repeats);
+    bench_json j;
+    bench_json_begin(&j, stdout);
+    bench_json_str(&j, "bench", "train");
+    bench_json_str(&j, "key", key);
+    bench_json_str(&j, "impl", "nanoamp");
+    bench_json_str(&j, "model", model);
+    bench_json_str(&j, "device", na_device_name(dev));
+    bench_json_str(&j, "amp", amp_names[amp]);
+    bench_json_int(&j, "batch", batch);
+    bench_json_int(&j, "warmup", warmup);
+    bench_json_int(&j, "repeats", repeats);
+    bench_json_int(&j, "steps", steps);
+    bench_json_int(&j, "params", na_module_num_params(t.net));
+    bench_json_stats(&j, "step_ms", &st);
+    bench_json_num(&j, "images_per_s", (double)batch / (st.median * 1e-3));
+    bench_json_num(&j, "loss", loss);
+    bench_json_num(&j, "peak_rss_mib", bench_peak_rss_mib());
+    bench_json_num(&j, "base_rss_mib", base_rss);
+    if (dev == NA_DEVICE_CUDA) {
+        bench_json_num(&j, "cuda_peak_mib", (double)na_cuda_peak_bytes() / (1024.0 * 1024.0));
+        bench_json_num(&j, "syncs_per_step", (double)syncs / (double)(repeats * steps));
+    }
+    bench_json_end(&j);
+    free(per_step);
+    teardown(&t);
+    return 0;
+}
