@@ -295,7 +295,14 @@ static void run_parity(const char *label, op_fn f, void *ctx, int n, const in_sp
             what("%s", buf);
             cr_assert((lc[i]->grad != NULL) == (lg[i]->grad != NULL),
                       CTX "gradient present on one device only", CTXA);
-            if (lc[i]->grad) compare_tensors(lg[i]->grad, lc[i]->grad, tol, buf);
+            /* The gradient of a broadcast input sums k = out/in products; the two backends sum
+             * in different orders (CPU pairwise, CUDA a tree), whose rounding differs by about
+             * sqrt(k) f32 ulps of the summands, and cancellation makes that large relative to
+             * the result: widen the tolerance by sqrt(k) for such inputs (seen on the H200:
+             * [1] * [5, 1000], k = 5000, relative error 1.5e-5). */
+            double k = lc[i]->numel ? (double)oc->numel / (double)lc[i]->numel : 1.0;
+            double gtol = k > 1.0 && spec[i].dt != NA_DTYPE_F64 ? tol * sqrt(k) : tol;
+            if (lc[i]->grad) compare_tensors(lg[i]->grad, lc[i]->grad, gtol, buf);
         }
     }
     for (int i = 0; i < n; i++) {
@@ -924,7 +931,9 @@ Test(cuda_kernels, random_fills) {
             rt_cmp(t, 0, "uniform (bit-identical)");
             rt_poison(t);
             BOTH(be->fill_normal(T(t), 1, 2, seed, off));
-            rt_cmp(t, dt == NA_DTYPE_F64 ? 1e-12 : tol_of(dt), "normal");
+            /* normals are made in f32 through each side's logf/sinf/cosf, which differ by an
+             * ulp or so (kernels/common/philox.h): f32-level agreement, also for f64 */
+            rt_cmp(t, na_dtype_size(dt) >= 4 ? 1e-6 : tol_of(dt), "normal");
             rt_poison(t);
             BOTH(be->dropout_mask(T(t), 0.3, seed, off));
             rt_cmp(t, 0, "dropout mask (bit-identical)");
