@@ -1,5 +1,5 @@
-/* amp-underflow — gradients that underflow to zero in f16 without loss scaling, and survive with it.
- * Lesson of docs/mixed-precision.md; the numbers it prints are the ones the guide quotes
+/* amp-underflow — gradients that underflow to zero in f16 without loss scaling, and survive with
+ * it. Lesson of docs/mixed-precision.md; the numbers it prints are the ones the guide quotes
  * (tests/test_amp_lessons.c checks both). */
 #include <stdio.h>
 

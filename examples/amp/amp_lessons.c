@@ -43,13 +43,14 @@ static na_tensor *leaf(na_dtype dt, int ndim, const int64_t *shape, double fill)
     return t;
 }
 
-/* ==== 1. underflow ===================================================================================
- * A layer y = x W^T (x = [[1]], W [8, 1]) whose output gradients are tiny: loss = sum(y * g)
- * with g = 1e-3 ... 1e-10, so dL/dW = g. Under f16 autocast the gradient reaching the f16
- * layer is g rounded to f16: below 2^-25 it is 0, below 2^-14 it keeps fewer bits. Scaling
- * the loss by 65536 moves g into f16's range; unscaling happens in f32. */
+/* ==== 1. underflow ============================================================================ */
+/* A layer y = x W^T (x = [[1]], W [8, 1]) whose output gradients are tiny: loss = sum(y * g)
+ * with g = 1e-3 ... 1e-10, so dL/dW = g. Under f16 autocast the gradient reaching the f16 layer
+ * is g rounded to f16: below 2^-25 it is 0, below 2^-14 it keeps fewer bits. Scaling the loss by
+ * 65536 moves g into f16's range; unscaling happens in f32. */
 
-static const double underflow_g[AMP_UNDERFLOW_N] = {1e-3, 1e-4, 1e-5, 1e-6, 1e-7, 1e-8, 1e-9, 1e-10};
+static const double underflow_g[AMP_UNDERFLOW_N] = {1e-3, 1e-4, 1e-5, 1e-6,
+                                                    1e-7, 1e-8, 1e-9, 1e-10};
 
 static int underflow_run(bool scaled, double scale, double *grad) {
     na_tensor *w = leaf(NA_DTYPE_F32, NA_SHAPE(AMP_UNDERFLOW_N, 1), 1.0);
@@ -105,7 +106,8 @@ static void formats(amp_underflow_result *r) {
         round_trip(H, ldexp(1, -25)) == 0 && round_trip(H, 1 + r->f16_eps) == 1 + r->f16_eps &&
         round_trip(H, 1 + r->f16_eps / 2) == 1 && round_trip(B, r->bf16_max) == r->bf16_max &&
         round_trip(B, r->bf16_min_normal) == r->bf16_min_normal &&
-        round_trip(B, 1 + r->bf16_eps) == 1 + r->bf16_eps && round_trip(B, 1 + r->bf16_eps / 2) == 1;
+        round_trip(B, 1 + r->bf16_eps) == 1 + r->bf16_eps &&
+        round_trip(B, 1 + r->bf16_eps / 2) == 1;
     na_step_end();
     amp_quotes *q = &r->quotes;
     quote(q, "fmt_max", "largest finite        %-12.6g %-12.6g %-12.6g", r->f16_max, r->bf16_max,
@@ -135,7 +137,9 @@ int amp_lesson_underflow(amp_underflow_result *r) {
         if (r->plain[i] == 0) r->zeros_plain++;
         else r->max_rel_err_plain = fmax(r->max_rel_err_plain, fabs(r->plain[i] / r->truth[i] - 1));
         if (r->scaled[i] == 0) r->zeros_scaled++;
-        else r->max_rel_err_scaled = fmax(r->max_rel_err_scaled, fabs(r->scaled[i] / r->truth[i] - 1));
+        else
+            r->max_rel_err_scaled =
+                fmax(r->max_rel_err_scaled, fabs(r->scaled[i] / r->truth[i] - 1));
     }
     amp_quotes *q = &r->quotes;
     for (int i = 0; i < AMP_UNDERFLOW_N; i++) {
@@ -160,11 +164,11 @@ void amp_underflow_print(const amp_underflow_result *r, FILE *out) {
             amp_quote_get(&r->quotes, "zeros_scaled"), amp_quote_get(&r->quotes, "err_scaled"));
 }
 
-/* ==== 2. overflow =====================================================================================
- * A linear regression y = x w^T trained with f16 autocast and a GradScaler (65536, x2 after 4
- * clean steps, x0.5 on overflow). At step 5 one batch has inputs 1000 times too large: its
- * scaled f16 gradients overflow to inf, the scaler finds it, the optimizer kernel skips the
- * step (weights untouched), the scale halves, and 4 clean steps later it is back. */
+/* ==== 2. overflow ============================================================================= */
+/* A linear regression y = x w^T trained with f16 autocast and a GradScaler (65536, x2 after 4
+ * clean steps, x0.5 on overflow). At step 5 one batch has inputs 1000 times too large: its scaled
+ * f16 gradients overflow to inf, the scaler finds it, the optimizer kernel skips the step
+ * (weights untouched), the scale halves, and 4 clean steps later it is back. */
 
 int amp_lesson_overflow(amp_overflow_result *r) {
     *r = (amp_overflow_result){.recovered_at = -1};
@@ -240,8 +244,8 @@ void amp_overflow_print(const amp_overflow_result *r, FILE *out) {
             amp_quote_get(&r->quotes, "recovered"));
 }
 
-/* ==== 3. trace ==========================================================================================
- * One training step of the MNIST CNN on random input, f16 autocast, traced. */
+/* ==== 3. trace ================================================================================ */
+/* One training step of the MNIST CNN on random input, f16 autocast, traced. */
 
 na_module *amp_mnist_cnn(void) {
     na_conv2d_opts pad1 = {.padding = {1, 1}};
@@ -322,11 +326,11 @@ void amp_trace_print(const amp_trace_result *r, FILE *out) {
             r->loss, r->scale);
 }
 
-/* ==== 4. master weights ====================================================================================
- * A weight at 1.0 receives the same small update (lr 1e-3 x gradient -0.1) 1000 times. Stored
- * in f16 it never moves: 1e-4 is less than half the f16 spacing at 1.0 (2^-11), so every
- * rounded sum is 1.0 again. The fp16 optimizer adds the updates to an f32 master and copies it
- * to the f16 weight, which then moves as the f32 reference does. */
+/* ==== 4. master weights ======================================================================= */
+/* A weight at 1.0 receives the same small update (lr 1e-3 x gradient -0.1) 1000 times. Stored
+ * in f16 it never moves: 1e-4 is less than half the f16 spacing at 1.0 (2^-11), so every rounded
+ * sum is 1.0 again. The fp16 optimizer adds the updates to an f32 master and copies it to the f16
+ * weight, which then moves as the f32 reference does. */
 
 int amp_lesson_master_weights(amp_master_result *r) {
     *r = (amp_master_result){.steps = 1000, .lr = 1e-3, .grad = -0.1,

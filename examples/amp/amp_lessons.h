@@ -30,7 +30,7 @@ typedef struct {
 /* The quote under key ("" when absent). */
 const char *amp_quote_get(const amp_quotes *qs, const char *key);
 
-/* ---- 1. underflow ------------------------------------------------------------------------------ */
+/* ---- 1. underflow ---------------------------------------------------------------------------- */
 #define AMP_UNDERFLOW_N 8
 typedef struct {
     /* the formats, each value checked through nanoamp's own casts (f32 -> f16/bf16 -> f32) */
@@ -51,7 +51,7 @@ void amp_underflow_print(const amp_underflow_result *r, FILE *out);
 /* The f16/bf16/f32 table the guide opens with (part of amp-underflow's output). */
 void amp_formats_print(const amp_underflow_result *r, FILE *out);
 
-/* ---- 2. overflow --------------------------------------------------------------------------------- */
+/* ---- 2. overflow ----------------------------------------------------------------------------- */
 #define AMP_OVERFLOW_STEPS 12
 #define AMP_OVERFLOW_BAD_STEP 5
 typedef struct {
@@ -66,7 +66,7 @@ typedef struct {
 int amp_lesson_overflow(amp_overflow_result *r);
 void amp_overflow_print(const amp_overflow_result *r, FILE *out);
 
-/* ---- 3. trace ------------------------------------------------------------------------------------- */
+/* ---- 3. trace -------------------------------------------------------------------------------- */
 #define AMP_TRACE_MAX 96
 typedef struct {
     int n;
@@ -84,7 +84,7 @@ na_module *amp_mnist_cnn(void);
 int amp_lesson_trace(amp_trace_result *r);
 void amp_trace_print(const amp_trace_result *r, FILE *out);
 
-/* ---- 4. master weights ---------------------------------------------------------------------------- */
+/* ---- 4. master weights ----------------------------------------------------------------------- */
 typedef struct {
     int steps;
     double lr, grad, update;   /* the update lr * |grad| each step */

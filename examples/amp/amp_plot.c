@@ -47,7 +47,8 @@ static void polyline(FILE *f, const row *r, int n, int top, double x0, double x1
             continue;
         }
         if (!open)
-            fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\" points=\"", color);
+            fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\" points=\"",
+                    color);
         open = true;
         fprintf(f, "%.1f,%.1f ", xmap(r[i].step, x0, x1), ymap(v, lo, hi, top));
     }
@@ -55,7 +56,8 @@ static void polyline(FILE *f, const row *r, int n, int top, double x0, double x1
 }
 
 static void frame(FILE *f, int top, const char *label) {
-    fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" stroke=\"#999\"/>\n",
+    fprintf(f,
+            "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" stroke=\"#999\"/>\n",
             LEFT, top, W - LEFT - RIGHT, PANEL);
     fprintf(f, "<text x=\"%d\" y=\"%d\" font-size=\"13\" fill=\"#333\">%s</text>\n", LEFT,
             top - 8, label);
@@ -137,7 +139,8 @@ int amp_plot_svg(FILE *csv, FILE *svg, const char *title, char *err, size_t err_
                 LEFT - 6, ymap(e, smin, smax, top2) + 4, e);
     double xs = tick_step(x1 - x0 > 0 ? x1 - x0 : 1, 8);
     for (double v = ceil(x0 / xs) * xs; v <= x1 + 1e-9; v += xs)
-        fprintf(svg, "<text x=\"%.1f\" y=\"%d\" font-size=\"11\" text-anchor=\"middle\">%g</text>\n",
+        fprintf(svg,
+                "<text x=\"%.1f\" y=\"%d\" font-size=\"11\" text-anchor=\"middle\">%g</text>\n",
                 xmap(v, x0, x1), top2 + PANEL + 16, v);
     fprintf(svg, "<text x=\"%d\" y=\"%d\" font-size=\"12\" text-anchor=\"middle\">step</text>\n",
             (LEFT + W - RIGHT) / 2, top2 + PANEL + 34);

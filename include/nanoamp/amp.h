@@ -224,6 +224,7 @@ const na_tensor *na_grad_scaler_scale_tensor(const na_grad_scaler *gs);
 /* opt's found_inf flag (f32 0-dim), or NULL if opt was never unscaled by gs. */
 const na_tensor *na_grad_scaler_found_inf(const na_grad_scaler *gs, const na_optim *opt);
 bool na_grad_scaler_is_enabled(const na_grad_scaler *gs);
+/* A disabled scaler reports NA_SCALER_STATIC: it acts as a static scale of 1. */
 na_scaler_kind na_grad_scaler_kind(const na_grad_scaler *gs);
 const char *na_scaler_kind_name(na_scaler_kind kind); /* "grad_scaler", "static", ... */
 na_grad_scaler_cfg na_grad_scaler_config(const na_grad_scaler *gs); /* current values */

@@ -111,7 +111,8 @@ static void cache_clear(void) {
 
 static int begin(bool enabled, na_dtype dt) {
     if (depth == MAX_DEPTH)
-        return na_set_error(NA_ESTATE, "na_autocast_begin: regions nest at most %d deep", MAX_DEPTH);
+        return na_set_error(NA_ESTATE, "na_autocast_begin: regions nest at most %d deep",
+                            MAX_DEPTH);
     if (depth == 0) {
         cache_clear();
         cache_generation = na_arena_generation();
@@ -142,7 +143,8 @@ int na_autocast_check_device(na_device dev, na_dtype dt) {
         return na_set_error(NA_EDTYPE, "%s: autocast computes in f16 or bf16, got %s", fn,
                             na_dtype_name(dt));
     if (dev == NA_DEVICE_CPU) return NA_OK; /* emulated bit-exactly, both dtypes */
-    if (dev != NA_DEVICE_CUDA) return na_set_error(NA_EINVAL, "%s: unknown device %d", fn, (int)dev);
+    if (dev != NA_DEVICE_CUDA)
+        return na_set_error(NA_EINVAL, "%s: unknown device %d", fn, (int)dev);
     if (!na_cuda_available())
         return na_set_error(NA_EDEVICE, "%s: autocast on cuda, but no CUDA device is available%s",
                             fn, na_cuda_built() ? "" : " (this build has no CUDA backend)");
@@ -304,7 +306,7 @@ int na_autocast_inputs(na_op op, na_tensor **ins, int n) {
     return NA_OK;
 }
 
-/* ---- the trace -------------------------------------------------------------------------------- */
+/* ---- the trace ------------------------------------------------------------------------------- */
 
 static const char *dt_name(na_dtype dt) { return dt == NA_DTYPE_COUNT ? "-" : na_dtype_name(dt); }
 
@@ -359,5 +361,6 @@ void na_amp_trace_op(na_op op, const na_tensor *out, int n_inputs, na_tensor *co
         return;
     }
     char line[160];
-    fprintf(trace_out ? trace_out : stderr, "amp: %s\n", na_amp_trace_format(&r, line, sizeof line));
+    fprintf(trace_out ? trace_out : stderr, "amp: %s\n",
+            na_amp_trace_format(&r, line, sizeof line));
 }

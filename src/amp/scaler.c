@@ -1,0 +1,501 @@
+/* Loss scaling: PyTorch's GradScaler and the Apex scalers behind one interface.
+ *
+ * The host keeps only bookkeeping (which optimizer was unscaled or stepped since the last
+ * update, as PyTorch's per-optimizer states); the numbers live on the device: the scale (f32
+ * 0-dim), four i32 counters (tracker, last overflow, updates, skipped) and one found_inf flag per
+ * optimizer. unscale_ is one fused kernel over all of an optimizer's gradients, step passes the
+ * optimizer's flag to the optimizer kernel (which skips on the device), update is one kernel
+ * that combines every optimizer's flag and applies the rule (kernels/common/amp.h). */
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/amp.h"
+#include "src/amp/amp_internal.h"
+#include "src/tensor/arena.h"
+#include "src/tensor/tensor_internal.h"
+
+typedef enum { STAGE_READY, STAGE_UNSCALED, STAGE_STEPPED } stage;
+
+typedef struct {
+    const na_optim *opt;
+    stage st;
+    na_tensor *found_inf; /* f32 0-dim on the scaler's device */
+} opt_record;
+
+enum { HP_GROWTH, HP_BACKOFF, HP_INTERVAL, HP_MIN, HP_MAX, HP_COUNT };
+static const char *const hp_names[HP_COUNT] = {"growth_factor", "backoff_factor",
+                                               "growth_interval", "min_scale", "max_scale"};
+static const char *const ctr_names[NA_AMP_CTR_COUNT] = {"_growth_tracker", "last_overflow_iter",
+                                                        "updates", "skipped_steps"};
+
+struct na_grad_scaler {
+    bool enabled;
+    bool scaled; /* scale() has been called: PyTorch's _scale exists */
+    na_device device;
+    na_tensor *scale;                         /* f32 0-dim */
+    na_tensor *counters;                      /* i32 [NA_AMP_CTR_COUNT] */
+    na_tensor *ctr_view[NA_AMP_CTR_COUNT];    /* i32 0-dim views of the counters */
+    na_tensor *kind;                          /* i32 0-dim, CPU */
+    na_tensor *hp[HP_COUNT];                  /* f64 0-dim, CPU */
+    int n_recs, cap_recs;
+    opt_record *recs;
+};
+
+/* ---- helpers shared by the amp files --------------------------------------------------------- */
+
+int na_amp_move_tensor_(na_tensor *t, na_device dev) {
+    if (!t || t->device == dev) return NA_OK;
+    na_tensor *tmp = na_tensor_new(t->dtype, dev, t->ndim, t->shape);
+    if (!tmp) return na_last_status();
+    int rc = na_copy_(tmp, t);
+    if (rc) {
+        na_tensor_free(tmp);
+        return rc;
+    }
+    void *data = tmp->data;
+    tmp->data = t->data, tmp->device = t->device;
+    t->data = data, t->device = dev;
+    na_tensor_free(tmp);
+    return NA_OK;
+}
+
+na_tensor *na_amp_persistent_view_(na_tensor *base, int64_t offset, int ndim,
+                                   const int64_t *shape) {
+    na_tensor *v = calloc(1, sizeof *v);
+    if (!v) {
+        na_set_error(NA_ENOMEM, "amp: out of host memory");
+        return NULL;
+    }
+    v->dtype = base->dtype;
+    v->device = base->device;
+    v->ndim = ndim;
+    for (int i = 0; i < ndim; i++) v->shape[i] = shape[i];
+    v->numel = na_shape_numel(ndim, shape);
+    na_set_contiguous_strides(v);
+    v->data = (char *)base->data + offset * (int64_t)na_dtype_size(base->dtype);
+    v->base = base;
+    v->persistent = true;
+    return v;
+}
+
+static void repoint_views(na_grad_scaler *gs) {
+    for (int k = 0; k < NA_AMP_CTR_COUNT; k++) {
+        gs->ctr_view[k]->data = (int32_t *)gs->counters->data + k;
+        gs->ctr_view[k]->device = gs->counters->device;
+    }
+}
+
+/* ---- making ---------------------------------------------------------------------------------- */
+
+const char *na_scaler_kind_name(na_scaler_kind kind) {
+    static const char *names[] = {"grad_scaler", "static", "apex_legacy", "apex"};
+    return (unsigned)kind < NA_AMP_KIND_COUNT ? names[kind] : "?";
+}
+
+static int validate(const char *fn, na_scaler_kind kind, double growth, double backoff,
+                    double interval, double min_s, double max_s) {
+    if ((unsigned)kind >= NA_AMP_KIND_COUNT)
+        return na_set_error(NA_EINVAL, "%s: unknown scaler kind %d", fn, (int)kind);
+    if (kind == NA_SCALER_STATIC) return NA_OK;
+    if (!(growth > 1.0) || !isfinite(growth))
+        return na_set_error(NA_EINVAL, "%s: The growth factor must be > 1.0 (got %g)", fn, growth);
+    if (kind == NA_SCALER_GRAD && !(backoff < 1.0 && backoff > 0.0))
+        return na_set_error(NA_EINVAL, "%s: The backoff factor must be < 1.0 (and > 0; got %g)",
+                            fn, backoff);
+    if (!(interval >= 1.0 && interval <= (double)INT32_MAX) || interval != floor(interval))
+        return na_set_error(NA_EINVAL, "%s: the growth interval must be an integer in [1, 2^31) "
+                            "(got %g)", fn, interval);
+    if (!(min_s >= 0.0) || !(max_s >= 0.0) || (max_s > 0.0 && min_s > max_s))
+        return na_set_error(NA_EINVAL, "%s: min_scale and max_scale must be >= 0 (0: none) with "
+                            "min <= max (got %g, %g)", fn, min_s, max_s);
+    return NA_OK;
+}
+
+void na_grad_scaler_free(na_grad_scaler *gs) {
+    if (!gs) return;
+    for (int k = 0; k < NA_AMP_CTR_COUNT; k++) na_tensor_free(gs->ctr_view[k]);
+    na_tensor_free(gs->counters);
+    na_tensor_free(gs->scale);
+    na_tensor_free(gs->kind);
+    for (int k = 0; k < HP_COUNT; k++) na_tensor_free(gs->hp[k]);
+    for (int i = 0; i < gs->n_recs; i++) na_tensor_free(gs->recs[i].found_inf);
+    free(gs->recs);
+    free(gs);
+}
+
+na_grad_scaler *na_grad_scaler_new(const na_grad_scaler_cfg *cfg) {
+    const char *fn = "na_grad_scaler_new";
+    na_grad_scaler_cfg c = cfg ? *cfg : (na_grad_scaler_cfg)NA_GRAD_SCALER_DEFAULTS;
+    if (c.enabled && validate(fn, c.kind, c.growth_factor, c.backoff_factor,
+                              (double)c.growth_interval, c.min_scale, c.max_scale))
+        return NULL; /* PyTorch checks the factors only when enabled */
+    if (c.enabled && (!(c.init_scale > 0.0) || !isfinite((float)c.init_scale))) {
+        na_set_error(NA_EINVAL, "%s: init_scale must be > 0 and finite in f32 (got %g)", fn,
+                     c.init_scale);
+        return NULL;
+    }
+    if ((unsigned)c.device >= NA_DEVICE_COUNT) {
+        na_set_error(NA_EINVAL, "%s: unknown device %d", fn, (int)c.device);
+        return NULL;
+    }
+    na_grad_scaler *gs = calloc(1, sizeof *gs);
+    if (!gs) {
+        na_set_error(NA_ENOMEM, "%s: out of host memory", fn);
+        return NULL;
+    }
+    gs->enabled = c.enabled;
+    gs->device = c.device;
+    if (!gs->enabled) return gs; /* PyTorch: a disabled scaler holds no state */
+    double init = c.init_scale;
+    if (c.kind == NA_SCALER_APEX && c.max_scale > 0.0 && init > c.max_scale)
+        init = c.max_scale; /* Apex: min(max_loss_scale, init_scale) */
+    bool ok = (gs->scale = na_tensor_new(NA_DTYPE_F32, c.device, 0, NULL)) &&
+              (gs->counters = na_tensor_new(NA_DTYPE_I32, c.device, NA_SHAPE(NA_AMP_CTR_COUNT))) &&
+              (gs->kind = na_tensor_new(NA_DTYPE_I32, NA_DEVICE_CPU, 0, NULL));
+    for (int k = 0; ok && k < NA_AMP_CTR_COUNT; k++)
+        ok = (gs->ctr_view[k] = na_amp_persistent_view_(gs->counters, k, 0, NULL)) != NULL;
+    for (int k = 0; ok && k < HP_COUNT; k++)
+        ok = (gs->hp[k] = na_tensor_new(NA_DTYPE_F64, NA_DEVICE_CPU, 0, NULL)) != NULL;
+    if (ok) {
+        int32_t ctr[NA_AMP_CTR_COUNT] = {0, -1, 0, 0};
+        double hp[HP_COUNT] = {c.growth_factor, c.backoff_factor, (double)c.growth_interval,
+                               c.min_scale, c.max_scale};
+        *(int32_t *)gs->kind->data = (int32_t)c.kind;
+        for (int k = 0; k < HP_COUNT; k++) *(double *)gs->hp[k]->data = hp[k];
+        ok = !na_fill_(gs->scale, init) && !na_copy_from_host(gs->counters, ctr);
+    }
+    if (!ok) {
+        na_set_error(na_last_status(), "%s: %s", fn, na_last_error());
+        na_grad_scaler_free(gs);
+        return NULL;
+    }
+    return gs;
+}
+
+/* ---- reading --------------------------------------------------------------------------------- */
+
+bool na_grad_scaler_is_enabled(const na_grad_scaler *gs) { return gs && gs->enabled; }
+
+static double hp_get(const na_grad_scaler *gs, int k) { return *(const double *)gs->hp[k]->data; }
+
+na_scaler_kind na_grad_scaler_kind(const na_grad_scaler *gs) {
+    /* a disabled scaler acts as a static scale of 1: it never skips a step */
+    return gs && gs->enabled ? (na_scaler_kind) * (const int32_t *)gs->kind->data
+                             : NA_SCALER_STATIC;
+}
+
+na_grad_scaler_cfg na_grad_scaler_config(const na_grad_scaler *gs) {
+    na_grad_scaler_cfg c = {0};
+    if (!gs) return c;
+    c.enabled = gs->enabled;
+    c.device = gs->device;
+    if (!gs->enabled) return c;
+    c.kind = na_grad_scaler_kind(gs);
+    c.init_scale = na_grad_scaler_get_scale(gs);
+    c.growth_factor = hp_get(gs, HP_GROWTH);
+    c.backoff_factor = hp_get(gs, HP_BACKOFF);
+    c.growth_interval = (int64_t)hp_get(gs, HP_INTERVAL);
+    c.min_scale = hp_get(gs, HP_MIN);
+    c.max_scale = hp_get(gs, HP_MAX);
+    return c;
+}
+
+double na_grad_scaler_get_scale(const na_grad_scaler *gs) {
+    if (!gs || !gs->enabled) return 1.0;
+    return na_item(gs->scale);
+}
+
+const na_tensor *na_grad_scaler_scale_tensor(const na_grad_scaler *gs) {
+    return gs && gs->enabled ? gs->scale : NULL;
+}
+
+const na_tensor *na_grad_scaler_found_inf(const na_grad_scaler *gs, const na_optim *opt) {
+    for (int i = 0; gs && i < gs->n_recs; i++)
+        if (gs->recs[i].opt == opt) return gs->recs[i].found_inf;
+    return NULL;
+}
+
+int na_grad_scaler_stats_get(const na_grad_scaler *gs, na_grad_scaler_stats *out) {
+    if (!gs || !out) return na_set_error(NA_EINVAL, "na_grad_scaler_stats_get: NULL argument");
+    *out = (na_grad_scaler_stats){.scale = 1.0, .last_overflow_iter = -1};
+    if (!gs->enabled) return NA_OK;
+    int32_t ctr[NA_AMP_CTR_COUNT];
+    int rc = na_copy_to_host(gs->counters, ctr);
+    if (rc) return rc;
+    out->scale = na_item(gs->scale);
+    out->growth_tracker = ctr[NA_AMP_CTR_TRACKER];
+    out->last_overflow_iter = ctr[NA_AMP_CTR_LAST_OVERFLOW];
+    out->updates = ctr[NA_AMP_CTR_UPDATES];
+    out->skipped = ctr[NA_AMP_CTR_SKIPPED];
+    return NA_OK;
+}
+
+na_device na_grad_scaler_device_(const na_grad_scaler *gs) { return gs->device; }
+
+int na_grad_scaler_to_device_(na_grad_scaler *gs, na_device dev) {
+    if (!gs->enabled || gs->device == dev) {
+        gs->device = dev;
+        return NA_OK;
+    }
+    int rc = na_amp_move_tensor_(gs->scale, dev);
+    if (!rc) rc = na_amp_move_tensor_(gs->counters, dev);
+    for (int i = 0; !rc && i < gs->n_recs; i++)
+        rc = na_amp_move_tensor_(gs->recs[i].found_inf, dev);
+    repoint_views(gs);
+    if (!rc) gs->device = dev;
+    return rc;
+}
+
+/* ---- the step -------------------------------------------------------------------------------- */
+
+static int check_scaled(const char *fn, const na_grad_scaler *gs) {
+    if (!gs->scaled)
+        return na_set_error(NA_ESTATE, "%s: Attempted %s but _scale is None.  This may indicate "
+                            "your script did not use scaler.scale(loss or outputs) earlier in the "
+                            "iteration.", fn, strstr(fn, "unscale_") ? "unscale_"
+                                              : strstr(fn, "step") ? "step" : "update");
+    return NA_OK;
+}
+
+static opt_record *record_of(na_grad_scaler *gs, const na_optim *opt) {
+    for (int i = 0; i < gs->n_recs; i++)
+        if (gs->recs[i].opt == opt) return &gs->recs[i];
+    if (gs->n_recs == gs->cap_recs) {
+        int cap = gs->cap_recs ? 2 * gs->cap_recs : 4;
+        opt_record *r = realloc(gs->recs, (size_t)cap * sizeof *r);
+        if (!r) {
+            na_set_error(NA_ENOMEM, "na_grad_scaler: out of host memory");
+            return NULL;
+        }
+        gs->recs = r, gs->cap_recs = cap;
+    }
+    na_tensor *f = na_tensor_new(NA_DTYPE_F32, gs->device, 0, NULL);
+    if (!f) return NULL;
+    gs->recs[gs->n_recs] = (opt_record){.opt = opt, .st = STAGE_READY, .found_inf = f};
+    return &gs->recs[gs->n_recs++];
+}
+
+na_tensor *na_grad_scaler_scale(na_grad_scaler *gs, na_tensor *loss) {
+    const char *fn = "na_grad_scaler_scale";
+    char d[NA_DESCRIBE_MAX];
+    if (!gs || !na_check_float(fn, loss, "loss")) {
+        if (!gs) na_set_error(NA_EINVAL, "%s: NULL scaler", fn);
+        return NULL;
+    }
+    if (!gs->enabled) return loss;
+    if (loss->device != gs->device) {
+        for (int i = 0; i < gs->n_recs; i++)
+            if (gs->recs[i].st != STAGE_READY) {
+                na_set_error(NA_EDEVICE, "%s: loss %s is not on the scaler's device (%s) in the "
+                             "middle of a step", fn, na_tensor_describe(loss, d, sizeof d),
+                             na_device_name(gs->device));
+                return NULL;
+            }
+        if (na_grad_scaler_to_device_(gs, loss->device)) return NULL;
+    }
+    gs->scaled = true;
+    na_tensor *l = na_cast(loss, NA_DTYPE_F32);
+    return l ? na_mul(l, gs->scale) : NULL;
+}
+
+int na_grad_scaler_unscale_into_(na_grad_scaler *gs, int n, const na_tensor *const *in,
+                                 na_tensor *const *out, na_tensor *found_inf) {
+    const na_backend *be = na_backend_get(gs->device);
+    if (!be) return na_last_status();
+    int rc = NA_AMP_NEED_KERNEL("na_grad_scaler", be, amp_unscale);
+    /* disabled: a scale of 1 (the copy and the inf/NaN check still happen) */
+    const na_tensor *scale = gs->enabled ? gs->scale : na_scalar(NA_DTYPE_F32, gs->device, 1.0);
+    if (!rc && !scale) rc = na_last_status();
+    if (!rc && found_inf) rc = be->fill(found_inf, 0.0);
+    if (!rc && n) rc = be->amp_unscale(n, in, out, scale, found_inf);
+    return rc;
+}
+
+int na_grad_scaler_unscale_(na_grad_scaler *gs, na_optim *opt) {
+    const char *fn = "na_grad_scaler_unscale_";
+    char d[NA_DESCRIBE_MAX];
+    if (!gs || !opt) return na_set_error(NA_EINVAL, "%s: NULL scaler or optimizer", fn);
+    if (!gs->enabled) return NA_OK;
+    int rc = check_scaled(fn, gs);
+    if (rc) return rc;
+    opt_record *r = record_of(gs, opt);
+    if (!r) return na_last_status();
+    if (r->st == STAGE_UNSCALED)
+        return na_set_error(NA_ESTATE, "%s: unscale_() has already been called on this optimizer "
+                            "since the last update().", fn);
+    if (r->st == STAGE_STEPPED)
+        return na_set_error(NA_ESTATE, "%s: unscale_() is being called after step().", fn);
+    int64_t np = na_optim_num_params(opt);
+    na_tensor **grads = na_arena_host_alloc((size_t)(np ? np : 1) * sizeof *grads);
+    if (!grads) return na_last_status();
+    int count = 0;
+    for (int64_t i = 0; i < np; i++) {
+        na_tensor *g = na_optim_param(opt, i)->grad;
+        if (!g) continue;
+        if (g->dtype == NA_DTYPE_F16)
+            return na_set_error(NA_EDTYPE, "%s: Attempting to unscale FP16 gradients. (parameter "
+                                "%" PRId64 " is %s: native AMP keeps f32 parameters; for an f16 "
+                                "model use na_fp16_optimizer)", fn, i,
+                                na_tensor_describe(g, d, sizeof d));
+        if (g->device != gs->device || !na_is_contiguous(g) || !na_dtype_is_float(g->dtype))
+            return na_set_error(NA_EDEVICE, "%s: gradient of parameter %" PRId64 " is %s; expected "
+                                "a contiguous float tensor on the scaler's device (%s)", fn, i,
+                                na_tensor_describe(g, d, sizeof d), na_device_name(gs->device));
+        grads[count++] = g;
+    }
+    rc = na_grad_scaler_unscale_into_(gs, count, (const na_tensor *const *)grads, grads,
+                                      r->found_inf);
+    if (rc) return na_set_error(rc, "%s: %s", fn, na_last_error());
+    r->st = STAGE_UNSCALED;
+    return NA_OK;
+}
+
+int na_grad_scaler_step(na_grad_scaler *gs, na_optim *opt) {
+    const char *fn = "na_grad_scaler_step";
+    if (!gs || !opt) return na_set_error(NA_EINVAL, "%s: NULL scaler or optimizer", fn);
+    if (!gs->enabled) return na_optim_step(opt, NULL);
+    int rc = check_scaled(fn, gs);
+    if (rc) return rc;
+    opt_record *r = record_of(gs, opt);
+    if (!r) return na_last_status();
+    if (r->st == STAGE_STEPPED)
+        return na_set_error(NA_ESTATE, "%s: step() has already been called since the last "
+                            "update().", fn);
+    if (r->st == STAGE_READY && (rc = na_grad_scaler_unscale_(gs, opt))) return rc;
+    bool never_skips = na_grad_scaler_kind(gs) == NA_SCALER_STATIC;
+    na_optim_step_opts o = {.found_inf = never_skips ? NULL : r->found_inf};
+    rc = na_optim_step(opt, &o);
+    if (rc) return rc;
+    r->st = STAGE_STEPPED;
+    return NA_OK;
+}
+
+static int update(na_grad_scaler *gs, int n_found, const na_tensor *const *flags,
+                  double new_scale) {
+    const char *fn = "na_grad_scaler_update";
+    na_scaler_kind kind = na_grad_scaler_kind(gs);
+    double hp[NA_AMP_HP_COUNT] = {
+        [NA_AMP_HP_GROWTH] = hp_get(gs, HP_GROWTH), [NA_AMP_HP_BACKOFF] = hp_get(gs, HP_BACKOFF),
+        [NA_AMP_HP_INTERVAL] = hp_get(gs, HP_INTERVAL), [NA_AMP_HP_MIN] = hp_get(gs, HP_MIN),
+        [NA_AMP_HP_MAX] = hp_get(gs, HP_MAX), [NA_AMP_HP_NEW_SCALE] = new_scale};
+    int rc = validate(fn, kind, hp[NA_AMP_HP_GROWTH], hp[NA_AMP_HP_BACKOFF],
+                      hp[NA_AMP_HP_INTERVAL], hp[NA_AMP_HP_MIN], hp[NA_AMP_HP_MAX]);
+    if (rc) return rc; /* e.g. a checkpoint loaded bad values */
+    const na_backend *be = na_backend_get(gs->device);
+    if (!be) return na_last_status();
+    if ((rc = NA_AMP_NEED_KERNEL(fn, be, amp_update_scale))) return rc;
+    return be->amp_update_scale((int)kind, hp, gs->scale, gs->counters, n_found, flags);
+}
+
+int na_grad_scaler_update_from_(na_grad_scaler *gs, int n_found, const na_tensor *const *flags) {
+    return gs->enabled ? update(gs, n_found, flags, 0.0) : NA_OK;
+}
+
+static int update_common(const char *fn, na_grad_scaler *gs, double new_scale) {
+    if (!gs) return na_set_error(NA_EINVAL, "%s: NULL scaler", fn);
+    if (!gs->enabled) return NA_OK;
+    int rc = check_scaled(fn, gs);
+    if (rc) return rc;
+    const na_tensor **flags = na_arena_host_alloc((size_t)(gs->n_recs ? gs->n_recs : 1) *
+                                                  sizeof *flags);
+    if (!flags) return na_last_status();
+    int n = 0;
+    for (int i = 0; i < gs->n_recs; i++)
+        if (gs->recs[i].st != STAGE_READY) flags[n++] = gs->recs[i].found_inf;
+    if (!n && !(new_scale > 0.0))
+        return na_set_error(NA_ESTATE, "%s: No inf checks were recorded prior to update() (call "
+                            "na_grad_scaler_step for each optimizer first).", fn);
+    rc = update(gs, n, flags, new_scale);
+    if (rc) return rc;
+    for (int i = 0; i < gs->n_recs; i++) gs->recs[i].st = STAGE_READY;
+    return NA_OK;
+}
+
+int na_grad_scaler_update(na_grad_scaler *gs) {
+    return update_common("na_grad_scaler_update", gs, 0.0);
+}
+
+int na_grad_scaler_update_to(na_grad_scaler *gs, double new_scale) {
+    if (!(new_scale > 0.0) || !isfinite((float)new_scale))
+        return na_set_error(NA_EINVAL, "na_grad_scaler_update_to: the new scale must be > 0 and "
+                            "finite in f32 (got %g)", new_scale);
+    return update_common("na_grad_scaler_update_to", gs, new_scale);
+}
+
+/* ---- state ----------------------------------------------------------------------------------- */
+
+int na_amp_list_add_(na_named_tensors *l, int64_t *cap, const char *prefix, const char *name,
+                     na_tensor *t) {
+    if (l->n == *cap) {
+        int64_t c = *cap ? 2 * *cap : 16;
+        na_named_tensor *p = realloc(l->items, (size_t)c * sizeof *p);
+        if (!p) return na_set_error(NA_ENOMEM, "amp: out of host memory listing the state");
+        l->items = p, *cap = c;
+    }
+    size_t len = strlen(prefix) + strlen(name) + 1;
+    char *s = malloc(len);
+    if (!s) return na_set_error(NA_ENOMEM, "amp: out of host memory listing the state");
+    snprintf(s, len, "%s%s", prefix, name);
+    l->items[l->n++] = (na_named_tensor){.name = s, .tensor = t};
+    return NA_OK;
+}
+
+int na_grad_scaler_state_into_(na_grad_scaler *gs, const char *prefix, na_named_tensors *out,
+                               int64_t *cap) {
+    if (!gs->enabled) return NA_OK;
+    int rc = na_amp_list_add_(out, cap, prefix, "scale", gs->scale);
+    for (int k = 0; !rc && k < NA_AMP_CTR_COUNT; k++)
+        rc = na_amp_list_add_(out, cap, prefix, ctr_names[k], gs->ctr_view[k]);
+    if (!rc) rc = na_amp_list_add_(out, cap, prefix, "kind", gs->kind);
+    for (int k = 0; !rc && k < HP_COUNT; k++)
+        rc = na_amp_list_add_(out, cap, prefix, hp_names[k], gs->hp[k]);
+    return rc;
+}
+
+int na_grad_scaler_state(na_grad_scaler *gs, na_named_tensors *out) {
+    if (!out) return na_set_error(NA_EINVAL, "na_grad_scaler_state: NULL output");
+    *out = (na_named_tensors){0};
+    if (!gs) return na_set_error(NA_EINVAL, "na_grad_scaler_state: NULL scaler");
+    for (int i = 0; i < gs->n_recs; i++)
+        if (gs->recs[i].st != STAGE_READY)
+            return na_set_error(NA_ESTATE, "na_grad_scaler_state: the state may only be taken at "
+                                "the beginning of an iteration, or at the end after update()");
+    int64_t cap = 0;
+    int rc = na_grad_scaler_state_into_(gs, "", out, &cap);
+    if (rc) na_named_tensors_free(out);
+    return rc;
+}
+
+int na_grad_scaler_save(na_grad_scaler *gs, na_checkpoint *ck, const char *prefix) {
+    na_named_tensors l;
+    int rc = na_grad_scaler_state(gs, &l);
+    char name[256];
+    for (int64_t i = 0; !rc && i < l.n; i++) {
+        snprintf(name, sizeof name, "%s%s", prefix ? prefix : "", l.items[i].name);
+        rc = na_checkpoint_add(ck, name, l.items[i].tensor);
+    }
+    na_named_tensors_free(&l);
+    return rc;
+}
+
+int na_grad_scaler_load(na_grad_scaler *gs, const na_checkpoint *ck, const char *prefix) {
+    na_named_tensors l;
+    int rc = na_grad_scaler_state(gs, &l);
+    char name[256];
+    for (int64_t i = 0; !rc && i < l.n; i++) {
+        snprintf(name, sizeof name, "%s%s", prefix ? prefix : "", l.items[i].name);
+        rc = na_checkpoint_copy_into(ck, name, l.items[i].tensor);
+    }
+    if (!rc && gs && gs->enabled) {
+        na_scaler_kind kind = na_grad_scaler_kind(gs);
+        rc = validate("na_grad_scaler_load", kind, hp_get(gs, HP_GROWTH), hp_get(gs, HP_BACKOFF),
+                      hp_get(gs, HP_INTERVAL), hp_get(gs, HP_MIN), hp_get(gs, HP_MAX));
+        if (!rc && !(na_item(gs->scale) > 0.0))
+            rc = na_set_error(NA_EINVAL, "na_grad_scaler_load: the loaded scale is not > 0");
+    }
+    na_named_tensors_free(&l);
+    return rc;
+}

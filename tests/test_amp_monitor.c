@@ -1,0 +1,159 @@
+/* The training monitor (skip rate, alerts, CSV) and the CSV -> SVG plotter of examples/amp. */
+#include "helpers.h"
+
+#include "../examples/amp/amp_plot.h"
+#include "nanoamp/optim.h"
+
+static void teardown(void) { na_step_end(); }
+TestSuite(amp_monitor, .fini = teardown);
+
+static na_amp_monitor *monitor(na_amp_monitor_cfg c) {
+    na_amp_monitor *m = na_amp_monitor_new(&c);
+    cr_assert_not_null(m, "%s", na_last_error());
+    return m;
+}
+
+Test(amp_monitor, skip_rate_over_the_window) {
+    na_amp_monitor_cfg c = NA_AMP_MONITOR_DEFAULTS;
+    c.window = 10;
+    na_amp_monitor *m = monitor(c);
+    unsigned a = 0;
+    for (int i = 0; i < 10; i++) a = na_amp_monitor_record(m, i, 1.0, 65536, i < 2);
+    cr_assert_eq(na_amp_monitor_skip_rate(m), 0.2);
+    cr_assert_eq(a & NA_AMP_ALERT_SKIP_RATE, 0);
+    for (int i = 10; i < 14; i++) a = na_amp_monitor_record(m, i, 1.0, 65536, true);
+    /* window now: steps 4..13, skips at 10..13 */
+    cr_assert_eq(na_amp_monitor_skip_rate(m), 0.4);
+    cr_assert(a & NA_AMP_ALERT_SKIP_RATE);
+    cr_assert_eq(na_amp_monitor_skipped(m), 6);
+    cr_assert_eq(na_amp_monitor_steps(m), 14);
+    char buf[256];
+    cr_assert(strstr(na_amp_monitor_describe(m, buf, sizeof buf), "40% of the last 10 steps"),
+              "%s", buf);
+    na_amp_monitor_free(m);
+}
+
+Test(amp_monitor, scale_collapse_and_loss_alerts) {
+    na_amp_monitor *m = monitor((na_amp_monitor_cfg)NA_AMP_MONITOR_DEFAULTS);
+    unsigned a = 0;
+    double scale = 65536;
+    for (int i = 0; i < 10; i++) a = na_amp_monitor_record(m, i, 1.0, scale /= 1.2, false);
+    cr_assert_eq(a & NA_AMP_ALERT_SCALE_COLLAPSE, 0, "only 10 records");
+    a = na_amp_monitor_record(m, 10, 1.0, scale / 1.2, false); /* 1.2^10 ~ 6.2: not yet 10x */
+    cr_assert_eq(a & NA_AMP_ALERT_SCALE_COLLAPSE, 0);
+    for (int i = 11; i < 14; i++) a = na_amp_monitor_record(m, i, 1.0, scale /= 2, false);
+    cr_assert(a & NA_AMP_ALERT_SCALE_COLLAPSE);
+    cr_assert(na_amp_monitor_alerts(m) & NA_AMP_ALERT_SCALE_COLLAPSE);
+    a = na_amp_monitor_record(m, 14, NAN, scale, true);
+    cr_assert(a & NA_AMP_ALERT_NONFINITE_LOSS);
+    na_amp_monitor_free(m);
+
+    na_amp_monitor_cfg c = NA_AMP_MONITOR_DEFAULTS;
+    c.loss_rise_steps = 5;
+    m = monitor(c);
+    for (int i = 0; i < 20; i++) a = na_amp_monitor_record(m, i, 2.0 - 0.05 * i, 1024, false);
+    cr_assert_eq(a & NA_AMP_ALERT_LOSS_RISING, 0);
+    for (int i = 0; i < 4; i++) a = na_amp_monitor_record(m, 20 + i, 3.0 + i, 1024, false);
+    cr_assert_eq(a & NA_AMP_ALERT_LOSS_RISING, 0, "4 rising steps");
+    a = na_amp_monitor_record(m, 24, 8.0, 1024, false);
+    cr_assert(a & NA_AMP_ALERT_LOSS_RISING);
+    na_amp_monitor_free(m);
+}
+
+Test(amp_monitor, csv_from_a_scaler_and_the_svg_plot) {
+    char csv[] = "/tmp/amp_monitor_XXXXXX";
+    int fd = mkstemp(csv);
+    cr_assert(fd >= 0);
+    close(fd);
+    na_amp_monitor *m = monitor((na_amp_monitor_cfg)NA_AMP_MONITOR_DEFAULTS);
+    TH_RC(na_amp_monitor_open_csv(m, csv));
+    na_grad_scaler_cfg gc = NA_GRAD_SCALER_DEFAULTS;
+    gc.growth_interval = 3;
+    na_grad_scaler *gs = na_grad_scaler_new(&gc);
+    na_tensor *w = na_tensor_new(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(3));
+    TH_RC(na_fill_(w, 1.0));
+    TH_RC(na_tensor_set_requires_grad(w, true));
+    na_sgd_cfg sc = {.lr = 0.01};
+    na_optim *opt = na_sgd_new(NULL, &sc);
+    cr_assert_eq(na_optim_add_group(opt, 1, &w), 0);
+    for (int step = 0; step < 8; step++) {
+        na_tensor *loss = TH_OK(na_sum(TH_OK(na_mul(w, w))));
+        TH_RC(na_backward(TH_OK(na_grad_scaler_scale(gs, loss)), NULL));
+        if (step == 4) TH_RC(na_fill_(w->grad, NAN));
+        TH_RC(na_grad_scaler_step(gs, opt));
+        TH_RC(na_grad_scaler_update(gs));
+        TH_RC(na_optim_zero_grad(opt));
+        if (step % 2 == 1) /* every other step: skips in between are still counted */
+            na_amp_monitor_record_scaler(m, step, loss, gs);
+        na_step_end();
+    }
+    cr_assert_eq(na_amp_monitor_skipped(m), 1);
+    cr_assert_eq(na_amp_monitor_steps(m), 8);
+    cr_assert_eq(na_amp_monitor_scale(m), na_grad_scaler_get_scale(gs));
+    na_amp_monitor_free(m); /* closes the file */
+
+    FILE *f = fopen(csv, "r");
+    char line[256];
+    cr_assert(fgets(line, sizeof line, f));
+    cr_assert_str_eq(line, "step,loss,scale,skipped\n");
+    int rows = 0, skipped_rows = 0;
+    while (fgets(line, sizeof line, f)) {
+        long long s, k;
+        double loss, scale;
+        cr_assert_eq(sscanf(line, "%lld,%lf,%lf,%lld", &s, &loss, &scale, &k), 4, "%s", line);
+        rows++;
+        skipped_rows += k > 0;
+        if (s == 5) cr_assert_eq(k, 1, "the skip at step 4 is reported at step 5");
+    }
+    cr_assert_eq(rows, 4);
+    cr_assert_eq(skipped_rows, 1);
+    rewind(f);
+    char svg_path[] = "/tmp/amp_plot_XXXXXX";
+    fd = mkstemp(svg_path);
+    cr_assert(fd >= 0);
+    FILE *svg = fdopen(fd, "w");
+    char err[128];
+    cr_assert_eq(amp_plot_svg(f, svg, "test <run>", err, sizeof err), 4, "%s", err);
+    fclose(svg);
+    fclose(f);
+    f = fopen(svg_path, "r");
+    static char text[65536];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    text[n] = '\0';
+    fclose(f);
+    cr_assert(strstr(text, "<svg xmlns=\"http://www.w3.org/2000/svg\""));
+    cr_assert(strstr(text, "test &lt;run&gt; (4 steps, 1 skipped)"), "title escaped");
+    cr_assert(strstr(text, "loss scale (log2 axis)"));
+    int polylines = 0, skips = 0;
+    for (const char *p = text; (p = strstr(p, "<polyline")); p++) polylines++;
+    for (const char *p = text; (p = strstr(p, "class=\"skip\"")); p++) skips++;
+    cr_assert_eq(polylines, 2, "the loss and the scale");
+    cr_assert_eq(skips, 1);
+    cr_assert(strstr(text, "2^16"), "log2 ticks");
+    cr_assert(strstr(text, "</svg>"));
+    remove(csv);
+    remove(svg_path);
+    na_optim_free(opt);
+    na_tensor_free(w);
+    na_grad_scaler_free(gs);
+}
+
+Test(amp_monitor, plot_rejects_bad_logs) {
+    char err[128];
+    FILE *in = fmemopen((char[]){"a,b,c\n1,2,3\n"}, 12, "r");
+    FILE *out = fopen("/dev/null", "w");
+    cr_assert_eq(amp_plot_svg(in, out, "x", err, sizeof err), -1);
+    cr_assert(strstr(err, "header"));
+    fclose(in);
+    in = fmemopen((char[]){"step,loss,scale,skipped\n1,2\n"}, 29, "r");
+    cr_assert_eq(amp_plot_svg(in, out, "x", err, sizeof err), -1);
+    cr_assert(strstr(err, "line 2"), "%s", err);
+    fclose(in);
+    fclose(out);
+}
+
+Test(amp_monitor, invalid_config) {
+    na_amp_monitor_cfg c = NA_AMP_MONITOR_DEFAULTS;
+    c.window = 0;
+    TH_EXPECT_ERROR(na_amp_monitor_new(&c), NA_EINVAL, "window");
+}
