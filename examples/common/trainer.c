@@ -286,20 +286,10 @@ static double evaluate(na_module *net, const na_dataset *ds, const float *mean, 
 
 /* ---- mixed precision (--amp, --loss-scale, --amp-trace, --log) ------------------------------ */
 
-typedef struct {
-    const char *mode;      /* off | fp16 | bf16 | o2, after resolving auto */
-    bool autocast;         /* fp16 / bf16: autocast regions around forward and loss */
-    na_dtype dtype;        /* the autocast dtype, or o2's model dtype */
-    na_grad_scaler *gs;    /* fp16 / bf16 / off (disabled unless fp16); NULL for o2 */
-    na_fp16_optimizer *fo; /* o2 */
-    na_optim *opt;         /* the optimizer whose lr the schedule sets */
-    na_amp_monitor *mon;   /* --log */
-    unsigned alerts_shown;
-} amp_ctx;
 
 /* The optimizer-side state of a checkpoint: "optim." (or, for o2, "fp16." with the masters)
  * and "scaler." for an enabled GradScaler. */
-static int amp_state(const amp_ctx *a, na_named_tensors *out) {
+static int amp_state(const trainer_amp *a, na_named_tensors *out) {
     na_named_tensors l = {0};
     *out = (na_named_tensors){0};
     int rc = a->fo ? na_fp16_optimizer_state(a->fo, &l) : na_optim_state(a->opt, &l);
@@ -323,7 +313,7 @@ static int amp_state(const amp_ctx *a, na_named_tensors *out) {
     return rc;
 }
 
-static int save_checkpoint(const char *path, na_module *net, const amp_ctx *amp, int64_t epoch,
+static int save_checkpoint(const char *path, na_module *net, const trainer_amp *amp, int64_t epoch,
                            uint64_t seed) {
     na_checkpoint *ck = na_checkpoint_new();
     na_named_tensors model = {0}, state = {0};
@@ -348,7 +338,7 @@ static int save_checkpoint(const char *path, na_module *net, const amp_ctx *amp,
     return rc;
 }
 
-static int load_checkpoint(const char *path, na_module *net, const amp_ctx *amp,
+static int load_checkpoint(const char *path, na_module *net, const trainer_amp *amp,
                            int64_t *epochs_done) {
     na_checkpoint *ck = na_checkpoint_load(path);
     if (!ck) return na_last_status();
@@ -393,8 +383,8 @@ static na_optim *make_optimizer(const trainer_opts *o, na_module *net) {
 /* Resolves --amp (auto: na_amp_recommend) and makes the optimizer, the scaler or the fp16
  * optimizer and the monitor. The model is converted in place for o2 (its tensors keep their
  * names, so checkpoints of every mode name tensors alike). */
-static int amp_setup(const trainer_opts *o, na_module *net, amp_ctx *a) {
-    *a = (amp_ctx){.mode = o->amp, .dtype = NA_DTYPE_F32};
+int trainer_amp_setup(const trainer_opts *o, na_module *net, trainer_amp *a) {
+    *a = (trainer_amp){.mode = o->amp, .dtype = NA_DTYPE_F32};
     if (!strcmp(a->mode, "auto")) {
         na_amp_recommendation r = na_amp_recommend(o->device);
         a->mode = r.mode == NA_AMP_MODE_BF16 ? "bf16" : r.mode == NA_AMP_MODE_F16 ? "fp16" : "off";
@@ -433,19 +423,31 @@ static int amp_setup(const trainer_opts *o, na_module *net, amp_ctx *a) {
     return NA_OK;
 }
 
-static void amp_free(amp_ctx *a) {
+void trainer_amp_free(trainer_amp *a) {
     if (a->fo) na_fp16_optimizer_free(a->fo); /* frees its optimizer */
     else na_optim_free(a->opt);
     na_grad_scaler_free(a->gs);
     na_amp_monitor_free(a->mon);
 }
 
-static na_grad_scaler *amp_scaler(const amp_ctx *a) {
+static na_grad_scaler *amp_scaler(const trainer_amp *a) {
     return a->fo ? na_fp16_optimizer_scaler(a->fo) : a->gs;
 }
 
+na_tensor *trainer_amp_loss(const trainer_amp *a, na_module *net, na_tensor *x, na_tensor *y,
+                            double label_smoothing) {
+    if (a->fo && x) x = na_cast(x, a->dtype); /* o2: the model is f16 */
+    if (a->autocast && na_autocast_begin(a->dtype) != NA_OK) return NULL;
+    na_tensor *logits = x && y ? na_module_forward(net, x) : NULL;
+    na_tensor *loss = logits ? na_cross_entropy(logits, y, &(na_cross_entropy_opts){
+                                                    .label_smoothing = label_smoothing})
+                             : NULL;
+    if (a->autocast) na_autocast_end();
+    return loss;
+}
+
 /* backward, step (skipped on the device on overflow), scale update, zero_grad */
-static int amp_step(amp_ctx *a, na_tensor *loss) {
+int trainer_amp_step(trainer_amp *a, na_tensor *loss) {
     if (a->fo)
         return na_fp16_optimizer_backward(a->fo, loss, true) || na_fp16_optimizer_step(a->fo) ||
                        na_fp16_optimizer_zero_grad(a->fo)
@@ -466,10 +468,10 @@ int trainer_run(const trainer_opts *o, trainer_job *job) {
         fprintf(stderr, "%s: %s\n", o->program, na_last_error());
         return 1;
     }
-    amp_ctx amp;
-    if (amp_setup(o, net, &amp) != NA_OK) {
+    trainer_amp amp;
+    if (trainer_amp_setup(o, net, &amp) != NA_OK) {
         fprintf(stderr, "%s: --amp %s: %s\n", o->program, o->amp, na_last_error());
-        amp_free(&amp);
+        trainer_amp_free(&amp);
         return 1;
     }
     na_optim *opt = amp.opt;
@@ -506,20 +508,14 @@ int trainer_run(const trainer_opts *o, trainer_job *job) {
             na_lr_schedule_apply(&sched, opt, epoch * steps + step);
             na_tensor *xt = na_from_host(NA_DTYPE_F32, o->device, 4, shape, x);
             na_tensor *yt = na_from_host(NA_DTYPE_I32, o->device, NA_SHAPE(n), y);
-            if (xt) xt = na_cast(xt, input_dtype); /* o2: the model is f16 */
             bool trace = o->amp_trace && epoch == start_epoch && step == 0;
             if (trace) { /* the first step's forward: autocast regions, or every op for o2/off */
                 if (!o->quiet) fputc('\n', stderr);
                 na_autocast_trace(amp.autocast ? NA_AMP_TRACE_REGIONS : NA_AMP_TRACE_ALL, stderr);
             }
-            if (amp.autocast) na_autocast_begin(amp.dtype);
-            na_tensor *logits = xt && yt ? na_module_forward(net, xt) : NULL;
-            na_tensor *loss = logits ? na_cross_entropy(logits, yt, &(na_cross_entropy_opts){
-                                                            .label_smoothing = o->label_smoothing})
-                                     : NULL;
-            if (amp.autocast) na_autocast_end();
+            na_tensor *loss = trainer_amp_loss(&amp, net, xt, yt, o->label_smoothing);
             if (trace) na_autocast_trace(NA_AMP_TRACE_OFF, NULL);
-            if (!loss || amp_step(&amp, loss) != NA_OK) {
+            if (!loss || trainer_amp_step(&amp, loss) != NA_OK) {
                 fprintf(stderr, "\n%s: training step failed: %s\n", o->program, na_last_error());
                 rc = 1;
                 break;
@@ -576,6 +572,6 @@ int trainer_run(const trainer_opts *o, trainer_job *job) {
     fflush(stdout);
     free(x), free(y);
     na_batcher_free(b);
-    amp_free(&amp);
+    trainer_amp_free(&amp);
     return rc;
 }

@@ -39,6 +39,28 @@ typedef struct {
     na_batcher_cfg batcher; /* batch_size/seed filled by the trainer from the options */
 } trainer_job;
 
+/* The mixed-precision side of a training step (--amp, --loss-scale, --log). */
+typedef struct {
+    const char *mode;      /* off | fp16 | bf16 | o2, after resolving auto */
+    bool autocast;         /* fp16 / bf16: autocast regions around forward and loss */
+    na_dtype dtype;        /* the autocast dtype, or o2's model dtype */
+    na_grad_scaler *gs;    /* fp16 / bf16 / off (disabled unless fp16); NULL for o2 */
+    na_fp16_optimizer *fo; /* o2 */
+    na_optim *opt;         /* the optimizer whose lr the schedule sets */
+    na_amp_monitor *mon;   /* --log */
+    unsigned alerts_shown;
+} trainer_amp;
+
+/* Resolves o->amp (auto: na_amp_recommend for o->device), converts the model for o2 and makes
+ * the optimizer, the GradScaler or FP16 optimizer and the monitor. */
+int trainer_amp_setup(const trainer_opts *o, na_module *net, trainer_amp *a);
+void trainer_amp_free(trainer_amp *a);
+/* Forward and cross-entropy: inside an autocast region for fp16/bf16, on an f16 input for o2. */
+na_tensor *trainer_amp_loss(const trainer_amp *a, na_module *net, na_tensor *x, na_tensor *y,
+                            double label_smoothing);
+/* Backward, optimizer step (skipped on the device on overflow), scale update, zero_grad. */
+int trainer_amp_step(trainer_amp *a, na_tensor *loss);
+
 /* Trains, evaluates after each epoch, saves/resumes, prints progress and the JSON line.
  * Returns the process exit code. */
 int trainer_run(const trainer_opts *o, trainer_job *job);
