@@ -26,8 +26,12 @@ static const char *find_data(const char *given) {
 
 int main(int argc, char **argv) {
     trainer_tune_blas(argv);
-    trainer_opts o;
-    int rc = trainer_parse_args(&o, argc, argv, "resnet9", "resnet9");
+    /* the DAWNBench recipe: batch 512, SGD + Nesterov 0.9, weight decay 5e-4, one-cycle,
+     * label smoothing 0.2 */
+    trainer_opts o = trainer_defaults("resnet9");
+    o.batch = 512, o.weight_decay = 5e-4, o.label_smoothing = 0.2, o.schedule = "onecycle";
+    o.lr = 0.2;
+    int rc = trainer_parse_args(&o, argc, argv, "resnet9");
     if (rc) return rc < 0 ? 2 : 0;
     na_dataset *train, *test;
     if (o.synthetic > 0) {

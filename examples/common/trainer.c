@@ -26,6 +26,9 @@ static void usage(const char *prog, const char *models) {
            "  --batch N             batch size (default 128)\n"
            "  --lr X                learning rate\n"
            "  --optim sgd|adamw     optimizer\n"
+           "  --weight-decay X      weight decay\n"
+           "  --label-smoothing X   cross-entropy label smoothing in [0, 1]\n"
+           "  --schedule constant|onecycle  learning-rate schedule\n"
            "  --device cpu|cuda     where to train (default cpu)\n"
            "  --amp off|fp16|bf16|o2|auto   mixed precision (default off)\n"
            "  --loss-scale dynamic|N        loss scaling with --amp fp16/o2\n"
@@ -77,11 +80,13 @@ static bool one_of(const char *s, const char *list) {
     return false;
 }
 
-int trainer_parse_args(trainer_opts *o, int argc, char **argv, const char *models,
-                       const char *default_model) {
-    *o = (trainer_opts){.program = argv[0], .model = default_model, .epochs = 2, .batch = 128,
-                        .lr = -1, .momentum = 0.9, .optim = "sgd", .device = NA_DEVICE_CPU,
-                        .amp = "off", .loss_scale = "dynamic", .seed = 1, .schedule = "constant"};
+trainer_opts trainer_defaults(const char *model) {
+    return (trainer_opts){.program = "", .model = model, .epochs = 2, .batch = 128, .lr = -1,
+                          .momentum = 0.9, .optim = "sgd", .device = NA_DEVICE_CPU, .amp = "off",
+                          .loss_scale = "dynamic", .seed = 1, .schedule = "constant"};
+}
+
+int trainer_parse_args(trainer_opts *o, int argc, char **argv, const char *models) {
     const char *p = strrchr(argv[0], '/');
     o->program = p ? p + 1 : argv[0];
     for (int i = 1; i < argc; i++) {
@@ -127,6 +132,14 @@ int trainer_parse_args(trainer_opts *o, int argc, char **argv, const char *model
                 fprintf(stderr, "--lr: expected a number >= 0\n");
                 return -1;
             }
+        } else if (!strcmp(a, "--weight-decay") || !strcmp(a, "--label-smoothing")) {
+            double x;
+            if (parse_f64(a, v, &x) || x < 0 || (a[2] == 'l' && x > 1)) {
+                fprintf(stderr, "%s: expected a number >= 0 (<= 1 for label smoothing), got '%s'\n", a, v);
+                return -1;
+            }
+            if (a[2] == 'w') o->weight_decay = x;
+            else o->label_smoothing = x;
         } else if (!strcmp(a, "--optim")) {
             if (!one_of(v, "sgd|adamw")) {
                 fprintf(stderr, "--optim: expected sgd or adamw, got '%s'\n", v);

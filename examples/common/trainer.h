@@ -28,10 +28,11 @@ typedef struct {
     const char *schedule; /* constant | onecycle */
 } trainer_opts;
 
-/* Fills defaults, then parses argv. `models` is "mlp|cnn" etc. for the help text. Returns 0,
- * 1 for --help (printed), or -1 with a message printed. */
-int trainer_parse_args(trainer_opts *o, int argc, char **argv, const char *models,
-                       const char *default_model);
+/* The defaults every trainer starts from (a trainer changes what its recipe needs). */
+trainer_opts trainer_defaults(const char *model);
+/* Parses argv over the values already in *o. `models` is "mlp|cnn" etc. Returns 0, 1 for
+ * --help (printed), or -1 with a message printed. */
+int trainer_parse_args(trainer_opts *o, int argc, char **argv, const char *models);
 
 typedef struct {
     na_module *net;

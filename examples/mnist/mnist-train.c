@@ -34,8 +34,8 @@ static const char *find_data(const char *given) {
 
 int main(int argc, char **argv) {
     trainer_tune_blas(argv);
-    trainer_opts o;
-    int rc = trainer_parse_args(&o, argc, argv, "cnn|mlp", "cnn");
+    trainer_opts o = trainer_defaults("cnn");
+    int rc = trainer_parse_args(&o, argc, argv, "cnn|mlp");
     if (rc) return rc < 0 ? 2 : 0;
     const char *dir = find_data(o.data_dir);
     na_dataset *train = na_mnist_load(dir, true), *test = train ? na_mnist_load(dir, false) : NULL;
