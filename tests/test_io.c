@@ -17,34 +17,10 @@
 #include "nanoamp/error.h"
 #include "nanoamp/io.h"
 #include "nanoamp/tensor.h"
+#include "tmpdir.h"
 
 /* ---- helpers ------------------------------------------------------------------------------ */
 
-static char tmpdir[256];
-
-static void make_tmpdir(void) {
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/na_test_io_XXXXXX");
-    cr_assert_not_null(mkdtemp(tmpdir), "mkdtemp: %s", strerror(errno));
-}
-
-static void rm_rf(const char *dir) {
-    DIR *d = opendir(dir);
-    if (!d) return;
-    struct dirent *e;
-    char p[1024];
-    while ((e = readdir(d))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-        struct stat st;
-        if (lstat(p, &st) == 0 && S_ISDIR(st.st_mode)) {
-            chmod(p, 0755);
-            rm_rf(p);
-        } else
-            unlink(p);
-    }
-    closedir(d);
-    rmdir(dir);
-}
 
 static void cleanup(void) {
     na_step_end();
