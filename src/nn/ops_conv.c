@@ -222,23 +222,19 @@ na_tensor *na_batch_norm(na_tensor *x, na_tensor *running_mean, na_tensor *runni
     na_tensor *mean = na_empty(pdt, x->device, NA_SHAPE(c));
     na_tensor *invstd = na_empty(pdt, x->device, NA_SHAPE(c));
     if (!y || !mean || !invstd) return NULL;
-    int rc;
-    if (training) {
-        rc = be->batch_norm_train(x, weight, bias, running_mean, running_var, y, mean, invstd, nb,
-                                  c, sp, momentum, eps);
-    } else {
-        rc = be->batch_norm_eval(x, weight, bias, running_mean, running_var, y, nb, c, sp, eps);
-        if (!rc) { /* for backward: the running statistics play the batch's role */
-            na_no_grad_begin();
-            na_tensor *v = na_rsqrt(na_add_scalar(running_var, eps));
-            na_no_grad_end();
-            rc = v ? be->copy(invstd, v) : na_last_status();
-            if (!rc) rc = be->copy(mean, running_mean);
-        }
-    }
+    int rc = training ? be->batch_norm_train(x, weight, bias, running_mean, running_var, y, mean,
+                                             invstd, nb, c, sp, momentum, eps)
+                      : be->batch_norm_eval(x, weight, bias, running_mean, running_var, y, nb,
+                                            c, sp, eps);
     if (rc) return NULL;
     na_tensor *in[3] = {x, weight, bias};
     na_node *n = na_graph_record(NA_OP_BATCH_NORM, y, 3, in);
+    if (n && !training) { /* backward in eval: the running statistics play the batch's role */
+        na_no_grad_begin();
+        na_tensor *v = na_rsqrt(na_add_scalar(running_var, eps));
+        na_no_grad_end();
+        if (!v || be->copy(invstd, v) != NA_OK || be->copy(mean, running_mean) != NA_OK) return NULL;
+    }
     if (n) {
         n->saved[0] = mean;
         n->saved[1] = invstd;

@@ -55,13 +55,10 @@ static na_tensor *reduce_loss(na_tensor *per, na_reduction r) {
 /* The per-element gradient of a reduced loss: gout broadcast to `like` (scaled by 1/numel for
  * a mean), in dtype dt. */
 static na_tensor *loss_grad(na_tensor *gout, na_reduction r, const na_tensor *like, na_dtype dt) {
-    na_tensor *g = gout;
-    if (r != NA_REDUCTION_NONE) {
-        na_tensor *z = na_zeros(dt, like->device, like->ndim, like->shape);
-        g = z ? na_add(z, na_cast(gout, dt)) : NULL;
-        if (g && r == NA_REDUCTION_MEAN) g = na_scale(g, 1.0 / (double)(like->numel ? like->numel : 1));
-    }
-    return g ? na_contiguous(na_cast(g, dt)) : NULL;
+    na_tensor *g = na_cast(gout, dt);
+    if (g && r != NA_REDUCTION_NONE) g = na_expand_to(g, like->ndim, like->shape);
+    if (g && r == NA_REDUCTION_MEAN) g = na_scale(g, 1.0 / (double)(like->numel ? like->numel : 1));
+    return g ? na_contiguous(g) : NULL;
 }
 
 /* ---- cross-entropy ------------------------------------------------------------------------ */

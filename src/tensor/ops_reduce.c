@@ -1,5 +1,7 @@
 /* Reductions: sum, mean, max (over everything or one dim) and argmax. They accumulate in f32
  * (f64 for f64) whatever the storage dtype; under autocast sum and mean return f32. */
+#include <limits.h>
+
 #include "src/autograd/graph.h"
 #include "src/tensor/tensor_internal.h"
 
@@ -14,12 +16,13 @@ static int reduced_shape(const na_tensor *x, int dim, bool keepdim, int64_t *sha
     return nd;
 }
 
-/* dim < 0: over everything. */
+#define ALL_DIMS INT_MIN /* reduce over every dim */
+
 static na_tensor *reduce(const char *fn, na_op op, na_reduce_op rop, na_tensor *x, int dim,
                          bool keepdim) {
     if (!na_check_float(fn, x, "input")) return NULL;
-    if (dim != -1000 && !na_check_dim(fn, x, &dim)) return NULL;
-    if (dim == -1000) dim = -1;
+    if (dim == ALL_DIMS) dim = -1;
+    else if (!na_check_dim(fn, x, &dim)) return NULL;
     na_tensor *ins[1] = {x};
     if (na_autocast_inputs(op, ins, 1) != NA_OK || !(x = na_contiguous(ins[0]))) return NULL;
     int64_t outer = 1, r = x->numel, inner = 1, shape[NA_MAX_DIMS];
@@ -43,7 +46,6 @@ static na_tensor *reduce(const char *fn, na_op op, na_reduce_op rop, na_tensor *
     return out;
 }
 
-#define ALL_DIMS (-1000)
 na_tensor *na_sum(na_tensor *x) { return reduce("na_sum", NA_OP_SUM, NA_REDUCE_SUM, x, ALL_DIMS, false); }
 na_tensor *na_sum_dim(na_tensor *x, int dim, bool keepdim) {
     return reduce("na_sum_dim", NA_OP_SUM, NA_REDUCE_SUM, x, dim, keepdim);
@@ -57,20 +59,13 @@ na_tensor *na_max_dim(na_tensor *x, int dim, bool keepdim) {
     return reduce("na_max_dim", NA_OP_MAX, NA_REDUCE_MAX, x, dim, keepdim);
 }
 
-/* gout [outer, inner] broadcast back over r: a stride-0 view copied out contiguously. */
+/* gout broadcast back over the reduced dim(s): the input's shape with r folded to 1 */
 static na_tensor *expand_back(na_node *n, na_tensor *gout) {
-    na_tensor *g = na_contiguous(gout);
-    if (!g) return NULL;
     na_tensor *x = n->inputs[0];
-    na_tensor *v = na_tensor_view_header(g);
-    if (!v) return NULL;
-    v->ndim = 3;
-    v->shape[0] = n->i[0], v->shape[1] = n->i[1], v->shape[2] = n->i[2];
-    v->stride[0] = n->i[2], v->stride[1] = 0, v->stride[2] = 1;
-    v->numel = x->numel;
-    na_tensor *out = na_empty(g->dtype, g->device, 3, v->shape);
-    if (!out || na_be(g)->copy(out, v) != NA_OK) return NULL;
-    return na_reshape(out, x->ndim, x->shape);
+    int64_t kept[3] = {n->i[0], 1, n->i[2]}, full[3] = {n->i[0], n->i[1], n->i[2]};
+    na_tensor *g = na_reshape(gout, 3, kept);
+    g = g ? na_expand_to(g, 3, full) : NULL;
+    return g ? na_reshape(g, x->ndim, x->shape) : NULL;
 }
 
 int na_bw_SUM(na_node *n, na_tensor *gout, na_tensor **gin) {

@@ -59,6 +59,31 @@ na_tensor *na_flatten(na_tensor *t, int start_dim) {
     return na_reshape(t, start_dim + 1, s);
 }
 
+na_tensor *na_expand_to(na_tensor *t, int ndim, const int64_t *shape) {
+    char a[NA_DESCRIBE_MAX];
+    na_tensor *v = t && ndim >= t->ndim ? na_tensor_view_header(t) : NULL;
+    if (!v) {
+        if (t) na_set_error(NA_ESHAPE, "na_expand_to: cannot expand %s to %d dims",
+                            na_tensor_describe(t, a, sizeof a), ndim);
+        return NULL;
+    }
+    int lead = ndim - t->ndim;
+    v->ndim = ndim;
+    for (int d = 0; d < ndim; d++) {
+        int64_t size = d >= lead ? t->shape[d - lead] : 1;
+        if (size != 1 && size != shape[d]) {
+            na_set_error(NA_ESHAPE, "na_expand_to: %s does not broadcast to dim %d of size %" PRId64,
+                         na_tensor_describe(t, a, sizeof a), d, shape[d]);
+            return NULL;
+        }
+        v->shape[d] = shape[d];
+        v->stride[d] = size == 1 ? 0 : t->stride[d - lead];
+    }
+    v->numel = na_shape_numel(ndim, shape);
+    na_tensor *out = na_empty(t->dtype, t->device, ndim, shape);
+    return out && na_be(t)->copy(out, v) == NA_OK ? out : NULL;
+}
+
 /* ---- permute / transpose --------------------------------------------------------------- */
 
 na_tensor *na_permute(na_tensor *t, const int *perm) {

@@ -1,5 +1,6 @@
 /* Tensors: construction, the two lifetimes, moving data, describing (see nanoamp/tensor.h). */
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -81,10 +82,6 @@ static bool check_dtype_device(const char *fn, na_dtype dt, na_device dev) {
         na_set_error(NA_EDTYPE, "%s: unknown dtype %d", fn, (int)dt);
         return false;
     }
-    if (dt == NA_DTYPE_F64 && dev == NA_DEVICE_CUDA) {
-        /* f64 is the CPU's gradient-check dtype; the CUDA backend computes it too, but
-         * nothing in training uses it. Allowed. */
-    }
     return na_backend_get(dev) != NULL;
 }
 
@@ -152,8 +149,8 @@ na_tensor *na_arange(na_dtype dt, na_device dev, double start, double stop, doub
         na_set_error(NA_EINVAL, "na_arange: step %g cannot go from %g to %g", step, start, stop);
         return NULL;
     }
-    double nf = (stop - start) / step;
-    int64_t n = nf > 0 ? (int64_t)(nf + (nf - (int64_t)nf > 0 ? 1 : 0)) : 0;
+    double nf = ceil((stop - start) / step);
+    int64_t n = nf > 0 ? (int64_t)nf : 0;
     na_tensor *t = na_empty(dt, dev, NA_SHAPE(n));
     if (!t) return NULL;
     const na_backend *be = na_be(t);

@@ -35,6 +35,10 @@ int na_autocast_inputs(na_op op, na_tensor **ins, int n);
 /* [outer, r, inner] split of t around `dim`. */
 void na_split_dims(const na_tensor *t, int dim, int64_t *outer, int64_t *r, int64_t *inner);
 
+/* t broadcast (NumPy rules, aligned right) to `shape`, as a new contiguous tensor: a
+ * stride-0 view copied out in one pass. The inverse of na_sum_to_shape. */
+na_tensor *na_expand_to(na_tensor *t, int ndim, const int64_t *shape);
+
 /* Reduce g (shape of a broadcast result) to `shape` by summing broadcast dims. */
 na_tensor *na_sum_to_shape(na_tensor *g, int ndim, const int64_t *shape);
 #endif
