@@ -10,7 +10,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -235,8 +238,11 @@ Test(idx, rejects_every_corruption_plain_and_gzip) {
         put_be32(bad + 4, 60000);
         put_be32(bad + 8, 28);
         put_be32(bad + 12, 28);
-        expect_idx_fail(bad, il, lab, ll, gz, NA_EFORMAT,
+        size_t ll60k;
+        uint8_t *lab60k = idx_labels(60000, &ll60k);
+        expect_idx_fail(bad, il, lab60k, ll60k, gz, NA_EFORMAT,
                         (const char *[]){"truncated", "announces 47040000 data bytes", NULL});
+        free(lab60k);
         /* count mismatch */
         uint8_t *lab2 = idx_labels(2, &ll);
         expect_idx_fail(img, il, lab2, ll, gz, NA_EFORMAT,
@@ -288,6 +294,203 @@ Test(idx, rejects_corrupt_and_cut_gzip_streams) {
     assert_msg_has(tpath("magic"));
     free(img);
     free(lab);
+}
+
+/* One complete gzip member (RFC 1952) holding n bytes, in a malloc'd buffer. */
+static uint8_t *gz_member(const void *p, size_t n, size_t *len) {
+    z_stream zs = {0};
+    cr_assert_eq(deflateInit2(&zs, 9, Z_DEFLATED, 16 + 15, 8, Z_DEFAULT_STRATEGY), Z_OK);
+    size_t cap = deflateBound(&zs, (uLong)n);
+    uint8_t *out = malloc(cap);
+    zs.next_in = (Bytef *)p;
+    zs.avail_in = (uInt)n;
+    zs.next_out = out;
+    zs.avail_out = (uInt)cap;
+    cr_assert_eq(deflate(&zs, Z_FINISH), Z_STREAM_END);
+    *len = cap - zs.avail_out;
+    deflateEnd(&zs);
+    return out;
+}
+
+/* Writes the concatenation of parts (each repeated reps[i] times) to path. */
+static void write_parts(const char *path, int n, const uint8_t *const *parts, const size_t *lens,
+                        const int *reps) {
+    FILE *f = fopen(path, "wb");
+    cr_assert_not_null(f);
+    for (int i = 0; i < n; i++)
+        for (int r = 0; r < reps[i]; r++) cr_assert_eq(fwrite(parts[i], 1, lens[i], f), lens[i]);
+    cr_assert_eq(fclose(f), 0);
+}
+
+Test(idx, gzip_trailer_is_checked_and_trailing_bytes_are_rejected) {
+    size_t il, ll, gl, ml;
+    uint8_t *img = idx_images(20, 4, 5, &il), *lab = idx_labels(20, &ll);
+    write_bytes(tpath("lab"), lab, ll, true);
+    uint8_t *g = gz_member(img, il, &gl);
+    uint8_t *bad = malloc(gl + 16);
+    const char *p = tpath("img");
+
+    /* the intact member loads */
+    write_bytes(p, g, gl, false);
+    na_dataset *ds = na_idx_load(p, tpath("lab"));
+    check_idx_dataset(ds, 20, 4, 5, img, lab);
+    na_dataset_free(ds);
+
+    /* trailer (CRC-32 + length) missing, or only the length missing: all data is there */
+    for (size_t cut = 8; cut >= 4; cut -= 4) {
+        write_bytes(p, g, gl - cut, false);
+        char off[64];
+        snprintf(off, sizeof off, "cut off at file offset %zu", gl - cut);
+        expect_idx_fail(g, gl - cut, lab, ll, false, NA_EFORMAT,
+                        (const char *[]){p, "truncated", off, "trailer", NULL});
+    }
+    /* a wrong CRC-32, a wrong length */
+    memcpy(bad, g, gl);
+    bad[gl - 8] ^= 0x01;
+    expect_idx_fail(bad, gl, lab, ll, false, NA_EFORMAT,
+                    (const char *[]){p, "incorrect data check", "file offset", NULL});
+    memcpy(bad, g, gl);
+    bad[gl - 4] ^= 0x01;
+    expect_idx_fail(bad, gl, lab, ll, false, NA_EFORMAT,
+                    (const char *[]){p, "incorrect length check", NULL});
+    /* garbage (or zero padding) after the stream */
+    memcpy(bad, g, gl);
+    memcpy(bad + gl, "garbage!", 8);
+    char off[128];
+    snprintf(off, sizeof off, "8 trailing bytes after the end of the gzip data at file offset %zu",
+             gl);
+    expect_idx_fail(bad, gl + 8, lab, ll, false, NA_EFORMAT, (const char *[]){p, off, NULL});
+    memset(bad + gl, 0, 3);
+    expect_idx_fail(bad, gl + 3, lab, ll, false, NA_EFORMAT,
+                    (const char *[]){"3 trailing bytes", NULL});
+    bad[gl] = 0x1f; /* one byte that could start a member */
+    expect_idx_fail(bad, gl + 1, lab, ll, false, NA_EFORMAT,
+                    (const char *[]){"1 trailing bytes", NULL});
+
+    /* concatenated members are one stream (as gzip -d reads them): the file split in two
+     * members loads; a second member beyond the announced data is trailing data */
+    size_t l1, l2;
+    uint8_t *m1 = gz_member(img, 30, &l1), *m2 = gz_member(img + 30, il - 30, &l2);
+    write_parts(p, 2, (const uint8_t *[]){m1, m2}, (size_t[]){l1, l2}, (int[]){1, 1});
+    ds = na_idx_load(p, tpath("lab"));
+    check_idx_dataset(ds, 20, 4, 5, img, lab);
+    na_dataset_free(ds);
+    uint8_t *m3 = gz_member("xyz", 3, &ml);
+    write_parts(p, 2, (const uint8_t *[]){g, m3}, (size_t[]){gl, ml}, (int[]){1, 1});
+    cr_assert_null(na_idx_load(p, tpath("lab")));
+    assert_msg_has("3 trailing bytes after decompressed offset 416");
+    /* the labels file is checked the same way */
+    uint8_t *gl2 = gz_member(lab, ll, &ml);
+    write_bytes(p, g, gl, false);
+    write_bytes(tpath("lab"), gl2, ml - 8, false);
+    cr_assert_null(na_idx_load(p, tpath("lab")));
+    assert_msg_has(tpath("lab"));
+    assert_msg_has("trailer");
+    free(m1);
+    free(m2);
+    free(m3);
+    free(gl2);
+    free(bad);
+    free(g);
+    free(img);
+    free(lab);
+}
+
+/* A gzip file whose header announces n samples: the header in its own member, then `megs`
+ * members of 1 MiB of zero bytes (a few hundred bytes each: real, highly compressible data). */
+static void write_zero_bomb(const char *path, uint32_t magic, uint32_t n, uint32_t rows,
+                            uint32_t cols, int megs) {
+    uint8_t hdr[16];
+    put_be32(hdr, magic);
+    put_be32(hdr + 4, n);
+    put_be32(hdr + 8, rows);
+    put_be32(hdr + 12, cols);
+    size_t hl, zl, zeros = 1 << 20;
+    uint8_t *h = gz_member(hdr, magic == 0x00000803 ? 16 : 8, &hl);
+    uint8_t *zbuf = calloc(zeros, 1);
+    uint8_t *z = gz_member(zbuf, zeros, &zl);
+    write_parts(path, 2, (const uint8_t *[]){h, z}, (size_t[]){hl, zl}, (int[]){1, megs});
+    free(h);
+    free(z);
+    free(zbuf);
+}
+
+/* na_idx_load in a forked child: its status, message, seconds, and how much its peak RSS grew
+ * (KiB) while loading. */
+typedef struct {
+    int status;
+    long rss_growth_kb;
+    double seconds;
+    char msg[512];
+} load_probe;
+
+static load_probe probe_idx_load(const char *images, const char *labels) {
+    int fds[2];
+    cr_assert_eq(pipe(fds), 0);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        load_probe r = {0};
+        struct rusage ru;
+        getrusage(RUSAGE_SELF, &ru);
+        long before = ru.ru_maxrss;
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        na_dataset *ds = na_idx_load(images, labels);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        getrusage(RUSAGE_SELF, &ru);
+        r.status = ds ? NA_OK : na_last_status();
+        r.rss_growth_kb = ru.ru_maxrss - before;
+        r.seconds = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+        snprintf(r.msg, sizeof r.msg, "%s", na_last_error());
+        if (write(fds[1], &r, sizeof r) != (ssize_t)sizeof r) _exit(2);
+        _exit(0);
+    }
+    close(fds[1]);
+    load_probe r = {.status = 1};
+    ssize_t got = read(fds[0], &r, sizeof r);
+    close(fds[0]);
+    int ws;
+    waitpid(pid, &ws, 0);
+    cr_assert(got == (ssize_t)sizeof r && WIFEXITED(ws) && WEXITSTATUS(ws) == 0,
+              "the loading child died (status 0x%x)", ws);
+    return r;
+}
+
+static void expect_cheap_failure(const char *images, const char *labels, const char *needle) {
+    load_probe r = probe_idx_load(images, labels);
+    cr_assert_eq(r.status, NA_EFORMAT, "status %d: %s", r.status, r.msg);
+    cr_assert(strstr(r.msg, needle), "message lacks \"%s\": %s", needle, r.msg);
+    cr_assert_lt(r.rss_growth_kb, 64 * 1024, "peak memory grew by %ld KiB: %s", r.rss_growth_kb,
+                 r.msg);
+    cr_assert_lt(r.seconds, 5.0, "took %.1f s: %s", r.seconds, r.msg);
+}
+
+Test(idx, lying_gzip_headers_cost_only_what_the_files_hold, .timeout = 120) {
+    const uint32_t n = 600 * 1024; /* 600 MiB of 32x32 images, 614400 labels */
+    char big_img[600], big_lab[600], small_lab[600], short_img[600];
+    snprintf(big_img, sizeof big_img, "%s", tpath("big-images.gz"));
+    snprintf(big_lab, sizeof big_lab, "%s", tpath("big-labels.gz"));
+    snprintf(small_lab, sizeof small_lab, "%s", tpath("small-labels.gz"));
+    snprintf(short_img, sizeof short_img, "%s", tpath("short-images.gz"));
+    write_zero_bomb(big_img, 0x00000803, n, 32, 32, 600); /* all 600 MiB present */
+    write_zero_bomb(big_lab, 0x00000801, n * 1024, 0, 0, 600);
+    write_zero_bomb(small_lab, 0x00000801, n, 0, 0, 0); /* no labels at all */
+    write_zero_bomb(short_img, 0x00000803, n * 1024, 1, 1, 1);
+    struct stat st;
+    cr_assert_eq(stat(big_img, &st), 0);
+    cr_assert_lt(st.st_size, 2 << 20, "the test file is %lld bytes", (long long)st.st_size);
+
+    /* counts disagree: found from the headers, before any data is read */
+    size_t ll;
+    uint8_t *lab = idx_labels(5, &ll);
+    write_bytes(tpath("five-labels"), lab, ll, true);
+    free(lab);
+    expect_cheap_failure(big_img, tpath("five-labels"), "614400 images but");
+    /* the labels file ends at once: the images are not read beyond it */
+    expect_cheap_failure(big_img, small_lab, "small-labels.gz' is truncated");
+    /* the other way round: 600 MiB of labels, 1 MiB of images announced as 600 MiB */
+    expect_cheap_failure(short_img, big_lab, "short-images.gz' is truncated");
 }
 
 Test(idx, missing_files_and_bad_arguments) {

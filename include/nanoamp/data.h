@@ -53,7 +53,12 @@ void na_dataset_free(na_dataset *ds); /* NULL is fine */
 /* IDX files (MNIST, Fashion-MNIST): images magic 0x00000803 with dims (N, rows, cols), labels
  * magic 0x00000801 with dim (N), big-endian, u8 data, labels 0..9. Each file may be plain or
  * gzip-compressed (detected by the gzip magic bytes, not the name). The file must hold exactly
- * the bytes its header announces: a short file and trailing bytes are both errors. */
+ * the bytes its header announces: a short file and trailing bytes are both errors. A gzip file
+ * must be complete: every member's CRC-32 and length trailer is checked, concatenated members
+ * are read as one stream (as gzip -d does), and a missing trailer or any byte after the last
+ * member that does not start another member is an error. The two headers are compared before
+ * any data is read, and memory grows with the data actually present, never with what a
+ * header announces. */
 na_dataset *na_idx_load(const char *images_path, const char *labels_path);
 /* Loads <dir>/train-images-idx3-ubyte + train-labels-idx1-ubyte (train) or t10k-images-idx3-
  * ubyte + t10k-labels-idx1-ubyte (test), each with or without a .gz suffix. */

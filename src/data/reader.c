@@ -1,13 +1,18 @@
-/* Bounded reading of plain or gzip-compressed files (see reader.h). */
+/* Bounded reading of plain or gzip-compressed files (see reader.h).
+ *
+ * gzip goes through inflate() directly rather than gzread(): gzread stops silently at a
+ * missing trailer and skips anything after the last member, and both must be errors here. */
 #include "reader.h"
 
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
 #include "nanoamp/error.h"
 
-#define NA_READER_CHUNK ((int64_t)1 << 20) /* gzread takes an unsigned int: read <= 1 MiB */
+#define NA_READER_CHUNK ((int64_t)1 << 20) /* inflate takes an unsigned int: <= 1 MiB a call */
+#define NA_READER_GZ_IN (64 * 1024)        /* compressed bytes read from the file at a time */
 
 int na_reader_open(na_reader *r, const char *fn, const char *path) {
     memset(r, 0, sizeof *r);
@@ -24,53 +29,116 @@ int na_reader_open(na_reader *r, const char *fn, const char *path) {
     }
     unsigned char magic[2];
     size_t got = fread(magic, 1, 2, f);
-    if (got == 2 && magic[0] == 0x1f && magic[1] == 0x8b) {
-        fclose(f);
-        r->gz = gzopen(path, "rb");
-        if (!r->gz)
-            return na_set_error(NA_EIO, "%s: cannot open gzip file '%s': %s", fn, path,
-                                errno ? strerror(errno) : "out of memory");
-        gzbuffer(r->gz, 128 * 1024);
-        r->is_gz = true;
-        return NA_OK;
-    }
     if (fseek(f, 0, SEEK_SET) != 0) {
         fclose(f);
         return na_set_error(NA_EIO, "%s: cannot seek in '%s': %s", fn, path, strerror(errno));
     }
     r->f = f;
+    if (got == 2 && magic[0] == 0x1f && magic[1] == 0x8b) {
+        r->is_gz = true;
+        r->file_size = (int64_t)st.st_size;
+        r->in = malloc(NA_READER_GZ_IN);
+        /* 16 + 15: a gzip wrapper (header, CRC-32 and length checked by inflate), 32K window */
+        if (!r->in || inflateInit2(&r->zs, 16 + 15) != Z_OK) {
+            na_reader_close(r);
+            return na_set_error(NA_ENOMEM, "%s: '%s': out of memory for the gzip decoder", fn,
+                                path);
+        }
+        r->zs_ready = true;
+        return NA_OK;
+    }
     r->size = (int64_t)st.st_size;
     return NA_OK;
 }
 
+/* File offset of the next compressed byte inflate will see. */
+static int64_t gz_offset(const na_reader *r) { return r->in_end - (int64_t)r->zs.avail_in; }
+
+/* Tops the input up to at least `need` bytes (fewer only at the end of the file); returns
+ * the bytes now available or a negative status. */
+static int64_t gz_fill(na_reader *r, unsigned need) {
+    if (r->zs.avail_in >= need) return r->zs.avail_in;
+    memmove(r->in, r->zs.next_in, r->zs.avail_in);
+    r->zs.next_in = r->in;
+    while (r->zs.avail_in < need) {
+        size_t got = fread(r->in + r->zs.avail_in, 1, NA_READER_GZ_IN - r->zs.avail_in, r->f);
+        if (got == 0) {
+            if (ferror(r->f))
+                return na_set_error(NA_EIO, "%s: read error in '%s' at offset %lld: %s", r->fn,
+                                    r->path, (long long)r->in_end, strerror(errno));
+            break;
+        }
+        r->zs.avail_in += (uInt)got;
+        r->in_end += (int64_t)got;
+    }
+    return r->zs.avail_in;
+}
+
+/* After a member's trailer: the file must end here or go on with another member. */
+static int gz_next_member(na_reader *r) {
+    int64_t at = gz_offset(r), avail = gz_fill(r, 2);
+    if (avail < 0) return (int)avail;
+    if (avail == 0) {
+        r->at_end = true;
+        return NA_OK;
+    }
+    if (avail < 2 || r->zs.next_in[0] != 0x1f || r->zs.next_in[1] != 0x8b)
+        return na_set_error(NA_EFORMAT,
+                            "%s: '%s': %lld trailing bytes after the end of the gzip data at file "
+                            "offset %lld (not another gzip member: the file is damaged)",
+                            r->fn, r->path, (long long)(r->file_size - at), (long long)at);
+    r->member_at = at;
+    return inflateReset(&r->zs) == Z_OK ? NA_OK
+                                        : na_set_error(NA_EFORMAT, "%s: '%s': gzip reset failed",
+                                                       r->fn, r->path);
+}
+
+static int64_t gz_read(na_reader *r, unsigned char *p, int64_t n) {
+    int64_t done = 0;
+    while (done < n && !r->at_end) {
+        int64_t avail = gz_fill(r, 1);
+        if (avail < 0) return avail;
+        if (avail == 0)
+            return na_set_error(NA_EFORMAT,
+                                "%s: '%s' is truncated: the gzip stream is cut off at file offset "
+                                "%lld (decompressed offset %lld), inside the member that starts at "
+                                "offset %lld: its data or its CRC-32/length trailer is missing",
+                                r->fn, r->path, (long long)r->in_end, (long long)(r->pos + done),
+                                (long long)r->member_at);
+        uInt want = (uInt)(n - done < NA_READER_CHUNK ? n - done : NA_READER_CHUNK);
+        r->zs.next_out = p + done;
+        r->zs.avail_out = want;
+        int64_t at = gz_offset(r);
+        int ret = inflate(&r->zs, Z_NO_FLUSH);
+        done += want - r->zs.avail_out;
+        if (ret == Z_STREAM_END) {
+            int st = gz_next_member(r);
+            if (st) return st;
+        } else if (ret != Z_OK && ret != Z_BUF_ERROR) {
+            return na_set_error(ret == Z_MEM_ERROR ? NA_ENOMEM : NA_EFORMAT,
+                                "%s: '%s': corrupt gzip data near file offset %lld (decompressed "
+                                "offset %lld): %s",
+                                r->fn, r->path, (long long)at, (long long)(r->pos + done),
+                                r->zs.msg ? r->zs.msg : zError(ret));
+        }
+    }
+    r->pos += done;
+    return done;
+}
+
 int64_t na_reader_read(na_reader *r, void *buf, int64_t n) {
+    if (r->is_gz) return gz_read(r, buf, n);
     unsigned char *p = buf;
     int64_t done = 0;
     while (done < n) {
-        int64_t want = n - done;
-        if (want > NA_READER_CHUNK) want = NA_READER_CHUNK;
-        if (r->is_gz) {
-            int got = gzread(r->gz, p + done, (unsigned)want);
-            if (got < 0) {
-                int errnum = 0;
-                const char *msg = gzerror(r->gz, &errnum);
-                return na_set_error(errnum == Z_ERRNO ? NA_EIO : NA_EFORMAT,
-                                    "%s: '%s': corrupt gzip data near decompressed offset %lld: %s",
-                                    r->fn, r->path, (long long)(r->pos + done),
-                                    errnum == Z_ERRNO ? strerror(errno) : msg);
-            }
-            if (got == 0) break;
-            done += got;
-        } else {
-            size_t got = fread(p + done, 1, (size_t)want, r->f);
-            done += (int64_t)got;
-            if ((int64_t)got < want) {
-                if (ferror(r->f))
-                    return na_set_error(NA_EIO, "%s: read error in '%s' at offset %lld: %s",
-                                        r->fn, r->path, (long long)(r->pos + done),
-                                        strerror(errno));
-                break;
-            }
+        int64_t want = n - done < NA_READER_CHUNK ? n - done : NA_READER_CHUNK;
+        size_t got = fread(p + done, 1, (size_t)want, r->f);
+        done += (int64_t)got;
+        if ((int64_t)got < want) {
+            if (ferror(r->f))
+                return na_set_error(NA_EIO, "%s: read error in '%s' at offset %lld: %s", r->fn,
+                                    r->path, (long long)(r->pos + done), strerror(errno));
+            break;
         }
     }
     r->pos += done;
@@ -79,16 +147,11 @@ int64_t na_reader_read(na_reader *r, void *buf, int64_t n) {
 
 void na_reader_close(na_reader *r) {
     if (r->f) fclose(r->f);
-    if (r->gz) gzclose(r->gz);
+    if (r->zs_ready) inflateEnd(&r->zs);
+    free(r->in);
     r->f = NULL;
-    r->gz = NULL;
+    r->in = NULL;
+    r->zs_ready = false;
 }
 
 const char *na_reader_kind(const na_reader *r) { return r->is_gz ? "gzip " : ""; }
-
-const char *na_reader_eof_note(na_reader *r) {
-    if (!r->is_gz) return "";
-    int errnum = Z_OK;
-    gzerror(r->gz, &errnum);
-    return errnum == Z_BUF_ERROR ? " (the gzip stream is cut off)" : "";
-}
