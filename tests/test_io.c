@@ -11,6 +11,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "nanoamp/cuda.h"
@@ -540,6 +541,9 @@ Test(checkpoint, failed_write_leaves_the_old_file_intact) {
     setrlimit(RLIMIT_FSIZE, &old_rl);
     cr_assert_eq(st, NA_EIO);
     assert_msg_has("writing");
+    assert_msg_has(p); /* the temporary's name starts with the target's */
+    assert_msg_has("EFBIG");
+    assert_msg_has("ulimit -f");
     assert_msg_has("is unchanged");
     na_checkpoint_free(ck);
     free(big);
@@ -548,6 +552,12 @@ Test(checkpoint, failed_write_leaves_the_old_file_intact) {
     cr_assert_eq(len, old_len);
     cr_assert_eq(memcmp(now, old, len), 0);
     free(now);
+    na_checkpoint *intact = na_checkpoint_load(p);
+    cr_assert_not_null(intact, "%s", na_last_error());
+    na_checkpoint_entry we;
+    cr_assert_eq(na_checkpoint_get(intact, "w", &we), NA_OK);
+    cr_assert_eq(((const float *)we.data)[0], 1.0f);
+    na_checkpoint_free(intact);
     cr_assert_eq(count_tmp_files(), 0, "a temporary file was left behind");
 
     /* the target is a directory: the rename fails, the temporary is removed */
@@ -593,6 +603,61 @@ Test(checkpoint, failed_write_leaves_the_old_file_intact) {
     na_checkpoint_free(in);
     cr_assert_eq(count_tmp_files(), 0);
     free(old);
+}
+
+static void write_junk(const char *path) {
+    static uint8_t junk[1 << 16];
+    write_raw(path, junk, sizeof junk);
+}
+
+static bool exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+Test(checkpoint, a_save_removes_stale_temporaries_of_its_own_dead_saves_only) {
+    const char *p = tpath("model.safetensors");
+    pid_t dead = fork(); /* a pid that has certainly exited */
+    cr_assert_geq(dead, 0);
+    if (dead == 0) _exit(0);
+    waitpid(dead, NULL, 0);
+    pid_t live = fork(); /* a live process "saving" the same checkpoint right now */
+    cr_assert_geq(live, 0);
+    if (live == 0) {
+        pause();
+        _exit(0);
+    }
+    char stale[600], alive[600], other[600], suffix[600], longer[600];
+    snprintf(stale, sizeof stale, "%s.tmp.%d", p, (int)dead);
+    snprintf(alive, sizeof alive, "%s.tmp.%d", p, (int)live);
+    snprintf(other, sizeof other, "%s.tmp.%d", tpath("other.safetensors"), (int)dead);
+    snprintf(suffix, sizeof suffix, "%s.tmp.%dx", p, (int)dead);
+    snprintf(longer, sizeof longer, "%s.bak.tmp.%d", p, (int)dead);
+    const char *keep[] = {alive, other, suffix, longer};
+    write_junk(stale);
+    for (int i = 0; i < 4; i++) write_junk(keep[i]);
+
+    na_checkpoint *ck = small_ck(5.0f);
+    int st = na_checkpoint_save(ck, p);
+    na_checkpoint_free(ck);
+    kill(live, SIGKILL);
+    waitpid(live, NULL, 0);
+    cr_assert_eq(st, NA_OK, "%s", na_last_error());
+    cr_assert(!exists(stale), "the dead save's temporary '%s' is still there", stale);
+    for (int i = 0; i < 4; i++) cr_assert(exists(keep[i]), "'%s' was removed", keep[i]);
+    cr_assert(exists(p));
+
+    /* a relative path: the temporaries are looked for in the current directory */
+    char cwd[600];
+    cr_assert_not_null(getcwd(cwd, sizeof cwd));
+    cr_assert_eq(chdir(tmpdir), 0);
+    write_junk(stale);
+    ck = small_ck(6.0f);
+    st = na_checkpoint_save(ck, "model.safetensors");
+    na_checkpoint_free(ck);
+    cr_assert_eq(chdir(cwd), 0);
+    cr_assert_eq(st, NA_OK, "%s", na_last_error());
+    cr_assert(!exists(stale));
 }
 
 /* ---- convenience -------------------------------------------------------------------------- */

@@ -10,8 +10,21 @@
  *
  * Saving is atomic: the file is written to "<path>.tmp.<pid>", flushed and fsync'ed, then
  * renamed over <path>; on any failure the temporary is removed and an existing <path> is left
- * untouched. Loading validates the file as safetensors does and reports what is wrong with the
- * file name, the tensor and the offending values.
+ * untouched. A save that was killed (SIGKILL, or SIGXFSZ, below) cannot clean up: the next
+ * save of the same <path> removes the "<path>.tmp.<pid>" files beside it whose process no
+ * longer exists (never another checkpoint's, never a live process's). A failed write is
+ * NA_EIO with a message naming the file and the cause: EFBIG (the file-size limit), ENOSPC
+ * (disk full), EIO.
+ *
+ * File-size limits (ulimit -f, RLIMIT_FSIZE): by default the kernel kills a process that
+ * writes past the limit with SIGXFSZ, silently, before the library can report anything. A
+ * program that saves checkpoints should ignore that signal once at startup,
+ *     signal(SIGXFSZ, SIG_IGN);   // <signal.h>: oversized writes then fail with EFBIG
+ * so that na_checkpoint_save returns the error instead (the library never changes signal
+ * dispositions itself).
+ *
+ * Loading validates the file as safetensors does and reports what is wrong with the file
+ * name, the tensor and the offending values.
  *
  *     na_checkpoint *ck = na_checkpoint_new();
  *     na_checkpoint_add(ck, "fc.weight", w);          // any device; w must live until save

@@ -9,12 +9,14 @@
  * checks, with messages that name the file, the tensor and the values. Beyond safetensors it
  * rejects duplicate keys (serde would keep the last), dtypes nanoamp has no type for, ranks
  * above NA_CHECKPOINT_MAX_DIMS and dims above INT64_MAX. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <signal.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -313,6 +315,44 @@ static int write_all(FILE *f, const void *p, size_t n) {
     return fwrite(p, 1, n, f) == n ? 0 : -1;
 }
 
+#define TMP_INFIX ".tmp." /* a save writes "<path>.tmp.<pid>" first */
+
+/* The directory part of path ("." when there is none), malloc'ed. */
+static char *dir_of(const char *path) {
+    const char *slash = strrchr(path, '/');
+    if (!slash) return strdup(".");
+    if (slash == path) return strdup("/");
+    return strndup(path, (size_t)(slash - path));
+}
+
+/* Removes the "<path>.tmp.<pid>" files that saves of this very checkpoint left behind when
+ * they were killed before cleaning up (SIGKILL, SIGXFSZ): only names of exactly that form,
+ * only pids other than ours of processes that no longer exist. A live process's temporary
+ * (another trainer saving the same file right now) is never touched. Best effort: a failure
+ * here does not fail the save. */
+static void remove_stale_temporaries(const char *dir, const char *path) {
+    const char *slash = strrchr(path, '/');
+    const char *base = slash ? slash + 1 : path;
+    size_t blen = strlen(base), ilen = strlen(TMP_INFIX);
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        const char *name = de->d_name;
+        if (strncmp(name, base, blen) != 0 || strncmp(name + blen, TMP_INFIX, ilen) != 0) continue;
+        const char *digits = name + blen + ilen;
+        long pid = 0;
+        size_t k = 0;
+        for (; digits[k] >= '0' && digits[k] <= '9' && pid <= INT32_MAX; k++)
+            pid = pid * 10 + (digits[k] - '0');
+        if (k == 0 || digits[k] != '\0' || digits[0] == '0' || pid > INT32_MAX ||
+            pid == (long)getpid())
+            continue;
+        if (kill((pid_t)pid, 0) == -1 && errno == ESRCH) (void)unlinkat(dirfd(d), name, 0);
+    }
+    closedir(d);
+}
+
 int na_checkpoint_save(const na_checkpoint *ck, const char *path) {
     const char *fn = "na_checkpoint_save";
     if (!ck || !path) return na_set_error(NA_EINVAL, "%s: %s is NULL", fn, ck ? "path" : "ck");
@@ -321,7 +361,7 @@ int na_checkpoint_save(const na_checkpoint *ck, const char *path) {
     na_sbuf h = {0};
     void *scratch = NULL;
     size_t tmp_len = strlen(path) + 32;
-    char *tmp = malloc(tmp_len);
+    char *tmp = malloc(tmp_len), *dir = NULL;
     FILE *f = NULL;
     if (!order || !tmp) {
         st = na_set_error(NA_ENOMEM, "%s: out of memory", fn);
@@ -342,7 +382,13 @@ int na_checkpoint_save(const na_checkpoint *ck, const char *path) {
         goto done;
     }
 
-    snprintf(tmp, tmp_len, "%s.tmp.%ld", path, (long)getpid());
+    dir = dir_of(path);
+    if (!dir) {
+        st = na_set_error(NA_ENOMEM, "%s: out of memory", fn);
+        goto done;
+    }
+    remove_stale_temporaries(dir, path);
+    snprintf(tmp, tmp_len, "%s" TMP_INFIX "%ld", path, (long)getpid());
     f = fopen(tmp, "wb");
     if (!f) {
         st = na_set_error(NA_EIO, "%s: cannot create '%s': %s", fn, tmp, strerror(errno));
@@ -384,24 +430,25 @@ int na_checkpoint_save(const na_checkpoint *ck, const char *path) {
     }
     /* Make the rename itself durable. */
     {
-        char *dir = strdup(path);
-        if (dir) {
-            char *slash = strrchr(dir, '/');
-            const char *d = slash ? (slash == dir ? "/" : (*slash = '\0', dir)) : ".";
-            int dfd = open(d, O_RDONLY | O_DIRECTORY);
-            if (dfd >= 0) {
-                (void)fsync(dfd);
-                close(dfd);
-            }
-            free(dir);
+        int dfd = open(dir, O_RDONLY | O_DIRECTORY);
+        if (dfd >= 0) {
+            (void)fsync(dfd);
+            close(dfd);
         }
     }
     goto done;
 
-write_error:
-    st = na_set_error(NA_EIO, "%s: writing '%s' failed: %s (the previous '%s', if any, is "
+write_error: {
+    int err = errno;
+    st = na_set_error(NA_EIO, "%s: writing '%s' failed: %s%s (the previous '%s', if any, is "
                               "unchanged)",
-                      fn, tmp, strerror(errno), path);
+                      fn, tmp, strerror(err),
+                      err == EFBIG    ? " (EFBIG: the file-size limit, ulimit -f, is reached)"
+                      : err == ENOSPC ? " (ENOSPC: the file system is full)"
+                      : err == EIO    ? " (EIO: the device reported an error)"
+                                      : "",
+                      path);
+}
 fail:
     if (f) fclose(f);
     f = NULL;
@@ -411,6 +458,7 @@ done:
     free(h.p);
     free(scratch);
     free(tmp);
+    free(dir);
     return st;
 }
 
