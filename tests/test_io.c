@@ -311,6 +311,105 @@ Test(checkpoint, copy_into_names_the_mismatch) {
     na_tensor_free(half);
 }
 
+/* A state dict as PyTorch + safetensors write it: BatchNorm's num_batches_tracked is I64
+ * (and I64 sorts first), plus an I64 vector with values that do not fit everywhere. */
+static void write_torch_style(const char *path) {
+    const char *header =
+        "{\"big\":{\"dtype\":\"I64\",\"shape\":[3],\"data_offsets\":[0,24]},"
+        "\"bn.num_batches_tracked\":{\"dtype\":\"I64\",\"shape\":[],\"data_offsets\":[24,32]},"
+        "\"bn.running_mean\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[32,40]}}";
+    const int64_t ints[4] = {7, -1, 3000000001LL, 1234};
+    const float mean[2] = {0.5f, -2.0f};
+    size_t hl = strlen(header), total = 8 + hl + sizeof ints + sizeof mean;
+    uint8_t *b = malloc(total);
+    for (int k = 0; k < 8; k++) b[k] = (uint8_t)((uint64_t)hl >> (8 * k));
+    memcpy(b + 8, header, hl);
+    memcpy(b + 8 + hl, ints, sizeof ints); /* the host is little-endian, as the format */
+    memcpy(b + 8 + hl + sizeof ints, mean, sizeof mean);
+    write_raw(path, b, total);
+    free(b);
+}
+
+Test(checkpoint, i64_tensors_from_pytorch_convert_where_the_values_fit) {
+    const char *p = tpath("torch.safetensors");
+    write_torch_style(p);
+    na_checkpoint *ck = na_checkpoint_load(p);
+    cr_assert_not_null(ck, "%s", na_last_error());
+    na_checkpoint_entry e;
+    cr_assert_eq(na_checkpoint_get(ck, "bn.num_batches_tracked", &e), NA_OK);
+    cr_assert_eq(e.dtype, NA_DTYPE_COUNT);
+    cr_assert_str_eq(e.file_dtype, "I64");
+    cr_assert_eq(e.ndim, 0);
+    cr_assert_eq(e.nbytes, 8);
+
+    /* the scalar into the model's i32 buffer, and into float tensors that hold 1234 exactly */
+    const na_dtype into[] = {NA_DTYPE_I32, NA_DTYPE_F32, NA_DTYPE_F16, NA_DTYPE_F64};
+    for (int i = 0; i < 4; i++) {
+        na_tensor *t = na_tensor_new(into[i], NA_DEVICE_CPU, 0, NULL);
+        cr_assert_eq(na_checkpoint_copy_into(ck, "bn.num_batches_tracked", t), NA_OK, "%s: %s",
+                     na_dtype_name(into[i]), na_last_error());
+        cr_assert_eq(na_item(t), 1234, "%s", na_dtype_name(into[i]));
+        na_tensor_free(t);
+    }
+    /* bf16 has 8 significant bits: 1234 would become 1232 */
+    na_tensor *b16 = na_tensor_new(NA_DTYPE_BF16, NA_DEVICE_CPU, 0, NULL);
+    cr_assert_eq(na_checkpoint_copy_into(ck, "bn.num_batches_tracked", b16), NA_EDTYPE);
+    assert_msg_has("'bn.num_batches_tracked' (I64) holds 1234 at element 0");
+    assert_msg_has("bf16");
+    na_tensor_free(b16);
+
+    /* values that do not fit: an error naming the tensor, the value and the element */
+    na_tensor *i32 = na_tensor_new(NA_DTYPE_I32, NA_DEVICE_CPU, NA_SHAPE(3));
+    cr_assert_eq(na_checkpoint_copy_into(ck, "big", i32), NA_EDTYPE);
+    assert_msg_has("'big'");
+    assert_msg_has("3000000001 at element 2");
+    assert_msg_has("i32");
+    assert_msg_has(p);
+    na_tensor *u8 = na_tensor_new(NA_DTYPE_U8, NA_DEVICE_CPU, NA_SHAPE(3));
+    cr_assert_eq(na_checkpoint_copy_into(ck, "big", u8), NA_EDTYPE);
+    assert_msg_has("-1 at element 1");
+    na_tensor *f32 = na_tensor_new(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(3));
+    cr_assert_eq(na_checkpoint_copy_into(ck, "big", f32), NA_EDTYPE);
+    assert_msg_has("3000000001 at element 2"); /* 3000000001 needs 32 significant bits */
+    na_tensor *f64 = na_tensor_new(NA_DTYPE_F64, NA_DEVICE_CPU, NA_SHAPE(3));
+    cr_assert_eq(na_checkpoint_copy_into(ck, "big", f64), NA_OK, "%s", na_last_error());
+    cr_assert_eq(na_get(f64, 0), 7);
+    cr_assert_eq(na_get(f64, 1), -1);
+    cr_assert_eq(na_get(f64, 2), 3000000001.0);
+    /* the shape is still checked */
+    na_tensor *i32x2 = na_tensor_new(NA_DTYPE_I32, NA_DEVICE_CPU, NA_SHAPE(2));
+    cr_assert_eq(na_checkpoint_copy_into(ck, "big", i32x2), NA_ESHAPE);
+
+    /* saving the loaded checkpoint keeps the I64 tensors as they were */
+    cr_assert_eq(na_checkpoint_save(ck, tpath("again.safetensors")), NA_OK, "%s", na_last_error());
+    na_checkpoint *again = na_checkpoint_load(tpath("again.safetensors"));
+    cr_assert_not_null(again, "%s", na_last_error());
+    na_checkpoint_entry a;
+    cr_assert_eq(na_checkpoint_get(again, "big", &a), NA_OK);
+    cr_assert_str_eq(a.file_dtype, "I64");
+    cr_assert_eq(memcmp(a.data, (const int64_t[]){7, -1, 3000000001LL}, 24), 0);
+    na_checkpoint_free(again);
+    na_checkpoint_free(ck);
+
+    /* the model's tensors by name, as a trainer resumes */
+    na_tensor *count = na_tensor_new(NA_DTYPE_I32, NA_DEVICE_CPU, 0, NULL);
+    na_tensor *mean = na_tensor_new(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(2));
+    cr_assert_eq(na_checkpoint_load_tensors(p, 2,
+                                            (const char *[]){"bn.num_batches_tracked",
+                                                             "bn.running_mean"},
+                                            (na_tensor *const[]){count, mean}, false),
+                 NA_OK, "%s", na_last_error());
+    cr_assert_eq(na_item(count), 1234);
+    cr_assert_eq(na_get(mean, 1), -2.0);
+    na_tensor_free(count);
+    na_tensor_free(mean);
+    na_tensor_free(i32);
+    na_tensor_free(u8);
+    na_tensor_free(f32);
+    na_tensor_free(f64);
+    na_tensor_free(i32x2);
+}
+
 Test(checkpoint, writer_rejects_bad_entries) {
     na_checkpoint *ck = na_checkpoint_new();
     const float v[2] = {1, 2};
@@ -455,8 +554,8 @@ Test(checkpoint, rejects_bad_utf8_and_json) {
 }
 
 Test(checkpoint, rejects_bad_tensor_info) {
-    expect_load_fail("{\"a\":{\"dtype\":\"I64\",\"shape\":[3],\"data_offsets\":[0,24]}}", 24,
-                     (const char *[]){"tensor 'a'", "unknown dtype 'I64'", NULL});
+    expect_load_fail("{\"a\":{\"dtype\":\"I16\",\"shape\":[3],\"data_offsets\":[0,6]}}", 6,
+                     (const char *[]){"tensor 'a'", "unknown dtype 'I16'", NULL});
     expect_load_fail("{\"a\":{\"dtype\":\"f32\",\"shape\":[6],\"data_offsets\":[0,24]}}", 24,
                      (const char *[]){"unknown dtype 'f32'", NULL});
     /* duplicate tensor names */

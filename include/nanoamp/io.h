@@ -5,7 +5,9 @@
  *    "data_offsets":[0,2560]}, ...}
  * padded with spaces to a multiple of 8, then the raw little-endian C-order data; offsets are
  * relative to the start of the data. nanoamp reads and writes the dtypes F64 F32 F16 BF16 I32
- * U8. Files written here are byte-identical to what safetensors itself writes for the same
+ * U8, and reads I64 (PyTorch stores BatchNorm's num_batches_tracked so): an I64 tensor is
+ * converted by na_checkpoint_copy_into into the model tensor's dtype, each value checked to
+ * fit exactly, so a state dict saved from PyTorch with safetensors loads. Files written here are byte-identical to what safetensors itself writes for the same
  * tensors and metadata (tensors ordered by dtype alignment, then by name; compact JSON).
  *
  * Saving is atomic: the file is written to "<path>.tmp.<pid>", flushed and fsync'ed, then
@@ -60,11 +62,12 @@ typedef struct na_checkpoint na_checkpoint;
 /* One tensor of a checkpoint, in host memory owned by the checkpoint. */
 typedef struct {
     const char *name;
-    na_dtype dtype;
+    na_dtype dtype;         /* NA_DTYPE_COUNT for an I64 tensor (no nanoamp dtype) */
+    const char *file_dtype; /* the dtype as the file names it: "F32", "I64", ... */
     int ndim;               /* 0 for a scalar */
     const int64_t *shape;   /* ndim values */
     int64_t numel;          /* product of shape (1 for a scalar, 0 for an empty tensor) */
-    const void *data;       /* numel elements, little-endian, C order, aligned for dtype */
+    const void *data;       /* numel elements of file_dtype, little-endian, C order, aligned */
     size_t nbytes;
 } na_checkpoint_entry;
 
@@ -98,7 +101,9 @@ int na_checkpoint_get(const na_checkpoint *ck, const char *name, na_checkpoint_e
 bool na_checkpoint_has(const na_checkpoint *ck, const char *name);
 /* Copies tensor `name` into dst (any device, contiguous). dtype and shape must match
  * exactly, else NA_EDTYPE / NA_ESHAPE: "checkpoint tensor 'fc.weight' has shape [10, 128]
- * but the model's is [10, 64]". */
+ * but the model's is [10, 64]". An I64 tensor goes into a dst of any dtype when every value
+ * is exactly representable there, else NA_EDTYPE naming the tensor, the value and the
+ * element. */
 int na_checkpoint_copy_into(const na_checkpoint *ck, const char *name, na_tensor *dst);
 
 /* The metadata value for key, or NULL. */

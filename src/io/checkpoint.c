@@ -1,14 +1,14 @@
 /* Checkpoints in the safetensors format (see include/nanoamp/io.h).
  *
- * Writing mirrors safetensors' serialize(): tensors sorted by descending dtype (F64, F32, I32,
- * BF16, F16, U8 — the order of safetensors' Dtype enum, i.e. by alignment), then by name;
+ * Writing mirrors safetensors' serialize(): tensors sorted by descending dtype (I64 of a loaded
+ * file, F64, F32, I32, BF16, F16, U8 — the order of safetensors' Dtype enum), then by name;
  * compact JSON with "__metadata__" first (its keys sorted, for reproducible files); the header
  * space-padded to a multiple of 8 so that every tensor's data is aligned in the file.
  *
  * Reading mirrors SafeTensors::read_metadata + Metadata::validate, in the same order of
  * checks, with messages that name the file, the tensor and the values. Beyond safetensors it
- * rejects duplicate keys (serde would keep the last), dtypes nanoamp has no type for, ranks
- * above NA_CHECKPOINT_MAX_DIMS and dims above INT64_MAX. */
+ * rejects duplicate keys (serde would keep the last), dtypes nanoamp has no type for (except
+ * I64, converted on copy), ranks above NA_CHECKPOINT_MAX_DIMS and dims above INT64_MAX. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -31,7 +31,8 @@
 
 typedef struct {
     char *name;
-    na_dtype dtype;
+    na_dtype dtype; /* NA_DTYPE_COUNT for I64 */
+    int st;         /* the file's dtype: index in dtypes[] */
     int ndim;
     int64_t *shape; /* ndim values (NULL when ndim == 0) */
     int64_t numel;
@@ -53,36 +54,45 @@ struct na_checkpoint {
 };
 
 /* ---- dtypes ------------------------------------------------------------------------- */
+/* The safetensors dtypes nanoamp reads, in safetensors' write order (its Dtype enum,
+ * descending); an entry's `st` indexes this table. I64 has no nanoamp dtype (dt is
+ * NA_DTYPE_COUNT): PyTorch writes num_batches_tracked as I64, so such tensors load as raw
+ * 8-byte integers and na_checkpoint_copy_into converts them. */
 static const struct {
     na_dtype dt;
     const char *name;
-    int rank; /* write order: safetensors' Dtype enum, descending */
+    size_t size;
 } dtypes[] = {
-    {NA_DTYPE_F64, "F64", 0}, {NA_DTYPE_F32, "F32", 1},  {NA_DTYPE_I32, "I32", 2},
-    {NA_DTYPE_BF16, "BF16", 3}, {NA_DTYPE_F16, "F16", 4}, {NA_DTYPE_U8, "U8", 5},
+    {NA_DTYPE_COUNT, "I64", 8}, {NA_DTYPE_F64, "F64", 8},   {NA_DTYPE_F32, "F32", 4},
+    {NA_DTYPE_I32, "I32", 4},   {NA_DTYPE_BF16, "BF16", 2}, {NA_DTYPE_F16, "F16", 2},
+    {NA_DTYPE_U8, "U8", 1},
 };
 #define N_DTYPES ((int)(sizeof dtypes / sizeof dtypes[0]))
-_Static_assert(N_DTYPES == NA_DTYPE_COUNT, "every nanoamp dtype has a safetensors name");
+_Static_assert(N_DTYPES == NA_DTYPE_COUNT + 1, "every nanoamp dtype has a safetensors name");
+
+/* Index in dtypes[] of a nanoamp dtype, or of a safetensors name; -1 if none. */
+static int st_of_dtype(na_dtype dt) {
+    for (int i = 0; i < N_DTYPES; i++)
+        if (dtypes[i].dt == dt && dt != NA_DTYPE_COUNT) return i;
+    return -1;
+}
+
+static int st_of_name(const char *s) {
+    for (int i = 0; s && i < N_DTYPES; i++)
+        if (strcmp(s, dtypes[i].name) == 0) return i;
+    return -1;
+}
 
 const char *na_safetensors_dtype_name(na_dtype dt) {
-    for (int i = 0; i < N_DTYPES; i++)
-        if (dtypes[i].dt == dt) return dtypes[i].name;
-    return NULL;
+    int k = st_of_dtype(dt);
+    return k < 0 ? NULL : dtypes[k].name;
 }
 
 bool na_safetensors_dtype_parse(const char *s, na_dtype *out) {
-    for (int i = 0; i < N_DTYPES; i++)
-        if (s && strcmp(s, dtypes[i].name) == 0) {
-            if (out) *out = dtypes[i].dt;
-            return true;
-        }
-    return false;
-}
-
-static int dtype_rank(na_dtype dt) {
-    for (int i = 0; i < N_DTYPES; i++)
-        if (dtypes[i].dt == dt) return dtypes[i].rank;
-    return N_DTYPES;
+    int k = st_of_name(s);
+    if (k < 0 || dtypes[k].dt == NA_DTYPE_COUNT) return false;
+    if (out) *out = dtypes[k].dt;
+    return true;
 }
 
 /* "[10, 64]" into buf (size >= 64); long shapes end in ", ...]". */
@@ -193,6 +203,7 @@ static int add_entry(na_checkpoint *ck, const char *fn, const char *name, na_dty
     }
     if (ndim > 0) memcpy(en.shape, shape, (size_t)ndim * sizeof(int64_t));
     en.dtype = dtype;
+    en.st = st_of_dtype(dtype);
     en.ndim = ndim;
     en.numel = (int64_t)numel;
     en.nbytes = (size_t)nbytes;
@@ -263,8 +274,7 @@ static _Thread_local const na_checkpoint *sort_ck; /* qsort has no context argum
 
 static int cmp_write_order(const void *a, const void *b) {
     const ck_entry *x = &sort_ck->e[*(const int64_t *)a], *y = &sort_ck->e[*(const int64_t *)b];
-    int rx = dtype_rank(x->dtype), ry = dtype_rank(y->dtype);
-    if (rx != ry) return rx < ry ? -1 : 1;
+    if (x->st != y->st) return x->st < y->st ? -1 : 1;
     return strcmp(x->name, y->name);
 }
 
@@ -298,7 +308,7 @@ static int build_header(const na_checkpoint *ck, const int64_t *order, na_sbuf *
         if (i) na_sbuf_put(h, ",", 1);
         na_sbuf_json_string(h, e->name);
         na_sbuf_puts(h, ":{\"dtype\":\"");
-        na_sbuf_puts(h, na_safetensors_dtype_name(e->dtype));
+        na_sbuf_puts(h, dtypes[e->st].name);
         na_sbuf_puts(h, "\",\"shape\":[");
         for (int d = 0; d < e->ndim; d++) na_sbuf_printf(h, d ? ",%" PRId64 : "%" PRId64, e->shape[d]);
         na_sbuf_printf(h, "],\"data_offsets\":[%" PRIu64 ",%" PRIu64 "]}", offset,
@@ -505,11 +515,14 @@ static bool parse_tensor_info(na_json *j, ck_entry *e) {
             if (have_dtype)
                 ok = na_json_fail(j, "tensor '%s': duplicate field 'dtype'", e->name);
             else if ((ok = na_json_string(j, &dt))) {
-                if (!na_safetensors_dtype_parse(dt, &e->dtype))
+                e->st = st_of_name(dt);
+                if (e->st < 0)
                     ok = na_json_fail(j,
                                       "tensor '%s': unknown dtype '%.40s' (nanoamp reads F64, F32, "
-                                      "F16, BF16, I32, U8)",
+                                      "F16, BF16, I32, U8, and I64 converted on copy)",
                                       e->name, dt);
+                else
+                    e->dtype = dtypes[e->st].dt;
                 free(dt);
             }
             have_dtype = true;
@@ -797,19 +810,20 @@ na_checkpoint *na_checkpoint_load(const char *path) {
         bool ovf = false;
         for (int d = 0; d < e->ndim; d++)
             ovf = ovf || __builtin_mul_overflow(numel, (uint64_t)e->shape[d], &numel);
-        ovf = ovf || __builtin_mul_overflow(numel, (uint64_t)na_dtype_size(e->dtype), &nbytes);
+        const size_t esize = dtypes[e->st].size;
+        ovf = ovf || __builtin_mul_overflow(numel, (uint64_t)esize, &nbytes);
         char sh[160];
         shape_str(sh, sizeof sh, e->ndim, e->shape);
         if (ovf) {
             fmt_error(path, "tensor '%s': shape %s x %zu-byte %s overflows 64 bits", e->name, sh,
-                      na_dtype_size(e->dtype), na_safetensors_dtype_name(e->dtype));
+                      esize, dtypes[e->st].name);
             goto fail;
         }
         if (nbytes != e->end - e->begin) {
             fmt_error(path,
                       "tensor '%s': shape %s of %s needs %" PRIu64 " bytes but data_offsets [%" PRIu64
                       ", %" PRIu64 "] span %" PRIu64,
-                      e->name, sh, na_safetensors_dtype_name(e->dtype), nbytes, e->begin, e->end,
+                      e->name, sh, dtypes[e->st].name, nbytes, e->begin, e->end,
                       e->end - e->begin);
             goto fail;
         }
@@ -865,7 +879,7 @@ na_checkpoint *na_checkpoint_load(const char *path) {
     for (int64_t i = 0; i < ck->n; i++) {
         ck_entry *e = &ck->e[i];
         e->data = ck->data + e->begin;
-        if (e->nbytes && e->begin % na_dtype_size(e->dtype) != 0) { /* realign */
+        if (e->nbytes && e->begin % dtypes[e->st].size != 0) { /* realign */
             e->owned = malloc(e->nbytes);
             if (!e->owned) {
                 na_set_error(NA_ENOMEM, "na_checkpoint_load: out of memory");
@@ -893,6 +907,7 @@ fail:
 static void fill_entry(const ck_entry *e, na_checkpoint_entry *out) {
     out->name = e->name;
     out->dtype = e->dtype;
+    out->file_dtype = dtypes[e->st].name;
     out->ndim = e->ndim;
     out->shape = e->shape;
     out->numel = e->numel;
@@ -926,6 +941,62 @@ int na_checkpoint_get(const na_checkpoint *ck, const char *name, na_checkpoint_e
     return NA_OK;
 }
 
+static int64_t i64_at(const ck_entry *e, int64_t k) {
+    int64_t x;
+    memcpy(&x, (const unsigned char *)e->data + 8 * k, 8);
+    return x;
+}
+
+/* Prefixes the current message with fn and the tensor name. */
+static int wrap_error(int st, const char *fn, const char *name) {
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", na_last_error());
+    return na_set_error(st ? st : NA_EIO, "%s: tensor '%s': %s", fn, name, msg);
+}
+
+/* An I64 tensor into dst's dtype, each value checked to be exactly representable there: the
+ * integers (range-checked for an integer dst) go through an f64 staging tensor (exact up to
+ * 2^53) and the library's own conversion, and for a float dst a read back must give the same
+ * value. */
+static int copy_i64_into(const char *fn, const ck_entry *e, na_tensor *dst, const char *file) {
+    const int64_t limit = INT64_C(1) << 53;
+    const int64_t lo = dst->dtype == NA_DTYPE_I32 ? INT32_MIN : dst->dtype == NA_DTYPE_U8 ? 0 : -limit;
+    const int64_t hi = dst->dtype == NA_DTYPE_I32 ? INT32_MAX : dst->dtype == NA_DTYPE_U8 ? 255 : limit;
+    double *v = malloc((size_t)e->numel * sizeof *v);
+    na_tensor *f64 = NULL, *conv = NULL;
+    int st = NA_OK;
+    int64_t bad = -1;
+    if (!v) {
+        st = na_set_error(NA_ENOMEM, "%s: out of memory converting '%s'", fn, e->name);
+        goto done;
+    }
+    for (int64_t k = 0; k < e->numel && bad < 0; k++) {
+        int64_t x = i64_at(e, k);
+        if (x < lo || x > hi) bad = k;
+        v[k] = (double)x;
+    }
+    if (bad >= 0) goto done;
+    if (!(f64 = na_tensor_new(NA_DTYPE_F64, NA_DEVICE_CPU, dst->ndim, dst->shape)) ||
+        !(conv = na_tensor_new(dst->dtype, NA_DEVICE_CPU, dst->ndim, dst->shape)) ||
+        (st = na_copy_from_host(f64, v)) || (st = na_copy_(conv, f64))) {
+        st = wrap_error(st ? st : na_last_status(), fn, e->name);
+        goto done;
+    }
+    for (int64_t k = 0; na_dtype_is_float(dst->dtype) && k < e->numel && bad < 0; k++)
+        if (na_get(conv, k) != v[k]) bad = k;
+    if (bad < 0 && (st = na_copy_(dst, conv))) st = wrap_error(st, fn, e->name);
+done:
+    if (bad >= 0)
+        st = na_set_error(NA_EDTYPE,
+                          "%s: checkpoint tensor '%s' (I64) holds %" PRId64 " at element %" PRId64
+                          ", which the model's %s tensor cannot hold exactly (file '%s')",
+                          fn, e->name, i64_at(e, bad), bad, na_dtype_name(dst->dtype), file);
+    na_tensor_free(conv);
+    na_tensor_free(f64);
+    free(v);
+    return st;
+}
+
 int na_checkpoint_copy_into(const na_checkpoint *ck, const char *name, na_tensor *dst) {
     const char *fn = "na_checkpoint_copy_into";
     if (!ck || !name || !dst) return na_set_error(NA_EINVAL, "%s: NULL argument", fn);
@@ -934,7 +1005,7 @@ int na_checkpoint_copy_into(const na_checkpoint *ck, const char *name, na_tensor
     if (i < 0)
         return na_set_error(NA_EINVAL, "%s: no tensor '%s' in checkpoint '%s'", fn, name, file);
     const ck_entry *e = &ck->e[i];
-    if (e->dtype != dst->dtype)
+    if (e->dtype != dst->dtype && e->dtype != NA_DTYPE_COUNT)
         return na_set_error(NA_EDTYPE,
                             "%s: checkpoint tensor '%s' has dtype %s but the model's is %s "
                             "(file '%s')",
@@ -951,13 +1022,9 @@ int na_checkpoint_copy_into(const na_checkpoint *ck, const char *name, na_tensor
                             fn, name, a, b, file);
     }
     if (e->numel == 0) return NA_OK;
+    if (e->dtype == NA_DTYPE_COUNT) return copy_i64_into(fn, e, dst, file);
     int st = e->data ? na_copy_from_host(dst, e->data) : na_copy_(dst, e->tensor);
-    if (st) {
-        char msg[512];
-        snprintf(msg, sizeof msg, "%s", na_last_error());
-        return na_set_error(st, "%s: tensor '%s': %s", fn, name, msg);
-    }
-    return NA_OK;
+    return st ? wrap_error(st, fn, name) : NA_OK;
 }
 
 const char *na_checkpoint_get_meta(const na_checkpoint *ck, const char *key) {
