@@ -58,7 +58,7 @@ static int64_t gz_offset(const na_reader *r) { return r->in_end - (int64_t)r->zs
  * the bytes now available or a negative status. */
 static int64_t gz_fill(na_reader *r, unsigned need) {
     if (r->zs.avail_in >= need) return r->zs.avail_in;
-    memmove(r->in, r->zs.next_in, r->zs.avail_in);
+    if (r->zs.avail_in) memmove(r->in, r->zs.next_in, r->zs.avail_in); /* next_in may be NULL */
     r->zs.next_in = r->in;
     while (r->zs.avail_in < need) {
         size_t got = fread(r->in + r->zs.avail_in, 1, NA_READER_GZ_IN - r->zs.avail_in, r->f);
