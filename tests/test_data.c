@@ -459,6 +459,7 @@ static load_probe probe_idx_load(const char *images, const char *labels) {
 
 static void expect_cheap_failure(const char *images, const char *labels, const char *needle) {
     load_probe r = probe_idx_load(images, labels);
+    cr_log_info("peak RSS grew by %ld KiB in %.3f s: %s", r.rss_growth_kb, r.seconds, r.msg);
     cr_assert_eq(r.status, NA_EFORMAT, "status %d: %s", r.status, r.msg);
     cr_assert(strstr(r.msg, needle), "message lacks \"%s\": %s", needle, r.msg);
     cr_assert_lt(r.rss_growth_kb, 64 * 1024, "peak memory grew by %ld KiB: %s", r.rss_growth_kb,
