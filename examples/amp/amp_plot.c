@@ -12,7 +12,7 @@ typedef struct {
     double step, loss, scale, skipped;
 } row;
 
-enum { W = 900, H = 560, LEFT = 80, RIGHT = 30, TOP = 70, GAP = 60, PANEL = 200 };
+enum { W = 900, H = 580, LEFT = 80, RIGHT = 30, TOP = 70, GAP = 60, PANEL = 200 };
 
 static double xmap(double v, double lo, double hi) {
     return LEFT + (hi > lo ? (v - lo) / (hi - lo) : 0.5) * (W - LEFT - RIGHT);
