@@ -1,9 +1,14 @@
-/* The four lessons of docs/mixed-precision.md: their numbers are what the physics says (checked
- * against independent roundings), and every line the guide quotes from the programs' output is
- * still exactly what they print. Runs the same functions as examples/amp/amp-*. */
+/* The lessons of docs/mixed-precision.md: their numbers are what the physics says (checked
+ * against independent roundings), every line the guide quotes from the programs' output is
+ * still exactly what they print, and the pictures they draw are well-formed SVG with the
+ * expected elements. Runs the same functions as examples/amp/amp-*. */
 #include "helpers.h"
+#include "tmpdir.h"
+
+#include <ctype.h>
 
 #include "../examples/amp/amp_lessons.h"
+#include "../examples/amp/amp_plot.h"
 
 static void teardown(void) { na_step_end(); }
 TestSuite(amp_lessons, .fini = teardown);
@@ -48,12 +53,59 @@ static char *read_guide(void) {
     return NULL;
 }
 
+/* text with every number replaced by '#' and blank runs by one blank; its numbers in nums. */
+static int skeleton(const char *text, char *out, size_t size, double *nums, int max_nums) {
+    int n = 0;
+    size_t o = 0;
+    for (const char *p = text; *p && o + 2 < size;) {
+        bool starts = isdigit((unsigned char)*p) ||
+                      ((*p == '-' || *p == '.') && isdigit((unsigned char)p[1]));
+        if (starts) {
+            char *end;
+            double v = strtod(p, &end);
+            if (n < max_nums) nums[n] = v;
+            n++, p = end, out[o++] = '#';
+        } else if (*p == ' ') {
+            while (*p == ' ') p++;
+            out[o++] = ' ';
+        } else {
+            out[o++] = *p++;
+        }
+    }
+    out[o] = '\0';
+    return n;
+}
+
+/* A line of the guide that is q->text with each number within q->rel (see amp_quote). */
+static bool quoted_approx(const char *guide, const amp_quote *q) {
+    char want[256], have[256], line[512];
+    double wn[16], hn[16];
+    int n = skeleton(q->text, want, sizeof want, wn, 16);
+    for (const char *p = guide; *p;) {
+        size_t len = strcspn(p, "\n");
+        snprintf(line, sizeof line, "%.*s", (int)(len < sizeof line ? len : sizeof line - 1), p);
+        p += len + (p[len] == '\n');
+        if (skeleton(line, have, sizeof have, hn, 16) != n || strcmp(have, want)) continue;
+        bool close = true;
+        for (int i = 0; i < n && i < 16; i++)
+            close = close && fabs(hn[i] - wn[i]) <= q->rel * fabs(wn[i]) + 0.05;
+        if (close) return true;
+    }
+    return false;
+}
+
 static void expect_quoted(const amp_quotes *q, const char *lesson) {
     char *guide = read_guide();
-    for (int i = 0; i < q->n; i++)
-        cr_assert(strstr(guide, q->q[i].text) != NULL,
-                  "docs/mixed-precision.md does not quote %s's %s as the program prints it: "
-                  "\"%s\"", lesson, q->q[i].key, q->q[i].text);
+    for (int i = 0; i < q->n; i++) {
+        if (q->q[i].rel > 0)
+            cr_assert(quoted_approx(guide, &q->q[i]), "docs/mixed-precision.md has no line like "
+                      "%s's %s (numbers within %g): \"%s\"", lesson, q->q[i].key, q->q[i].rel,
+                      q->q[i].text);
+        else
+            cr_assert(strstr(guide, q->q[i].text) != NULL,
+                      "docs/mixed-precision.md does not quote %s's %s as the program prints it: "
+                      "\"%s\"", lesson, q->q[i].key, q->q[i].text);
+    }
     free(guide);
 }
 
@@ -72,6 +124,9 @@ Test(amp_lessons, underflow) {
     }
     cr_assert_eq(r.zeros_plain, 3);
     cr_assert_eq(r.zeros_scaled, 0);
+    /* x65536 makes 1e-9 normal (>= 2^-14) but leaves 1e-10 subnormal */
+    cr_assert_eq(r.normal_scaled, 7);
+    cr_assert(r.truth[6] * r.scale >= ldexp(1, -14) && r.truth[7] * r.scale < ldexp(1, -14));
     cr_assert(r.max_rel_err_scaled < 1e-3);
     cr_assert(r.max_rel_err_plain > 0.1);
     expect_quoted(&r.quotes, "amp-underflow");
@@ -120,16 +175,243 @@ Test(amp_lessons, trace) {
     cr_assert(isfinite(r.loss));
     cr_assert_eq(r.scale, 65536.0);
     expect_quoted(&r.quotes, "amp-trace");
+    char *guide = read_guide(), line[192], text[160];
+    for (int i = 0; i < r.n; i++) { /* the guide shows the whole trace */
+        snprintf(line, sizeof line, "amp: %s\n", na_amp_trace_format(&r.rec[i], text, sizeof text));
+        cr_assert(strstr(guide, line), "docs/mixed-precision.md does not show trace line %d as "
+                  "amp-trace prints it: \"%s\"", i, line);
+    }
+    free(guide);
 }
 
 Test(amp_lessons, master_weights) {
     amp_master_result r;
     cr_assert_eq(amp_lesson_master_weights(&r), 0, "%s", na_last_error());
-    cr_assert(r.update < r.half_ulp, "the update is below half the f16 spacing at 1.0");
-    cr_assert_eq(r.half_ulp, ldexp(1, -11));
-    cr_assert_eq(r.f16_weight, 1.0, "every update rounded away");
-    cr_assert(fabs(r.master - 1.1) < 1e-4, "master %g", r.master);
-    cr_assert_eq(r.master, r.f32_reference, "the master moves as plain f32 training");
-    cr_assert_eq(r.model, th_round_f16(r.master));
+    const na_dtype dts[AMP_MASTER_KINDS] = {NA_DTYPE_F16, NA_DTYPE_BF16};
+    cr_assert_eq(r.half_ulp[AMP_MASTER_F16], ldexp(1, -11));
+    cr_assert_eq(r.half_ulp[AMP_MASTER_BF16], ldexp(1, -8));
+    for (int k = 0; k < AMP_MASTER_KINDS; k++) {
+        cr_assert(r.update < r.half_ulp[k], "the update is below half the spacing at 1.0");
+        cr_assert_eq(r.weight16[k], 1.0, "%s: every update rounded away", na_dtype_name(dts[k]));
+        cr_assert_eq(r.master[k], r.f32_reference, "the master moves as plain f32 training");
+        cr_assert_eq(r.model[k], th_round(dts[k], r.master[k]));
+    }
+    cr_assert(fabs(r.f32_reference - (1 + r.steps * r.update)) < 1e-4, "%g", r.f32_reference);
     expect_quoted(&r.quotes, "amp-master-weights");
+}
+
+/* ---- the rule table ---------------------------------------------------------------------- */
+
+/* What fn writes, as a malloc'd string. */
+static char *capture(int (*fn)(FILE *)) {
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    cr_assert_not_null(f);
+    cr_assert_geq(fn(f), 0);
+    fclose(f);
+    return buf;
+}
+
+Test(amp_lessons, rules_table_is_the_librarys_and_the_guides) {
+    char *text = capture(amp_rules_print);
+    char *guide = read_guide();
+    int op = -1;
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n"), op++) {
+        cr_assert(strstr(guide, line), "docs/mixed-precision.md does not show the rule table "
+                  "line as amp-trace --rules prints it: \"%s\"", line);
+        if (op < 0) continue; /* the header */
+        char name[32], rule[16];
+        cr_assert_eq(sscanf(line, "%31s %15s", name, rule), 2, "%s", line);
+        cr_assert_lt(op, NA_OP_COUNT, "more lines than ops");
+        cr_assert_str_eq(name, na_op_name((na_op)op));
+        cr_assert_str_eq(rule, na_amp_rule_name(na_autocast_rule((na_op)op)), "%s", name);
+    }
+    cr_assert_eq(op, NA_OP_COUNT, "one line per op");
+    free(guide);
+    free(text);
+}
+
+/* ---- pictures ------------------------------------------------------------------------------ */
+
+/* Well-formed enough for a browser: every tag closed in order, one root <svg>, text without a
+ * raw '<' or a bare '&'. Returns the number of elements. */
+static int expect_well_formed_svg(const char *svg) {
+    cr_assert(!strncmp(svg, "<svg xmlns=\"http://www.w3.org/2000/svg\"", 39), "root element");
+    char stack[16][32];
+    int depth = 0, elements = 0;
+    for (const char *p = svg; *p; p++) {
+        if (*p == '&')
+            cr_assert(!strncmp(p, "&amp;", 5) || !strncmp(p, "&lt;", 4) || !strncmp(p, "&gt;", 4) ||
+                      !strncmp(p, "&quot;", 6), "a bare '&' at %.20s", p);
+        if (*p != '<') continue;
+        const char *end = strchr(p, '>');
+        cr_assert_not_null(end, "unterminated tag at %.20s", p);
+        for (const char *q = p + 1; q < end; q++) cr_assert_neq(*q, '<', "'<' inside a tag");
+        char name[32];
+        bool closing = p[1] == '/';
+        cr_assert_eq(sscanf(p + 1 + closing, "%31[a-zA-Z0-9]", name), 1, "tag at %.20s", p);
+        if (closing) {
+            cr_assert_gt(depth, 0, "</%s> closes nothing", name);
+            cr_assert_str_eq(stack[--depth], name, "</%s> closes <%s>", name, stack[depth]);
+        } else {
+            elements++;
+            cr_assert(depth > 0 || elements == 1, "one root element");
+            if (end[-1] != '/') {
+                cr_assert_lt(depth, 16);
+                snprintf(stack[depth++], sizeof stack[0], "%s", name);
+            }
+        }
+        p = end;
+    }
+    cr_assert_eq(depth, 0, "<%s> is never closed", depth ? stack[depth - 1] : "");
+    return elements;
+}
+
+static int count(const char *text, const char *what) {
+    int n = 0;
+    for (const char *p = text; (p = strstr(p, what)); p++) n++;
+    return n;
+}
+
+Test(amp_lessons, formats_svg_draws_both_number_lines) {
+    char *svg = capture(amp_formats_svg);
+    expect_well_formed_svg(svg);
+    static const char *zones[] = {"zone-zero", "zone-subnormal", "zone-normal", "zone-overflow"};
+    for (int i = 0; i < 4; i++) cr_assert_eq(count(svg, zones[i]), 2, "%s on both lines", zones[i]);
+    cr_assert(strstr(svg, ">f16<") && strstr(svg, ">bf16<"));
+    cr_assert(strstr(svg, "subnormals from 2^-24, normals from 2^-14, largest 65504"));
+    cr_assert(strstr(svg, "subnormals from 2^-133, normals from 2^-126"));
+    cr_assert_eq(count(svg, "class=\"bar\""), 0, "no histogram");
+    free(svg);
+}
+
+/* ---- loss scaling in training -------------------------------------------------------------- */
+
+static void skip_without_data(int rc) {
+    if (rc && strstr(na_last_error(), "Fashion-MNIST"))
+        cr_skip_test("%s (scripts/install-deps installs it)", na_last_error());
+    cr_assert_eq(rc, 0, "%s", na_last_error());
+}
+
+static amp_loss_scaling_result scaling;
+static int draw_scaling(FILE *f) { return amp_loss_scaling_svg(&scaling, f); }
+
+Test(amp_lessons, loss_scaling_rescues_f16_training) {
+    skip_without_data(amp_lesson_loss_scaling(NULL, &scaling));
+    amp_loss_scaling_result *r = &scaling;
+    const int F32 = AMP_RUN_F32, H = AMP_RUN_F16, HS = AMP_RUN_F16_SCALED;
+    /* the first step: identical weights and batch in every run */
+    cr_assert_lt(r->zero_frac[F32], 0.01, "f32 gradients are not 0");
+    cr_assert_gt(r->zero_frac[H], 0.9, "without scaling most f16 gradients underflow to 0");
+    cr_assert_lt(r->zero_frac[HS], 0.01, "with the GradScaler they survive");
+    /* the end: unscaled f16 stalls, scaled f16 learns as f32 does */
+    cr_assert_gt(r->final_loss[H], 2 * r->final_loss[F32], "%g vs %g", r->final_loss[H],
+                 r->final_loss[F32]);
+    cr_assert_lt(r->test_acc[H], r->test_acc[F32] - 0.15);
+    cr_assert_lt(fabs(r->final_loss[HS] - r->final_loss[F32]), 0.02);
+    cr_assert_lt(fabs(r->test_acc[HS] - r->test_acc[F32]), 0.01);
+    cr_assert_gt(r->test_acc[F32], 0.8, "the task is learnable in 200 steps");
+    cr_assert_eq(r->scale, 65536.0);
+    cr_assert_eq(r->skipped, 0);
+    cr_assert_gt(r->zero_share, 0.3, "a good part of the true gradients is below 2^-25");
+    cr_assert_lt(r->zero_share_scaled, 1e-4, "scaled, almost none: %g", r->zero_share_scaled);
+    expect_quoted(&r->quotes, "amp-loss-scaling");
+    char *svg = capture(draw_scaling);
+    expect_well_formed_svg(svg);
+    cr_assert_eq(count(svg, "class=\"zone-subnormal\""), 1, "the f16 line only");
+    cr_assert_gt(count(svg, "class=\"bar\""), 10, "two histograms");
+    cr_assert_eq(count(svg, "<rect class=\"legend\""), 2);
+    cr_assert(strstr(svg, "(x 65536): 0.0% would round to 0 in f16"));
+    free(svg);
+    amp_loss_scaling_free(r);
+}
+
+Test(amp_lessons, sawtooth_log_and_its_plot) {
+    make_tmpdir();
+    char csv[512], svg_path[512];
+    snprintf(csv, sizeof csv, "%s/run.csv", tmpdir);
+    snprintf(svg_path, sizeof svg_path, "%s/run.svg", tmpdir);
+    amp_sawtooth_result r;
+    int rc = amp_lesson_sawtooth(NULL, csv, &r);
+    if (rc) rm_rf(tmpdir);
+    skip_without_data(rc);
+    cr_assert_eq(r.steps, AMP_SAWTOOTH_STEPS);
+    cr_assert_geq(r.skipped, 5, "it climbs into overflow again and again");
+    cr_assert_gt(r.max_scale, 65536.0, "it grew before the first overflow");
+    cr_assert_geq(r.first_skip, AMP_SAWTOOTH_INTERVAL);
+    cr_assert_lt(r.final_loss, r.first_loss / 3, "the skips do not stop the training");
+    FILE *f = fopen(csv, "r");
+    cr_assert_not_null(f);
+    char line[256];
+    int rows = 0, skipped_rows = 0;
+    cr_assert_not_null(fgets(line, sizeof line, f));
+    while (fgets(line, sizeof line, f)) {
+        double step, loss, scale, skipped;
+        cr_assert_eq(sscanf(line, "%lf,%lf,%lf,%lf", &step, &loss, &scale, &skipped), 4);
+        rows++, skipped_rows += skipped > 0;
+    }
+    cr_assert_eq(rows, AMP_SAWTOOTH_STEPS);
+    cr_assert_eq(skipped_rows, r.skipped);
+    rewind(f);
+    FILE *svg = fopen(svg_path, "w");
+    char err[128];
+    cr_assert_eq(amp_plot_svg(f, svg, "sawtooth", err, sizeof err), AMP_SAWTOOTH_STEPS, "%s", err);
+    fclose(svg);
+    fclose(f);
+    f = fopen(svg_path, "r");
+    static char text[1 << 20];
+    text[fread(text, 1, sizeof text - 1, f)] = '\0';
+    fclose(f);
+    expect_well_formed_svg(text);
+    cr_assert_eq(count(text, "class=\"skip\""), r.skipped);
+    cr_assert_eq(count(text, "class=\"legend\""), 3, "loss, scale, skipped step");
+    cr_assert(strstr(text, ">skipped step (inf/NaN gradients)<"));
+    expect_quoted(&r.quotes, "amp-overflow --log");
+    rm_rf(tmpdir);
+}
+
+/* ---- BatchNorm ------------------------------------------------------------------------------- */
+
+Test(amp_lessons, batchnorm_reasons) {
+    amp_batchnorm_result r;
+    cr_assert_eq(amp_lesson_batchnorm(&r), 0, "%s", na_last_error());
+    cr_assert(r.sumsq_f32 > 65504 && isfinite(r.sumsq_f32), "%g", r.sumsq_f32);
+    cr_assert(isinf(r.sumsq_f16), "above f16's largest finite number");
+    cr_assert_eq(r.f16_counter, 2048.0, "2048 + 1 rounds to 2048 (spacing 2)");
+    cr_assert_eq(r.rs_f16, 1.0, "each update is below half the f16 spacing at 1.0");
+    cr_assert_eq(r.rs_bf16, 1.0);
+    cr_assert_lt(fabs(r.rs_f32 - r.rs_target), 1e-5);
+    cr_assert_eq(r.eps_f16, th_round_f16(1e-5));
+    cr_assert(r.eps_f16 < ldexp(1, -14) && r.eps_subnormal, "1e-5 < 2^-14: subnormal");
+    cr_assert_eq(r.eps_absorbed_f16, ldexp(1, -5));
+    cr_assert_eq(r.eps_absorbed_f32, 256.0);
+    cr_assert(r.bn_finite);
+    cr_assert(r.bn_max_err > 0 && r.bn_max_err < 0.01, "f16 rounding only: %g", r.bn_max_err);
+    expect_quoted(&r.quotes, "amp-batchnorm");
+}
+
+/* ---- the programs' arguments ----------------------------------------------------------------- */
+
+Test(amp_lessons, arguments) {
+    const char *v = "unset";
+    char *help[] = {"amp-x", "--help", NULL}, *bad[] = {"amp-x", "--nope", NULL};
+    char *svg[] = {"amp-x", "--svg", "out.svg", NULL}, *missing[] = {"amp-x", "--svg", NULL};
+    char *flag[] = {"amp-x", "--rules", NULL}, *none[] = {"amp-x", NULL};
+    FILE *saved_out = stdout, *saved_err = stderr; /* the usage goes nowhere */
+    stdout = fopen("/dev/null", "w"), stderr = fopen("/dev/null", "w");
+    int rc_help = amp_lesson_args(2, help, "usage\n", "--svg", true, &v);
+    int rc_bad = amp_lesson_args(2, bad, "usage\n", "--svg", true, &v);
+    int rc_missing = amp_lesson_args(2, missing, "usage\n", "--svg", true, &v);
+    fclose(stdout), fclose(stderr);
+    stdout = saved_out, stderr = saved_err;
+    cr_assert_eq(rc_help, 0);
+    cr_assert_eq(rc_bad, 2);
+    cr_assert_eq(rc_missing, 2, "--svg without its value");
+    cr_assert_eq(amp_lesson_args(3, svg, "usage\n", "--svg", true, &v), -1);
+    cr_assert_str_eq(v, "out.svg");
+    cr_assert_eq(amp_lesson_args(2, flag, "usage\n", "--rules", false, &v), -1);
+    cr_assert_str_eq(v, "");
+    cr_assert_eq(amp_lesson_args(1, none, "usage\n", "--rules", false, &v), -1);
+    cr_assert_null(v);
 }

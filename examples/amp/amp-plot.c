@@ -4,17 +4,20 @@
  *   amp-plot run.csv            writes run.svg
  *   amp-plot run.csv out.svg    writes out.svg ("-" for stdout)
  */
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "amp_plot.h"
 
 int main(int argc, char **argv) {
-    if (argc < 2 || argc > 3 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
-        fprintf(stderr, "usage: amp-plot LOG.csv [OUT.svg | -]\n"
-                        "draws the loss, the loss scale (log axis) and the skipped steps of a "
-                        "training log (columns step,loss,scale,skipped)\n");
-        return argc == 2 ? 0 : 2;
+    bool help = argc == 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"));
+    if (help || argc < 2 || argc > 3) {
+        fprintf(help ? stdout : stderr,
+                "usage: amp-plot LOG.csv [OUT.svg | -]\n"
+                "draws the loss, the loss scale (log axis) and the skipped steps of a training "
+                "log (columns step,loss,scale,skipped)\n");
+        return help ? 0 : 2;
     }
     char out[4096];
     if (argc == 3) {

@@ -1,14 +1,19 @@
-/* examples/amp/amp_lessons.h — the four experiments of docs/mixed-precision.md, as functions.
+/* examples/amp/amp_lessons.h — the experiments of docs/mixed-precision.md, as functions.
  *
  * Each experiment runs nanoamp's real code (autocast, the GradScaler, the fp16 optimizer) and
  * returns its numbers; the programs in examples/amp print them, and tests/test_amp_lessons.c
  * checks them and checks that every number the guide quotes is one of them ("quotes": the
- * exact strings the guide contains, as the programs print them).
+ * exact strings the guide contains, as the programs print them). In the guide's order:
  *
+ *   amp-formats         the limits of f16, bf16 and f32 (--svg: their number lines)
+ *   amp-trace           the autocast rule table (--rules) and the trace of one CNN step
  *   amp-underflow       gradients that underflow to zero in f16, kept by loss scaling
+ *   amp-loss-scaling    an MLP whose f16 gradients underflow: it fails unscaled and learns
+ *                       with the GradScaler (--svg: its gradients on the f16 number line)
  *   amp-overflow        an overflow the dynamic scaler detects, skips and recovers from
- *   amp-trace           the autocast trace of one training step of the MNIST CNN
- *   amp-master-weights  small updates lost in f16 weights, kept by f32 master weights
+ *                       (--log: the scale's sawtooth in a real run, as a CSV for amp-plot)
+ *   amp-master-weights  small updates lost in f16 and bf16 weights, kept by f32 masters
+ *   amp-batchnorm       why BatchNorm's statistics stay in f32
  */
 #ifndef NANOAMP_EXAMPLES_AMP_LESSONS_H
 #define NANOAMP_EXAMPLES_AMP_LESSONS_H
@@ -18,10 +23,14 @@
 
 #include "nanoamp.h"
 
-#define AMP_MAX_QUOTES 24
+#define AMP_MAX_QUOTES 48
 typedef struct {
     const char *key;
-    char text[96];
+    char text[128];
+    /* 0: the guide holds text exactly. Else the guide holds a line that is text with every
+     * number x replaced by one within rel * |x| + 0.05 (numbers that depend on the BLAS
+     * kernels' summation order, which differs between CPUs). */
+    double rel;
 } amp_quote;
 typedef struct {
     int n;
@@ -42,14 +51,18 @@ typedef struct {
     double plain[AMP_UNDERFLOW_N];   /* f16 autocast, no scaling */
     double scaled[AMP_UNDERFLOW_N];  /* f16 autocast, scaled then unscaled in f32 */
     int zeros_plain, zeros_scaled;
+    int normal_scaled;               /* scaled gradients g x scale in f16's normal range */
     double max_rel_err_plain;        /* over the gradients that did not vanish */
     double max_rel_err_scaled;
     amp_quotes quotes;
 } amp_underflow_result;
 int amp_lesson_underflow(amp_underflow_result *r);
 void amp_underflow_print(const amp_underflow_result *r, FILE *out);
-/* The f16/bf16/f32 table the guide opens with (part of amp-underflow's output). */
+/* The f16/bf16/f32 table the guide opens with (amp-formats): only the format fields. */
+int amp_lesson_formats(amp_underflow_result *r);
 void amp_formats_print(const amp_underflow_result *r, FILE *out);
+/* The f16 and bf16 number lines (amp-formats --svg). */
+int amp_formats_svg(FILE *svg);
 
 /* ---- 2. overflow ----------------------------------------------------------------------------- */
 #define AMP_OVERFLOW_STEPS 12
@@ -84,18 +97,104 @@ na_module *amp_mnist_cnn(void);
 int amp_lesson_trace(amp_trace_result *r);
 void amp_trace_print(const amp_trace_result *r, FILE *out);
 
+/* The autocast rule table (amp-trace --rules): na_autocast_print_rules's lines. Returns the
+ * number of lines written to out, or -1. */
+int amp_rules_print(FILE *out);
+
 /* ---- 4. master weights ----------------------------------------------------------------------- */
+enum { AMP_MASTER_F16, AMP_MASTER_BF16, AMP_MASTER_KINDS }; /* the 16-bit weight's dtype */
 typedef struct {
     int steps;
     double lr, grad, update;   /* the update lr * |grad| each step */
-    double f16_weight;         /* a weight stored and updated in f16 */
-    double master;             /* the f32 master of the fp16 optimizer */
-    double model;              /* the f16 model weight copied from the master */
-    double f32_reference;      /* the same steps in plain f32 */
-    double half_ulp;           /* half the f16 spacing at 1.0: smaller updates vanish */
+    /* per 16-bit dtype (f16, bf16) */
+    double weight16[AMP_MASTER_KINDS]; /* a weight stored and updated in 16 bits */
+    double master[AMP_MASTER_KINDS];   /* the f32 master of the fp16 optimizer */
+    double model[AMP_MASTER_KINDS];    /* the 16-bit model weight copied from the master */
+    double half_ulp[AMP_MASTER_KINDS]; /* half the spacing at 1.0: smaller updates vanish */
+    double f32_reference;              /* the same steps in plain f32 */
     amp_quotes quotes;
 } amp_master_result;
 int amp_lesson_master_weights(amp_master_result *r);
 void amp_master_print(const amp_master_result *r, FILE *out);
+
+/* ---- 5. loss scaling in training ------------------------------------------------------------- */
+/* A 784 -> 256 -> ReLU -> 10 MLP trained with Adam on Fashion-MNIST (the first 8192 training
+ * images; the first 2000 test images), its loss multiplied by 1e-5 (the gradients of a loss
+ * averaged over 10^5 outputs), three times from the same seed and batches: f32, f16 autocast
+ * without scaling, f16 autocast with PyTorch's GradScaler. Adam divides by the gradients' RMS,
+ * so the factor alone changes nothing in f32. */
+enum { AMP_RUN_F32, AMP_RUN_F16, AMP_RUN_F16_SCALED, AMP_RUNS };
+typedef struct {
+    double loss_factor;
+    int steps;
+    double zero_frac[AMP_RUNS];  /* gradient elements that are exactly 0 at the first step */
+    double final_loss[AMP_RUNS]; /* cross-entropy (without the factor), last 20 steps' mean */
+    double test_acc[AMP_RUNS];
+    double scale;                /* the GradScaler's scale at the first step */
+    int64_t skipped;             /* steps the GradScaler skipped */
+    /* of the first step's true gradients: the shares f16 would round to 0 and keep only as
+     * subnormals, as they are and times the scale */
+    double zero_share, subnormal_share, zero_share_scaled, subnormal_share_scaled;
+    int64_t n_grads;             /* the first step's true (f32) gradients, for the histogram */
+    float *grads;                /* malloc'd: free with amp_loss_scaling_free */
+    amp_quotes quotes;
+} amp_loss_scaling_result;
+/* data_dir: Fashion-MNIST's IDX files; NULL: $NANOAMP_DATA, else
+ * /usr/share/datasets/fashion-mnist. Fails (-1, na_last_error) when they are not there. */
+int amp_lesson_loss_scaling(const char *data_dir, amp_loss_scaling_result *r);
+void amp_loss_scaling_print(const amp_loss_scaling_result *r, FILE *out);
+void amp_loss_scaling_free(amp_loss_scaling_result *r);
+/* The first step's gradient magnitudes on the f16 number line, as they are and times the
+ * scale (amp-loss-scaling --svg). */
+int amp_loss_scaling_svg(const amp_loss_scaling_result *r, FILE *svg);
+
+/* The loss scale's sawtooth in a real run: the same MLP (loss factor 1) with f16 autocast and a
+ * GradScaler that grows every AMP_SAWTOOTH_INTERVAL clean steps, so that it keeps climbing
+ * into overflow and backing off; the monitor writes every step to csv_path (amp-plot draws
+ * it). */
+#define AMP_SAWTOOTH_STEPS 300
+#define AMP_SAWTOOTH_INTERVAL 10
+typedef struct {
+    int steps;
+    int64_t skipped;
+    double max_scale, final_scale;
+    int first_skip;      /* the first skipped step */
+    double first_loss, final_loss;
+    amp_quotes quotes;
+} amp_sawtooth_result;
+int amp_lesson_sawtooth(const char *data_dir, const char *csv_path, amp_sawtooth_result *r);
+void amp_sawtooth_print(const amp_sawtooth_result *r, FILE *out);
+
+/* ---- 6. BatchNorm in f32 --------------------------------------------------------------------- */
+#define AMP_BN_VALUES (128 * 28 * 28) /* one channel of the MNIST CNN's first BatchNorm */
+typedef struct {
+    /* the variance's sums */
+    double sumsq_f32;        /* sum of x^2 over the channel, x ~ N(0, 1), in f32 */
+    double sumsq_f16;        /* the same sum stored in f16 (accumulated in f32): inf */
+    double f16_counter;      /* adding 1 at a time to an f16 sum: where it stops */
+    /* the running statistics: momentum 0.1 from 1.0 toward batch means of 1.002 */
+    int rs_steps;
+    double rs_target, rs_f32, rs_f16, rs_bf16;
+    /* eps = 1e-5 */
+    double eps_f16;          /* 1e-5 stored in f16 */
+    bool eps_subnormal;      /* below f16's smallest normal, and its exponent bits are 0 */
+    double eps_absorbed_f16; /* the smallest power of two v with v + eps == v in f16 */
+    double eps_absorbed_f32; /* ... in f32 */
+    /* nanoamp's batch norm on the channel in f16: f32 statistics */
+    double bn_max_err;       /* largest |f16 output - f32 output| */
+    bool bn_finite;
+    amp_quotes quotes;
+} amp_batchnorm_result;
+int amp_lesson_batchnorm(amp_batchnorm_result *r);
+void amp_batchnorm_print(const amp_batchnorm_result *r, FILE *out);
+
+/* Each program's arguments: --help (or -h) prints usage and the program exits 0; opt (NULL for
+ * none) is the one option it takes: with takes_value its value goes to *value, else *value is
+ * set to "" when the flag is given. Returns -1 to go on, else the exit status (0 for --help,
+ * 2 for a bad argument, with the usage on stderr). */
+int amp_lesson_args(int argc, char **argv, const char *usage, const char *opt, bool takes_value,
+                    const char **value);
+/* Writes path with draw(file); 0, or 1 with a message on stderr. */
+int amp_write_svg(const char *path, int (*draw)(FILE *svg));
 
 #endif

@@ -1,4 +1,5 @@
-/* The CSV -> SVG plot of a training log (see amp_plot.h). Plain C, no library. */
+/* The SVG pictures of docs/mixed-precision.md (see amp_plot.h): a training log, and number lines.
+ * Plain C, no library. */
 #include "amp_plot.h"
 
 #include <math.h>
@@ -11,7 +12,7 @@ typedef struct {
     double step, loss, scale, skipped;
 } row;
 
-enum { W = 900, H = 560, LEFT = 80, RIGHT = 30, TOP = 50, GAP = 60, PANEL = 200 };
+enum { W = 900, H = 580, LEFT = 80, RIGHT = 30, TOP = 70, GAP = 60, PANEL = 200 };
 
 static double xmap(double v, double lo, double hi) {
     return LEFT + (hi > lo ? (v - lo) / (hi - lo) : 0.5) * (W - LEFT - RIGHT);
@@ -144,6 +145,18 @@ int amp_plot_svg(FILE *csv, FILE *svg, const char *title, char *err, size_t err_
                 xmap(v, x0, x1), top2 + PANEL + 16, v);
     fprintf(svg, "<text x=\"%d\" y=\"%d\" font-size=\"12\" text-anchor=\"middle\">step</text>\n",
             (LEFT + W - RIGHT) / 2, top2 + PANEL + 34);
+    /* legend, top right: what each colour is */
+    static const struct { const char *color, *label; double opacity; } keys[] = {
+        {"#1f77b4", "loss", 1}, {"#2ca02c", "loss scale", 1},
+        {"#d62728", "skipped step (inf/NaN gradients)", 0.5}};
+    for (int k = 0; k < 3; k++) {
+        int lx = W - RIGHT - 330, ly = 20 + 14 * k;
+        fprintf(svg, "<line class=\"legend\" x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" "
+                     "stroke=\"%s\" stroke-opacity=\"%g\" stroke-width=\"3\"/>\n",
+                lx, ly - 4, lx + 20, ly - 4, keys[k].color, keys[k].opacity);
+        fprintf(svg, "<text x=\"%d\" y=\"%d\" font-size=\"11\">%s</text>\n", lx + 26, ly,
+                keys[k].label);
+    }
     polyline(svg, r, n, top1, x0, x1, lmin, lmax, false, "#1f77b4");
     polyline(svg, r, n, top2, x0, x1, smin, smax, true, "#2ca02c");
     for (int i = 0; i < n; i++) /* skipped steps on the scale line */
@@ -154,4 +167,117 @@ int amp_plot_svg(FILE *csv, FILE *svg, const char *title, char *err, size_t err_
     fprintf(svg, "</svg>\n");
     free(r);
     return n;
+}
+
+/* ==== number lines ============================================================================ */
+
+void amp_hist_f16_shares(const amp_hist *h, double *to_zero, double *subnormal, double *zero) {
+    int64_t below = 0, sub = 0, zeros = 0;
+    for (int64_t i = 0; i < h->n; i++) {
+        double v = fabs((double)h->values[i]) * h->scale;
+        zeros += v == 0;
+        below += v > 0 && v < ldexp(1, -25); /* below half the smallest subnormal */
+        sub += v >= ldexp(1, -25) && v < ldexp(1, -14);
+    }
+    double n = h->n ? (double)h->n : 1;
+    *to_zero = (double)below / n, *subnormal = (double)sub / n, *zero = (double)zeros / n;
+}
+
+typedef struct {
+    const char *name;
+    int min_sub, min_normal; /* log2 of the smallest subnormal and normal */
+    double max;              /* the largest finite value */
+    int lo, hi, tick;        /* the axis: log2 |x| from lo to hi, a label every tick */
+} number_format;
+
+static const number_format FORMATS[2] = {
+    {"f16", -24, -14, 65504.0, -48, 18, 4},
+    {"bf16", -133, -126, 3.3895313892515355e38, -140, 130, 20},
+};
+
+enum { NL_W = 900, NL_LEFT = 60, NL_RIGHT = 30, NL_PANEL = 150, NL_TOP = 40, NL_LEGEND = 16 };
+
+static double nl_x(double e, const number_format *f) {
+    return NL_LEFT + (e - f->lo) / (f->hi - f->lo) * (NL_W - NL_LEFT - NL_RIGHT);
+}
+
+/* one zone of the line: [e0, e1) in log2 |x| */
+static void nl_zone(FILE *svg, const number_format *f, double e0, double e1, int y, const char *cls,
+                    const char *fill, const char *label) {
+    e0 = fmax(e0, f->lo), e1 = fmin(e1, f->hi);
+    double x0 = nl_x(e0, f), x1 = nl_x(e1, f);
+    fprintf(svg, "<rect class=\"%s\" x=\"%.1f\" y=\"%d\" width=\"%.1f\" height=\"18\" "
+                 "fill=\"%s\"/>\n", cls, x0, y, x1 - x0, fill);
+    if (x1 - x0 > 40)
+        fprintf(svg, "<text x=\"%.1f\" y=\"%d\" font-size=\"11\" text-anchor=\"middle\">%s</text>\n",
+                (x0 + x1) / 2, y + 13, label);
+}
+
+int amp_plot_number_lines(FILE *svg, const char *title, int n_formats, const amp_hist *h,
+                          int n_hist) {
+    if (n_formats < 1 || n_formats > 2 || n_hist < 0 || (n_hist && !h)) return -1;
+    int panel = n_hist ? NL_PANEL : NL_PANEL - 70; /* room for the bars only when there are any */
+    int height = NL_TOP + n_formats * panel + n_hist * NL_LEGEND + 20;
+    fprintf(svg, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
+                 "viewBox=\"0 0 %d %d\" font-family=\"sans-serif\">\n", NL_W, height, NL_W, height);
+    fprintf(svg, "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n");
+    fprintf(svg, "<text x=\"%d\" y=\"24\" font-size=\"15\">", NL_LEFT);
+    escape(svg, title);
+    fprintf(svg, "</text>\n");
+    for (int p = 0; p < n_formats; p++) {
+        const number_format *f = &FORMATS[p];
+        int line_y = NL_TOP + p * panel + panel - 60; /* the zones; bars stand above */
+        fprintf(svg, "<text x=\"%d\" y=\"%d\" font-size=\"13\" font-weight=\"bold\">%s</text>\n",
+                8, line_y + 13, f->name);
+        double emax = log2(f->max);
+        nl_zone(svg, f, f->lo, f->min_sub - 1, line_y, "zone-zero", "#bbbbbb", "rounds to 0");
+        nl_zone(svg, f, f->min_sub - 1, f->min_normal, line_y, "zone-subnormal", "#fdd49e",
+                "subnormal");
+        nl_zone(svg, f, f->min_normal, emax, line_y, "zone-normal", "#c7e9c0", "normal");
+        nl_zone(svg, f, emax, f->hi, line_y, "zone-overflow", "#fc9272", "inf");
+        for (int e = f->lo - f->lo % f->tick; e <= f->hi; e += f->tick) {
+            if (e < f->lo) continue;
+            double x = nl_x(e, f);
+            fprintf(svg, "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" stroke=\"#555\"/>\n",
+                    x, line_y + 18, x, line_y + 23);
+            fprintf(svg, "<text x=\"%.1f\" y=\"%d\" font-size=\"10\" text-anchor=\"middle\">"
+                         "2^%d</text>\n", x, line_y + 34, e);
+        }
+        fprintf(svg, "<text x=\"%d\" y=\"%d\" font-size=\"10\" fill=\"#555\">|x|, log2 axis; "
+                     "subnormals from 2^%d, normals from 2^%d, largest %g</text>\n",
+                NL_LEFT, line_y + 48, f->min_sub, f->min_normal, f->max);
+        if (p != 0) continue;
+        /* histograms of log2 |value * scale|, one bar per power of two, on the first line */
+        for (int k = 0; k < n_hist; k++) {
+            int nb = f->hi - f->lo;
+            double *count = calloc((size_t)nb, sizeof *count);
+            if (!count) return -1;
+            double most = 0;
+            for (int64_t i = 0; i < h[k].n; i++) {
+                double v = fabs((double)h[k].values[i]) * h[k].scale;
+                if (v == 0) continue;
+                int b = (int)fmin(fmax(floor(log2(v)) - f->lo, 0), nb - 1);
+                most = fmax(most, ++count[b]);
+            }
+            for (int b = 0; b < nb; b++) {
+                if (!count[b]) continue;
+                double bh = 70 * count[b] / most, x0 = nl_x(f->lo + b, f), x1 = nl_x(f->lo + b + 1, f);
+                fprintf(svg, "<rect class=\"bar\" x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" "
+                             "height=\"%.1f\" fill=\"%s\" fill-opacity=\"0.6\"/>\n",
+                        x0, line_y - 2 - bh, x1 - x0, bh, h[k].color);
+            }
+            free(count);
+            int ly = NL_TOP + n_formats * panel + k * NL_LEGEND;
+            fprintf(svg, "<rect class=\"legend\" x=\"%d\" y=\"%d\" width=\"14\" height=\"10\" "
+                         "fill=\"%s\" fill-opacity=\"0.6\"/>\n", NL_LEFT, ly - 9, h[k].color);
+            fprintf(svg, "<text x=\"%d\" y=\"%d\" font-size=\"11\">", NL_LEFT + 20, ly);
+            escape(svg, h[k].label);
+            double to_zero, sub, zero;
+            amp_hist_f16_shares(&h[k], &to_zero, &sub, &zero);
+            fprintf(svg, " (x %g): %.1f%% would round to 0 in f16, %.1f%% subnormal, %.1f%% "
+                         "already 0</text>\n", h[k].scale, 100 * to_zero, 100 * sub, 100 * zero);
+        }
+    }
+    fprintf(svg, "</svg>\n");
+    return ferror(svg) ? -1 : 0;
 }

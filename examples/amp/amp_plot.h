@@ -1,13 +1,33 @@
-/* examples/amp/amp_plot.h — a training log (the monitor's CSV: step,loss,scale,skipped) drawn as
- * an SVG a browser shows: the loss on top, the loss scale below on a log2 axis, skipped steps
- * marked in red on both. Used by amp-plot and by tests/test_amp_monitor.c. */
+/* examples/amp/amp_plot.h — the SVG pictures of docs/mixed-precision.md:
+ *  - a training log (the monitor's CSV: step,loss,scale,skipped): the loss on top, the loss
+ *    scale below on a log2 axis, skipped steps marked in red on both, a legend (amp-plot);
+ *  - the number lines of f16 and bf16 (zones: rounds to 0, subnormal, normal, inf), with
+ *    histograms of values drawn on the f16 line (amp-formats, amp-loss-scaling).
+ * Used by the amp programs and by tests/test_amp_monitor.c and tests/test_amp_lessons.c. */
 #ifndef NANOAMP_EXAMPLES_AMP_PLOT_H
 #define NANOAMP_EXAMPLES_AMP_PLOT_H
 
+#include <stdint.h>
 #include <stdio.h>
 
 /* Reads csv, writes svg. Returns the number of rows plotted (>= 1), or -1 with a message in
  * err (a bad header or row, or an empty log). */
 int amp_plot_svg(FILE *csv, FILE *svg, const char *title, char *err, size_t err_size);
+
+/* A histogram of log2 |values[i] * scale|, one bar per power of two. */
+typedef struct {
+    const char *label, *color;
+    int64_t n;
+    const float *values;
+    double scale;
+} amp_hist;
+/* Of h's values times h->scale: the shares f16 would round to 0 (0 < |v| < 2^-25), would keep
+ * as subnormals (2^-25 <= |v| < 2^-14), and that are 0 already. */
+void amp_hist_f16_shares(const amp_hist *h, double *to_zero, double *subnormal, double *zero);
+/* The f16 line (n_formats 1) or the f16 and bf16 lines (2), the hists drawn on the f16 line
+ * with a legend each (the share that would round to 0, be subnormal, is already 0). Returns 0,
+ * or -1 on bad arguments or a write error. */
+int amp_plot_number_lines(FILE *svg, const char *title, int n_formats, const amp_hist *h,
+                          int n_hist);
 
 #endif
