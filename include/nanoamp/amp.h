@@ -153,6 +153,17 @@ const char *na_amp_trace_format(const na_amp_trace_record *r, char *buf, size_t 
  *                           min_scale if given), x2 after 2000 clean steps, at most 2^24.
  * Start from one of the config macros and change fields.
  *
+ * Which steps are skipped: GRAD, APEX and APEX_LEGACY skip every step whose gradients hold an
+ * inf or NaN (the optimizer leaves parameters and state untouched). STATIC never skips: an inf
+ * or NaN gradient is applied to the weights (Apex's static loss scale; use it only to follow
+ * an Apex recipe). For a fixed scale that still skips non-finite steps, PyTorch-style, use
+ * NA_GRAD_SCALER_FIXED(s): a GRAD scaler whose growth and backoff factors are both 1.
+ *
+ * Bounds, for every kind: the scale never falls below max(min_scale, NA_GRAD_SCALER_FLOOR)
+ * nor grows above max_scale (when > 0) or to inf. A STATIC or fixed scale, and a new scale
+ * given to update_to, must lie within them (else NA_EINVAL). PyTorch's GradScaler has no
+ * floor: its scale can halve down to 0, after which unscaling turns zero gradients into NaN.
+ *
  * Per step, with any number of losses and optimizers (one scaler for all of them):
  *   na_backward(na_grad_scaler_scale(gs, loss), NULL);   // for each loss
  *   na_grad_scaler_unscale_(gs, opt);  na_optim_clip_grad_norm(opt, 1.0);  // optional
@@ -169,14 +180,19 @@ typedef enum {
     NA_SCALER_APEX = 3,
 } na_scaler_kind;
 
+/* The lowest scale any kind reaches, 2^-24: f16's smallest subnormal. Below it every f16
+ * gradient of magnitude <= 1 rounds to 0; its reciprocal is exact in f32. */
+#define NA_GRAD_SCALER_FLOOR 5.9604644775390625e-08
+
 typedef struct {
     na_scaler_kind kind;
-    double init_scale;
-    double growth_factor;   /* > 1 (Apex: scale_factor; Apex rules also divide by it) */
+    double init_scale;      /* within [min_scale, max_scale] (Apex amp: capped at max_scale) */
+    double growth_factor;   /* > 1 (Apex: scale_factor; Apex rules also divide by it); GRAD:
+                               1 together with backoff_factor 1 for a fixed scale */
     double backoff_factor;  /* in (0, 1); PyTorch's rule only */
     int64_t growth_interval; /* >= 1 (Apex: scale_window) */
-    double min_scale;       /* Apex rules: lower bound, 0 for none */
-    double max_scale;       /* Apex rules: upper bound, 0 for none */
+    double min_scale;       /* lower bound, >= NA_GRAD_SCALER_FLOOR; 0: the floor */
+    double max_scale;       /* upper bound; 0 for none */
     bool enabled;           /* false: scale() returns the loss, step() is a plain step */
     na_device device;       /* where the state is made; it follows the first scaled loss */
 } na_grad_scaler_cfg;
@@ -184,6 +200,11 @@ typedef struct {
 #define NA_GRAD_SCALER_DEFAULTS                                                          \
     { .kind = NA_SCALER_GRAD, .init_scale = 65536.0, .growth_factor = 2.0,               \
       .backoff_factor = 0.5, .growth_interval = 2000, .enabled = true }
+/* PyTorch-style fixed scale s: skips steps with inf/NaN gradients, the scale never moves. */
+#define NA_GRAD_SCALER_FIXED(s)                                                          \
+    { .kind = NA_SCALER_GRAD, .init_scale = (s), .growth_factor = 1.0,                   \
+      .backoff_factor = 1.0, .growth_interval = 2000, .enabled = true }
+/* Apex's static scale s: never skips, an inf gradient reaches the weights. */
 #define NA_STATIC_SCALER(s)                                                              \
     { .kind = NA_SCALER_STATIC, .init_scale = (s), .growth_factor = 2.0,                 \
       .backoff_factor = 0.5, .growth_interval = 1, .enabled = true }
@@ -214,7 +235,8 @@ int na_grad_scaler_step(na_grad_scaler *gs, na_optim *opt);
 /* Applies the rule once (on the device) from every optimizer's found_inf since the last
  * update, and makes all optimizers ready for the next step. */
 int na_grad_scaler_update(na_grad_scaler *gs);
-/* PyTorch's update(new_scale): the scale becomes new_scale (> 0), the tracker is left alone. */
+/* PyTorch's update(new_scale): the scale becomes new_scale, the tracker is left alone.
+ * new_scale must lie within the scaler's bounds (see above). */
 int na_grad_scaler_update_to(na_grad_scaler *gs, double new_scale);
 
 /* The current scale (1 when disabled). Reads the device: a sync on CUDA. */
