@@ -397,6 +397,9 @@ const char *na_amp_mode_name(na_amp_mode mode); /* "f32", "bf16", "f16" */
  *   NA_AMP_ALERT_SCALE_COLLAPSE  the scale is below scale_drop_ratio of its value
  *                                scale_drop_updates records ago
  *   NA_AMP_ALERT_NONFINITE_LOSS  the loss itself is inf or NaN
+ *   NA_AMP_ALERT_SCALE_FLOOR     the scale is at its floor (scale_floor, or for
+ *                                record_scaler the scaler's min_scale or NA_GRAD_SCALER_FLOOR):
+ *                                the gradients overflow even there, the scaler cannot help
  * with an optional CSV log "step,loss,scale,skipped" (examples/amp/amp-plot turns it into an
  * SVG). */
 enum {
@@ -404,6 +407,7 @@ enum {
     NA_AMP_ALERT_SKIP_RATE = 2,
     NA_AMP_ALERT_SCALE_COLLAPSE = 4,
     NA_AMP_ALERT_NONFINITE_LOSS = 8,
+    NA_AMP_ALERT_SCALE_FLOOR = 16,
 };
 typedef struct {
     int window;              /* steps in the skip-rate window */
@@ -411,6 +415,7 @@ typedef struct {
     double skip_rate_alert;  /* a fraction */
     double scale_drop_ratio;
     int scale_drop_updates;
+    double scale_floor;      /* for na_amp_monitor_record; 0: NA_GRAD_SCALER_FLOOR */
 } na_amp_monitor_cfg;
 #define NA_AMP_MONITOR_DEFAULTS                                                     \
     { .window = 100, .loss_rise_steps = 50, .skip_rate_alert = 0.3,                 \

@@ -258,6 +258,10 @@ int na_grad_scaler_stats_get(const na_grad_scaler *gs, na_grad_scaler_stats *out
 
 na_device na_grad_scaler_device_(const na_grad_scaler *gs) { return gs->device; }
 
+double na_grad_scaler_floor_(const na_grad_scaler *gs) {
+    return gs && gs->enabled ? lower_bound(hp_get(gs, HP_MIN)) : NA_GRAD_SCALER_FLOOR;
+}
+
 int na_grad_scaler_to_device_(na_grad_scaler *gs, na_device dev) {
     if (!gs->enabled || gs->device == dev) {
         gs->device = dev;
