@@ -295,11 +295,14 @@ na_module *na_model_to_half(na_module *m, na_dtype dt);
  * used directly) as the optimizer's parameters, optionally as one flat f32 buffer. Per step:
  *   backward(loss): loss as f32 times the scale, backward (f16 gradients), then (unless
  *     deferred) update_master_grads: the f16 gradients are copied into the f32 master
- *     gradients and unscaled in one fused pass with the overflow check, and the scaler is
- *     updated (on the device);
- *   step(): steps the masters unless that overflowed (the optimizer kernel reads the flag),
- *     then copies the masters into the f16 parameters (fused into the optimizer kernel).
- * Several losses per step: backward(loss, false) for each, then update_master_grads once. */
+ *     gradients and unscaled in one fused pass with the overflow check;
+ *   step(): updates the scaler once (on the device) from the last update_master_grads'
+ *     overflow flag, steps the masters unless that overflowed (the optimizer kernel reads the
+ *     flag), then copies the masters into the f16 parameters (fused into the optimizer kernel).
+ * Several losses per step: backward(loss, false) for each, then update_master_grads once (or
+ * backward(loss, true) for each: the scale is still updated once, at step()). The scaler's
+ * kind decides whether an overflowing step is skipped (see loss scaling above): the static
+ * default applies it, as Apex's static_loss_scale. */
 typedef struct {
     na_grad_scaler_cfg scaler; /* Apex: static 1.0 unless dynamic_loss_scale */
     bool flat_master;          /* one flat f32 master buffer for the f16 parameters */
@@ -336,7 +339,8 @@ na_grad_scaler *na_fp16_optimizer_scaler(const na_fp16_optimizer *fo);
 int64_t na_fp16_optimizer_num_params(const na_fp16_optimizer *fo); /* model parameters */
 na_tensor *na_fp16_optimizer_model_param(const na_fp16_optimizer *fo, int64_t i);
 /* The f32 tensor holding model parameter i's master value: the parameter itself when f32, a
- * master copy, or (flat) a view into the flat buffer. */
+ * master copy, or (flat) a view into the flat buffer whose grad is the same view into the
+ * flat gradient. Its grad is the f32 master gradient update_master_grads writes. */
 na_tensor *na_fp16_optimizer_master(const na_fp16_optimizer *fo, int64_t i);
 
 /* The whole state for a checkpoint: "optimizer.<name>" (na_optim_state of the wrapped
