@@ -60,10 +60,14 @@ extern "C" {
  * NA_OP_MAP), as PyTorch's CUDA lists (see docs/mixed-precision.md for the table):
  *   lower    cast float inputs to the region's f16/bf16: matmul, linear, conv2d
  *   fp32     cast float inputs to f32: softmax, log_softmax, cross_entropy, mse_loss, exp, log,
- *            rsqrt, pow, sum, mean (so an f16 input gives an f32 output)
- *   promote  cast float inputs to the widest among them: add, sub, mul, div
- *   as_is    run in the inputs' dtype: everything else. BatchNorm takes f16/bf16 input with
- *            f32 parameters and statistics and returns the input's dtype.
+ *            rsqrt, pow, sum (so an f16 input gives an f32 output)
+ *   promote  cast float inputs to the widest among them (PyTorch's promote list: none of
+ *            nanoamp's ops; available through na_autocast_set_rule)
+ *   as_is    run in the inputs' dtype: everything else. Binary ops (add, sub, mul, div)
+ *            promote natively, as PyTorch's result_type: f16 with f32 gives f32, but a 0-dim
+ *            tensor does not widen one with dimensions. mean keeps an f16 input f16
+ *            (accumulating in f32). BatchNorm takes f16/bf16 input with f32 parameters and
+ *            statistics, computes in f32 and returns the input's dtype.
  * f64 and integer tensors are never cast. Casts of f32 parameters (leaves that require grad)
  * are made once per outermost region and reused; the cast is differentiable, so gradients
  * reach the f32 weights in f32.
@@ -105,11 +109,14 @@ uint64_t na_autocast_cache_casts(void);
 
 /* ---- tracing -------------------------------------------------------------------------------
  * The trace reports, for each op: its name, its inputs' dtypes (before autocast cast them), the
- * rule applied, the dtype it computed in and its output's dtype. Casts autocast makes for an op
- * are reported too, indented, just before it. One line per op:
+ * rule applied, the dtype it computed in, its output's dtype and, where wider than the compute
+ * dtype, the dtype its sums accumulate in (matmul, linear, conv2d and reductions on f16/bf16
+ * accumulate in f32). BatchNorm on f16/bf16 input computes in f32. Casts made for an op
+ * (autocast's, or a binary op's own promotion) are reported too, indented, just before it:
  *
- *   amp: linear        in f32,f32,f32      rule lower    compute f16   out f16
  *   amp:   cast        in f32              rule as_is    compute f32   out f16
+ *   amp: linear        in f32,f32,f32      rule lower    compute f16   out f16   acc f32
+ *   amp: batch_norm    in f16,f32,f32      rule as_is    compute f32   out f16
  *
  * NANOAMP_AMP_TRACE=1 in the environment traces autocast regions to stderr from the start,
  * NANOAMP_AMP_TRACE=all every op. */
@@ -128,6 +135,7 @@ typedef struct {
     bool region;        /* an autocast region was open */
     bool enabled;       /* ... and it was enabled */
     na_dtype compute;   /* what the op computed in */
+    na_dtype accumulate; /* what its sums accumulate in; NA_DTYPE_COUNT when it sums nothing */
     na_dtype out;       /* its output's dtype */
     na_device device;
     int nesting;        /* 1 for casts (and inner ops) made on behalf of another op */
