@@ -112,10 +112,10 @@ typedef struct {
 
 #define C(f, r) {f, r, NA_DTYPE_COUNT}
 static const op_case cases[NA_OP_COUNT] = {
-    [NA_OP_ADD] = C(f_add, NA_AMP_PROMOTE),
-    [NA_OP_SUB] = C(f_sub, NA_AMP_PROMOTE),
-    [NA_OP_MUL] = C(f_mul, NA_AMP_PROMOTE),
-    [NA_OP_DIV] = C(f_div, NA_AMP_PROMOTE),
+    [NA_OP_ADD] = C(f_add, NA_AMP_AS_IS),
+    [NA_OP_SUB] = C(f_sub, NA_AMP_AS_IS),
+    [NA_OP_MUL] = C(f_mul, NA_AMP_AS_IS),
+    [NA_OP_DIV] = C(f_div, NA_AMP_AS_IS),
     [NA_OP_NEG] = C(f_neg, NA_AMP_AS_IS),
     [NA_OP_SCALE] = C(f_scale, NA_AMP_AS_IS),
     [NA_OP_ADD_SCALAR] = C(f_add_scalar, NA_AMP_AS_IS),
@@ -133,7 +133,7 @@ static const op_case cases[NA_OP_COUNT] = {
     [NA_OP_MATMUL] = C(f_matmul, NA_AMP_LOWER),
     [NA_OP_LINEAR] = C(f_linear, NA_AMP_LOWER),
     [NA_OP_SUM] = C(f_sum, NA_AMP_FP32),
-    [NA_OP_MEAN] = C(f_mean, NA_AMP_FP32),
+    [NA_OP_MEAN] = C(f_mean, NA_AMP_AS_IS),
     [NA_OP_MAX] = C(f_max, NA_AMP_AS_IS),
     [NA_OP_ARGMAX] = {f_argmax, NA_AMP_AS_IS, NA_DTYPE_I32},
     [NA_OP_SOFTMAX] = C(f_softmax, NA_AMP_FP32),
@@ -208,7 +208,7 @@ Test(amp_autocast, every_op_under_f16_and_bf16) {
 
 /* f16 inputs to f32-rule ops give f32 (softmax/sum on half return float). */
 Test(amp_autocast, half_inputs_to_fp32_ops_give_f32) {
-    na_op ops[] = {NA_OP_EXP, NA_OP_LOG, NA_OP_RSQRT, NA_OP_POW, NA_OP_SUM, NA_OP_MEAN,
+    na_op ops[] = {NA_OP_EXP, NA_OP_LOG, NA_OP_RSQRT, NA_OP_POW, NA_OP_SUM,
                    NA_OP_SOFTMAX, NA_OP_LOG_SOFTMAX, NA_OP_CROSS_ENTROPY, NA_OP_MSE_LOSS};
     for (size_t i = 0; i < sizeof ops / sizeof *ops; i++) {
         TH_RC(na_autocast_begin(NA_DTYPE_F16));
@@ -218,6 +218,22 @@ Test(amp_autocast, half_inputs_to_fp32_ops_give_f32) {
         cr_assert_eq(y->dtype, NA_DTYPE_F32, "%s on f16 gave %s", na_op_name(ops[i]),
                      na_dtype_name(y->dtype));
     }
+}
+
+/* mean is in no PyTorch list: an f16 mean stays f16 (PyTorch's mean on half returns half),
+ * accumulated in f32 and rounded once. */
+Test(amp_autocast, mean_of_f16_stays_f16_accumulated_in_f32) {
+    na_manual_seed(5);
+    na_tensor *x = TH_OK(na_cast(TH_OK(na_rand(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(1000), 0, 1)),
+                                 NA_DTYPE_F16));
+    double sum = 0;
+    for (int64_t i = 0; i < x->numel; i++) sum += na_get(x, i);
+    TH_RC(na_autocast_begin(NA_DTYPE_F16));
+    na_tensor *m = TH_OK(na_mean(x));
+    TH_RC(na_autocast_end());
+    cr_assert_eq(m->dtype, NA_DTYPE_F16);
+    cr_assert_eq(na_get(m, 0), th_round_f16(sum / 1000), "mean %.8g, f16 of the exact %.8g",
+                 na_get(m, 0), sum / 1000);
 }
 
 Test(amp_autocast, promote_mixed_inputs_to_the_widest) {
@@ -476,6 +492,91 @@ Test(amp_autocast, trace_disabled_region_and_all_mode) {
     cr_assert_eq(mm->compute, NA_DTYPE_F32);
     char line[160];
     cr_assert(strstr(na_amp_trace_format(mm, line, sizeof line), "rule off"), "%s", line);
+}
+
+static const na_amp_trace_record *last_of(const trace_log *l, na_op op) {
+    for (int i = l->n - 1; i >= 0; i--)
+        if (l->r[i].op == op) return &l->r[i];
+    cr_assert_fail("no %s record", na_op_name(op));
+    return NULL;
+}
+
+/* The trace says where an op really computes: BatchNorm's math is f32 (f32 statistics and
+ * parameters) on f16 input and output; matrix products and convolutions take f16 inputs and
+ * accumulate in f32, reductions of f16 too; elementwise ops have nothing to accumulate. */
+Test(amp_autocast, trace_says_where_ops_compute) {
+    trace_log log = {0};
+    na_tensor *x = TH_OK(na_rand(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(2, 2, 4, 4), -1, 1));
+    na_tensor *w = TH_OK(na_rand(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(3, 2, 3, 3), -1, 1));
+    na_tensor *g = TH_OK(na_ones(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(3)));
+    na_tensor *rm = TH_OK(na_zeros(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(3)));
+    na_tensor *rv = TH_OK(na_ones(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(3)));
+    na_autocast_trace_callback(NA_AMP_TRACE_REGIONS, collect, &log);
+    TH_RC(na_autocast_begin(NA_DTYPE_F16));
+    na_tensor *y = TH_OK(na_conv2d(x, w, NULL, NULL));
+    y = TH_OK(na_batch_norm(y, rm, rv, g, NULL, true, 0.1, 1e-5));
+    y = TH_OK(na_relu(y));
+    TH_OK(na_mean(y));
+    TH_RC(na_autocast_end());
+    na_autocast_trace(NA_AMP_TRACE_OFF, NULL);
+    char line[160];
+    const na_amp_trace_record *conv = last_of(&log, NA_OP_CONV2D);
+    cr_assert_eq(conv->compute, NA_DTYPE_F16);
+    cr_assert_eq(conv->accumulate, NA_DTYPE_F32);
+    na_amp_trace_format(conv, line, sizeof line);
+    cr_assert(strstr(line, "compute f16") && strstr(line, "out f16") && strstr(line, "acc f32"),
+              "%s", line);
+    const na_amp_trace_record *bn = last_of(&log, NA_OP_BATCH_NORM);
+    cr_assert_eq(bn->in[0], NA_DTYPE_F16);
+    cr_assert_eq(bn->compute, NA_DTYPE_F32, "BatchNorm computes in %s",
+                 na_dtype_name(bn->compute));
+    cr_assert_eq(bn->out, NA_DTYPE_F16);
+    na_amp_trace_format(bn, line, sizeof line);
+    cr_assert(strstr(line, "in f16,f32,") && strstr(line, "compute f32") &&
+              strstr(line, "out f16") && !strstr(line, "acc"), "%s", line);
+    const na_amp_trace_record *relu = last_of(&log, NA_OP_RELU);
+    cr_assert_eq(relu->compute, NA_DTYPE_F16);
+    cr_assert_eq(relu->accumulate, NA_DTYPE_COUNT, "relu sums nothing");
+    const na_amp_trace_record *mean = last_of(&log, NA_OP_MEAN);
+    cr_assert_eq(mean->rule, NA_AMP_AS_IS);
+    cr_assert_eq(mean->compute, NA_DTYPE_F16);
+    cr_assert_eq(mean->accumulate, NA_DTYPE_F32);
+    cr_assert_eq(mean->out, NA_DTYPE_F16);
+}
+
+/* Binary ops promote natively (rule as_is): the cast of the narrower input is reported nested
+ * under the op, whose inputs are shown as given; a 0-dim f32 input is cast down instead. */
+Test(amp_autocast, trace_of_native_promotion) {
+    trace_log log = {0};
+    na_tensor *h = TH_OK(na_cast(TH_OK(na_rand(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(2, 3), -1, 1)),
+                                 NA_DTYPE_F16));
+    na_tensor *f = TH_OK(na_rand(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(2, 3), -1, 1));
+    na_tensor *s = TH_OK(na_scalar(NA_DTYPE_F32, NA_DEVICE_CPU, 2.0));
+    na_autocast_trace_callback(NA_AMP_TRACE_REGIONS, collect, &log);
+    TH_RC(na_autocast_begin(NA_DTYPE_F16));
+    TH_OK(na_add(h, f));
+    TH_OK(na_mul(h, s));
+    TH_RC(na_autocast_end());
+    na_autocast_trace(NA_AMP_TRACE_OFF, NULL);
+    cr_assert_eq(log.n, 4, "%d records", log.n);
+    cr_assert_eq(log.r[0].op, NA_OP_CAST);
+    cr_assert_eq(log.r[0].nesting, 1);
+    cr_assert_eq(log.r[0].in[0], NA_DTYPE_F16);
+    cr_assert_eq(log.r[0].out, NA_DTYPE_F32);
+    const na_amp_trace_record *add = &log.r[1];
+    cr_assert_eq(add->op, NA_OP_ADD);
+    cr_assert_eq(add->nesting, 0);
+    cr_assert_eq(add->rule, NA_AMP_AS_IS);
+    cr_assert_eq(add->in[0], NA_DTYPE_F16);
+    cr_assert_eq(add->in[1], NA_DTYPE_F32);
+    cr_assert_eq(add->compute, NA_DTYPE_F32);
+    cr_assert_eq(log.r[2].op, NA_OP_CAST);
+    cr_assert_eq(log.r[2].nesting, 1);
+    cr_assert_eq(log.r[2].out, NA_DTYPE_F16, "the 0-dim f32 scalar is cast to f16");
+    const na_amp_trace_record *mul = &log.r[3];
+    cr_assert_eq(mul->op, NA_OP_MUL);
+    cr_assert_eq(mul->compute, NA_DTYPE_F16);
+    cr_assert_eq(mul->out, NA_DTYPE_F16);
 }
 
 /* NANOAMP_AMP_TRACE=1 traces regions to stderr with no API call. */

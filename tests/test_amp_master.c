@@ -366,6 +366,68 @@ Test(amp_master, deferred_master_grad_update) {
     na_module_free(b);
 }
 
+/* Apex FP16_Optimizer: the scale is updated once per step(), however many times the master
+ * gradients were brought up to date (backward(loss, true) for each of two losses, Apex's
+ * "naive" way, or backward(..., false) twice then update_master_grads). An overflow in either
+ * loss skips the step and backs off once. */
+Test(amp_master, one_scale_update_per_step) {
+    for (int way = 0; way < 3; way++) { /* 0: naive, 1: deferred, 2: naive with an overflow */
+        na_module *half = OK_MODULE(na_model_to_half(mlp(6), NA_DTYPE_F16));
+        na_sgd_cfg sc = {.lr = 0.05};
+        na_fp16_optimizer_cfg c = NA_FP16_OPTIMIZER_DYNAMIC;
+        c.scaler.growth_interval = 2;
+        na_fp16_optimizer *fo = fp16_opt(na_sgd_new(NULL, &sc), half, c);
+        na_grad_scaler *gs = na_fp16_optimizer_scaler(fo);
+        bool naive = way != 1;
+        TH_RC(na_fp16_optimizer_backward(fo, mse(half, make_batch(0, way == 2 ? 1e4 : 1.0)),
+                                         naive));
+        TH_RC(na_fp16_optimizer_backward(fo, mse(half, make_batch(1, 1.0)), naive));
+        if (!naive) TH_RC(na_fp16_optimizer_update_master_grads(fo));
+        TH_RC(na_fp16_optimizer_step(fo));
+        na_grad_scaler_stats st;
+        TH_RC(na_grad_scaler_stats_get(gs, &st));
+        cr_assert_eq(st.updates, 1, "way %d: %lld scale updates in one step", way,
+                     (long long)st.updates);
+        cr_assert_eq(st.skipped, way == 2 ? 1 : 0, "way %d", way);
+        cr_assert_eq(st.growth_tracker, way == 2 ? 0 : 1, "way %d: unskipped", way);
+        cr_assert_eq(st.scale, way == 2 ? 32768.0 : 65536.0, "way %d: scale %g", way, st.scale);
+        na_fp16_optimizer_free(fo);
+        na_module_free(half);
+        na_step_end();
+    }
+}
+
+/* A flat master's per-parameter views expose their gradient: a view of the flat gradient. */
+Test(amp_master, flat_master_views_have_their_grad) {
+    na_module *half = OK_MODULE(na_model_to_half(mlp(8), NA_DTYPE_F16));
+    na_sgd_cfg sc = {.lr = 0.05};
+    na_fp16_optimizer_cfg c = NA_FP16_OPTIMIZER_DYNAMIC;
+    c.flat_master = true;
+    na_fp16_optimizer *fo = fp16_opt(na_sgd_new(NULL, &sc), half, c);
+    TH_RC(na_fp16_optimizer_backward(fo, mse(half, make_batch(0, 1.0)), true));
+    const na_tensor *flat_grad = na_optim_param(na_fp16_optimizer_optim(fo), 0)->grad;
+    cr_assert_not_null(flat_grad);
+    const float *base = flat_grad->data;
+    int64_t off = 0;
+    double inv = 1.0 / na_grad_scaler_get_scale(na_fp16_optimizer_scaler(fo));
+    for (int64_t i = 0; i < na_fp16_optimizer_num_params(fo); i++) {
+        na_tensor *m = na_fp16_optimizer_master(fo, i);
+        na_tensor *p = na_fp16_optimizer_model_param(fo, i);
+        cr_assert_not_null(m->grad, "master view %lld has no grad", (long long)i);
+        cr_assert_eq(m->grad->dtype, NA_DTYPE_F32);
+        cr_assert_eq(m->grad->numel, p->numel);
+        cr_assert_eq((const float *)m->grad->data, base + off, "view %lld: not the flat slice",
+                     (long long)i);
+        for (int64_t k = 0; k < p->numel; k++) /* the unscaled f16 gradient */
+            cr_assert_eq(na_get(m->grad, k), (float)(na_get(p->grad, k) * inv));
+        off += p->numel;
+    }
+    cr_assert_eq(off, flat_grad->numel);
+    TH_RC(na_fp16_optimizer_step(fo));
+    na_fp16_optimizer_free(fo);
+    na_module_free(half);
+}
+
 /* zero_grad clears the model's and the masters' gradients. */
 Test(amp_master, zero_grad_of_both) {
     na_module *half = OK_MODULE(na_model_to_half(mlp(3), NA_DTYPE_F16));

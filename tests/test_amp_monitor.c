@@ -60,6 +60,58 @@ Test(amp_monitor, scale_collapse_and_loss_alerts) {
     na_amp_monitor_free(m);
 }
 
+/* A scale at its floor means the gradients overflow even there: the scaler can do nothing
+ * more. From numbers (the floor 2^-24, or cfg.scale_floor) and from a scaler (its own lower
+ * bound: min_scale, else the floor). */
+Test(amp_monitor, scale_at_the_floor) {
+    na_amp_monitor *m = monitor((na_amp_monitor_cfg)NA_AMP_MONITOR_DEFAULTS);
+    unsigned a = na_amp_monitor_record(m, 0, 1.0, 2 * NA_GRAD_SCALER_FLOOR, true);
+    cr_assert_eq(a & NA_AMP_ALERT_SCALE_FLOOR, 0);
+    a = na_amp_monitor_record(m, 1, 1.0, NA_GRAD_SCALER_FLOOR, true);
+    cr_assert(a & NA_AMP_ALERT_SCALE_FLOOR);
+    char buf[256];
+    cr_assert(strstr(na_amp_monitor_describe(m, buf, sizeof buf), "floor"), "%s", buf);
+    na_amp_monitor_free(m);
+    na_amp_monitor_cfg c = NA_AMP_MONITOR_DEFAULTS;
+    c.scale_floor = 1.0;
+    m = monitor(c);
+    cr_assert(na_amp_monitor_record(m, 0, 1.0, 1.0, true) & NA_AMP_ALERT_SCALE_FLOOR);
+    na_amp_monitor_free(m);
+
+    for (int with_min = 0; with_min < 2; with_min++) {
+        na_grad_scaler_cfg gc = {.kind = NA_SCALER_GRAD, .init_scale = 4, .growth_factor = 2,
+                                 .backoff_factor = 0.5, .growth_interval = 2000,
+                                 .min_scale = with_min ? 1.0 : 0.0, .enabled = true};
+        na_grad_scaler *gs = na_grad_scaler_new(&gc);
+        cr_assert_not_null(gs, "%s", na_last_error());
+        na_tensor *w = na_tensor_new(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(2));
+        TH_RC(na_fill_(w, 1.0));
+        TH_RC(na_tensor_set_requires_grad(w, true));
+        na_sgd_cfg sc = {.lr = 0.1};
+        na_optim *opt = na_sgd_new(NULL, &sc);
+        cr_assert_eq(na_optim_add_group(opt, 1, &w), 0);
+        m = monitor((na_amp_monitor_cfg)NA_AMP_MONITOR_DEFAULTS);
+        int first_alert = -1;
+        for (int i = 0; i < 40 && first_alert < 0; i++) { /* every step overflows */
+            na_tensor *loss = TH_OK(na_sum(TH_OK(na_scale(w, INFINITY))));
+            TH_RC(na_backward(TH_OK(na_grad_scaler_scale(gs, loss)), NULL));
+            TH_RC(na_grad_scaler_step(gs, opt));
+            TH_RC(na_grad_scaler_update(gs));
+            TH_RC(na_optim_zero_grad(opt));
+            if (na_amp_monitor_record_scaler(m, i, loss, gs) & NA_AMP_ALERT_SCALE_FLOOR)
+                first_alert = i;
+            na_step_end();
+        }
+        /* 4 -> 2 -> 1: at min_scale 1 after 2 updates; 4 * 2^-k = 2^-24 after 26 */
+        cr_assert_eq(first_alert, with_min ? 1 : 25, "min_scale %g: first alert at %d",
+                     gc.min_scale, first_alert);
+        na_amp_monitor_free(m);
+        na_optim_free(opt);
+        na_tensor_free(w);
+        na_grad_scaler_free(gs);
+    }
+}
+
 Test(amp_monitor, csv_from_a_scaler_and_the_svg_plot) {
     char csv[] = "/tmp/amp_monitor_XXXXXX";
     int fd = mkstemp(csv);

@@ -327,6 +327,116 @@ Test(amp_scaler, invalid_configs) {
     na_grad_scaler_free(off);
 }
 
+/* ---- bounds: the floor, min_scale and max_scale under every rule ----------------------------- */
+
+/* 400 overflows alternating with clean steps halve the scale 400 times: f32 would reach 0 after
+ * about 165 (PyTorch's does), and a clean step at scale 0 unscales 0 * inf = NaN unflagged.
+ * Every dynamic rule stops at the floor instead, and clean steps there stay finite. */
+Test(amp_scaler, alternating_overflows_stop_at_the_floor) {
+    cr_assert_eq(NA_AMP_SCALE_FLOOR, NA_GRAD_SCALER_FLOOR, "the kernels' floor is the header's");
+    cr_assert_eq(NA_GRAD_SCALER_FLOOR, ldexp(1.0, -24));
+    na_grad_scaler_cfg cfgs[] = {NA_GRAD_SCALER_DEFAULTS, NA_APEX_SCALER_DEFAULTS,
+                                 NA_APEX_LEGACY_SCALER_DEFAULTS};
+    cfgs[2].min_scale = 0; /* the legacy default stops at 1: test the floor itself */
+    for (int k = 0; k < 3; k++) {
+        na_grad_scaler *gs = scaler(cfgs[k]);
+        na_tensor *w = param(4, X4);
+        na_optim *opt = sgd_on(w, 0.0, 0);
+        for (int i = 0; i < 800; i++) {
+            full_step(gs, opt, w, i % 2 == 0);
+            double s = stats(gs).scale;
+            cr_assert(s >= NA_GRAD_SCALER_FLOOR, "%s, update %d: scale %g below the floor",
+                      na_scaler_kind_name(cfgs[k].kind), i, s);
+            for (int j = 0; j < 4; j++)
+                cr_assert(isfinite(na_get(w, j)), "%s, update %d: parameter %d is %g",
+                          na_scaler_kind_name(cfgs[k].kind), i, j, na_get(w, j));
+        }
+        cr_assert_eq(stats(gs).scale, NA_GRAD_SCALER_FLOOR, "%s: %g",
+                     na_scaler_kind_name(cfgs[k].kind), stats(gs).scale);
+        cr_assert_eq(stats(gs).skipped, 400);
+        na_optim_free(opt);
+        na_tensor_free(w);
+        na_grad_scaler_free(gs);
+    }
+}
+
+/* max_scale caps growth and min_scale backoff under every dynamic rule; a static or fixed
+ * scale outside [min_scale, max_scale] is refused, as is an explicit new scale. */
+Test(amp_scaler, min_and_max_scale_under_every_rule) {
+    na_grad_scaler_cfg cfgs[] = {NA_GRAD_SCALER_DEFAULTS, NA_APEX_SCALER_DEFAULTS,
+                                 NA_APEX_LEGACY_SCALER_DEFAULTS};
+    for (int k = 0; k < 3; k++) {
+        na_grad_scaler_cfg c = cfgs[k];
+        const char *name = na_scaler_kind_name(c.kind);
+        c.init_scale = 256, c.growth_interval = 1, c.min_scale = 64, c.max_scale = 1024;
+        na_grad_scaler *gs = scaler(c);
+        na_tensor *w = param(4, X4);
+        na_optim *opt = sgd_on(w, 0.0, 0);
+        for (int i = 0; i < 6; i++) full_step(gs, opt, w, false);
+        cr_assert_eq(stats(gs).scale, 1024.0, "%s: grew to %g past max_scale", name,
+                     stats(gs).scale);
+        for (int i = 0; i < 6; i++) full_step(gs, opt, w, true);
+        cr_assert_eq(stats(gs).scale, 64.0, "%s: fell to %g below min_scale", name,
+                     stats(gs).scale);
+        TH_EXPECT_STATUS(na_grad_scaler_update_to(gs, 2048), NA_EINVAL, "max_scale");
+        TH_EXPECT_STATUS(na_grad_scaler_update_to(gs, 32), NA_EINVAL, "min_scale");
+        cr_assert_eq(stats(gs).scale, 64.0);
+        na_optim_free(opt);
+        na_tensor_free(w);
+        na_grad_scaler_free(gs);
+    }
+    na_grad_scaler_cfg fixed[] = {NA_STATIC_SCALER(2048.0), NA_GRAD_SCALER_FIXED(2048.0)};
+    for (int k = 0; k < 2; k++) {
+        na_grad_scaler_cfg c = fixed[k];
+        c.max_scale = 1024;
+        TH_EXPECT_ERROR(na_grad_scaler_new(&c), NA_EINVAL, "max_scale");
+        c.max_scale = 0, c.min_scale = 4096;
+        TH_EXPECT_ERROR(na_grad_scaler_new(&c), NA_EINVAL, "min_scale");
+        c.min_scale = 0, c.init_scale = NA_GRAD_SCALER_FLOOR / 2;
+        TH_EXPECT_ERROR(na_grad_scaler_new(&c), NA_EINVAL, "floor");
+    }
+    na_grad_scaler_cfg c = NA_GRAD_SCALER_DEFAULTS;
+    c.min_scale = 1e-10; /* below the floor */
+    TH_EXPECT_ERROR(na_grad_scaler_new(&c), NA_EINVAL, "min_scale");
+    c.min_scale = 8, c.max_scale = 4;
+    TH_EXPECT_ERROR(na_grad_scaler_new(&c), NA_EINVAL, "min_scale");
+}
+
+/* The PyTorch-style fixed scale: a GradScaler whose growth and backoff are 1. It skips a step
+ * whose gradients hold an inf or NaN (the weights stay finite) and its scale never moves,
+ * unlike the static (Apex) scaler, which applies the inf. */
+Test(amp_scaler, fixed_grad_scaler_skips_overflows_and_keeps_its_scale) {
+    na_grad_scaler_cfg c = NA_GRAD_SCALER_FIXED(128.0);
+    cr_assert_eq(c.kind, NA_SCALER_GRAD);
+    cr_assert_eq(c.growth_factor, 1.0);
+    cr_assert_eq(c.backoff_factor, 1.0);
+    na_grad_scaler *gs = scaler(c);
+    cr_assert_eq(na_grad_scaler_kind(gs), NA_SCALER_GRAD);
+    na_tensor *w = param(4, X4);
+    na_optim *opt = sgd_on(w, 0.5, 0);
+    full_step(gs, opt, w, false);
+    cr_assert_eq(na_get(w, 0), 0.5 - 0.5 * 0.5, "a clean step is taken");
+    float before[4];
+    TH_RC(na_copy_to_host(w, before));
+    full_step(gs, opt, w, true);
+    for (int j = 0; j < 4; j++)
+        cr_assert_eq(na_get(w, j), before[j], "parameter %d moved on an overflow", j);
+    cr_assert_eq(stats(gs).skipped, 1);
+    cr_assert_eq(stats(gs).scale, 128.0, "no backoff");
+    for (int i = 0; i < 5; i++) full_step(gs, opt, w, i % 2 == 0);
+    cr_assert_eq(stats(gs).scale, 128.0, "never moves: %g", stats(gs).scale);
+    cr_assert_eq(stats(gs).skipped, 4);
+    /* one factor of 1 alone is still PyTorch's error */
+    c.backoff_factor = 0.5;
+    TH_EXPECT_ERROR(na_grad_scaler_new(&c), NA_EINVAL, "The growth factor must be > 1.0");
+    c = (na_grad_scaler_cfg)NA_GRAD_SCALER_FIXED(128.0);
+    c.growth_factor = 2.0;
+    TH_EXPECT_ERROR(na_grad_scaler_new(&c), NA_EINVAL, "The backoff factor must be < 1.0");
+    na_optim_free(opt);
+    na_tensor_free(w);
+    na_grad_scaler_free(gs);
+}
+
 /* ---- the GradScaler contract ----------------------------------------------------------------- */
 
 Test(amp_scaler, unscale_twice_or_after_step_is_an_error) {

@@ -33,6 +33,8 @@ static na_tensor *positive(na_dtype dt, int ndim, const int64_t *shape) {
 }
 #define F32(...) f32(NA_SHAPE(__VA_ARGS__))
 #define LOWT(...) low(NA_SHAPE(__VA_ARGS__))
+#define F32_0DIM() f32(0, NULL)
+#define LOW_0DIM() low(0, NULL)
 
 static void expect_dt(const na_tensor *t, na_dtype want, const char *what) {
     cr_assert_not_null(t, "%s: failed: %s", what, na_last_error());
@@ -66,17 +68,28 @@ static void expect_same(na_tensor *got, na_tensor *control, const char *what) {
 
 /* ---- per-op dtype checks (run inside a region of dtype LOW) ---------------------------------- */
 
+/* Binary elementwise ops are in no PyTorch list: they promote natively, by result_type
+ * (f16 + f32 gives f32), under autocast or not. A 0-dim tensor does not promote a dimensioned
+ * one of the same category: f16 [2, 2] * f32 0-dim stays f16, two 0-dim tensors promote. */
 static void promote_case(na_tensor *(*op)(na_tensor *, na_tensor *), const char *name) {
     na_dtype other = LOW == NA_DTYPE_F16 ? NA_DTYPE_BF16 : NA_DTYPE_F16;
     expect_dt(op(F32(2, 2), F32(2, 2)), NA_DTYPE_F32, name);
     expect_dt(op(LOWT(2, 2), LOWT(2, 2)), LOW, name);
     expect_dt(op(F32(2, 2), LOWT(2, 2)), NA_DTYPE_F32, name);
     expect_dt(op(LOWT(2, 2), F32(2)), NA_DTYPE_F32, name);
+    expect_dt(op(LOWT(2, 2), F32(1)), NA_DTYPE_F32, "a [1] tensor has a dimension");
     expect_dt(op(LOWT(2, 2), as(other, F32(2, 2))), NA_DTYPE_F32, name);
     expect_dt(op(as(NA_DTYPE_F64, F32(2)), LOWT(2)), NA_DTYPE_F64, name);
+    expect_dt(op(LOWT(2, 2), F32_0DIM()), LOW, "low [2, 2] with an f32 0-dim tensor");
+    expect_dt(op(F32_0DIM(), LOWT(2, 2)), LOW, "an f32 0-dim tensor with low [2, 2]");
+    expect_dt(op(LOWT(2), as(NA_DTYPE_F64, F32_0DIM())), LOW, "low [2] with an f64 0-dim tensor");
+    expect_dt(op(F32_0DIM(), LOW_0DIM()), NA_DTYPE_F32, "two 0-dim tensors promote");
     /* f32 + low computes in f32: the same as casting the low input up by hand */
     na_tensor *a = F32(2, 2), *b = LOWT(2, 2);
     SAME_AS_CONTROL(name, op(a, b), op(a, as(NA_DTYPE_F32, b)));
+    /* low * f32 0-dim computes in low: the same as casting the 0-dim input down by hand */
+    na_tensor *z = F32_0DIM();
+    SAME_AS_CONTROL(name, op(b, z), op(b, as(LOW, z)));
 }
 static void ac_add(void) { promote_case(na_add, "add"); }
 static void ac_sub(void) { promote_case(na_sub, "sub"); }
@@ -140,7 +153,14 @@ FP32_UNARY(ac_log, "log", na_log(x), positive)
 FP32_UNARY(ac_rsqrt, "rsqrt", na_rsqrt(x), positive)
 FP32_UNARY(ac_pow, "pow", na_pow(x, 2), any_dt)
 FP32_UNARY(ac_sum, "sum", na_sum(x), any_dt)
-FP32_UNARY(ac_mean, "mean", na_mean_dim(x, 0, true), any_dt)
+/* mean is in no PyTorch list (unlike sum): it runs in its input's dtype, accumulating in f32 */
+static void ac_mean(void) {
+    expect_dt(na_mean_dim(F32(2, 3), 0, true), NA_DTYPE_F32, "mean");
+    na_tensor *x = LOWT(2, 3);
+    expect_dt(na_mean(x), LOW, "mean of a low-precision input");
+    SAME_AS_CONTROL("mean", na_mean_dim(x, 1, false), na_mean_dim(x, 1, false));
+    expect_dt(na_mean(as(NA_DTYPE_F64, x)), NA_DTYPE_F64, "mean of f64");
+}
 FP32_UNARY(ac_softmax, "softmax", na_softmax(x), any_dt)
 FP32_UNARY(ac_log_softmax, "log_softmax", na_log_softmax(x), any_dt)
 
@@ -224,10 +244,10 @@ typedef struct {
 } ac_case;
 
 static const ac_case autocast_cases[NA_OP_COUNT] = {
-    [NA_OP_ADD] = {NA_AMP_PROMOTE, ac_add},
-    [NA_OP_SUB] = {NA_AMP_PROMOTE, ac_sub},
-    [NA_OP_MUL] = {NA_AMP_PROMOTE, ac_mul},
-    [NA_OP_DIV] = {NA_AMP_PROMOTE, ac_div},
+    [NA_OP_ADD] = {NA_AMP_AS_IS, ac_add},
+    [NA_OP_SUB] = {NA_AMP_AS_IS, ac_sub},
+    [NA_OP_MUL] = {NA_AMP_AS_IS, ac_mul},
+    [NA_OP_DIV] = {NA_AMP_AS_IS, ac_div},
     [NA_OP_NEG] = {NA_AMP_AS_IS, ac_neg},
     [NA_OP_SCALE] = {NA_AMP_AS_IS, ac_scale},
     [NA_OP_ADD_SCALAR] = {NA_AMP_AS_IS, ac_add_scalar},
@@ -245,7 +265,7 @@ static const ac_case autocast_cases[NA_OP_COUNT] = {
     [NA_OP_MATMUL] = {NA_AMP_LOWER, ac_matmul},
     [NA_OP_LINEAR] = {NA_AMP_LOWER, ac_linear},
     [NA_OP_SUM] = {NA_AMP_FP32, ac_sum},
-    [NA_OP_MEAN] = {NA_AMP_FP32, ac_mean},
+    [NA_OP_MEAN] = {NA_AMP_AS_IS, ac_mean},
     [NA_OP_MAX] = {NA_AMP_AS_IS, ac_max},
     [NA_OP_ARGMAX] = {NA_AMP_AS_IS, ac_argmax},
     [NA_OP_SOFTMAX] = {NA_AMP_FP32, ac_softmax},
@@ -303,6 +323,21 @@ Test(autocast, outside_a_region_nothing_is_cast) {
     LOW = NA_DTYPE_F16;
     expect_dt(na_exp(LOWT(2)), NA_DTYPE_F16, "exp of f16 outside");
     expect_dt(na_sum(LOWT(2)), NA_DTYPE_F16, "sum of f16 outside");
+}
+
+/* PyTorch's result_type outside autocast too: an f32 0-dim tensor (a scalar) does not widen
+ * an f16 tensor; the gradient reaching the f32 scalar is f32. */
+Test(autocast, zero_dim_tensors_do_not_promote_dimensioned_ones) {
+    LOW = NA_DTYPE_F16;
+    na_tensor *s = th_leaf(NA_DTYPE_F32, 0, NULL, TH_V(0.5));
+    na_tensor *x = LOWT(3);
+    na_tensor *y = TH_OK(na_mul(x, s));
+    expect_dt(y, NA_DTYPE_F16, "f16 [3] * f32 0-dim");
+    for (int i = 0; i < 3; i++) cr_assert_eq(na_get(y, i), 0.5 * na_get(x, i));
+    TH_RC(na_backward(TH_OK(na_sum(y)), NULL));
+    cr_assert_eq(s->grad->dtype, NA_DTYPE_F32);
+    TH_EXPECT(s->grad, 0, 0, "d/ds sum(x * s) = sum(x)", na_get(x, 0) + na_get(x, 1) + na_get(x, 2));
+    expect_dt(na_add(LOW_0DIM(), F32_0DIM()), NA_DTYPE_F32, "two 0-dim tensors promote");
 }
 
 Test(autocast, nesting_and_disabled_regions) {

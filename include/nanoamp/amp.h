@@ -60,10 +60,14 @@ extern "C" {
  * NA_OP_MAP), as PyTorch's CUDA lists (see docs/mixed-precision.md for the table):
  *   lower    cast float inputs to the region's f16/bf16: matmul, linear, conv2d
  *   fp32     cast float inputs to f32: softmax, log_softmax, cross_entropy, mse_loss, exp, log,
- *            rsqrt, pow, sum, mean (so an f16 input gives an f32 output)
- *   promote  cast float inputs to the widest among them: add, sub, mul, div
- *   as_is    run in the inputs' dtype: everything else. BatchNorm takes f16/bf16 input with
- *            f32 parameters and statistics and returns the input's dtype.
+ *            rsqrt, pow, sum (so an f16 input gives an f32 output)
+ *   promote  cast float inputs to the widest among them (PyTorch's promote list: none of
+ *            nanoamp's ops; available through na_autocast_set_rule)
+ *   as_is    run in the inputs' dtype: everything else. Binary ops (add, sub, mul, div)
+ *            promote natively, as PyTorch's result_type: f16 with f32 gives f32, but a 0-dim
+ *            tensor does not widen one with dimensions. mean keeps an f16 input f16
+ *            (accumulating in f32). BatchNorm takes f16/bf16 input with f32 parameters and
+ *            statistics, computes in f32 and returns the input's dtype.
  * f64 and integer tensors are never cast. Casts of f32 parameters (leaves that require grad)
  * are made once per outermost region and reused; the cast is differentiable, so gradients
  * reach the f32 weights in f32.
@@ -105,11 +109,14 @@ uint64_t na_autocast_cache_casts(void);
 
 /* ---- tracing -------------------------------------------------------------------------------
  * The trace reports, for each op: its name, its inputs' dtypes (before autocast cast them), the
- * rule applied, the dtype it computed in and its output's dtype. Casts autocast makes for an op
- * are reported too, indented, just before it. One line per op:
+ * rule applied, the dtype it computed in, its output's dtype and, where wider than the compute
+ * dtype, the dtype its sums accumulate in (matmul, linear, conv2d and reductions on f16/bf16
+ * accumulate in f32). BatchNorm on f16/bf16 input computes in f32. Casts made for an op
+ * (autocast's, or a binary op's own promotion) are reported too, indented, just before it:
  *
- *   amp: linear        in f32,f32,f32      rule lower    compute f16   out f16
  *   amp:   cast        in f32              rule as_is    compute f32   out f16
+ *   amp: linear        in f32,f32,f32      rule lower    compute f16   out f16   acc f32
+ *   amp: batch_norm    in f16,f32,f32      rule as_is    compute f32   out f16
  *
  * NANOAMP_AMP_TRACE=1 in the environment traces autocast regions to stderr from the start,
  * NANOAMP_AMP_TRACE=all every op. */
@@ -128,6 +135,7 @@ typedef struct {
     bool region;        /* an autocast region was open */
     bool enabled;       /* ... and it was enabled */
     na_dtype compute;   /* what the op computed in */
+    na_dtype accumulate; /* what its sums accumulate in; NA_DTYPE_COUNT when it sums nothing */
     na_dtype out;       /* its output's dtype */
     na_device device;
     int nesting;        /* 1 for casts (and inner ops) made on behalf of another op */
@@ -153,6 +161,17 @@ const char *na_amp_trace_format(const na_amp_trace_record *r, char *buf, size_t 
  *                           min_scale if given), x2 after 2000 clean steps, at most 2^24.
  * Start from one of the config macros and change fields.
  *
+ * Which steps are skipped: GRAD, APEX and APEX_LEGACY skip every step whose gradients hold an
+ * inf or NaN (the optimizer leaves parameters and state untouched). STATIC never skips: an inf
+ * or NaN gradient is applied to the weights (Apex's static loss scale; use it only to follow
+ * an Apex recipe). For a fixed scale that still skips non-finite steps, PyTorch-style, use
+ * NA_GRAD_SCALER_FIXED(s): a GRAD scaler whose growth and backoff factors are both 1.
+ *
+ * Bounds, for every kind: the scale never falls below max(min_scale, NA_GRAD_SCALER_FLOOR)
+ * nor grows above max_scale (when > 0) or to inf. A STATIC or fixed scale, and a new scale
+ * given to update_to, must lie within them (else NA_EINVAL). PyTorch's GradScaler has no
+ * floor: its scale can halve down to 0, after which unscaling turns zero gradients into NaN.
+ *
  * Per step, with any number of losses and optimizers (one scaler for all of them):
  *   na_backward(na_grad_scaler_scale(gs, loss), NULL);   // for each loss
  *   na_grad_scaler_unscale_(gs, opt);  na_optim_clip_grad_norm(opt, 1.0);  // optional
@@ -169,14 +188,19 @@ typedef enum {
     NA_SCALER_APEX = 3,
 } na_scaler_kind;
 
+/* The lowest scale any kind reaches, 2^-24: f16's smallest subnormal. Below it every f16
+ * gradient of magnitude <= 1 rounds to 0; its reciprocal is exact in f32. */
+#define NA_GRAD_SCALER_FLOOR 5.9604644775390625e-08
+
 typedef struct {
     na_scaler_kind kind;
-    double init_scale;
-    double growth_factor;   /* > 1 (Apex: scale_factor; Apex rules also divide by it) */
+    double init_scale;      /* within [min_scale, max_scale] (Apex amp: capped at max_scale) */
+    double growth_factor;   /* > 1 (Apex: scale_factor; Apex rules also divide by it); GRAD:
+                               1 together with backoff_factor 1 for a fixed scale */
     double backoff_factor;  /* in (0, 1); PyTorch's rule only */
     int64_t growth_interval; /* >= 1 (Apex: scale_window) */
-    double min_scale;       /* Apex rules: lower bound, 0 for none */
-    double max_scale;       /* Apex rules: upper bound, 0 for none */
+    double min_scale;       /* lower bound, >= NA_GRAD_SCALER_FLOOR; 0: the floor */
+    double max_scale;       /* upper bound; 0 for none */
     bool enabled;           /* false: scale() returns the loss, step() is a plain step */
     na_device device;       /* where the state is made; it follows the first scaled loss */
 } na_grad_scaler_cfg;
@@ -184,6 +208,11 @@ typedef struct {
 #define NA_GRAD_SCALER_DEFAULTS                                                          \
     { .kind = NA_SCALER_GRAD, .init_scale = 65536.0, .growth_factor = 2.0,               \
       .backoff_factor = 0.5, .growth_interval = 2000, .enabled = true }
+/* PyTorch-style fixed scale s: skips steps with inf/NaN gradients, the scale never moves. */
+#define NA_GRAD_SCALER_FIXED(s)                                                          \
+    { .kind = NA_SCALER_GRAD, .init_scale = (s), .growth_factor = 1.0,                   \
+      .backoff_factor = 1.0, .growth_interval = 2000, .enabled = true }
+/* Apex's static scale s: never skips, an inf gradient reaches the weights. */
 #define NA_STATIC_SCALER(s)                                                              \
     { .kind = NA_SCALER_STATIC, .init_scale = (s), .growth_factor = 2.0,                 \
       .backoff_factor = 0.5, .growth_interval = 1, .enabled = true }
@@ -214,7 +243,8 @@ int na_grad_scaler_step(na_grad_scaler *gs, na_optim *opt);
 /* Applies the rule once (on the device) from every optimizer's found_inf since the last
  * update, and makes all optimizers ready for the next step. */
 int na_grad_scaler_update(na_grad_scaler *gs);
-/* PyTorch's update(new_scale): the scale becomes new_scale (> 0), the tracker is left alone. */
+/* PyTorch's update(new_scale): the scale becomes new_scale, the tracker is left alone.
+ * new_scale must lie within the scaler's bounds (see above). */
 int na_grad_scaler_update_to(na_grad_scaler *gs, double new_scale);
 
 /* The current scale (1 when disabled). Reads the device: a sync on CUDA. */
@@ -273,11 +303,14 @@ na_module *na_model_to_half(na_module *m, na_dtype dt);
  * used directly) as the optimizer's parameters, optionally as one flat f32 buffer. Per step:
  *   backward(loss): loss as f32 times the scale, backward (f16 gradients), then (unless
  *     deferred) update_master_grads: the f16 gradients are copied into the f32 master
- *     gradients and unscaled in one fused pass with the overflow check, and the scaler is
- *     updated (on the device);
- *   step(): steps the masters unless that overflowed (the optimizer kernel reads the flag),
- *     then copies the masters into the f16 parameters (fused into the optimizer kernel).
- * Several losses per step: backward(loss, false) for each, then update_master_grads once. */
+ *     gradients and unscaled in one fused pass with the overflow check;
+ *   step(): updates the scaler once (on the device) from the last update_master_grads'
+ *     overflow flag, steps the masters unless that overflowed (the optimizer kernel reads the
+ *     flag), then copies the masters into the f16 parameters (fused into the optimizer kernel).
+ * Several losses per step: backward(loss, false) for each, then update_master_grads once (or
+ * backward(loss, true) for each: the scale is still updated once, at step()). The scaler's
+ * kind decides whether an overflowing step is skipped (see loss scaling above): the static
+ * default applies it, as Apex's static_loss_scale. */
 typedef struct {
     na_grad_scaler_cfg scaler; /* Apex: static 1.0 unless dynamic_loss_scale */
     bool flat_master;          /* one flat f32 master buffer for the f16 parameters */
@@ -314,7 +347,8 @@ na_grad_scaler *na_fp16_optimizer_scaler(const na_fp16_optimizer *fo);
 int64_t na_fp16_optimizer_num_params(const na_fp16_optimizer *fo); /* model parameters */
 na_tensor *na_fp16_optimizer_model_param(const na_fp16_optimizer *fo, int64_t i);
 /* The f32 tensor holding model parameter i's master value: the parameter itself when f32, a
- * master copy, or (flat) a view into the flat buffer. */
+ * master copy, or (flat) a view into the flat buffer whose grad is the same view into the
+ * flat gradient. Its grad is the f32 master gradient update_master_grads writes. */
 na_tensor *na_fp16_optimizer_master(const na_fp16_optimizer *fo, int64_t i);
 
 /* The whole state for a checkpoint: "optimizer.<name>" (na_optim_state of the wrapped
@@ -375,6 +409,9 @@ const char *na_amp_mode_name(na_amp_mode mode); /* "f32", "bf16", "f16" */
  *   NA_AMP_ALERT_SCALE_COLLAPSE  the scale is below scale_drop_ratio of its value
  *                                scale_drop_updates records ago
  *   NA_AMP_ALERT_NONFINITE_LOSS  the loss itself is inf or NaN
+ *   NA_AMP_ALERT_SCALE_FLOOR     the scale is at its floor (scale_floor, or for
+ *                                record_scaler the scaler's min_scale or NA_GRAD_SCALER_FLOOR):
+ *                                the gradients overflow even there, the scaler cannot help
  * with an optional CSV log "step,loss,scale,skipped" (examples/amp/amp-plot turns it into an
  * SVG). */
 enum {
@@ -382,6 +419,7 @@ enum {
     NA_AMP_ALERT_SKIP_RATE = 2,
     NA_AMP_ALERT_SCALE_COLLAPSE = 4,
     NA_AMP_ALERT_NONFINITE_LOSS = 8,
+    NA_AMP_ALERT_SCALE_FLOOR = 16,
 };
 typedef struct {
     int window;              /* steps in the skip-rate window */
@@ -389,6 +427,7 @@ typedef struct {
     double skip_rate_alert;  /* a fraction */
     double scale_drop_ratio;
     int scale_drop_updates;
+    double scale_floor;      /* for na_amp_monitor_record; 0: NA_GRAD_SCALER_FLOOR */
 } na_amp_monitor_cfg;
 #define NA_AMP_MONITOR_DEFAULTS                                                     \
     { .window = 100, .loss_rise_steps = 50, .skip_rate_alert = 0.3,                 \

@@ -8,7 +8,8 @@
  * Every op returns a new step tensor (see nanoamp/tensor.h) or NULL with na_last_error() set.
  * If an input requires grad (and grad mode is on), the op records a graph node so that
  * na_backward can run its backward. Inputs may be views; float inputs of different dtypes
- * in binary ops promote to the wider one (f16 + bf16 -> f32).
+ * in binary ops promote to the wider one (f16 + bf16 -> f32), except that a 0-dim tensor does
+ * not widen a tensor with dimensions (PyTorch's result_type: f16 [N] * f32 0-dim is f16).
  *
  *     na_tensor *logits = na_linear(x, w, b);             // x [N, in], w [out, in], b [out]
  *     na_tensor *loss = na_cross_entropy(logits, labels, NULL);  // labels: i32 [N]
@@ -28,16 +29,17 @@ typedef enum {
     NA_AMP_AS_IS,   /* run in the inputs' dtype */
     NA_AMP_LOWER,   /* cast float inputs to the region's f16/bf16 (matmul, linear, conv) */
     NA_AMP_FP32,    /* cast float inputs to f32 (softmax, losses, exp, log, sum, ...) */
-    NA_AMP_PROMOTE, /* cast float inputs to the widest among them (add, mul, ...) */
+    NA_AMP_PROMOTE, /* cast float inputs to the widest among them (PyTorch's promote list;
+                       no op here by default: binary ops promote natively, see below) */
     NA_AMP_RULE_COUNT
 } na_amp_rule;
 
 /* X(ID, name, autocast rule, differentiable) */
 #define NA_OP_MAP(X)                                          \
-    X(ADD, "add", NA_AMP_PROMOTE, true)                       \
-    X(SUB, "sub", NA_AMP_PROMOTE, true)                       \
-    X(MUL, "mul", NA_AMP_PROMOTE, true)                       \
-    X(DIV, "div", NA_AMP_PROMOTE, true)                       \
+    X(ADD, "add", NA_AMP_AS_IS, true)                         \
+    X(SUB, "sub", NA_AMP_AS_IS, true)                         \
+    X(MUL, "mul", NA_AMP_AS_IS, true)                         \
+    X(DIV, "div", NA_AMP_AS_IS, true)                         \
     X(NEG, "neg", NA_AMP_AS_IS, true)                         \
     X(SCALE, "scale", NA_AMP_AS_IS, true)                     \
     X(ADD_SCALAR, "add_scalar", NA_AMP_AS_IS, true)           \
@@ -55,7 +57,7 @@ typedef enum {
     X(MATMUL, "matmul", NA_AMP_LOWER, true)                   \
     X(LINEAR, "linear", NA_AMP_LOWER, true)                   \
     X(SUM, "sum", NA_AMP_FP32, true)                          \
-    X(MEAN, "mean", NA_AMP_FP32, true)                        \
+    X(MEAN, "mean", NA_AMP_AS_IS, true)                       \
     X(MAX, "max", NA_AMP_AS_IS, true)                         \
     X(ARGMAX, "argmax", NA_AMP_AS_IS, false)                  \
     X(SOFTMAX, "softmax", NA_AMP_FP32, true)                  \

@@ -15,7 +15,7 @@
  *       clean: if tracker + 1 == interval { new = f32(scale * growth); if finite: scale = new;
  *              tracker = 0 } else tracker += 1
  *   Apex amp LossScaler (apex/amp/scaler.py update_scale):
- *       inf:   scale = max(min_scale, scale / growth) (no min when min_scale is 0); unskipped = 0
+ *       inf:   scale = max(min_scale, scale / growth); unskipped = 0
  *       clean: unskipped += 1
  *       then:  if unskipped == window { scale = min(max_scale, scale * growth); unskipped = 0 }
  *   Apex legacy DynamicLossScaler (apex/fp16_utils/loss_scaler.py update_scale):
@@ -23,8 +23,12 @@
  *       clean: if (cur_iter - last_overflow_iter) % window == 0: scale *= growth
  *       both:  cur_iter += 1            (cur_iter starts at 0, last_overflow_iter at -1)
  *   Static: the scale never changes and no step is ever skipped.
- * A scale never grows to inf under any rule (Apex computes in Python doubles, where it would
- * take far longer to get there; here the scale is f32 as PyTorch's).
+ * Bounds, under every rule: a scale that backs off stops at the lower bound, max(min_scale,
+ * NA_AMP_SCALE_FLOOR); one that grows stops at max_scale when given, and never grows to inf
+ * (Apex computes in Python doubles, where it would take far longer to get there; here the
+ * scale is f32 as PyTorch's). The floor is our addition: PyTorch's scale halves on to 0 in f32
+ * (about 165 overflows from 2^16), after which every clean step unscales 0 * inf = NaN without
+ * flagging it.
  * An explicit new scale (GradScaler.update(new_scale)) replaces the rule: scale = new_scale,
  * the tracker is left alone.
  * Every update also counts: updates += 1, and skipped += 1 when found (not for Static).
@@ -54,8 +58,8 @@ enum {
     NA_AMP_HP_GROWTH,    /* growth factor (Apex: scale_factor) */
     NA_AMP_HP_BACKOFF,   /* backoff factor (PyTorch only; Apex divides by the growth factor) */
     NA_AMP_HP_INTERVAL,  /* growth interval (Apex: scale_window) */
-    NA_AMP_HP_MIN,       /* minimum scale, 0 for none (Apex rules only) */
-    NA_AMP_HP_MAX,       /* maximum scale, 0 for none (Apex rules only) */
+    NA_AMP_HP_MIN,       /* minimum scale, 0 for none (the floor still applies) */
+    NA_AMP_HP_MAX,       /* maximum scale, 0 for none */
     NA_AMP_HP_NEW_SCALE, /* > 0: set the scale to this instead of applying the rule */
     NA_AMP_HP_COUNT
 };
@@ -69,6 +73,12 @@ enum {
     NA_AMP_CTR_COUNT
 };
 
+/* The lowest scale any rule reaches: 2^-24, f16's smallest subnormal. Below it every f16
+ * gradient of magnitude <= 1 rounds to 0, so a smaller scale carries no information; its
+ * reciprocal 2^24 is exact in f32, so unscaling a zero gives 0, never NaN. (nanoamp/amp.h's
+ * NA_GRAD_SCALER_FLOOR is the same number; tests/test_amp_scaler.c checks they agree.) */
+#define NA_AMP_SCALE_FLOOR 5.9604644775390625e-08
+
 /* PyTorch: inv_scale = _scale.double().reciprocal().float(). */
 static NA_HD float na_amp_inv_scale(float scale) { return (float)(1.0 / (double)scale); }
 
@@ -81,10 +91,23 @@ static NA_HD float na_amp_unscale_elem(float v, float inv_scale, bool *nonfinite
 
 static NA_HD int32_t na_amp_ctr_inc(int32_t c) { return c < INT32_MAX ? c + 1 : c; }
 
+/* A scale after backoff: not below min_scale (when given) nor the floor. */
+static NA_HD float na_amp_backed_off(double s, const double *hp) {
+    double lo = hp[NA_AMP_HP_MIN] > NA_AMP_SCALE_FLOOR ? hp[NA_AMP_HP_MIN] : NA_AMP_SCALE_FLOOR;
+    return (float)(s < lo ? lo : s);
+}
+
+/* A grown scale: not above max_scale (when given); `old` when it would not be finite in f32. */
+static NA_HD float na_amp_grown(double s, const double *hp, float old) {
+    if (hp[NA_AMP_HP_MAX] > 0.0 && s > hp[NA_AMP_HP_MAX]) s = hp[NA_AMP_HP_MAX];
+    float g = (float)s;
+    return isfinite(g) ? g : old;
+}
+
 /* One update of scale and counters for kind, given whether any inf/NaN was found. */
 static NA_HD void na_amp_update(int kind, const double *hp, float *scale, int32_t *ctr,
                                 bool found) {
-    double growth = hp[NA_AMP_HP_GROWTH], min_s = hp[NA_AMP_HP_MIN], max_s = hp[NA_AMP_HP_MAX];
+    double growth = hp[NA_AMP_HP_GROWTH];
     int32_t interval = (int32_t)hp[NA_AMP_HP_INTERVAL];
     double s = (double)*scale;
     ctr[NA_AMP_CTR_UPDATES] = na_amp_ctr_inc(ctr[NA_AMP_CTR_UPDATES]);
@@ -97,13 +120,12 @@ static NA_HD void na_amp_update(int kind, const double *hp, float *scale, int32_
     switch (kind) {
     case NA_AMP_KIND_GRAD_SCALER:
         if (found) {
-            *scale = (float)(s * hp[NA_AMP_HP_BACKOFF]);
+            *scale = na_amp_backed_off(s * hp[NA_AMP_HP_BACKOFF], hp);
             ctr[NA_AMP_CTR_TRACKER] = 0;
         } else {
             int32_t t = ctr[NA_AMP_CTR_TRACKER] + 1;
             if (t == interval) {
-                float grown = (float)(s * growth);
-                if (isfinite(grown)) *scale = grown; /* never grow past f32's range to inf */
+                *scale = na_amp_grown(s * growth, hp, *scale);
                 t = 0;
             }
             ctr[NA_AMP_CTR_TRACKER] = t;
@@ -111,31 +133,24 @@ static NA_HD void na_amp_update(int kind, const double *hp, float *scale, int32_
         break;
     case NA_AMP_KIND_APEX:
         if (found) {
-            s = s / growth;
-            if (min_s > 0.0 && s < min_s) s = min_s;
-            *scale = (float)s;
+            *scale = na_amp_backed_off(s / growth, hp);
             ctr[NA_AMP_CTR_TRACKER] = 0;
         } else {
             ctr[NA_AMP_CTR_TRACKER] += 1;
         }
         if (ctr[NA_AMP_CTR_TRACKER] == interval) {
-            double g = (double)*scale * growth;
-            if (max_s > 0.0 && g > max_s) g = max_s;
-            if (isfinite((float)g)) *scale = (float)g;
+            *scale = na_amp_grown((double)*scale * growth, hp, *scale);
             ctr[NA_AMP_CTR_TRACKER] = 0;
         }
         break;
     case NA_AMP_KIND_APEX_LEGACY: {
         int32_t cur = ctr[NA_AMP_CTR_TRACKER];
         if (found) {
-            s = s / growth;
-            if (min_s > 0.0 && s < min_s) s = min_s;
-            *scale = (float)s;
+            *scale = na_amp_backed_off(s / growth, hp);
             ctr[NA_AMP_CTR_LAST_OVERFLOW] = cur;
         } else if (interval > 0 &&
                    ((int64_t)cur - (int64_t)ctr[NA_AMP_CTR_LAST_OVERFLOW]) % interval == 0) {
-            float g = (float)(s * growth);
-            if (isfinite(g)) *scale = g;
+            *scale = na_amp_grown(s * growth, hp, *scale);
         }
         ctr[NA_AMP_CTR_TRACKER] = na_amp_ctr_inc(cur);
     } break;

@@ -28,6 +28,8 @@ int na_grad_scaler_update_from_(na_grad_scaler *gs, int n_found, const na_tensor
 /* Moves the scaler's state to dev (no-op when already there). */
 int na_grad_scaler_to_device_(na_grad_scaler *gs, na_device dev);
 na_device na_grad_scaler_device_(const na_grad_scaler *gs);
+/* The lowest scale gs's rule reaches: its min_scale, or NA_GRAD_SCALER_FLOOR. */
+double na_grad_scaler_floor_(const na_grad_scaler *gs);
 /* Appends the scaler's state (na_grad_scaler_state) named prefix + name to out. */
 int na_grad_scaler_state_into_(na_grad_scaler *gs, const char *prefix, na_named_tensors *out,
                                int64_t *cap);

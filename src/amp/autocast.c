@@ -273,6 +273,7 @@ static void push_pending(na_op op, na_tensor *const *ins, int n, na_amp_rule rul
 int na_autocast_inputs(na_op op, na_tensor **ins, int n) {
     if (!na_autocast_enabled()) return NA_OK;
     na_amp_rule rule = na_autocast_rule(op);
+    bool tracing = current_trace_mode() != NA_AMP_TRACE_OFF;
     na_dtype target;
     bool any = false;
     switch (rule) {
@@ -287,10 +288,12 @@ int na_autocast_inputs(na_op op, na_tensor **ins, int n) {
         }
         break;
     }
-    default: return NA_OK;
+    default: /* as_is: nothing to cast; traced so that casts the op makes itself (a binary
+              * op's promotion) are reported under it, and its inputs as they came */
+        if (tracing) push_pending(op, ins, n, rule);
+        return NA_OK;
     }
     for (int k = 0; k < n && !any; k++) any = eligible(ins[k]);
-    bool tracing = current_trace_mode() != NA_AMP_TRACE_OFF;
     if (tracing) {
         push_pending(op, ins, n, rule);
         if (any) pending[n_pending - 1].compute = target;
@@ -319,9 +322,39 @@ const char *na_amp_trace_format(const na_amp_trace_record *r, char *buf, size_t 
     const char *rule = r->region && !r->enabled ? "off" : na_amp_rule_name(r->rule);
     char name[40];
     snprintf(name, sizeof name, "%*s%s", 2 * r->nesting, "", na_op_name(r->op));
-    snprintf(buf, size, "%-15s in %-18s rule %-8s compute %-5s out %s", name, ins, rule,
-             dt_name(r->compute), dt_name(r->out));
+    const char *out = dt_name(r->out);
+    int len = snprintf(buf, size, "%-15s in %-18s rule %-8s compute %-5s out %s", name, ins, rule,
+                       dt_name(r->compute), out);
+    /* the accumulation, only where it is wider than the compute dtype (matmul, conv2d and the
+     * reductions on f16/bf16), in a column of its own */
+    if (r->accumulate != NA_DTYPE_COUNT && r->accumulate != r->compute && len >= 0 &&
+        (size_t)len < size)
+        snprintf(buf + len, size - (size_t)len, "%*s acc %s", 5 - (int)strlen(out), "",
+                 dt_name(r->accumulate));
     return buf;
+}
+
+/* Where an op's arithmetic really runs, given the dtype of its data. BatchNorm's is f32 for
+ * f16/bf16 data: it normalizes with f32 statistics, weight and bias (as cuDNN's) and rounds
+ * only its output. */
+static na_dtype true_compute(na_op op, na_dtype data) {
+    bool low = data == NA_DTYPE_F16 || data == NA_DTYPE_BF16;
+    return op == NA_OP_BATCH_NORM && low ? NA_DTYPE_F32 : data;
+}
+
+/* What an op's sums (dot products, reductions, statistics, pooling windows) accumulate in on
+ * both backends: f32 for f16/bf16/f32 data, f64 for f64 (cuBLASLt with CUBLAS_COMPUTE_32F,
+ * cuDNN convolutions with an f32 compute type, the CPU widening to f32); NA_DTYPE_COUNT for
+ * an op that sums nothing. */
+static na_dtype accumulation(na_op op, na_dtype compute) {
+    switch (op) {
+    case NA_OP_MATMUL: case NA_OP_LINEAR: case NA_OP_CONV2D: case NA_OP_SUM: case NA_OP_MEAN:
+    case NA_OP_SOFTMAX: case NA_OP_LOG_SOFTMAX: case NA_OP_CROSS_ENTROPY:
+    case NA_OP_BATCH_NORM: case NA_OP_AVG_POOL2D:
+        if (!na_dtype_is_float(compute)) return NA_DTYPE_COUNT;
+        return compute == NA_DTYPE_F64 ? NA_DTYPE_F64 : NA_DTYPE_F32;
+    default: return NA_DTYPE_COUNT;
+    }
 }
 
 static na_dtype first_float(int n, na_tensor *const *inputs, na_dtype fallback) {
@@ -356,6 +389,8 @@ void na_amp_trace_op(na_op op, const na_tensor *out, int n_inputs, na_tensor *co
         r.compute = from_input ? first_float(n, inputs, out->dtype) : out->dtype;
         r.nesting = n_pending;
     }
+    r.compute = true_compute(op, r.compute);
+    r.accumulate = accumulation(op, r.compute);
     if (trace_fn) {
         trace_fn(&r, trace_ctx);
         return;

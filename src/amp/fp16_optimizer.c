@@ -4,11 +4,12 @@
  * The wrapped optimizer's parameters are the f32 masters (or the model's own f32 parameters,
  * or one flat f32 buffer per group). A step is three device passes and no host round trip:
  *   update_master_grads: one fused amp_unscale from the model's f16 gradients into the f32
- *     master gradients (and in place for f32 parameters), with the overflow flag; then the
- *     scaler's update kernel;
- *   step: the optimizer kernel with found_inf (skips on the device) and copies = the f16
- *     parameters (each updated master is rounded into its model parameter in the same pass);
- *     with a flat master, one copy pass from the flat buffer's views instead. */
+ *     master gradients (and in place for f32 parameters), with the overflow flag;
+ *   step: the scaler's update kernel (once per step, as Apex's step(): bringing the master
+ *     gradients up to date twice in one iteration counts once), then the optimizer kernel
+ *     with found_inf (skips on the device) and copies = the f16 parameters (each updated
+ *     master is rounded into its model parameter in the same pass); with a flat master, one
+ *     copy pass from the flat buffer's views instead. */
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -21,9 +22,11 @@
 typedef struct {
     na_tensor *model;       /* the model's parameter (not owned) */
     na_tensor *master;      /* its f32 value: model itself, an owned copy, or a flat view */
-    na_tensor *master_grad; /* the f32 gradient the unscale writes */
+    na_tensor *master_grad; /* the f32 gradient the unscale writes (master->grad, or for f32
+                               parameters their own) */
     bool owned;             /* master (and master_grad, its .grad) allocated here */
-    bool flat_view;         /* master/master_grad are persistent views into a flat buffer */
+    bool flat_view;         /* master is a persistent view into a flat buffer, and its
+                               grad the same slice of the flat gradient */
     int64_t opt_index;      /* the optimizer parameter holding its value */
 } fp_param;
 
@@ -50,11 +53,7 @@ void na_fp16_optimizer_free(na_fp16_optimizer *fo) {
     if (!fo) return;
     for (int64_t i = 0; i < fo->n; i++) {
         fp_param *p = &fo->ps[i];
-        if (p->owned) na_tensor_free(p->master);
-        if (p->flat_view) {
-            na_tensor_free(p->master);
-            na_tensor_free(p->master_grad);
-        }
+        if (p->owned || p->flat_view) na_tensor_free(p->master); /* and its grad */
     }
     for (int k = 0; k < fo->n_flats; k++) na_tensor_free(fo->flats[k]);
     na_optim_free(fo->opt);
@@ -204,10 +203,10 @@ int na_fp16_optimizer_add_group(na_fp16_optimizer *fo, int64_t n, na_tensor *con
             fp->master = na_amp_persistent_view_(flat, off, p->ndim, p->shape);
             fp->master_grad = fp->master ? na_amp_persistent_view_(flat->grad, off, p->ndim,
                                                                    p->shape) : NULL;
+            if (fp->master) fp->master->grad = fp->master_grad;
             if (!fp->master_grad || na_copy_(fp->master, p)) {
                 rc = na_last_status();
                 na_tensor_free(fp->master);
-                na_tensor_free(fp->master_grad);
                 break;
             }
             off += p->numel;
@@ -232,8 +231,7 @@ int na_fp16_optimizer_add_group(na_fp16_optimizer *fo, int64_t n, na_tensor *con
     if (g < 0) { /* roll back this group (the optimizer added nothing when it failed) */
         for (int64_t i = 0; i < made; i++) {
             fp_param *fp = &fo->ps[fo->n + i];
-            if (fp->owned) na_tensor_free(fp->master);
-            if (fp->flat_view) na_tensor_free(fp->master), na_tensor_free(fp->master_grad);
+            if (fp->owned || fp->flat_view) na_tensor_free(fp->master); /* and its grad */
         }
         na_tensor_free(flat);
         return na_set_error(g, "%s: %s", fn, na_last_error());
@@ -265,8 +263,6 @@ int na_fp16_optimizer_update_master_grads(na_fp16_optimizer *fo) {
     }
     if (!rc) rc = na_grad_scaler_unscale_into_(fo->scaler, count, (const na_tensor *const *)in,
                                                out, fo->found_inf);
-    const na_tensor *flag = fo->found_inf;
-    if (!rc) rc = na_grad_scaler_update_from_(fo->scaler, 1, &flag);
     if (rc) return na_set_error(rc, "%s: %s", fn, na_last_error());
     fo->grads_fresh = true;
     return NA_OK;
@@ -294,6 +290,9 @@ int na_fp16_optimizer_step(na_fp16_optimizer *fo) {
                             "na_fp16_optimizer_backward(fo, loss, true), or "
                             "na_fp16_optimizer_update_master_grads after backward(..., false)", fn);
     bool never_skips = na_grad_scaler_kind(fo->scaler) == NA_SCALER_STATIC;
+    const na_tensor *flag = fo->found_inf;
+    int rc = na_grad_scaler_update_from_(fo->scaler, 1, &flag);
+    if (rc) return na_set_error(rc, "%s: %s", fn, na_last_error());
     if (fo->verbose && !never_skips && na_fp16_optimizer_overflow(fo))
         printf("Gradient overflow.  Skipping step, reducing loss scale to %g\n",
                na_grad_scaler_get_scale(fo->scaler));
@@ -310,7 +309,7 @@ int na_fp16_optimizer_step(na_fp16_optimizer *fo) {
     }
     na_optim_step_opts o = {.found_inf = never_skips ? NULL : fo->found_inf,
                             .grads = fo->opt_grads, .copies = fo->opt_copies};
-    int rc = na_optim_step(fo->opt, &o);
+    rc = na_optim_step(fo->opt, &o);
     for (int64_t i = 0; i < fo->n && !rc; i++) /* flat: masters -> model (a no-op if skipped) */
         if (fo->ps[i].flat_view) rc = na_copy_(fo->ps[i].model, fo->ps[i].master);
     if (rc) return na_set_error(rc, "%s: %s", fn, na_last_error());

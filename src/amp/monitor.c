@@ -7,6 +7,7 @@
 
 #include "nanoamp/amp.h"
 #include "nanoamp/error.h"
+#include "src/amp/amp_internal.h"
 
 typedef struct {
     int64_t steps, skips;
@@ -20,7 +21,7 @@ struct na_amp_monitor {
     int win_pos, win_count;
     double *scales; /* the last cfg.scale_drop_updates + 1 scales */
     int sc_pos, sc_count;
-    double ema, last_scale;
+    double ema, last_scale, last_floor;
     bool have_ema;
     int rising;
     unsigned alerts;
@@ -31,10 +32,10 @@ struct na_amp_monitor {
 na_amp_monitor *na_amp_monitor_new(const na_amp_monitor_cfg *cfg) {
     na_amp_monitor_cfg c = cfg ? *cfg : (na_amp_monitor_cfg)NA_AMP_MONITOR_DEFAULTS;
     if (c.window < 1 || c.loss_rise_steps < 1 || !(c.skip_rate_alert >= 0) ||
-        !(c.scale_drop_ratio > 0) || c.scale_drop_updates < 1) {
+        !(c.scale_drop_ratio > 0) || c.scale_drop_updates < 1 || !(c.scale_floor >= 0)) {
         na_set_error(NA_EINVAL, "na_amp_monitor_new: need window, loss_rise_steps and "
-                     "scale_drop_updates >= 1, skip_rate_alert >= 0, scale_drop_ratio > 0 (start "
-                     "from NA_AMP_MONITOR_DEFAULTS)");
+                     "scale_drop_updates >= 1, skip_rate_alert >= 0, scale_drop_ratio > 0, "
+                     "scale_floor >= 0 (start from NA_AMP_MONITOR_DEFAULTS)");
         return NULL;
     }
     na_amp_monitor *m = calloc(1, sizeof *m);
@@ -71,9 +72,10 @@ int na_amp_monitor_open_csv(na_amp_monitor *m, const char *path) {
     return NA_OK;
 }
 
-/* A record covering `steps` optimizer steps of which `skips` were skipped. */
-static unsigned record(na_amp_monitor *m, int64_t step, double loss, double scale, int64_t steps,
-                       int64_t skips) {
+/* A record covering `steps` optimizer steps of which `skips` were skipped; `floor` is the
+ * lowest scale the scaler can reach. */
+static unsigned record(na_amp_monitor *m, int64_t step, double loss, double scale, double floor,
+                       int64_t steps, int64_t skips) {
     const na_amp_monitor_cfg *c = &m->cfg;
     unsigned a = 0;
     m->records++;
@@ -92,6 +94,8 @@ static unsigned record(na_amp_monitor *m, int64_t step, double loss, double scal
     if (m->sc_count == span && scale < c->scale_drop_ratio * m->scales[m->sc_pos])
         a |= NA_AMP_ALERT_SCALE_COLLAPSE; /* sc_pos now points at the oldest */
     m->last_scale = scale;
+    m->last_floor = floor;
+    if (scale <= (double)(float)floor) a |= NA_AMP_ALERT_SCALE_FLOOR; /* the scale is an f32 */
 
     if (!isfinite(loss)) {
         a |= NA_AMP_ALERT_NONFINITE_LOSS;
@@ -114,7 +118,9 @@ static unsigned record(na_amp_monitor *m, int64_t step, double loss, double scal
 
 unsigned na_amp_monitor_record(na_amp_monitor *m, int64_t step, double loss, double scale,
                                bool skipped) {
-    return m ? record(m, step, loss, scale, 1, skipped ? 1 : 0) : 0;
+    if (!m) return 0;
+    double floor = m->cfg.scale_floor > 0 ? m->cfg.scale_floor : NA_GRAD_SCALER_FLOOR;
+    return record(m, step, loss, scale, floor, 1, skipped ? 1 : 0);
 }
 
 unsigned na_amp_monitor_record_scaler(na_amp_monitor *m, int64_t step, const na_tensor *loss,
@@ -137,7 +143,7 @@ unsigned na_amp_monitor_record_scaler(na_amp_monitor *m, int64_t step, const na_
         m->ctr_updates = st.updates;
         m->ctr_skipped = st.skipped;
     }
-    return record(m, step, l, st.scale, steps, skips);
+    return record(m, step, l, st.scale, na_grad_scaler_floor_(gs), steps, skips);
 }
 
 int64_t na_amp_monitor_steps(const na_amp_monitor *m) { return m ? m->steps : 0; }
@@ -172,6 +178,9 @@ const char *na_amp_monitor_describe(const na_amp_monitor *m, char *buf, size_t s
     if (m->alerts & NA_AMP_ALERT_SCALE_COLLAPSE)
         ADD("loss scale %g is below %g x its value %d updates ago", m->last_scale,
             c->scale_drop_ratio, c->scale_drop_updates);
+    if (m->alerts & NA_AMP_ALERT_SCALE_FLOOR)
+        ADD("loss scale %g is at its floor %g: the gradients overflow even there (look for "
+            "inf/NaN in the data or the model)", m->last_scale, m->last_floor);
 #undef ADD
     return buf;
 }

@@ -95,22 +95,49 @@ const char *na_scaler_kind_name(na_scaler_kind kind) {
     return (unsigned)kind < NA_AMP_KIND_COUNT ? names[kind] : "?";
 }
 
+/* The lowest scale the rules reach: min_scale, or the floor when min_scale is 0. */
+static double lower_bound(double min_s) {
+    return min_s > NA_GRAD_SCALER_FLOOR ? min_s : NA_GRAD_SCALER_FLOOR;
+}
+
 static int validate(const char *fn, na_scaler_kind kind, double growth, double backoff,
                     double interval, double min_s, double max_s) {
     if ((unsigned)kind >= NA_AMP_KIND_COUNT)
         return na_set_error(NA_EINVAL, "%s: unknown scaler kind %d", fn, (int)kind);
+    if (!(min_s == 0.0 || (min_s >= NA_GRAD_SCALER_FLOOR && isfinite((float)min_s))) ||
+        !(max_s == 0.0 || (max_s >= lower_bound(min_s) && isfinite((float)max_s))))
+        return na_set_error(NA_EINVAL, "%s: min_scale must be 0 (the floor, 2^-24) or at least "
+                            "the floor, and max_scale 0 (none) or at least max(min_scale, floor), "
+                            "both finite in f32 (got %g, %g)", fn, min_s, max_s);
     if (kind == NA_SCALER_STATIC) return NA_OK;
-    if (!(growth > 1.0) || !isfinite(growth))
-        return na_set_error(NA_EINVAL, "%s: The growth factor must be > 1.0 (got %g)", fn, growth);
-    if (kind == NA_SCALER_GRAD && !(backoff < 1.0 && backoff > 0.0))
-        return na_set_error(NA_EINVAL, "%s: The backoff factor must be < 1.0 (and > 0; got %g)",
-                            fn, backoff);
+    /* growth and backoff both exactly 1: a GradScaler with a fixed scale (it still skips) */
+    bool fixed = kind == NA_SCALER_GRAD && growth == 1.0 && backoff == 1.0;
+    if (!fixed && (!(growth > 1.0) || !isfinite(growth)))
+        return na_set_error(NA_EINVAL, "%s: The growth factor must be > 1.0 (got %g; a %s "
+                            "scaler with growth and backoff both 1.0 keeps a fixed scale)", fn,
+                            growth, na_scaler_kind_name(NA_SCALER_GRAD));
+    if (kind == NA_SCALER_GRAD && !fixed && !(backoff < 1.0 && backoff > 0.0))
+        return na_set_error(NA_EINVAL, "%s: The backoff factor must be < 1.0 (and > 0; got %g; "
+                            "1.0 only together with growth 1.0, a fixed scale)", fn, backoff);
     if (!(interval >= 1.0 && interval <= (double)INT32_MAX) || interval != floor(interval))
         return na_set_error(NA_EINVAL, "%s: the growth interval must be an integer in [1, 2^31) "
                             "(got %g)", fn, interval);
-    if (!(min_s >= 0.0) || !(max_s >= 0.0) || (max_s > 0.0 && min_s > max_s))
-        return na_set_error(NA_EINVAL, "%s: min_scale and max_scale must be >= 0 (0: none) with "
-                            "min <= max (got %g, %g)", fn, min_s, max_s);
+    return NA_OK;
+}
+
+/* A scale the scaler may hold: finite in f32, within [lower bound, max_scale]. */
+static int check_bounds(const char *fn, const char *what, double s, double min_s, double max_s) {
+    if (!(s > 0.0) || !isfinite((float)s))
+        return na_set_error(NA_EINVAL, "%s: %s must be > 0 and finite in f32 (got %g)", fn, what,
+                            s);
+    if (s < lower_bound(min_s)) {
+        if (min_s > 0.0)
+            return na_set_error(NA_EINVAL, "%s: %s %g is below min_scale %g", fn, what, s, min_s);
+        return na_set_error(NA_EINVAL, "%s: %s %g is below the floor 2^-24 "
+                            "(NA_GRAD_SCALER_FLOOR)", fn, what, s);
+    }
+    if (max_s > 0.0 && s > max_s)
+        return na_set_error(NA_EINVAL, "%s: %s %g is above max_scale %g", fn, what, s, max_s);
     return NA_OK;
 }
 
@@ -132,11 +159,10 @@ na_grad_scaler *na_grad_scaler_new(const na_grad_scaler_cfg *cfg) {
     if (c.enabled && validate(fn, c.kind, c.growth_factor, c.backoff_factor,
                               (double)c.growth_interval, c.min_scale, c.max_scale))
         return NULL; /* PyTorch checks the factors only when enabled */
-    if (c.enabled && (!(c.init_scale > 0.0) || !isfinite((float)c.init_scale))) {
-        na_set_error(NA_EINVAL, "%s: init_scale must be > 0 and finite in f32 (got %g)", fn,
-                     c.init_scale);
-        return NULL;
-    }
+    double init = c.init_scale;
+    if (c.enabled && c.kind == NA_SCALER_APEX && c.max_scale > 0.0 && init > c.max_scale)
+        init = c.max_scale; /* Apex: min(max_loss_scale, init_scale) */
+    if (c.enabled && check_bounds(fn, "init_scale", init, c.min_scale, c.max_scale)) return NULL;
     if ((unsigned)c.device >= NA_DEVICE_COUNT) {
         na_set_error(NA_EINVAL, "%s: unknown device %d", fn, (int)c.device);
         return NULL;
@@ -149,9 +175,6 @@ na_grad_scaler *na_grad_scaler_new(const na_grad_scaler_cfg *cfg) {
     gs->enabled = c.enabled;
     gs->device = c.device;
     if (!gs->enabled) return gs; /* PyTorch: a disabled scaler holds no state */
-    double init = c.init_scale;
-    if (c.kind == NA_SCALER_APEX && c.max_scale > 0.0 && init > c.max_scale)
-        init = c.max_scale; /* Apex: min(max_loss_scale, init_scale) */
     bool ok = (gs->scale = na_tensor_new(NA_DTYPE_F32, c.device, 0, NULL)) &&
               (gs->counters = na_tensor_new(NA_DTYPE_I32, c.device, NA_SHAPE(NA_AMP_CTR_COUNT))) &&
               (gs->kind = na_tensor_new(NA_DTYPE_I32, NA_DEVICE_CPU, 0, NULL));
@@ -234,6 +257,10 @@ int na_grad_scaler_stats_get(const na_grad_scaler *gs, na_grad_scaler_stats *out
 }
 
 na_device na_grad_scaler_device_(const na_grad_scaler *gs) { return gs->device; }
+
+double na_grad_scaler_floor_(const na_grad_scaler *gs) {
+    return gs && gs->enabled ? lower_bound(hp_get(gs, HP_MIN)) : NA_GRAD_SCALER_FLOOR;
+}
 
 int na_grad_scaler_to_device_(na_grad_scaler *gs, na_device dev) {
     if (!gs->enabled || gs->device == dev) {
@@ -419,10 +446,11 @@ int na_grad_scaler_update(na_grad_scaler *gs) {
 }
 
 int na_grad_scaler_update_to(na_grad_scaler *gs, double new_scale) {
-    if (!(new_scale > 0.0) || !isfinite((float)new_scale))
-        return na_set_error(NA_EINVAL, "na_grad_scaler_update_to: the new scale must be > 0 and "
-                            "finite in f32 (got %g)", new_scale);
-    return update_common("na_grad_scaler_update_to", gs, new_scale);
+    const char *fn = "na_grad_scaler_update_to";
+    bool bounded = gs && gs->enabled;
+    int rc = check_bounds(fn, "the new scale", new_scale, bounded ? hp_get(gs, HP_MIN) : 0.0,
+                          bounded ? hp_get(gs, HP_MAX) : 0.0);
+    return rc ? rc : update_common(fn, gs, new_scale);
 }
 
 /* ---- state ----------------------------------------------------------------------------------- */
@@ -493,8 +521,9 @@ int na_grad_scaler_load(na_grad_scaler *gs, const na_checkpoint *ck, const char 
         na_scaler_kind kind = na_grad_scaler_kind(gs);
         rc = validate("na_grad_scaler_load", kind, hp_get(gs, HP_GROWTH), hp_get(gs, HP_BACKOFF),
                       hp_get(gs, HP_INTERVAL), hp_get(gs, HP_MIN), hp_get(gs, HP_MAX));
-        if (!rc && !(na_item(gs->scale) > 0.0))
-            rc = na_set_error(NA_EINVAL, "na_grad_scaler_load: the loaded scale is not > 0");
+        if (!rc)
+            rc = check_bounds("na_grad_scaler_load", "the loaded scale", na_item(gs->scale),
+                              hp_get(gs, HP_MIN), hp_get(gs, HP_MAX));
     }
     na_named_tensors_free(&l);
     return rc;

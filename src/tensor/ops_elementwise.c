@@ -47,7 +47,7 @@ static na_tensor *binary(const char *fn, na_op op, na_binary_op bop, na_tensor *
         return NULL;
     na_tensor *ins[2] = {a, b};
     if (na_autocast_inputs(op, ins, 2) != NA_OK) return NULL;
-    na_dtype dt = na_promote_float(ins[0]->dtype, ins[1]->dtype);
+    na_dtype dt = na_result_float(ins[0], ins[1]);
     a = na_cast(ins[0], dt);
     b = na_cast(ins[1], dt);
     na_broadcast bc;

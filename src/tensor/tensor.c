@@ -388,6 +388,11 @@ na_dtype na_promote_float(na_dtype a, na_dtype b) {
     return NA_DTYPE_F32; /* f32 with anything narrower, or f16 with bf16 */
 }
 
+na_dtype na_result_float(const na_tensor *a, const na_tensor *b) {
+    if ((a->ndim == 0) != (b->ndim == 0)) return a->ndim ? a->dtype : b->dtype;
+    return na_promote_float(a->dtype, b->dtype);
+}
+
 void na_split_dims(const na_tensor *t, int dim, int64_t *outer, int64_t *r, int64_t *inner) {
     *outer = na_shape_numel(dim, t->shape);
     *r = t->shape[dim];

@@ -27,6 +27,10 @@ bool na_check_dim(const char *fn, const na_tensor *t, int *dim);
 
 /* The wider of two float dtypes (f16 with bf16 gives f32). */
 na_dtype na_promote_float(na_dtype a, na_dtype b);
+/* The dtype of a binary op on float tensors a and b, as PyTorch's result_type: a 0-dim
+ * tensor does not widen one with dimensions (f16 [N] with f32 0-dim gives f16); otherwise
+ * na_promote_float. */
+na_dtype na_result_float(const na_tensor *a, const na_tensor *b);
 
 /* Autocast for one op call: replaces ins[k] by casts when a region is active (src/amp).
  * Returns NA_OK or an error. */
