@@ -30,7 +30,7 @@ typedef struct {
 static void run(const char *mode, na_device dev, const na_tensor *x_cpu, const na_tensor *y_cpu,
                 run_result *r) {
     trainer_opts o = {.program = "test", .model = "cnn", .lr = 0.05, .momentum = 0.9,
-                      .optim = "sgd", .device = dev, .amp = mode, .loss_scale = "dynamic",
+                      .optim = "sgd", .device = dev, .amp = mode,
                       .quiet = true};
     na_manual_seed(3);
     r->net = model_mnist_cnn();

@@ -8,7 +8,6 @@
  * (for measuring speed where the data set cannot be downloaded). */
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "../common/models.h"
 #include "../common/trainer.h"
@@ -31,6 +30,8 @@ int main(int argc, char **argv) {
     trainer_opts o = trainer_defaults("resnet9");
     o.batch = 512, o.weight_decay = 5e-4, o.label_smoothing = 0.2, o.schedule = "onecycle";
     o.lr = 0.2;
+    o.has_synthetic = true;
+    o.data_hint = "$NANOAMP_DATA/cifar-10-batches-bin, ./data/cifar-10-batches-bin";
     int rc = trainer_parse_args(&o, argc, argv, "resnet9");
     if (rc) return rc < 0 ? 2 : 0;
     na_dataset *train, *test;
@@ -49,16 +50,16 @@ int main(int argc, char **argv) {
     if (o.limit > 0 && o.limit < train->n) train->n = o.limit;
     if (o.test_limit > 0 && o.test_limit < test->n) test->n = o.test_limit;
     na_manual_seed(o.seed);
-    na_module *net = model_resnet9();
+    trainer_job job = {.train = train, .test = test};
+    na_module *net = job.net = model_by_name(o.model, job.input_shape);
     if (!net) {
         fprintf(stderr, "%s: %s\n", o.program, na_last_error());
         return 1;
     }
     float mean[3], std[3];
     trainer_channel_stats(train, mean, std);
-    trainer_job job = {.net = net, .train = train, .test = test,
-                       .batcher = {.mean = mean, .std = std, .crop_pad = 4, .hflip = true,
-                                   .prefetch = true}};
+    job.batcher = (na_batcher_cfg){.mean = mean, .std = std, .crop_pad = 4, .hflip = true,
+                                   .prefetch = true};
     rc = trainer_run(&o, &job);
     na_module_free(net);
     na_dataset_free(train);
