@@ -186,8 +186,9 @@ static int train_epoch(run_state *r, int64_t epoch, double *train_loss) {
             r->res.final_loss = na_item(loss);
             if (!isfinite(r->res.final_loss)) {
                 r->res.diverged_at_step = at + 1;
-                fprintf(stderr, "%s%s: training diverged at step %" PRId64 " (loss %g)\n",
-                        r->tty && !o->quiet ? "\n" : "", o->program, at + 1, r->res.final_loss);
+                fprintf(stderr, "%s%s: training diverged at step %" PRId64 " (the loss is %s)\n",
+                        r->tty && !o->quiet ? "\n" : "", o->program, at + 1,
+                        isnan(r->res.final_loss) ? "nan" : "infinite");
                 rc = 1;
             }
             loss_sum += r->res.final_loss, loss_count++;
