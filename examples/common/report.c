@@ -15,7 +15,7 @@ static void format_time(double s, char *buf, size_t size) {
         snprintf(buf, size, "?");
         return;
     }
-    long t = lround(s);
+    long t = (long)s; /* whole seconds passed, as tqdm */
     if (t >= 3600) snprintf(buf, size, "%ld:%02ld:%02ld", t / 3600, t / 60 % 60, t % 60);
     else snprintf(buf, size, "%02ld:%02ld", t / 60, t % 60);
 }
@@ -43,10 +43,15 @@ char *trainer_progress_format(const trainer_progress *p, int width, char *buf, s
         for (int i = 0; i < bar; i++) cells[i] = i < fill ? '#' : ' ';
         cells[bar] = '\0';
         snprintf(buf, size, "%s|%s|%s", prefix, cells, suffix);
-    } else { /* no room for a bar: the numbers, cut at the edge */
+    } else { /* no room for a bar: the numbers, as many whole ones as fit */
         snprintf(buf, size, "%s%s", prefix, suffix);
     }
-    if (width >= 1 && (size_t)width - 1 < size) buf[width - 1] = '\0';
+    size_t fit = width >= 1 ? (size_t)width - 1 : 0;
+    if (strlen(buf) > fit && fit < size) {
+        buf[fit] = '\0';
+        char *comma = strrchr(buf, ',');
+        if (comma) *comma = '\0'; /* never a cut number ("scale 65" of 65536) */
+    }
     return buf;
 }
 
