@@ -75,6 +75,12 @@ for i in 1 2 3; do
     check "  message" one_line "--resume .*nope.safetensors"
 done
 
+# --- every early exit frees what was made (a leak fails here under ASan)
+mkdir -p "$tmp/train_only"; cp "$tmp/small"/train-* "$tmp/train_only/"
+check "no test files" run 1 "$mnist" --data "$tmp/train_only" --model mlp
+check "  message" grep -q "t10k-images" "$tmp/err"
+check "  nothing leaked" bash -c "! grep -q Sanitizer '$tmp/err'"
+
 # --- 7. checkpoint metadata parsed strictly, the message names the file and the key
 python3 - "$tmp/mlp.safetensors" "$tmp" <<'EOF'
 import json, struct, sys

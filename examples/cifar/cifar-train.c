@@ -34,6 +34,7 @@ int main(int argc, char **argv) {
     o.data_hint = "$NANOAMP_DATA/cifar-10-batches-bin, ./data/cifar-10-batches-bin";
     int rc = trainer_parse_args(&o, argc, argv, "resnet9");
     if (rc) return rc < 0 ? 2 : 0;
+    trainer_job job = {0};
     na_dataset *train, *test;
     if (o.synthetic > 0) {
         train = na_dataset_synthetic_cifar(o.synthetic, o.seed);
@@ -45,23 +46,25 @@ int main(int argc, char **argv) {
     }
     if (!train || !test) {
         fprintf(stderr, "%s: %s\n", o.program, na_last_error());
-        return 1;
+        rc = 1;
+        goto done;
     }
     if (o.limit > 0 && o.limit < train->n) train->n = o.limit;
     if (o.test_limit > 0 && o.test_limit < test->n) test->n = o.test_limit;
     na_manual_seed(o.seed);
-    trainer_job job = {.train = train, .test = test};
-    na_module *net = job.net = model_by_name(o.model, job.input_shape);
-    if (!net) {
+    job.train = train, job.test = test;
+    if (!(job.net = model_by_name(o.model, job.input_shape))) {
         fprintf(stderr, "%s: %s\n", o.program, na_last_error());
-        return 1;
+        rc = 1;
+        goto done;
     }
     float mean[3], std[3];
     trainer_channel_stats(train, mean, std);
     job.batcher = (na_batcher_cfg){.mean = mean, .std = std, .crop_pad = 4, .hflip = true,
                                    .prefetch = true};
     rc = trainer_run(&o, &job);
-    na_module_free(net);
+done:
+    na_module_free(job.net);
     na_dataset_free(train);
     na_dataset_free(test);
     return rc;

@@ -152,7 +152,11 @@ static int train_epoch(run_state *r, int64_t epoch, double *train_loss) {
     trainer_progress p = {.epoch = epoch + 1, .epochs = o->epochs, .steps = r->steps,
                           .scaled = na_grad_scaler_is_enabled(trainer_amp_scaler(amp)),
                           .scale = NAN};
-    int rc = na_batcher_start_epoch(r->b, epoch) ? 1 : 0;
+    int rc = 0;
+    if (na_batcher_start_epoch(r->b, epoch) != NA_OK) {
+        fprintf(stderr, "%s: %s\n", o->program, na_last_error());
+        return 1;
+    }
     while (!rc && na_batcher_next(r->b, r->x, r->y, &n)) {
         int64_t at = epoch * r->steps + step, shape[4] = {n, train->channels, train->height,
                                                           train->width};
