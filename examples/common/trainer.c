@@ -122,14 +122,15 @@ typedef struct {
     int64_t images;
 } run_state;
 
-/* Draws the bar: on a terminal at the first step, where the loss was read and at most every
- * 0.1 s; otherwise a plain line every 10 s. */
+/* Draws the bar: on a terminal at the first and last step and at most every 0.1 s between;
+ * otherwise a plain line every 10 s. The scaler is read (a sync on CUDA) only where the loss
+ * was (read_now). */
 static void show_progress(run_state *r, trainer_progress *p, bool read_now) {
     double t = now_s();
     bool last = p->step == p->steps;
-    if (r->o->quiet || (!r->tty && !(t - r->last_draw >= 10 && !last)) ||
-        (r->tty && !read_now && t - r->last_draw < 0.1))
-        return;
+    bool due = r->tty ? p->step == 1 || last || t - r->last_draw >= 0.1
+                      : t - r->last_draw >= 10 && !last; /* the epoch's line follows its end */
+    if (r->o->quiet || !due) return;
     na_grad_scaler *gs = trainer_amp_scaler(r->amp);
     na_grad_scaler_stats st;
     if (read_now && p->scaled && na_grad_scaler_stats_get(gs, &st) == NA_OK)
