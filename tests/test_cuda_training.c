@@ -1,5 +1,5 @@
 /* A training step of the MNIST CNN per amp mode, CUDA against the CPU: the trainers' own step
- * (examples/common/trainer.c) from the same initialization and batch. The loss before and
+ * (examples/common/amp_step.c) from the same initialization and batch. The loss before and
  * after one full step (forward, backward, scaler, optimizer) is compared in every mode; in f32
  * the parameters too. Skips without
  * a GPU; NANOAMP_PARITY_ON_CPU=1 runs it with the CPU standing in for CUDA (to check the test

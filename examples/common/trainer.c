@@ -143,6 +143,11 @@ static void show_progress(run_state *r, trainer_progress *p, bool read_now) {
     r->last_draw = t;
 }
 
+/* What to print before a message so that it starts on a line of its own, not on the bar's. */
+static const char *after_bar(const run_state *r) {
+    return r->tty && !r->o->quiet ? "\n" : "";
+}
+
 /* One epoch; returns 0, or 1 after saying what failed (a step, a loss that is not finite). */
 static int train_epoch(run_state *r, int64_t epoch, double *train_loss) {
     const trainer_opts *o = r->o;
@@ -170,16 +175,16 @@ static int train_epoch(run_state *r, int64_t epoch, double *train_loss) {
         na_tensor *loss = trainer_amp_loss(amp, r->job->net, xt, yt, o->label_smoothing);
         if (trace) na_autocast_trace(NA_AMP_TRACE_OFF, NULL);
         if (!loss || trainer_amp_step(amp, loss) != NA_OK) {
-            fprintf(stderr, "\n%s: training step %" PRId64 " failed: %s\n", o->program, at + 1,
-                    na_last_error());
+            fprintf(stderr, "%s%s: training step %" PRId64 " failed: %s\n", after_bar(r),
+                    o->program, at + 1, na_last_error());
             rc = 1;
         } else if (amp->mon) { /* --log: one line per step (reads the loss: a sync on CUDA) */
             unsigned alerts = na_amp_monitor_record_scaler(amp->mon, at, loss,
                                                            trainer_amp_scaler(amp));
             if (alerts & ~amp->alerts_shown) {
                 char why[256];
-                fprintf(stderr, "\n%s: amp monitor at step %" PRId64 ": %s\n", o->program, at,
-                        na_amp_monitor_describe(amp->mon, why, sizeof why));
+                fprintf(stderr, "%s%s: amp monitor at step %" PRId64 ": %s\n", after_bar(r),
+                        o->program, at, na_amp_monitor_describe(amp->mon, why, sizeof why));
                 amp->alerts_shown |= alerts;
             }
         }
@@ -192,7 +197,7 @@ static int train_epoch(run_state *r, int64_t epoch, double *train_loss) {
             if (!isfinite(r->res.final_loss)) {
                 r->res.diverged_at_step = at + 1;
                 fprintf(stderr, "%s%s: training diverged at step %" PRId64 " (the loss is %s)\n",
-                        r->tty && !o->quiet ? "\n" : "", o->program, at + 1,
+                        after_bar(r), o->program, at + 1,
                         isnan(r->res.final_loss) ? "nan" : "infinite");
                 rc = 1;
             }
