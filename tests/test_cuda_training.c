@@ -1,5 +1,5 @@
 /* A training step of the MNIST CNN per amp mode, CUDA against the CPU: the trainers' own step
- * (examples/common/trainer.c) from the same initialization and batch. In every mode the loss
+ * (examples/common/amp_step.c) from the same initialization and batch. In every mode the loss
  * before and after one full step (forward, backward, scaler, optimizer) is compared, and the
  * first update of every parameter (see update_tolerance); in f32 the parameters after both
  * steps too. Skips without a GPU; NANOAMP_PARITY_ON_CPU=1 runs it with the CPU standing in for
@@ -56,7 +56,7 @@ static void drop(snapshot *s) {
 static void run(const char *mode, na_device dev, const na_tensor *x_cpu, const na_tensor *y_cpu,
                 run_result *r) {
     trainer_opts o = {.program = "test", .model = "cnn", .lr = 0.05, .momentum = 0.9,
-                      .optim = "sgd", .device = dev, .amp = mode, .loss_scale = "dynamic",
+                      .optim = "sgd", .device = dev, .amp = mode,
                       .quiet = true};
     na_manual_seed(3);
     r->net = model_mnist_cnn();

@@ -8,7 +8,6 @@
  * (for measuring speed where the data set cannot be downloaded). */
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "../common/models.h"
 #include "../common/trainer.h"
@@ -31,8 +30,11 @@ int main(int argc, char **argv) {
     trainer_opts o = trainer_defaults("resnet9");
     o.batch = 512, o.weight_decay = 5e-4, o.label_smoothing = 0.2, o.schedule = "onecycle";
     o.lr = 0.2;
+    o.has_synthetic = true;
+    o.data_hint = "$NANOAMP_DATA/cifar-10-batches-bin, ./data/cifar-10-batches-bin";
     int rc = trainer_parse_args(&o, argc, argv, "resnet9");
     if (rc) return rc < 0 ? 2 : 0;
+    trainer_job job = {0};
     na_dataset *train, *test;
     if (o.synthetic > 0) {
         train = na_dataset_synthetic_cifar(o.synthetic, o.seed);
@@ -44,23 +46,25 @@ int main(int argc, char **argv) {
     }
     if (!train || !test) {
         fprintf(stderr, "%s: %s\n", o.program, na_last_error());
-        return 1;
+        rc = 1;
+        goto done;
     }
     if (o.limit > 0 && o.limit < train->n) train->n = o.limit;
     if (o.test_limit > 0 && o.test_limit < test->n) test->n = o.test_limit;
     na_manual_seed(o.seed);
-    na_module *net = model_resnet9();
-    if (!net) {
+    job.train = train, job.test = test;
+    if (!(job.net = model_by_name(o.model, job.input_shape))) {
         fprintf(stderr, "%s: %s\n", o.program, na_last_error());
-        return 1;
+        rc = 1;
+        goto done;
     }
     float mean[3], std[3];
     trainer_channel_stats(train, mean, std);
-    trainer_job job = {.net = net, .train = train, .test = test,
-                       .batcher = {.mean = mean, .std = std, .crop_pad = 4, .hflip = true,
-                                   .prefetch = true}};
+    job.batcher = (na_batcher_cfg){.mean = mean, .std = std, .crop_pad = 4, .hflip = true,
+                                   .prefetch = true};
     rc = trainer_run(&o, &job);
-    na_module_free(net);
+done:
+    na_module_free(job.net);
     na_dataset_free(train);
     na_dataset_free(test);
     return rc;

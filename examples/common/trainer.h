@@ -1,6 +1,7 @@
-/* examples/common/trainer.h — what the MNIST and CIFAR trainers share: the command line,
- * the training loop, evaluation, checkpoints (save/resume), the progress bar and the --json
- * summary. Each trainer only builds its model and its data. */
+/* examples/common/trainer.h — what the MNIST and CIFAR trainers share: the command line
+ * (cli.c), the training loop and evaluation (trainer.c), the mixed-precision step
+ * (amp_step.c), checkpoints (checkpoint.c), the progress bar and the --json line (report.c).
+ * Each trainer only builds its model and its data. */
 #ifndef NANOAMP_EXAMPLES_TRAINER_H
 #define NANOAMP_EXAMPLES_TRAINER_H
 
@@ -10,32 +11,39 @@
 #include "nanoamp.h"
 
 typedef struct {
-    const char *program;  /* "mnist-train" */
-    const char *data_dir; /* --data */
-    const char *model;    /* --model */
+    const char *program;   /* "mnist-train" */
+    const char *data_dir;  /* --data (NULL: the trainer's search, described by data_hint) */
+    const char *data_hint; /* for --help: where the trainer looks without --data */
+    const char *model;     /* --model */
     int64_t epochs, batch, limit, test_limit;
-    double lr, momentum, weight_decay, label_smoothing;
-    const char *optim;    /* sgd | adamw */
+    double lr;             /* < 0: the optimizer's default (0.05 SGD, 1e-3 AdamW) */
+    double momentum;
+    double weight_decay;   /* < 0: the optimizer's default (0 SGD, 0.01 AdamW) */
+    double label_smoothing;
+    const char *optim;     /* sgd | adamw */
     na_device device;
-    const char *amp;      /* off | fp16 | bf16 | o2 | auto */
-    const char *loss_scale; /* dynamic | N */
+    const char *amp;       /* off | fp16 | bf16 | o2 | auto */
+    const char *loss_scale; /* NULL (not given: dynamic), "dynamic" or a number */
+    int64_t growth_interval; /* 0 (not given: 2000) or the dynamic scaler's growth interval */
     bool amp_trace;
-    const char *log_path; /* --log FILE.csv */
+    const char *log_path;  /* --log FILE.csv */
     uint64_t seed;
     const char *save_path, *resume_path;
     bool json, quiet;
-    int64_t synthetic; /* CIFAR: --synthetic N */
-    const char *schedule; /* constant | onecycle */
+    bool has_synthetic;    /* the trainer offers --synthetic */
+    int64_t synthetic;     /* CIFAR: --synthetic N */
+    const char *schedule;  /* constant | onecycle */
 } trainer_opts;
 
 /* The defaults every trainer starts from (a trainer changes what its recipe needs). */
 trainer_opts trainer_defaults(const char *model);
-/* Parses argv over the values already in *o. `models` is "mlp|cnn" etc. Returns 0, 1 for
- * --help (printed), or -1 with a message printed. */
+/* Parses argv over the values already in *o (which --help shows as the defaults). `models` is
+ * "mlp|cnn" etc. Returns 0, 1 for --help or --version (printed), or -1 with a message. */
 int trainer_parse_args(trainer_opts *o, int argc, char **argv, const char *models);
 
 typedef struct {
     na_module *net;
+    int64_t input_shape[4]; /* one input image as [1, C, H, W] (model_by_name) */
     const na_dataset *train, *test;
     na_batcher_cfg batcher; /* batch_size/seed filled by the trainer from the options */
 } trainer_job;
@@ -53,14 +61,22 @@ typedef struct {
 } trainer_amp;
 
 /* Resolves o->amp (auto: na_amp_recommend for o->device), converts the model for o2 and makes
- * the optimizer, the GradScaler or FP16 optimizer and the monitor. */
+ * the optimizer, the GradScaler or FP16 optimizer and the monitor. On failure the message
+ * names the option at fault; call trainer_amp_free either way. */
 int trainer_amp_setup(const trainer_opts *o, na_module *net, trainer_amp *a);
 void trainer_amp_free(trainer_amp *a);
+/* The scaler in use (the fp16 optimizer's for o2); disabled for off/bf16. */
+na_grad_scaler *trainer_amp_scaler(const trainer_amp *a);
 /* Forward and cross-entropy: inside an autocast region for fp16/bf16, on an f16 input for o2. */
 na_tensor *trainer_amp_loss(const trainer_amp *a, na_module *net, na_tensor *x, na_tensor *y,
                             double label_smoothing);
 /* Backward, optimizer step (skipped on the device on overflow), scale update, zero_grad. */
 int trainer_amp_step(trainer_amp *a, na_tensor *loss);
+
+/* Accuracy and mean cross-entropy of net on ds (normalized by mean/std, inputs cast to
+ * input_dtype). Prints nothing: a negative status with the library's message on failure. */
+int trainer_evaluate(na_module *net, const na_dataset *ds, const float *mean, const float *std,
+                     na_device dev, na_dtype input_dtype, double *accuracy, double *loss);
 
 /* Trains, evaluates after each epoch, saves/resumes, prints progress and the JSON line.
  * Returns the process exit code. */

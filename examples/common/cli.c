@@ -1,0 +1,253 @@
+/* The trainers' command line: one table of options, from which --help is printed with the
+ * defaults the trainer actually starts from (see trainer.h). */
+#include <ctype.h>
+#include <errno.h>
+#include <float.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "trainer_internal.h"
+
+#ifndef NANOAMP_VERSION
+#define NANOAMP_VERSION "unknown"
+#endif
+
+bool trainer_parse_i64(const char *s, int64_t min, int64_t max, int64_t *out) {
+    if (!s || !(isdigit((unsigned char)s[0]) || (s[0] == '-' && isdigit((unsigned char)s[1]))))
+        return false;
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || *end || v < min || v > max) return false;
+    *out = v;
+    return true;
+}
+
+bool trainer_parse_u64(const char *s, uint64_t *out) {
+    if (!s || !isdigit((unsigned char)s[0])) return false; /* strtoull takes "-1" */
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || *end) return false;
+    *out = v;
+    return true;
+}
+
+bool trainer_parse_f64(const char *s, double *out) {
+    if (!s || !*s || isspace((unsigned char)s[0])) return false;
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || *end || !isfinite(v)) return false;
+    *out = v;
+    return true;
+}
+
+/* Whether s is one of the words of list ("a|b|c"). */
+static bool one_of(const char *s, const char *list) {
+    size_t n = strlen(s);
+    for (const char *p = list; *p;) {
+        const char *bar = strchr(p, '|');
+        size_t len = bar ? (size_t)(bar - p) : strlen(p);
+        if (len == n && strncmp(p, s, n) == 0) return true;
+        if (!bar) break;
+        p = bar + 1;
+    }
+    return false;
+}
+
+enum opt_id {
+    O_DATA, O_MODEL, O_EPOCHS, O_BATCH, O_LR, O_OPTIM, O_WEIGHT_DECAY, O_LABEL_SMOOTHING,
+    O_SCHEDULE, O_DEVICE, O_AMP, O_LOSS_SCALE, O_GROWTH_INTERVAL, O_AMP_TRACE, O_LOG, O_SEED,
+    O_SAVE, O_RESUME, O_LIMIT, O_TEST_LIMIT, O_SYNTHETIC, O_JSON, O_QUIET, O_VERSION, O_HELP
+};
+
+static const struct {
+    enum opt_id id;
+    const char *name, *arg, *help; /* arg NULL: a flag without a value */
+} options[] = {
+    {O_DATA, "--data", "DIR", "data directory"},
+    {O_MODEL, "--model", NULL /* the models */, "model"},
+    {O_EPOCHS, "--epochs", "N", "epochs"},
+    {O_BATCH, "--batch", "N", "batch size"},
+    {O_LR, "--lr", "X", "learning rate (peak of the one-cycle schedule)"},
+    {O_OPTIM, "--optim", "sgd|adamw", "optimizer (SGD: Nesterov momentum 0.9)"},
+    {O_WEIGHT_DECAY, "--weight-decay", "X", "weight decay (AdamW: decoupled)"},
+    {O_LABEL_SMOOTHING, "--label-smoothing", "X", "cross-entropy label smoothing in [0, 1]"},
+    {O_SCHEDULE, "--schedule", "constant|onecycle", "learning-rate schedule"},
+    {O_DEVICE, "--device", "cpu|cuda", "where to train"},
+    {O_AMP, "--amp", "off|fp16|bf16|o2|auto",
+     "mixed precision: fp16 = autocast + GradScaler, bf16 = autocast, o2 = Apex O2 (f16 "
+     "model, f32 master weights), auto = the device's best"},
+    {O_LOSS_SCALE, "--loss-scale", "dynamic|N",
+     "fp16/o2 only. N with fp16: a GradScaler held at N (steps with inf/NaN gradients are "
+     "skipped); with o2: Apex's static LossScaler (never skips)"},
+    {O_GROWTH_INTERVAL, "--growth-interval", "N",
+     "fp16/o2 dynamic scaling: clean steps before the scale doubles"},
+    {O_AMP_TRACE, "--amp-trace", NULL, "print the dtype every op ran in (first step)"},
+    {O_LOG, "--log", "FILE.csv", "per-step loss, scale, skipped"},
+    {O_SEED, "--seed", "N", "seed for init, shuffling, augmentation"},
+    {O_SAVE, "--save", "FILE", "checkpoint after every epoch (safetensors)"},
+    {O_RESUME, "--resume", "FILE", "continue from a checkpoint"},
+    {O_LIMIT, "--limit", "N", "train on the first N images only"},
+    {O_TEST_LIMIT, "--test-limit", "N", "evaluate on the first N test images only"},
+    {O_SYNTHETIC, "--synthetic", "N", "train on N generated images of the data set's shape"},
+    {O_JSON, "--json", NULL, "last line of output: one JSON object with the results"},
+    {O_QUIET, "--quiet", NULL, "no progress output"},
+    {O_VERSION, "--version", NULL, "print the program and library version"},
+    {O_HELP, "--help", NULL, "this help"},
+};
+#define N_OPTIONS (sizeof options / sizeof options[0])
+
+/* The default of option id as o holds it before parsing; "" for none worth showing. */
+static const char *default_of(enum opt_id id, const trainer_opts *o, char *buf, size_t size) {
+    switch (id) {
+    case O_DATA: return o->data_hint ? o->data_hint : "";
+    case O_MODEL: return o->model;
+    case O_EPOCHS: snprintf(buf, size, "%" PRId64, o->epochs); return buf;
+    case O_BATCH: snprintf(buf, size, "%" PRId64, o->batch); return buf;
+    case O_SEED: snprintf(buf, size, "%" PRIu64, o->seed); return buf;
+    case O_LR:
+        if (o->lr < 0) return "0.05 with sgd, 0.001 with adamw";
+        snprintf(buf, size, "%g", o->lr);
+        return buf;
+    case O_WEIGHT_DECAY:
+        if (o->weight_decay < 0) return "0 with sgd, 0.01 with adamw";
+        snprintf(buf, size, "%g", o->weight_decay);
+        return buf;
+    case O_LABEL_SMOOTHING: snprintf(buf, size, "%g", o->label_smoothing); return buf;
+    case O_OPTIM: return o->optim;
+    case O_SCHEDULE: return o->schedule;
+    case O_DEVICE: return na_device_name(o->device);
+    case O_AMP: return o->amp;
+    case O_LOSS_SCALE: return "dynamic";
+    case O_GROWTH_INTERVAL: return "2000";
+    case O_LIMIT: case O_TEST_LIMIT: return "all";
+    case O_SYNTHETIC: return "off";
+    default: return "";
+    }
+}
+
+static void usage(const trainer_opts *o, const char *models) {
+    printf("usage: %s [options]\n", o->program);
+    for (size_t i = 0; i < N_OPTIONS; i++) {
+        if (options[i].id == O_SYNTHETIC && !o->has_synthetic) continue;
+        char head[64], buf[64];
+        const char *arg = options[i].id == O_MODEL ? models : options[i].arg;
+        snprintf(head, sizeof head, "%s%s%s", options[i].name, arg ? " " : "", arg ? arg : "");
+        const char *def = default_of(options[i].id, o, buf, sizeof buf);
+        printf("  %-28s %s%s%s%s\n", head, options[i].help, *def ? " (default: " : "", def,
+               *def ? ")" : "");
+    }
+}
+
+static int bad_value(const trainer_opts *o, const char *flag, const char *expected,
+                     const char *got) {
+    fprintf(stderr, "%s: %s: expected %s, got '%s'\n", o->program, flag, expected, got);
+    return -1;
+}
+
+/* Sets the option id from its value v. */
+static int set_option(trainer_opts *o, enum opt_id id, const char *flag, const char *v,
+                      const char *models) {
+    int64_t n;
+    double x;
+    switch (id) {
+    case O_DATA: o->data_dir = v; return 0;
+    case O_LOG: o->log_path = v; return 0;
+    case O_SAVE: o->save_path = v; return 0;
+    case O_RESUME: o->resume_path = v; return 0;
+    case O_EPOCHS: case O_BATCH: case O_LIMIT: case O_TEST_LIMIT: case O_SYNTHETIC:
+        if (!trainer_parse_i64(v, 1, INT64_MAX, &n)) return bad_value(o, flag, "an integer >= 1", v);
+        *(id == O_EPOCHS ? &o->epochs : id == O_BATCH ? &o->batch : id == O_LIMIT ? &o->limit
+          : id == O_TEST_LIMIT ? &o->test_limit : &o->synthetic) = n;
+        return 0;
+    case O_GROWTH_INTERVAL:
+        if (!trainer_parse_i64(v, 1, INT32_MAX, &n))
+            return bad_value(o, flag, "an integer in [1, 2^31)", v);
+        o->growth_interval = n;
+        return 0;
+    case O_SEED:
+        if (!trainer_parse_u64(v, &o->seed)) return bad_value(o, flag, "an integer >= 0", v);
+        return 0;
+    case O_LR: case O_WEIGHT_DECAY:
+        if (!trainer_parse_f64(v, &x) || x < 0) return bad_value(o, flag, "a number >= 0", v);
+        *(id == O_LR ? &o->lr : &o->weight_decay) = x;
+        return 0;
+    case O_LABEL_SMOOTHING:
+        if (!trainer_parse_f64(v, &x) || x < 0 || x > 1)
+            return bad_value(o, flag, "a number in [0, 1]", v);
+        o->label_smoothing = x;
+        return 0;
+    case O_LOSS_SCALE:
+        if (strcmp(v, "dynamic") && (!trainer_parse_f64(v, &x) || !(x > 0) || x > FLT_MAX))
+            return bad_value(o, flag, "'dynamic' or a number in (0, 3.4e38]", v);
+        o->loss_scale = v;
+        return 0;
+    default: break;
+    }
+    /* the options that take one word of a list */
+    const char *list = id == O_MODEL ? models : id == O_OPTIM ? "sgd|adamw"
+                     : id == O_SCHEDULE ? "constant|onecycle" : id == O_DEVICE ? "cpu|cuda"
+                     : "off|fp16|bf16|o2|auto";
+    if (!one_of(v, list)) return bad_value(o, flag, list, v);
+    if (id == O_MODEL) o->model = v;
+    else if (id == O_OPTIM) o->optim = v;
+    else if (id == O_SCHEDULE) o->schedule = v;
+    else if (id == O_DEVICE) o->device = strcmp(v, "cuda") ? NA_DEVICE_CPU : NA_DEVICE_CUDA;
+    else o->amp = v;
+    return 0;
+}
+
+trainer_opts trainer_defaults(const char *model) {
+    return (trainer_opts){.program = "", .model = model, .epochs = 2, .batch = 128, .lr = -1,
+                          .momentum = 0.9, .weight_decay = -1, .optim = "sgd",
+                          .device = NA_DEVICE_CPU, .amp = "off", .seed = 1,
+                          .schedule = "constant"};
+}
+
+int trainer_parse_args(trainer_opts *o, int argc, char **argv, const char *models) {
+    const char *p = strrchr(argv[0], '/');
+    o->program = p ? p + 1 : argv[0];
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *eq = strncmp(a, "--", 2) ? NULL : strchr(a, '=');
+        size_t name_len = eq ? (size_t)(eq - a) : strlen(a);
+        size_t k = 0;
+        while (k < N_OPTIONS && !(strlen(options[k].name) == name_len &&
+                                  !strncmp(options[k].name, a, name_len) &&
+                                  (options[k].id != O_SYNTHETIC || o->has_synthetic)))
+            k++;
+        if (k == N_OPTIONS && strcmp(a, "-h")) {
+            fprintf(stderr, "%s: unknown option %.*s (see --help)\n", o->program, (int)name_len, a);
+            return -1;
+        }
+        enum opt_id id = k == N_OPTIONS ? O_HELP : options[k].id;
+        bool takes = k < N_OPTIONS && (options[k].arg || id == O_MODEL);
+        if (!takes && eq) {
+            fprintf(stderr, "%s: %.*s takes no value\n", o->program, (int)name_len, a);
+            return -1;
+        }
+        if (id == O_HELP) {
+            usage(o, models);
+            return 1;
+        } else if (id == O_VERSION) {
+            printf("%s (nanoamp %s)\n", o->program, NANOAMP_VERSION);
+            return 1;
+        } else if (!takes) {
+            *(id == O_JSON ? &o->json : id == O_QUIET ? &o->quiet : &o->amp_trace) = true;
+            continue;
+        }
+        const char *v = eq ? eq + 1 : i + 1 < argc ? argv[++i] : NULL;
+        if (!v || !*v) {
+            fprintf(stderr, "%s: %.*s needs a value (see --help)\n", o->program, (int)name_len, a);
+            return -1;
+        }
+        char flag[32];
+        snprintf(flag, sizeof flag, "%.*s", (int)name_len, a);
+        if (set_option(o, id, flag, v, models)) return -1;
+    }
+    return 0;
+}

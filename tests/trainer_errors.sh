@@ -1,0 +1,180 @@
+#!/usr/bin/env bash
+# The trainers given bad inputs: each case must exit with the right status, say once what was
+# wrong (naming the file, key or flag), never crash or leak (run under ASan by scripts/run-tests),
+# and with --json print a last line of strict JSON (no NaN or Infinity).
+# usage: trainer_errors.sh MNIST_TRAIN CIFAR_TRAIN
+set -uo pipefail
+mnist="$1" cifar="$2"
+data="${NANOAMP_TEST_MNIST:-/usr/share/datasets/fashion-mnist}"
+if [ ! -f "$data/train-images-idx3-ubyte.gz" ] && [ ! -f "$data/train-images-idx3-ubyte" ]; then
+    echo "no MNIST-format data in $data: skipping"; exit 77
+fi
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+export NANOAMP_NO_BLAS_TUNE=1
+passed=0 failed=0
+fail() { echo "FAIL: $*"; failed=$((failed + 1)); }
+
+# run WANT_RC CMD...: runs CMD, keeps stdout/stderr in $tmp/out, $tmp/err; checks the exit status
+run() {
+    local want=$1; shift
+    "$@" >"$tmp/out" 2>"$tmp/err"
+    rc=$?
+    [ "$rc" = "$want" ] || { echo "  exit $rc, wanted $want: $*"; sed 's/^/  | /' "$tmp/err" | head -n 20; return 1; }
+}
+# one_line PATTERN: stderr is exactly one line and matches the extended regex PATTERN
+one_line() {
+    local lines; lines=$(wc -l <"$tmp/err")
+    [ "$lines" = 1 ] && grep -Eq -- "$1" "$tmp/err" ||
+        { echo "  stderr ($lines lines) should be one line matching /$1/:"; sed 's/^/  | /' "$tmp/err" | head -n 20; return 1; }
+}
+# json EXPR: the last stdout line is strict JSON and the Python expression EXPR holds for it (d)
+json() {
+    tail -n 1 "$tmp/out" | python3 -c '
+import json, sys
+def bad(x): raise ValueError("not JSON: " + x)
+d = json.loads(sys.stdin.read(), parse_constant=bad)
+sys.exit(0 if eval(sys.argv[1]) else "does not hold: " + sys.argv[1] + " in " + json.dumps(d))' "$1"
+}
+check() { local name=$1; shift; if "$@"; then passed=$((passed + 1)); else fail "$name"; fi; }
+
+# A small MNIST-format data set (IDX files): N images of HxW, labels 0..9.
+make_idx() { # DIR PREFIX N H W
+    python3 - "$@" <<'EOF'
+import os, struct, sys, random
+d, prefix, n, h, w = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:])
+os.makedirs(d, exist_ok=True)
+r = random.Random(n * h * w)
+with open(f"{d}/{prefix}-images-idx3-ubyte", "wb") as f:
+    f.write(struct.pack(">IIII", 0x803, n, h, w) + bytes(r.randrange(256) for _ in range(n * h * w)))
+with open(f"{d}/{prefix}-labels-idx1-ubyte", "wb") as f:
+    f.write(struct.pack(">II", 0x801, n) + bytes(i % 10 for i in range(n)))
+EOF
+}
+make_idx "$tmp/small" train 256 28 28; make_idx "$tmp/small" t10k 100 28 28
+make_idx "$tmp/wide_train" train 256 56 14; make_idx "$tmp/wide_train" t10k 100 28 28
+make_idx "$tmp/wide_test" train 256 28 28; make_idx "$tmp/wide_test" t10k 100 56 14
+small=(--data "$tmp/small" --model mlp --batch 32 --epochs 1)
+
+# --- 1. failed --resume: exit 1, one message, no crash, nothing left running or leaked.
+# The full data set (not the small one) keeps the batcher's prefetch busy while main exits.
+run 0 "$mnist" "${small[@]}" --quiet --save "$tmp/mlp.safetensors"
+head -c 3000 "$tmp/mlp.safetensors" >"$tmp/truncated.safetensors"
+real=(--data "$data" --limit 512 --test-limit 64 --model mlp)
+for i in $(seq 20); do
+    check "resume missing ($i)" run 1 "$mnist" "${real[@]}" --resume "$tmp/nope.safetensors"
+    check "  message" one_line "--resume .*nope.safetensors"
+    check "resume truncated ($i)" run 1 "$mnist" "${real[@]}" --resume "$tmp/truncated.safetensors"
+    check "  message" one_line "--resume .*truncated.safetensors"
+    check "resume other model ($i)" run 1 "$mnist" "${real[@]/mlp/cnn}" --resume "$tmp/mlp.safetensors"
+    check "  message" one_line "--resume .*mlp.safetensors"
+done
+check "resume other optimizer" run 1 "$mnist" "${real[@]}" --optim adamw --resume "$tmp/mlp.safetensors"
+check "  message" one_line "--resume .*mlp.safetensors"
+for i in 1 2 3; do
+    check "cifar resume missing ($i)" run 1 "$cifar" --synthetic 256 --limit 256 --epochs 1 --batch 32 --resume "$tmp/nope.safetensors"
+    check "  message" one_line "--resume .*nope.safetensors"
+done
+
+# --- every early exit frees what was made (a leak fails here under ASan)
+mkdir -p "$tmp/train_only"; cp "$tmp/small"/train-* "$tmp/train_only/"
+check "no test files" run 1 "$mnist" --data "$tmp/train_only" --model mlp
+check "  message" grep -q "t10k-images" "$tmp/err"
+check "  nothing leaked" bash -c "! grep -q Sanitizer '$tmp/err'"
+
+# --- 7. checkpoint metadata parsed strictly, the message names the file and the key
+python3 - "$tmp/mlp.safetensors" "$tmp" <<'EOF'
+import json, struct, sys
+src, out = sys.argv[1], sys.argv[2]
+raw = open(src, "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+header, data = json.loads(raw[8:8 + n]), raw[8 + n:]
+cases = {"neg": ("epochs_done", "-5"), "abc": ("epochs_done", "abc"), "empty": ("epochs_done", ""),
+         "frac": ("epochs_done", "1.5"), "huge": ("epochs_done", "99999999999999999999"),
+         "space": ("epochs_done", " 1"), "seed": ("seed", "abc"), "offset": ("rng_offset", "-1")}
+for name, (key, value) in cases.items():
+    h = dict(header); h["__metadata__"] = dict(header["__metadata__"], **{key: value})
+    text = json.dumps(h).encode(); text += b" " * (-len(text) % 8)
+    open(f"{out}/meta_{name}.safetensors", "wb").write(struct.pack("<Q", len(text)) + text + data)
+EOF
+for c in neg:epochs_done abc:epochs_done empty:epochs_done frac:epochs_done huge:epochs_done \
+         space:epochs_done seed:seed offset:rng_offset; do
+    check "metadata ${c%%:*}" run 1 "$mnist" "${small[@]}" --resume "$tmp/meta_${c%%:*}.safetensors"
+    check "  message" one_line "meta_${c%%:*}.safetensors.*'${c#*:}'"
+done
+
+# --- 2, 6. images of another shape than the model takes: refused before training, once
+check "train images 56x14" run 1 "$mnist" --data "$tmp/wide_train" --model mlp --epochs 1
+check "  message" one_line "training images are 1x56x14.*mlp takes 1x28x28"
+check "test images 56x14" run 1 "$mnist" --data "$tmp/wide_test" --model cnn --epochs 1 --json
+check "  message" one_line "test images are 1x56x14.*cnn takes 1x28x28"
+
+# --- 3. non-finite numbers: null in the JSON; divergence exits 1 and says at which step
+check "diverging run" run 1 "$mnist" "${small[@]}" --lr 1e30 --json --quiet
+check "  message" one_line "training diverged at step [0-9]+"
+check "  json" json 'd["final_loss"] is None and d["diverged_at_step"] >= 1'
+check "nothing left to train" run 0 "$mnist" "${small[@]}" --quiet --json --resume "$tmp/mlp.safetensors"
+check "  json" json 'd["final_loss"] is None and 0 <= d["test_acc"] <= 1 and d["test_loss"] > 0'
+
+# --- 12. fp16 with a static scale that overflows: the steps are skipped, the loss stays finite
+check "fp16 static scale 1e30" run 0 "$mnist" "${small[@]}" --quiet --json --amp fp16 --loss-scale 1e30
+check "  json" json 'd["skipped_steps"] > 0 and d["final_loss"] > 0 and d["final_scale"] == 1.00000002e30'
+check "fp16 --growth-interval 1" run 0 "$mnist" "${small[@]}" --quiet --json --amp fp16 --growth-interval 1
+check "  json" json 'd["skipped_steps"] > 0 or d["final_scale"] > 65536'
+
+# --- 5. the command line
+check "unknown option" run 2 "$mnist" --foo
+check "  message" one_line "unknown option --foo"
+check "empty seed" run 2 "$mnist" "${small[@]}" --seed ""
+check "  message" one_line "--seed"
+for flag in --epochs --batch --lr --limit --weight-decay --loss-scale --growth-interval; do
+    check "empty $flag" run 2 "$mnist" "${small[@]}" "$flag" ""
+    check "  message" one_line -- "$flag"
+done
+check "seed 1x" run 2 "$mnist" "${small[@]}" --seed 1x
+check "  message" one_line "--seed: expected an integer"
+check "version" run 0 "$mnist" --version
+check "  output" grep -Eq "^mnist-train \(nanoamp [0-9]+\.[0-9]+\.[0-9]+\)$" "$tmp/out"
+check "cifar help" run 0 "$cifar" --help
+for want in "--batch N .*default: 512" "--synthetic N" "--lr X .*default: 0.2" \
+            "--weight-decay X .*default: 0.0005" "--label-smoothing X .*default: 0.2" \
+            "--schedule .*default: onecycle" "--growth-interval N .*default: 2000" "--version"; do
+    check "  cifar help: $want" grep -Eq -- "$want" "$tmp/out"
+done
+check "mnist help" run 0 "$mnist" --help
+for want in "--lr X .*0.05 with sgd, 0.001 with adamw" "--weight-decay X .*0 with sgd, 0.01 with adamw"; do
+    check "  mnist help: $want" grep -Eq -- "$want" "$tmp/out"
+done
+check "mnist has no --synthetic" run 2 "$mnist" --synthetic 64
+check "unwritable --log" run 1 "$mnist" "${small[@]}" --log "$tmp/no/dir/log.csv"
+check "  message" one_line "--log.*no/dir/log.csv"
+check "unwritable --save" run 1 "$mnist" "${small[@]}" --save "$tmp/no/dir/ck.safetensors"
+check "  refused before training" one_line "--save .*no/dir/ck.safetensors"
+check "--save a directory" run 1 "$mnist" "${small[@]}" --save "$tmp"
+check "  message" one_line "--save .*directory"
+# --- 8. a save cut short by a file-size limit: a clean error naming the file (not death by
+# SIGXFSZ), the old checkpoint intact; a stale temporary of a killed save is removed by the next.
+cp "$tmp/mlp.safetensors" "$tmp/keep.safetensors"
+check "--save under ulimit -f" run 1 bash -c 'ulimit -f 64; exec "$@"' _ "$mnist" "${small[@]}" --quiet --save "$tmp/keep.safetensors"
+check "  message" one_line "keep.safetensors.*EFBIG"
+check "  old checkpoint intact" cmp -s "$tmp/mlp.safetensors" "$tmp/keep.safetensors"
+check "  no temporary left" bash -c "! ls '$tmp'/keep.safetensors.tmp.* 2>/dev/null"
+sh -c 'exit 0' & dead=$!; wait $dead
+head -c 100000 /dev/zero >"$tmp/keep.safetensors.tmp.$dead"
+check "save after a killed save" run 0 "$mnist" "${small[@]}" --quiet --save "$tmp/keep.safetensors"
+check "  stale temporary removed" test ! -e "$tmp/keep.safetensors.tmp.$dead"
+for mode in bf16 off; do
+    check "--loss-scale with $mode" run 1 "$mnist" "${small[@]}" --amp "$mode" --loss-scale 128
+    check "  message" one_line "--loss-scale applies to --amp fp16 and o2"
+done
+check "--growth-interval with a static scale" run 1 "$mnist" "${small[@]}" --amp fp16 --loss-scale 128 --growth-interval 10
+check "  message" one_line "--growth-interval"
+# --weight-decay 0 is a value, not "the default": AdamW without decay differs from AdamW's 0.01
+loss_of() {
+    run 0 "$mnist" "${small[@]}" --quiet --json --optim adamw --lr 0.05 "$@" &&
+        tail -n 1 "$tmp/out" | python3 -c 'import json, sys; print(json.load(sys.stdin)["final_loss"])'
+}
+wd0=$(loss_of --weight-decay 0) wd_default=$(loss_of --weight-decay 0.01)
+check "--weight-decay 0 honoured" test "$wd0" != "$wd_default"
+
+echo "$passed passed, $failed failed"
+[ "$failed" = 0 ]
