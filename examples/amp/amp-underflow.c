@@ -1,18 +1,11 @@
 /* amp-underflow — gradients that underflow to zero in f16 without loss scaling, and survive with
  * it. Lesson of docs/mixed-precision.md; the numbers it prints are the ones the guide quotes
  * (tests/test_amp_lessons.c checks both). */
-#include <stdio.h>
-
 #include "amp_lessons.h"
 
 int main(int argc, char **argv) {
-    int rc = amp_lesson_args(argc, argv,
-                             "usage: amp-underflow\n"
-                             "the gradients 1e-3 .. 1e-10 of one layer under f16 autocast, "
-                             "without and with a loss scale of 65536\n", NULL, false, NULL);
-    if (rc >= 0) return rc;
-    amp_underflow_result r;
-    if (amp_lesson_underflow(&r)) return 1;
-    amp_underflow_print(&r, stdout);
-    return 0;
+    return amp_lesson_main(argc, argv,
+                           "usage: amp-underflow\n"
+                           "the gradients 1e-3 .. 1e-10 of one layer under f16 autocast, "
+                           "without and with a loss scale of 65536\n", NULL, false, amp_underflow_run);
 }

@@ -1,9 +1,10 @@
 /* examples/amp/amp_lessons.h — the experiments of docs/mixed-precision.md, as functions.
  *
- * Each experiment runs nanoamp's real code (autocast, the GradScaler, the fp16 optimizer) and
- * returns its numbers; the programs in examples/amp print them, and tests/test_amp_lessons.c
- * checks them and checks that every number the guide quotes is one of them ("quotes": the
- * exact strings the guide contains, as the programs print them). In the guide's order:
+ * Each experiment (amp_lesson_<name>, in lesson_<file>.c) runs nanoamp's real code (autocast,
+ * the GradScaler, the fp16 optimizer) and returns its numbers; its program's run function
+ * (amp_<name>_run) prints them, and tests/test_amp_lessons.c checks them and checks that every
+ * number the guide quotes is one of them ("quotes": the exact strings the guide contains, as
+ * the programs print them). In the guide's order:
  *
  *   amp-formats         the limits of f16, bf16 and f32 (--svg: their number lines)
  *   amp-trace           the autocast rule table (--rules) and the trace of one CNN step
@@ -57,10 +58,8 @@ typedef struct {
     amp_quotes quotes;
 } amp_underflow_result;
 int amp_lesson_underflow(amp_underflow_result *r);
-void amp_underflow_print(const amp_underflow_result *r, FILE *out);
 /* The f16/bf16/f32 table the guide opens with (amp-formats): only the format fields. */
 int amp_lesson_formats(amp_underflow_result *r);
-void amp_formats_print(const amp_underflow_result *r, FILE *out);
 /* The f16 and bf16 number lines (amp-formats --svg). */
 int amp_formats_svg(FILE *svg);
 
@@ -77,7 +76,6 @@ typedef struct {
     amp_quotes quotes;
 } amp_overflow_result;
 int amp_lesson_overflow(amp_overflow_result *r);
-void amp_overflow_print(const amp_overflow_result *r, FILE *out);
 
 /* ---- 3. trace -------------------------------------------------------------------------------- */
 #define AMP_TRACE_MAX 96
@@ -91,11 +89,8 @@ typedef struct {
     double loss, scale;
     amp_quotes quotes;
 } amp_trace_result;
-/* The MNIST CNN: conv(1->32, 3x3, pad 1) + BN + ReLU + maxpool 2, conv(32->64) + BN + ReLU +
- * maxpool 2, linear(3136 -> 128) + ReLU, linear(128 -> 10). */
-na_module *amp_mnist_cnn(void);
+/* One step of the MNIST CNN (model_mnist_cnn in examples/common/models.h). */
 int amp_lesson_trace(amp_trace_result *r);
-void amp_trace_print(const amp_trace_result *r, FILE *out);
 
 /* The autocast rule table (amp-trace --rules): na_autocast_print_rules's lines. Returns the
  * number of lines written to out, or -1. */
@@ -115,10 +110,9 @@ typedef struct {
     amp_quotes quotes;
 } amp_master_result;
 int amp_lesson_master_weights(amp_master_result *r);
-void amp_master_print(const amp_master_result *r, FILE *out);
 
 /* ---- 5. loss scaling in training ------------------------------------------------------------- */
-/* A 784 -> 256 -> ReLU -> 10 MLP trained with Adam on Fashion-MNIST (the first 8192 training
+/* The MNIST MLP (784 -> 256 -> ReLU -> 10, model_mnist_mlp) trained with Adam on Fashion-MNIST (the first 8192 training
  * images; the first 2000 test images), its loss multiplied by 1e-5 (the gradients of a loss
  * averaged over 10^5 outputs), three times from the same seed and batches: f32, f16 autocast
  * without scaling, f16 autocast with PyTorch's GradScaler. Adam divides by the gradients' RMS,
@@ -142,7 +136,6 @@ typedef struct {
 /* data_dir: Fashion-MNIST's IDX files; NULL: $NANOAMP_DATA, else
  * /usr/share/datasets/fashion-mnist. Fails (-1, na_last_error) when they are not there. */
 int amp_lesson_loss_scaling(const char *data_dir, amp_loss_scaling_result *r);
-void amp_loss_scaling_print(const amp_loss_scaling_result *r, FILE *out);
 void amp_loss_scaling_free(amp_loss_scaling_result *r);
 /* The first step's gradient magnitudes on the f16 number line, as they are and times the
  * scale (amp-loss-scaling --svg). */
@@ -163,7 +156,6 @@ typedef struct {
     amp_quotes quotes;
 } amp_sawtooth_result;
 int amp_lesson_sawtooth(const char *data_dir, const char *csv_path, amp_sawtooth_result *r);
-void amp_sawtooth_print(const amp_sawtooth_result *r, FILE *out);
 
 /* ---- 6. BatchNorm in f32 --------------------------------------------------------------------- */
 #define AMP_BN_VALUES (128 * 28 * 28) /* one channel of the MNIST CNN's first BatchNorm */
@@ -186,7 +178,20 @@ typedef struct {
     amp_quotes quotes;
 } amp_batchnorm_result;
 int amp_lesson_batchnorm(amp_batchnorm_result *r);
-void amp_batchnorm_print(const amp_batchnorm_result *r, FILE *out);
+
+/* ---- the programs ----------------------------------------------------------------------------
+ * Each program's main is amp_lesson_main with its usage, its one option and its run function,
+ * which runs the lesson and prints it on stdout; the option's value (NULL when not given) is
+ * the run function's argument. The run functions return the exit status. */
+int amp_formats_run(const char *svg_path);   /* amp-formats [--svg FILE] */
+int amp_trace_run(const char *rules);        /* amp-trace [--rules] */
+int amp_underflow_run(const char *unused);   /* amp-underflow */
+int amp_loss_scaling_run(const char *svg_path); /* amp-loss-scaling [--svg FILE] */
+int amp_overflow_run(const char *csv_path);  /* amp-overflow [--log FILE.csv] (then the sawtooth) */
+int amp_master_weights_run(const char *unused); /* amp-master-weights */
+int amp_batchnorm_run(const char *unused);   /* amp-batchnorm */
+int amp_lesson_main(int argc, char **argv, const char *usage, const char *opt, bool takes_value,
+                    int (*run)(const char *value));
 
 /* Each program's arguments: --help (or -h) prints usage and the program exits 0; opt (NULL for
  * none) is the one option it takes: with takes_value its value goes to *value, else *value is

@@ -1,0 +1,293 @@
+/* Lesson 5 (amp-loss-scaling, and amp-overflow --log): the MNIST MLP (examples/common/models.h)
+ * on Fashion-MNIST, f32 or f16 autocast, with or without a GradScaler (see amp_lessons.h).
+ * Everything but the precision and the scaler is the same in every run: seed, initialization,
+ * batches, optimizer. */
+#include <math.h>
+#include <stdlib.h>
+
+#include "../common/models.h"
+#include "amp_plot.h"
+#include "lesson_internal.h"
+
+static const float FASHION_MEAN[1] = {0.2860f}, FASHION_STD[1] = {0.3530f};
+enum { MLP_TRAIN_N = 8192, MLP_TEST_N = 2000, MLP_BATCH = 128 };
+
+typedef struct {
+    na_dataset *train, *test;
+} mlp_data;
+
+static int mlp_data_load(const char *dir, mlp_data *d) {
+    if (!dir) dir = getenv("NANOAMP_DATA");
+    if (!dir || !*dir) dir = "/usr/share/datasets/fashion-mnist";
+    d->train = na_mnist_load(dir, true);
+    d->test = d->train ? na_mnist_load(dir, false) : NULL;
+    if (!d->test) {
+        na_dataset_free(d->train);
+        return na_set_error(na_last_status(), "Fashion-MNIST in %s (set NANOAMP_DATA): %s", dir,
+                            na_last_error());
+    }
+    if (d->train->n > MLP_TRAIN_N) d->train->n = MLP_TRAIN_N; /* the first images only */
+    if (d->test->n > MLP_TEST_N) d->test->n = MLP_TEST_N;
+    return 0;
+}
+
+static void mlp_data_free(mlp_data *d) {
+    na_dataset_free(d->train);
+    na_dataset_free(d->test);
+}
+
+typedef struct {
+    bool f16;               /* f16 autocast around forward and loss */
+    bool scaled;            /* a GradScaler (else a plain step) */
+    double loss_factor;     /* the loss is the cross-entropy times this */
+    int steps;
+    int64_t growth_interval; /* the GradScaler's (0: PyTorch's 2000) */
+    const char *log_csv;    /* the monitor's per-step CSV, or NULL */
+} mlp_run_cfg;
+
+typedef struct {
+    double zero_frac;       /* gradient elements exactly 0 at the first step */
+    double first_loss, final_loss, test_acc;
+    double first_scale, max_scale, final_scale;
+    int64_t skipped;
+    int first_skip;
+    int64_t n_grads;
+    float *grads;           /* the first step's gradients, when asked for (grads != NULL) */
+} mlp_run_out;
+
+static double mlp_accuracy(na_module *net, const na_dataset *ds) {
+    na_batcher *b = na_batcher_new(ds, &(na_batcher_cfg){.batch_size = 1000, .mean = FASHION_MEAN,
+                                                          .std = FASHION_STD});
+    float *x = b ? malloc(na_batcher_batch_bytes(b)) : NULL;
+    int32_t y[1000], pred[1000];
+    int64_t n, correct = 0, seen = 0;
+    na_no_grad_begin();
+    while (x && na_batcher_next(b, x, y, &n)) {
+        na_tensor *xt = na_from_host(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(n, 1, 28, 28), x);
+        na_tensor *am = xt ? na_argmax(na_module_forward(net, xt), 1, false) : NULL;
+        if (!am || na_copy_to_host(am, pred)) break;
+        for (int64_t i = 0; i < n; i++) correct += pred[i] == y[i];
+        seen += n;
+        na_step_end();
+    }
+    na_no_grad_end();
+    free(x);
+    na_batcher_free(b);
+    return seen == ds->n ? (double)correct / (double)seen : NAN;
+}
+
+static int mlp_run(const mlp_data *d, const mlp_run_cfg *c, mlp_run_out *o, bool keep_grads) {
+    *o = (mlp_run_out){.first_skip = -1};
+    na_manual_seed(1);
+    na_module *net = model_mnist_mlp();
+    na_adam_cfg ac = NA_ADAM_DEFAULTS;
+    na_optim *opt = net ? na_adam_new(net, &ac) : NULL;
+    na_grad_scaler_cfg gc = NA_GRAD_SCALER_DEFAULTS;
+    gc.enabled = c->scaled;
+    if (c->growth_interval) gc.growth_interval = c->growth_interval;
+    na_grad_scaler *gs = na_grad_scaler_new(&gc);
+    na_batcher *b = na_batcher_new(d->train, &(na_batcher_cfg){
+        .batch_size = MLP_BATCH, .seed = 1, .shuffle = true, .drop_last = true,
+        .mean = FASHION_MEAN, .std = FASHION_STD});
+    float *x = b ? malloc(na_batcher_batch_bytes(b)) : NULL;
+    na_amp_monitor *mon = c->log_csv ? na_amp_monitor_new(NULL) : NULL;
+    int rc = opt && gs && x && (!c->log_csv || mon) ? 0 : -1;
+    if (!rc && mon) rc = na_amp_monitor_open_csv(mon, c->log_csv);
+    int32_t y[MLP_BATCH];
+    int64_t n, zeros = 0, total = 0;
+    double tail = 0;
+    int tail_n = 0;
+    for (int64_t epoch = 0, s = 0; !rc && s < c->steps; epoch++) {
+        na_batcher_start_epoch(b, epoch);
+        while (!rc && s < c->steps && na_batcher_next(b, x, y, &n)) {
+            na_tensor *xt = na_from_host(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(n, 1, 28, 28), x);
+            na_tensor *yt = na_from_host(NA_DTYPE_I32, NA_DEVICE_CPU, NA_SHAPE(n), y);
+            if (c->f16 && (rc = na_autocast_begin(NA_DTYPE_F16))) break;
+            na_tensor *ce = xt && yt ? na_cross_entropy(na_module_forward(net, xt), yt, NULL)
+                                     : NULL;
+            if (c->f16) na_autocast_end();
+            na_tensor *loss = ce ? na_scale(ce, c->loss_factor) : NULL;
+            double scale = na_grad_scaler_is_enabled(gs) ? na_grad_scaler_get_scale(gs) : 1.0;
+            if (!loss || na_backward(na_grad_scaler_scale(gs, loss), NULL) ||
+                (c->scaled && na_grad_scaler_unscale_(gs, opt))) {
+                rc = -1;
+                break;
+            }
+            if (s == 0) { /* the gradients the optimizer is about to see (unscaled, f32) */
+                o->first_scale = scale;
+                for (int64_t i = 0; i < na_optim_num_params(opt); i++)
+                    o->n_grads += na_optim_param(opt, i)->grad->numel;
+                float *g = malloc((size_t)o->n_grads * sizeof *g);
+                if (!g) rc = na_set_error(NA_ENOMEM, "mlp_run: %lld gradients",
+                                          (long long)o->n_grads);
+                for (int64_t i = 0, off = 0; !rc && i < na_optim_num_params(opt); i++) {
+                    const na_tensor *gi = na_optim_param(opt, i)->grad;
+                    rc = na_copy_to_host(gi, g + off);
+                    off += gi->numel;
+                }
+                for (int64_t j = 0; !rc && j < o->n_grads; j++) zeros += g[j] == 0.0f;
+                total = o->n_grads;
+                if (keep_grads) o->grads = g;
+                else free(g);
+                if (rc) break;
+            }
+            double ce_value = na_item(ce);
+            if (na_grad_scaler_step(gs, opt) || na_grad_scaler_update(gs) ||
+                na_optim_zero_grad(opt)) {
+                rc = -1;
+                break;
+            }
+            if (mon) na_amp_monitor_record_scaler(mon, s, loss, gs);
+            na_grad_scaler_stats st = {.scale = 1.0};
+            if (na_grad_scaler_is_enabled(gs) && na_grad_scaler_stats_get(gs, &st)) {
+                rc = -1;
+                break;
+            }
+            if (st.skipped > o->skipped && o->first_skip < 0) o->first_skip = (int)s;
+            o->skipped = st.skipped;
+            o->max_scale = fmax(o->max_scale, st.scale);
+            if (s == 0) o->first_loss = ce_value;
+            if (s >= c->steps - 20) tail += ce_value, tail_n++;
+            s++;
+            na_step_end();
+        }
+    }
+    if (!rc) {
+        o->zero_frac = total ? (double)zeros / (double)total : NAN;
+        o->final_loss = tail / tail_n;
+        o->final_scale = na_grad_scaler_is_enabled(gs) ? na_grad_scaler_get_scale(gs) : 1.0;
+        o->test_acc = mlp_accuracy(net, d->test);
+        if (isnan(o->test_acc)) rc = -1;
+    }
+    if (rc) fprintf(stderr, "mlp_run: %s\n", na_last_error());
+    na_step_end();
+    na_amp_monitor_free(mon);
+    free(x);
+    na_batcher_free(b);
+    na_grad_scaler_free(gs);
+    na_optim_free(opt);
+    na_module_free(net);
+    return rc ? -1 : 0;
+}
+
+int amp_lesson_loss_scaling(const char *data_dir, amp_loss_scaling_result *r) {
+    *r = (amp_loss_scaling_result){.loss_factor = 1e-5, .steps = 200};
+    mlp_data d;
+    if (mlp_data_load(data_dir, &d)) return -1;
+    static const char *names[AMP_RUNS] = {"f32", "f16", "f16s"};
+    for (int k = 0; k < AMP_RUNS; k++) {
+        mlp_run_cfg c = {.f16 = k != AMP_RUN_F32, .scaled = k == AMP_RUN_F16_SCALED,
+                         .loss_factor = r->loss_factor, .steps = r->steps};
+        mlp_run_out o;
+        if (mlp_run(&d, &c, &o, k == AMP_RUN_F32)) {
+            mlp_data_free(&d);
+            return -1;
+        }
+        r->zero_frac[k] = o.zero_frac;
+        r->final_loss[k] = o.final_loss;
+        r->test_acc[k] = o.test_acc;
+        if (k == AMP_RUN_F32) r->grads = o.grads, r->n_grads = o.n_grads;
+        if (k == AMP_RUN_F16_SCALED) r->scale = o.first_scale, r->skipped = o.skipped;
+    }
+    mlp_data_free(&d);
+    amp_hist h = {.n = r->n_grads, .values = r->grads, .scale = 1.0};
+    double zero;
+    amp_hist_f16_shares(&h, &r->zero_share, &r->subnormal_share, &zero);
+    h.scale = r->scale;
+    amp_hist_f16_shares(&h, &r->zero_share_scaled, &r->subnormal_share_scaled, &zero);
+    quote_approx(&r->quotes, "shares", 0.02, "%.1f%% would round to 0 in f16 and %.1f%% be subnormal; times "
+          "%.0f: %.1f%% and %.1f%%", 100 * r->zero_share, 100 * r->subnormal_share, r->scale,
+          100 * r->zero_share_scaled, 100 * r->subnormal_share_scaled);
+    quote(&r->quotes, "setup", "MLP 784-256-10, Adam, Fashion-MNIST (%d train / %d test "
+          "images), %d steps of batch %d, loss = cross-entropy x %g", MLP_TRAIN_N, MLP_TEST_N,
+          r->steps, MLP_BATCH, r->loss_factor);
+    static const char *what[AMP_RUNS] = {"f32", "f16, no scaling", "f16 + GradScaler"};
+    for (int k = 0; k < AMP_RUNS; k++) {
+        quote_approx(&r->quotes, names[k], 0.02, "%-18s %8.1f%% %12.4f %10.1f%%", what[k],
+              100 * r->zero_frac[k], r->final_loss[k], 100 * r->test_acc[k]);
+    }
+    quote(&r->quotes, "skipped", "the GradScaler skipped %lld of %d steps", (long long)r->skipped,
+          r->steps);
+    return 0;
+}
+
+
+void amp_loss_scaling_free(amp_loss_scaling_result *r) {
+    free(r->grads);
+    r->grads = NULL;
+}
+
+int amp_loss_scaling_svg(const amp_loss_scaling_result *r, FILE *svg) {
+    amp_hist h[2] = {
+        {.label = "the first step's gradients", .color = "#d62728", .scale = 1.0},
+        {.label = "the same, times the loss scale", .color = "#1f77b4", .scale = r->scale},
+    };
+    for (int i = 0; i < 2; i++) h[i].n = r->n_grads, h[i].values = r->grads;
+    char title[128];
+    snprintf(title, sizeof title, "gradients of amp-loss-scaling's MLP (loss x %g) on the f16 "
+             "number line", r->loss_factor);
+    return amp_plot_number_lines(svg, title, 1, h, 2);
+}
+
+/* ---- the scale's sawtooth ---------------------------------------------------------------------- */
+
+int amp_lesson_sawtooth(const char *data_dir, const char *csv_path, amp_sawtooth_result *r) {
+    *r = (amp_sawtooth_result){.steps = AMP_SAWTOOTH_STEPS};
+    mlp_data d;
+    if (mlp_data_load(data_dir, &d)) return -1;
+    mlp_run_cfg c = {.f16 = true, .scaled = true, .loss_factor = 1.0, .steps = r->steps,
+                     .growth_interval = AMP_SAWTOOTH_INTERVAL, .log_csv = csv_path};
+    mlp_run_out o;
+    int rc = mlp_run(&d, &c, &o, false);
+    mlp_data_free(&d);
+    if (rc) return -1;
+    r->skipped = o.skipped;
+    r->max_scale = o.max_scale;
+    r->final_scale = o.final_scale;
+    r->first_skip = o.first_skip;
+    r->first_loss = o.first_loss;
+    r->final_loss = o.final_loss;
+    quote(&r->quotes, "setup", "the MLP of amp-loss-scaling (loss x 1), f16 autocast, "
+          "GradScaler growing x2 every %d clean steps", AMP_SAWTOOTH_INTERVAL);
+    quote_approx(&r->quotes, "summary", 0.3, "%lld of %d steps skipped, the first at step %d; "
+                 "the scale peaked at 2^%.0f", (long long)r->skipped, r->steps, r->first_skip,
+                 log2(r->max_scale));
+    quote_approx(&r->quotes, "loss", 0.1, "loss %.3f -> %.3f", r->first_loss, r->final_loss);
+    return 0;
+}
+
+static amp_loss_scaling_result drawn; /* what draw() draws */
+static int draw(FILE *svg) { return amp_loss_scaling_svg(&drawn, svg); }
+
+int amp_loss_scaling_run(const char *svg_path) {
+    amp_loss_scaling_result *r = &drawn;
+    if (amp_lesson_loss_scaling(NULL, r)) {
+        fprintf(stderr, "amp-loss-scaling: %s\n", na_last_error());
+        return 1;
+    }
+    printf("%s; same seed and batches in every run\n\n", amp_quote_get(&r->quotes, "setup"));
+    printf("%-18s %9s %12s %11s\n", "run", "grads = 0", "final loss", "test acc");
+    printf("%s\n%s\n%s\n", amp_quote_get(&r->quotes, "f32"),
+           amp_quote_get(&r->quotes, "f16"), amp_quote_get(&r->quotes, "f16s"));
+    printf("\ngrads = 0: the share of the first step's gradient elements that are exactly 0\n"
+           "final loss: the cross-entropy without the factor, mean of the last 20 steps\n"
+           "%s; its scale at the first step: %.0f\n"
+           "of the first step's true (f32) gradients,\n%s\n",
+           amp_quote_get(&r->quotes, "skipped"), r->scale, amp_quote_get(&r->quotes, "shares"));
+    int rc = svg_path ? amp_write_svg(svg_path, draw) : 0;
+    amp_loss_scaling_free(r);
+    return rc;
+}
+
+int amp_sawtooth_run(const char *csv_path) {
+    amp_sawtooth_result res, *r = &res;
+    if (amp_lesson_sawtooth(NULL, csv_path, r)) {
+        fprintf(stderr, "amp-overflow: %s\n", na_last_error());
+        return 1;
+    }
+    printf("\n%s:\n%s\n%s\nfinal scale %.0f\n", amp_quote_get(&r->quotes, "setup"),
+           amp_quote_get(&r->quotes, "summary"),
+           amp_quote_get(&r->quotes, "loss"), r->final_scale);
+    printf("per-step log: %s\n", csv_path);
+    return 0;
+}
