@@ -9,7 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "../common/models.h"
+#include "../common/blas_tune.h"
 #include "../common/trainer.h"
 
 static const char *find_data(const char *given) {
@@ -24,7 +24,7 @@ static const char *find_data(const char *given) {
 }
 
 int main(int argc, char **argv) {
-    trainer_tune_blas(argv);
+    blas_tune_reexec(argv);
     /* the DAWNBench recipe: batch 512, SGD + Nesterov 0.9, weight decay 5e-4, one-cycle,
      * label smoothing 0.2 */
     trainer_opts o = trainer_defaults("resnet9");
@@ -34,7 +34,6 @@ int main(int argc, char **argv) {
     o.data_hint = "$NANOAMP_DATA/cifar-10-batches-bin, ./data/cifar-10-batches-bin";
     int rc = trainer_parse_args(&o, argc, argv, "resnet9");
     if (rc) return rc < 0 ? 2 : 0;
-    trainer_job job = {0};
     na_dataset *train, *test;
     if (o.synthetic > 0) {
         train = na_dataset_synthetic_cifar(o.synthetic, o.seed);
@@ -44,27 +43,14 @@ int main(int argc, char **argv) {
         train = na_cifar10_load(dir, true);
         test = train ? na_cifar10_load(dir, false) : NULL;
     }
-    if (!train || !test) {
+    if (train && test) {
+        rc = trainer_run(&o, &(trainer_job){.train = train, .test = test,
+                                            .batcher = {.crop_pad = 4, .hflip = true,
+                                                        .prefetch = true}});
+    } else {
         fprintf(stderr, "%s: %s\n", o.program, na_last_error());
         rc = 1;
-        goto done;
     }
-    if (o.limit > 0 && o.limit < train->n) train->n = o.limit;
-    if (o.test_limit > 0 && o.test_limit < test->n) test->n = o.test_limit;
-    na_manual_seed(o.seed);
-    job.train = train, job.test = test;
-    if (!(job.net = model_by_name(o.model, job.input_shape))) {
-        fprintf(stderr, "%s: %s\n", o.program, na_last_error());
-        rc = 1;
-        goto done;
-    }
-    float mean[3], std[3];
-    trainer_channel_stats(train, mean, std);
-    job.batcher = (na_batcher_cfg){.mean = mean, .std = std, .crop_pad = 4, .hflip = true,
-                                   .prefetch = true};
-    rc = trainer_run(&o, &job);
-done:
-    na_module_free(job.net);
     na_dataset_free(train);
     na_dataset_free(test);
     return rc;

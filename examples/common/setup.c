@@ -1,33 +1,63 @@
-/* What the trainers do before training: pick OpenBLAS's kernels, measure the data's
- * per-channel statistics (see trainer.h). */
+/* What the trainers do before training (see trainer_internal.h): the first images only, the
+ * seed, the model, the checks that fail early, the data's per-channel statistics. */
+#include <errno.h>
+#include <inttypes.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
-#include "trainer.h"
+#include "models.h"
+#include "trainer_internal.h"
 
-void trainer_tune_blas(char **argv) {
-#if defined(__x86_64__) && defined(__GNUC__)
-    if (getenv("OPENBLAS_CORETYPE") || getenv("NANOAMP_NO_BLAS_TUNE")) return;
-    __builtin_cpu_init();
-    const char *core = NULL;
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
-        core = "SkylakeX";
-    else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-        core = "Haswell";
-    if (!core) return;
-    setenv("OPENBLAS_CORETYPE", core, 1);
-    setenv("NANOAMP_NO_BLAS_TUNE", "1", 1); /* once */
-    execv("/proc/self/exe", argv);
-    /* exec failed: carry on with the default kernels */
-#else
-    (void)argv;
-#endif
+/* Both data sets hold images of the shape the model takes. */
+static int check_shapes(const trainer_opts *o, const trainer_job *job) {
+    const int64_t *s = job->input_shape;
+    const na_dataset *sets[2] = {job->train, job->test};
+    for (int i = 0; i < 2; i++) {
+        const na_dataset *ds = sets[i];
+        if (ds->channels != s[1] || ds->height != s[2] || ds->width != s[3]) {
+            fprintf(stderr, "%s: the %s images are %dx%dx%d (CxHxW) but --model %s takes "
+                    "%" PRId64 "x%" PRId64 "x%" PRId64 "\n", o->program, i ? "test" : "training",
+                    ds->channels, ds->height, ds->width, o->model, s[1], s[2], s[3]);
+            return -1;
+        }
+    }
+    return 0;
 }
 
+/* --save must be writable: found out now by making and removing a file beside it, not
+ * after the first epoch. */
+static int check_save_path(const trainer_opts *o) {
+    const char *path = o->save_path;
+    struct stat st;
+    if (!path) return 0;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+        fprintf(stderr, "%s: --save %s: is a directory (give a file name)\n", o->program, path);
+        return -1;
+    }
+    size_t len = strlen(path) + sizeof ".XXXXXX";
+    char *probe = malloc(len);
+    int fd = -1;
+    if (probe) {
+        snprintf(probe, len, "%s.XXXXXX", path);
+        fd = mkstemp(probe);
+    }
+    if (fd < 0) {
+        fprintf(stderr, "%s: --save %s: cannot write a file there: %s\n", o->program, path,
+                strerror(probe ? errno : ENOMEM));
+    } else {
+        close(fd);
+        unlink(probe);
+    }
+    free(probe);
+    return fd < 0 ? -1 : 0;
+}
 
-void trainer_channel_stats(const na_dataset *ds, float *mean, float *std) {
+/* Per-channel mean and std of a dataset's pixels scaled to [0, 1]. */
+static void channel_stats(const na_dataset *ds, float *mean, float *std) {
     int64_t plane = (int64_t)ds->height * ds->width;
     for (int c = 0; c < ds->channels; c++) {
         double s = 0, s2 = 0;
@@ -44,3 +74,16 @@ void trainer_channel_stats(const na_dataset *ds, float *mean, float *std) {
     }
 }
 
+int trainer_setup(const trainer_opts *o, trainer_job *job) {
+    if (o->limit > 0 && o->limit < job->train->n) job->train->n = o->limit;
+    if (o->test_limit > 0 && o->test_limit < job->test->n) job->test->n = o->test_limit;
+    na_manual_seed(o->seed);
+    if (!(job->net = model_by_name(o->model, job->input_shape))) {
+        fprintf(stderr, "%s: %s\n", o->program, na_last_error());
+        return -1;
+    }
+    if (check_shapes(o, job) || check_save_path(o)) return -1;
+    channel_stats(job->train, job->mean, job->std);
+    job->batcher.mean = job->mean, job->batcher.std = job->std;
+    return 0;
+}

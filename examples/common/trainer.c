@@ -1,14 +1,12 @@
 /* The training loop shared by the example trainers (see trainer.h). */
 #include "trainer.h"
 
-#include <errno.h>
 #include <inttypes.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -58,52 +56,6 @@ int trainer_evaluate(na_module *net, const na_dataset *ds, const float *mean, co
     *accuracy = (double)correct / (double)seen;
     *loss = loss_sum / (double)seen;
     return NA_OK;
-}
-
-/* ---- checks before training ---------------------------------------------------------------- */
-
-/* Both data sets hold images of the shape the model takes. */
-static int check_shapes(const trainer_opts *o, const trainer_job *job) {
-    const int64_t *s = job->input_shape;
-    const na_dataset *sets[2] = {job->train, job->test};
-    for (int i = 0; i < 2; i++) {
-        const na_dataset *ds = sets[i];
-        if (ds->channels != s[1] || ds->height != s[2] || ds->width != s[3]) {
-            fprintf(stderr, "%s: the %s images are %dx%dx%d (CxHxW) but --model %s takes "
-                    "%" PRId64 "x%" PRId64 "x%" PRId64 "\n", o->program, i ? "test" : "training",
-                    ds->channels, ds->height, ds->width, o->model, s[1], s[2], s[3]);
-            return -1;
-        }
-    }
-    return 0;
-}
-
-/* --save must be writable: found out now by making and removing a file beside it, not
- * after the first epoch. */
-static int check_save_path(const trainer_opts *o) {
-    const char *path = o->save_path;
-    struct stat st;
-    if (!path) return 0;
-    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
-        fprintf(stderr, "%s: --save %s: is a directory (give a file name)\n", o->program, path);
-        return -1;
-    }
-    size_t len = strlen(path) + sizeof ".XXXXXX";
-    char *probe = malloc(len);
-    int fd = -1;
-    if (probe) {
-        snprintf(probe, len, "%s.XXXXXX", path);
-        fd = mkstemp(probe);
-    }
-    if (fd < 0) {
-        fprintf(stderr, "%s: --save %s: cannot write a file there: %s\n", o->program, path,
-                strerror(probe ? errno : ENOMEM));
-    } else {
-        close(fd);
-        unlink(probe);
-    }
-    free(probe);
-    return fd < 0 ? -1 : 0;
 }
 
 /* ---- the loop ------------------------------------------------------------------------------ */
@@ -277,12 +229,12 @@ int trainer_run(const trainer_opts *o, trainer_job *job) {
     /* a file-size limit (ulimit -f) then fails the save with EFBIG, naming the file, instead of
      * killing the process (the old checkpoint stays intact either way) */
     signal(SIGXFSZ, SIG_IGN);
-    if (check_shapes(o, job) || check_save_path(o)) return 1;
     trainer_amp amp = {0};
     run_state r = {.o = o, .job = job, .amp = &amp, .tty = isatty(STDERR_FILENO) != 0,
                    .res = {.test_acc = NAN, .test_loss = NAN, .final_loss = NAN}};
     int64_t start_epoch = 0;
     int rc = 1;
+    if (trainer_setup(o, job)) goto done;
     /* in this order, so that nothing runs (the batcher's prefetch thread) when one fails */
     if (na_module_to(job->net, o->device) != NA_OK || trainer_amp_setup(o, job->net, &amp)) {
         fprintf(stderr, "%s: %s\n", o->program, na_last_error());
@@ -316,5 +268,7 @@ done:
     free(r.x), free(r.y);
     na_batcher_free(r.b); /* stops the prefetch thread before the caller frees the data */
     trainer_amp_free(&amp);
+    na_module_free(job->net);
+    job->net = NULL;
     return rc;
 }

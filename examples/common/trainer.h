@@ -41,11 +41,15 @@ trainer_opts trainer_defaults(const char *model);
  * "mlp|cnn" etc. Returns 0, 1 for --help or --version (printed), or -1 with a message. */
 int trainer_parse_args(trainer_opts *o, int argc, char **argv, const char *models);
 
+/* What a trainer hands to trainer_run: its data sets (the caller frees them after) and the
+ * batcher's augmentation. trainer_run fills in the rest. */
+#define TRAINER_MAX_CHANNELS 3
 typedef struct {
-    na_module *net;
-    int64_t input_shape[4]; /* one input image as [1, C, H, W] (model_by_name) */
-    const na_dataset *train, *test;
-    na_batcher_cfg batcher; /* batch_size/seed filled by the trainer from the options */
+    na_dataset *train, *test; /* cut to --limit / --test-limit images */
+    na_batcher_cfg batcher;   /* augmentation (crop_pad, hflip, prefetch); the rest is filled */
+    na_module *net;           /* model_by_name(--model), freed by trainer_run */
+    int64_t input_shape[4];   /* one input image as [1, C, H, W] */
+    float mean[TRAINER_MAX_CHANNELS], std[TRAINER_MAX_CHANNELS]; /* of the training images */
 } trainer_job;
 
 /* The mixed-precision side of a training step (--amp, --loss-scale, --log). */
@@ -78,17 +82,8 @@ int trainer_amp_step(trainer_amp *a, na_tensor *loss);
 int trainer_evaluate(na_module *net, const na_dataset *ds, const float *mean, const float *std,
                      na_device dev, na_dtype input_dtype, double *accuracy, double *loss);
 
-/* Trains, evaluates after each epoch, saves/resumes, prints progress and the JSON line.
- * Returns the process exit code. */
+/* Builds the model, trains, evaluates after each epoch, saves/resumes, prints progress and the
+ * JSON line. Returns the process exit code. */
 int trainer_run(const trainer_opts *o, trainer_job *job);
 
-/* OpenBLAS picks its kernels when it loads, from the CPU model it recognizes; on CPUs it does
- * not know (common in VMs) it falls back to its slowest SSE3 kernels, 3-5x slower here. If
- * OPENBLAS_CORETYPE is unset and the CPU has AVX-512 (or AVX2+FMA), this sets it to SkylakeX
- * (Haswell) and re-executes the program once so that OpenBLAS loads with it. Set
- * OPENBLAS_CORETYPE yourself to choose, or NANOAMP_NO_BLAS_TUNE=1 to keep the default. */
-void trainer_tune_blas(char **argv);
-
-/* Per-channel mean and std of a dataset's pixels scaled to [0, 1]. */
-void trainer_channel_stats(const na_dataset *ds, float *mean, float *std);
 #endif

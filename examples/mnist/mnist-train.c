@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <sys/stat.h>
 
-#include "../common/models.h"
+#include "../common/blas_tune.h"
 #include "../common/trainer.h"
 
 static bool is_dir(const char *p) {
@@ -32,36 +32,22 @@ static const char *find_data(const char *given) {
 }
 
 int main(int argc, char **argv) {
-    trainer_tune_blas(argv);
+    blas_tune_reexec(argv);
     trainer_opts o = trainer_defaults("cnn");
     o.data_hint = "$NANOAMP_DATA[/mnist], ./data/mnist, /usr/share/datasets/fashion-mnist";
     int rc = trainer_parse_args(&o, argc, argv, "cnn|mlp");
     if (rc) return rc < 0 ? 2 : 0;
-    trainer_job job = {0};
     const char *dir = find_data(o.data_dir);
     na_dataset *train = na_mnist_load(dir, true), *test = train ? na_mnist_load(dir, false) : NULL;
-    if (!train || !test) {
+    if (train && test) {
+        rc = trainer_run(&o, &(trainer_job){.train = train, .test = test,
+                                            .batcher = {.prefetch = true}});
+    } else {
         fprintf(stderr, "%s: %s\n(put train-images-idx3-ubyte[.gz], train-labels-idx1-ubyte[.gz], "
                 "t10k-images-idx3-ubyte[.gz] and t10k-labels-idx1-ubyte[.gz] in a directory and pass "
                 "--data DIR, or apt-get install dataset-fashion-mnist)\n", o.program, na_last_error());
         rc = 1;
-        goto done;
     }
-    if (o.limit > 0 && o.limit < train->n) train->n = o.limit;
-    if (o.test_limit > 0 && o.test_limit < test->n) test->n = o.test_limit;
-    na_manual_seed(o.seed);
-    job.train = train, job.test = test;
-    if (!(job.net = model_by_name(o.model, job.input_shape))) {
-        fprintf(stderr, "%s: %s\n", o.program, na_last_error());
-        rc = 1;
-        goto done;
-    }
-    float mean[1], std[1];
-    trainer_channel_stats(train, mean, std);
-    job.batcher = (na_batcher_cfg){.mean = mean, .std = std, .prefetch = true};
-    rc = trainer_run(&o, &job);
-done:
-    na_module_free(job.net);
     na_dataset_free(train);
     na_dataset_free(test);
     return rc;
