@@ -5,6 +5,7 @@
 
 #include "bench.h"
 #include "bench_util.h"
+#include "../examples/common/blas_tune.h"
 #include "na_config.h"
 
 int bench_parse_device(const char *s, na_device *dev) {
@@ -60,6 +61,8 @@ static int info_main(void) {
     bench_json_bool(&j, "cudnn", NA_HAVE_CUDNN);
     bench_json_bool(&j, "blas", NA_HAVE_BLAS);
     bench_json_int(&j, "nproc", bench_nproc());
+    const char *core = blas_tune_core(); /* bench/run sets OPENBLAS_CORETYPE from it */
+    bench_json_str(&j, "blas_core", core ? core : "");
     bench_json_end(&j);
     return 0;
 }

@@ -4,11 +4,12 @@
  * The model (examples/common/models.h) trains on one fixed random batch (x ~ N(0, 1), labels uniform in
  * 0..9) that stays on the device: data loading is not part of the step. One step is
  * forward, cross-entropy (mean), backward, the optimizer step (SGD, lr 0.01, momentum 0.9),
- * zero_grad and na_step_end, in one of the amp modes:
+ * zero_grad and na_step_end, in one of the amp modes, each the trainers' recipe
+ * (trainer_amp_init, examples/common/trainer.h):
  *   off    f32
  *   fp16   autocast f16 around forward + loss, GradScaler (PyTorch's defaults)
  *   bf16   autocast bf16 around forward + loss, no loss scaling (PyTorch's recipe)
- *   o2     Apex O2: the model converted to f16 except BatchNorm (na_model_to_half), f32
+ *   o2     Apex O2: the model converted to f16 except BatchNorm, the input cast to f16, f32
  *          master weights and dynamic loss scaling (na_fp16_optimizer)
  *
  * Timing: --warmup steps first, then --repeats blocks of --steps steps; each block is timed
@@ -26,78 +27,33 @@
 #include "bench.h"
 #include "bench_util.h"
 #include "../examples/common/models.h"
+#include "../examples/common/trainer.h"
 
-typedef enum { AMP_OFF, AMP_FP16, AMP_BF16, AMP_O2 } amp_mode;
 static const char *const amp_names[] = {"off", "fp16", "bf16", "o2"};
 
 typedef struct {
-    amp_mode amp;
-    na_module *net;             /* the model (for o2: the FP16Model wrapper) */
-    na_optim *opt;              /* off, fp16, bf16 */
-    na_grad_scaler *gs;         /* fp16 */
-    na_fp16_optimizer *fo;      /* o2 (owns its optimizer) */
+    na_module *net;
+    trainer_amp amp;            /* the trainers' recipe for the mode (examples/common) */
     na_tensor *x, *y;           /* the batch: f32 [B, C, H, W], i32 [B] */
     na_tensor *loss;            /* the last step's loss (valid until na_step_end) */
 } bench_trainer;
 
 /* One training step; keeps the loss (a step tensor) and does not end the step. */
 static int train_step(bench_trainer *t) {
-    na_tensor *logits, *loss = NULL;
-    switch (t->amp) {
-    case AMP_OFF:
-        logits = na_module_forward(t->net, t->x);
-        loss = logits ? na_cross_entropy(logits, t->y, NULL) : NULL;
-        if (!loss || na_backward(loss, NULL) || na_optim_step(t->opt, NULL)) return -1;
-        break;
-    case AMP_FP16:
-    case AMP_BF16:
-        if (na_autocast_begin(t->amp == AMP_FP16 ? NA_DTYPE_F16 : NA_DTYPE_BF16)) return -1;
-        logits = na_module_forward(t->net, t->x);
-        loss = logits ? na_cross_entropy(logits, t->y, NULL) : NULL;
-        na_autocast_end();
-        if (!loss) return -1;
-        if (t->amp == AMP_BF16) {
-            if (na_backward(loss, NULL) || na_optim_step(t->opt, NULL)) return -1;
-        } else {
-            na_tensor *scaled = na_grad_scaler_scale(t->gs, loss);
-            if (!scaled || na_backward(scaled, NULL) || na_grad_scaler_step(t->gs, t->opt) ||
-                na_grad_scaler_update(t->gs))
-                return -1;
-        }
-        break;
-    case AMP_O2:
-        logits = na_module_forward(t->net, t->x);
-        loss = logits ? na_cross_entropy(logits, t->y, NULL) : NULL;
-        if (!loss || na_fp16_optimizer_backward(t->fo, loss, true) ||
-            na_fp16_optimizer_step(t->fo) || na_fp16_optimizer_zero_grad(t->fo))
-            return -1;
-        t->loss = loss;
-        return 0;
-    }
-    if (na_optim_zero_grad(t->opt)) return -1;
-    t->loss = loss;
-    return 0;
+    t->loss = trainer_amp_loss(&t->amp, t->net, t->x, t->y, 0.0);
+    return t->loss && trainer_amp_step(&t->amp, t->loss) == NA_OK ? 0 : -1;
 }
 
-static int setup(bench_trainer *t, const char *model, na_device dev, int64_t batch) {
+static int setup(bench_trainer *t, const char *model, const char *amp, na_device dev,
+                 int64_t batch) {
     int64_t shape[4];
-    na_module *net = model_by_name(model, shape);
-    if (!net || na_module_to(net, dev)) return -1;
+    t->net = model_by_name(model, shape);
+    if (!t->net || na_module_to(t->net, dev)) return -1;
     na_sgd_cfg sgd = NA_SGD_DEFAULTS;
     sgd.lr = 0.01, sgd.momentum = 0.9;
-    if (t->amp == AMP_O2) {
-        t->net = na_model_to_half(net, NA_DTYPE_F16);
-        if (!t->net) return -1;
-        na_fp16_optimizer_cfg fc = NA_FP16_OPTIMIZER_DYNAMIC;
-        na_optim *inner = na_sgd_new(NULL, &sgd);
-        t->fo = inner ? na_fp16_optimizer_new(inner, t->net, &fc) : NULL;
-        if (!t->fo) return -1;
-    } else {
-        t->net = net;
-        t->opt = na_sgd_new(net, &sgd);
-        if (!t->opt) return -1;
-        if (t->amp == AMP_FP16 && !(t->gs = na_grad_scaler_new(NULL))) return -1;
-    }
+    /* o2: made without parameters, the fp16 optimizer adds the f32 masters */
+    na_optim *opt = na_sgd_new(strcmp(amp, "o2") ? t->net : NULL, &sgd);
+    if (trainer_amp_init(&t->amp, amp, t->net, opt, NULL)) return -1;
     na_module_train(t->net, true);
 
     shape[0] = batch;
@@ -118,9 +74,7 @@ static int setup(bench_trainer *t, const char *model, na_device dev, int64_t bat
 }
 
 static void teardown(bench_trainer *t) {
-    na_fp16_optimizer_free(t->fo);
-    na_grad_scaler_free(t->gs);
-    na_optim_free(t->opt);
+    trainer_amp_free(&t->amp);
     na_module_free(t->net);
     na_tensor_free(t->x);
     na_tensor_free(t->y);
@@ -129,7 +83,7 @@ static void teardown(bench_trainer *t) {
 int bench_train_main(int argc, char **argv) {
     const char *model = "mlp";
     na_device dev = NA_DEVICE_CPU;
-    amp_mode amp = AMP_OFF;
+    const char *amp = "off";
     int64_t batch = 128, warmup = 5, repeats = 10, steps = 5;
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];
@@ -145,7 +99,7 @@ int bench_train_main(int argc, char **argv) {
                 fprintf(stderr, "na-bench train: --amp expects off, fp16, bf16 or o2, got '%s'\n", v);
                 return 2;
             }
-            amp = (amp_mode)k;
+            amp = amp_names[k];
         } else if (!strcmp(a, "--batch")) {
             batch = bench_arg_i64(argc, argv, &i, 1);
         } else if (!strcmp(a, "--warmup")) {
@@ -163,17 +117,17 @@ int bench_train_main(int argc, char **argv) {
         }
     }
     char key[128];
-    snprintf(key, sizeof key, "train/%s/%s/%s", na_device_name(dev), model, amp_names[amp]);
+    snprintf(key, sizeof key, "train/%s/%s/%s", na_device_name(dev), model, amp);
     if (bench_check_device(dev, key)) return 3;
-    if (dev == NA_DEVICE_CUDA && amp == AMP_BF16 && !na_cuda_bf16_supported()) {
+    if (dev == NA_DEVICE_CUDA && !strcmp(amp, "bf16") && !na_cuda_bf16_supported()) {
         na_set_error(NA_EDTYPE, "bf16 needs a CUDA device of compute capability 8.0 or newer");
         return bench_fail(key, "setup");
     }
 
     double base_rss = bench_rss_now_mib();
     na_manual_seed(0);
-    bench_trainer t = {.amp = amp};
-    if (setup(&t, model, dev, batch)) return bench_fail(key, "setup");
+    bench_trainer t = {0};
+    if (setup(&t, model, amp, dev, batch)) return bench_fail(key, "setup");
 
     for (int64_t i = 0; i < warmup; i++) {
         if (train_step(&t)) return bench_fail(key, "warm-up step");
@@ -210,7 +164,7 @@ int bench_train_main(int argc, char **argv) {
     bench_json_str(&j, "impl", "nanoamp");
     bench_json_str(&j, "model", model);
     bench_json_str(&j, "device", na_device_name(dev));
-    bench_json_str(&j, "amp", amp_names[amp]);
+    bench_json_str(&j, "amp", amp);
     bench_json_int(&j, "batch", batch);
     bench_json_int(&j, "warmup", warmup);
     bench_json_int(&j, "repeats", repeats);

@@ -1,5 +1,5 @@
-/* The mixed-precision side of the trainers' step: --amp, --loss-scale, --growth-interval,
- * --log (see trainer.h). */
+/* The amp recipes (off, fp16, bf16, o2) that the trainers, na-bench and the tests share, and the
+ * trainers' options for them: --amp, --loss-scale, --growth-interval, --log (see trainer.h). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,19 +22,51 @@ static na_optim *make_optimizer(const trainer_opts *o, na_module *net) {
     return na_sgd_new(net, &c);
 }
 
-/* Resolves --amp (auto: na_amp_recommend) and makes the optimizer, the scaler or the fp16
- * optimizer and the monitor. The model is converted in place for o2 (its tensors keep their
- * names, so checkpoints of every mode name tensors alike). */
+/* The four recipes. The model is converted in place for o2 (its tensors keep their names, so
+ * checkpoints of every mode name tensors alike). */
+int trainer_amp_init(trainer_amp *a, const char *mode, na_module *net, na_optim *opt,
+                     const na_grad_scaler_cfg *scaler) {
+    *a = (trainer_amp){.mode = mode, .dtype = NA_DTYPE_F32};
+    bool fp16 = !strcmp(mode, "fp16"), bf16 = !strcmp(mode, "bf16"), o2 = !strcmp(mode, "o2");
+    int rc = opt ? NA_OK : na_last_status();
+    if (!rc && !fp16 && !bf16 && !o2 && strcmp(mode, "off"))
+        rc = na_set_error(NA_EINVAL, "trainer_amp_init: amp mode '%s' (expected off, fp16, bf16 "
+                          "or o2)", mode);
+    if (!rc && o2) rc = na_model_convert(net, NA_DTYPE_F16);
+    if (rc) {
+        na_optim_free(opt);
+        return rc;
+    }
+    if (o2) {
+        /* Apex O2: f16 model, f32 master weights in the fp16 optimizer, Apex's dynamic scaler */
+        a->dtype = NA_DTYPE_F16;
+        na_fp16_optimizer_cfg fc = NA_FP16_OPTIMIZER_DYNAMIC;
+        if (scaler) fc.scaler = *scaler;
+        if (!(a->fo = na_fp16_optimizer_new(opt, net, &fc))) return na_last_status();
+        a->opt = na_fp16_optimizer_optim(a->fo);
+        return NA_OK;
+    }
+    /* autocast for fp16 and bf16; a GradScaler, disabled (a plain step) unless fp16 */
+    a->autocast = fp16 || bf16;
+    if (a->autocast) a->dtype = fp16 ? NA_DTYPE_F16 : NA_DTYPE_BF16;
+    na_grad_scaler_cfg gc = scaler ? *scaler : (na_grad_scaler_cfg)NA_GRAD_SCALER_DEFAULTS;
+    gc.enabled = fp16;
+    a->opt = opt;
+    return (a->gs = na_grad_scaler_new(&gc)) ? NA_OK : na_last_status();
+}
+
+/* Resolves --amp (auto: na_amp_recommend), refuses scaling options the mode would ignore, and
+ * makes the recipe with the optimizer and scaler the options ask for, and the monitor. */
 int trainer_amp_setup(const trainer_opts *o, na_module *net, trainer_amp *a) {
-    *a = (trainer_amp){.mode = o->amp, .dtype = NA_DTYPE_F32};
+    const char *mode = o->amp;
+    *a = (trainer_amp){.mode = mode};
     bool auto_ = !strcmp(o->amp, "auto");
     if (auto_) {
         na_amp_recommendation r = na_amp_recommend(o->device);
-        a->mode = r.mode == NA_AMP_MODE_BF16 ? "bf16" : r.mode == NA_AMP_MODE_F16 ? "fp16" : "off";
-        if (!o->quiet) fprintf(stderr, "--amp auto: %s (%s)\n", a->mode, r.reason);
+        mode = r.mode == NA_AMP_MODE_BF16 ? "bf16" : r.mode == NA_AMP_MODE_F16 ? "fp16" : "off";
+        if (!o->quiet) fprintf(stderr, "--amp auto: %s (%s)\n", mode, r.reason);
     }
-    bool fp16 = !strcmp(a->mode, "fp16"), bf16 = !strcmp(a->mode, "bf16");
-    bool o2 = !strcmp(a->mode, "o2");
+    bool fp16 = !strcmp(mode, "fp16"), bf16 = !strcmp(mode, "bf16"), o2 = !strcmp(mode, "o2");
     bool dynamic = !o->loss_scale || !strcmp(o->loss_scale, "dynamic");
     double static_scale = dynamic ? 1.0 : strtod(o->loss_scale, NULL);
     /* scaling options that the mode would silently ignore are refused */
@@ -42,37 +74,26 @@ int trainer_amp_setup(const trainer_opts *o, na_module *net, trainer_amp *a) {
     if ((o->loss_scale || o->growth_interval) && !fp16 && !o2)
         return na_set_error(NA_EINVAL, "%s applies to --amp fp16 and o2 only (--amp %s%s%s has "
                             "no loss scaling)", scaling_flag, o->amp, auto_ ? ": " : "",
-                            auto_ ? a->mode : "");
+                            auto_ ? mode : "");
     if (o->growth_interval && !dynamic)
         return na_set_error(NA_EINVAL, "--growth-interval applies to dynamic loss scaling, not "
                             "to --loss-scale %s", o->loss_scale);
-    if (fp16 || bf16) {
-        a->autocast = true;
-        a->dtype = fp16 ? NA_DTYPE_F16 : NA_DTYPE_BF16;
-        if (na_autocast_check_device(o->device, a->dtype)) return na_last_status();
-    }
-    if (o2) {
-        a->dtype = NA_DTYPE_F16;
-        if (na_model_convert(net, NA_DTYPE_F16)) return na_last_status();
-        /* Apex's recipe: its dynamic LossScaler, or its static one, which never skips a step */
-        na_fp16_optimizer_cfg fc = {.scaler = NA_APEX_SCALER_DEFAULTS};
-        if (!dynamic) fc.scaler = (na_grad_scaler_cfg)NA_STATIC_SCALER(static_scale);
-        if (o->growth_interval) fc.scaler.growth_interval = o->growth_interval;
-        fc.scaler.device = o->device;
-        if (!(a->fo = na_fp16_optimizer_new(make_optimizer(o, NULL), net, &fc)))
-            return na_last_status();
-        a->opt = na_fp16_optimizer_optim(a->fo);
-    } else {
-        /* a GradScaler for fp16 (disabled, a plain step, for bf16 and off). A static scale is a
-         * GradScaler that never moves but still skips steps with inf/NaN gradients. */
-        na_grad_scaler_cfg gc = NA_GRAD_SCALER_DEFAULTS;
-        if (!dynamic) gc = (na_grad_scaler_cfg)NA_GRAD_SCALER_FIXED(static_scale);
-        if (o->growth_interval) gc.growth_interval = o->growth_interval;
-        gc.enabled = fp16;
-        gc.device = o->device;
-        if (!(a->gs = na_grad_scaler_new(&gc)) || !(a->opt = make_optimizer(o, net)))
-            return na_last_status();
-    }
+    if ((fp16 || bf16) &&
+        na_autocast_check_device(o->device, fp16 ? NA_DTYPE_F16 : NA_DTYPE_BF16))
+        return na_last_status();
+    /* o2: Apex's dynamic LossScaler, or its static one, which never skips a step. fp16: a
+     * static scale is a GradScaler that never moves but still skips steps with inf/NaN
+     * gradients. */
+    na_grad_scaler_cfg sc = o2 ? (na_grad_scaler_cfg)NA_APEX_SCALER_DEFAULTS
+                               : (na_grad_scaler_cfg)NA_GRAD_SCALER_DEFAULTS;
+    if (!dynamic)
+        sc = o2 ? (na_grad_scaler_cfg)NA_STATIC_SCALER(static_scale)
+                : (na_grad_scaler_cfg)NA_GRAD_SCALER_FIXED(static_scale);
+    if (o->growth_interval) sc.growth_interval = o->growth_interval;
+    sc.device = o->device;
+    /* o2's optimizer is made without parameters: the fp16 optimizer adds the f32 masters */
+    if (trainer_amp_init(a, mode, net, make_optimizer(o, o2 ? NULL : net), &sc))
+        return na_last_status();
     if (o->log_path) {
         if (!(a->mon = na_amp_monitor_new(NULL)) || na_amp_monitor_open_csv(a->mon, o->log_path))
             return na_set_error(na_last_status(), "--log: %s", na_last_error());
@@ -92,28 +113,28 @@ na_grad_scaler *trainer_amp_scaler(const trainer_amp *a) {
     return a->fo ? na_fp16_optimizer_scaler(a->fo) : a->gs;
 }
 
+/* forward and loss: in an autocast region (fp16, bf16), or on the input cast to f16 (o2) */
 na_tensor *trainer_amp_loss(const trainer_amp *a, na_module *net, na_tensor *x, na_tensor *y,
                             double label_smoothing) {
-    if (a->fo && x) x = na_cast(x, a->dtype); /* o2: the model is f16 */
+    if (a->fo && x) x = na_cast(x, a->dtype);
     if (a->autocast && na_autocast_begin(a->dtype) != NA_OK) return NULL;
     na_tensor *logits = x && y ? na_module_forward(net, x) : NULL;
-    na_tensor *loss = logits ? na_cross_entropy(logits, y, &(na_cross_entropy_opts){
-                                                    .label_smoothing = label_smoothing})
-                             : NULL;
+    na_cross_entropy_opts ce = {.label_smoothing = label_smoothing};
+    na_tensor *loss = logits ? na_cross_entropy(logits, y, &ce) : NULL;
     if (a->autocast) na_autocast_end();
     return loss;
 }
 
-/* backward, step (skipped on the device on overflow), scale update, zero_grad */
+/* backward, optimizer step (skipped on the device on overflow), scale update, zero_grad */
 int trainer_amp_step(trainer_amp *a, na_tensor *loss) {
-    if (a->fo)
-        return na_fp16_optimizer_backward(a->fo, loss, true) || na_fp16_optimizer_step(a->fo) ||
-                       na_fp16_optimizer_zero_grad(a->fo)
-                   ? na_last_status()
-                   : NA_OK;
-    na_tensor *scaled = na_grad_scaler_scale(a->gs, loss);
-    return !scaled || na_backward(scaled, NULL) || na_grad_scaler_step(a->gs, a->opt) ||
-                   na_grad_scaler_update(a->gs) || na_optim_zero_grad(a->opt)
-               ? na_last_status()
-               : NA_OK;
+    int rc;
+    if (a->fo) { /* o2: the fp16 optimizer scales, unscales into the f32 masters, steps them */
+        rc = na_fp16_optimizer_backward(a->fo, loss, true) || na_fp16_optimizer_step(a->fo) ||
+             na_fp16_optimizer_zero_grad(a->fo);
+    } else { /* the GradScaler; disabled, it passes the loss through and steps plainly */
+        na_tensor *scaled = na_grad_scaler_scale(a->gs, loss);
+        rc = !scaled || na_backward(scaled, NULL) || na_grad_scaler_step(a->gs, a->opt) ||
+             na_grad_scaler_update(a->gs) || na_optim_zero_grad(a->opt);
+    }
+    return rc ? na_last_status() : NA_OK;
 }

@@ -1,7 +1,7 @@
 /* examples/common/trainer.h — what the MNIST and CIFAR trainers share: the command line
- * (cli.c), the training loop and evaluation (trainer.c), the mixed-precision step
- * (amp_step.c), checkpoints (checkpoint.c), the progress bar and the --json line (report.c).
- * Each trainer only builds its model and its data. */
+ * (cli.c), the model and the checks before training (setup.c), the training loop and
+ * evaluation (trainer.c), the amp recipes (amp_step.c), checkpoints (checkpoint.c), the
+ * progress bar and the --json line (report.c). Each trainer only loads its data. */
 #ifndef NANOAMP_EXAMPLES_TRAINER_H
 #define NANOAMP_EXAMPLES_TRAINER_H
 
@@ -52,9 +52,18 @@ typedef struct {
     float mean[TRAINER_MAX_CHANNELS], std[TRAINER_MAX_CHANNELS]; /* of the training images */
 } trainer_job;
 
-/* The mixed-precision side of a training step (--amp, --loss-scale, --log). */
+/* The amp recipes, in one place for the trainers, na-bench and the tests (amp_step.c):
+ *   off   f32; a disabled GradScaler (a plain optimizer step)
+ *   fp16  autocast f16 around forward and loss, PyTorch's GradScaler
+ *   bf16  autocast bf16 around forward and loss, a disabled GradScaler
+ *   o2    Apex O2: the model converted to f16 except BatchNorm, f32 master weights and loss
+ *         scaling in the fp16 optimizer, the input cast to f16
+ * One step in every mode (as tests/test_cuda_training.c and bench/train.c run it):
+ *     na_tensor *loss = trainer_amp_loss(&amp, net, x, y, 0.0);  // forward + loss
+ *     trainer_amp_step(&amp, loss);                              // backward, step, zero_grad
+ *     na_step_end(); */
 typedef struct {
-    const char *mode;      /* off | fp16 | bf16 | o2, after resolving auto */
+    const char *mode;      /* off | fp16 | bf16 | o2 (after resolving auto) */
     bool autocast;         /* fp16 / bf16: autocast regions around forward and loss */
     na_dtype dtype;        /* the autocast dtype, or o2's model dtype */
     na_grad_scaler *gs;    /* fp16 / bf16 / off (disabled unless fp16); NULL for o2 */
@@ -64,9 +73,18 @@ typedef struct {
     unsigned alerts_shown;
 } trainer_amp;
 
-/* Resolves o->amp (auto: na_amp_recommend for o->device), converts the model for o2 and makes
- * the optimizer, the GradScaler or FP16 optimizer and the monitor. On failure the message
- * names the option at fault; call trainer_amp_free either way. */
+/* The recipe of mode for net: takes opt (freed by trainer_amp_free, also on failure), made with
+ * net's parameters, or for o2 without any (the fp16 optimizer adds the f32 masters). scaler:
+ * the GradScaler's configuration for fp16, the fp16 optimizer's for o2 (NULL: PyTorch's
+ * defaults, Apex's dynamic scaler). o2 converts net to f16 in place. No checks of the device:
+ * na_autocast_check_device tells whether it computes in f16/bf16. Call trainer_amp_free
+ * either way. */
+int trainer_amp_init(trainer_amp *a, const char *mode, na_module *net, na_optim *opt,
+                     const na_grad_scaler_cfg *scaler);
+/* The recipe the options ask for (trainer_amp_init): resolves o->amp (auto: na_amp_recommend
+ * for o->device), checks the device, makes the optimizer, the scaler from --loss-scale and
+ * --growth-interval, and the --log monitor. On failure the message names the option at fault;
+ * call trainer_amp_free either way. */
 int trainer_amp_setup(const trainer_opts *o, na_module *net, trainer_amp *a);
 void trainer_amp_free(trainer_amp *a);
 /* The scaler in use (the fp16 optimizer's for o2); disabled for off/bf16. */
