@@ -6,7 +6,11 @@
  *        linear(64*7*7 -> 128) + ReLU -> linear(128 -> 10)
  *
  * Data: --data DIR, else $NANOAMP_DATA, ./data/mnist, /usr/share/datasets/fashion-mnist (where
- * Debian's dataset-fashion-mnist package puts it); the four IDX files, .gz or not. */
+ * Debian's dataset-fashion-mnist package puts it); the four IDX files, .gz or not.
+ *
+ * The models are examples/common/models.c's; the training step of each --amp mode is in
+ * examples/common/amp_step.c (trainer_amp_loss, trainer_amp_step), shared with cifar-train,
+ * na-bench and the tests; the loop around it is examples/common/trainer.c. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>
