@@ -52,7 +52,9 @@ static void forward_refs(const oc_case *c) {
         const oc_ref *ref = &c->refs[r];
         const oc_lit *shape_of = ref->ref ? &ref->in[0] : &ref->out;
         char what[96];
-        snprintf(what, sizeof what, "%s %s", na_op_name(oc_op_of(c)), ref->what);
+        const char *name = na_op_name(oc_op_of(c));
+        if (strcmp(ref->what, name)) snprintf(what, sizeof what, "%s %s", name, ref->what);
+        else snprintf(what, sizeof what, "%s", name);
         double *want = malloc(sizeof(double) * (size_t)shape_of->n);
         for (int64_t i = 0; i < shape_of->n; i++)
             want[i] = ref->ref ? ref->ref(ref->in[0].v[i]) : ref->out.v[i];
