@@ -3,7 +3,7 @@
  * _run_autocast_outofplace), nesting and disabled regions, the weight-cast cache, ignored
  * types, BatchNorm with half input and f32 parameters, the rule table (listing, overriding),
  * the trace (API and NANOAMP_AMP_TRACE) and the device checks. */
-#include "helpers.h"
+#include "op_cases.h"
 
 #include "nanoamp/cuda.h"
 #include "nanoamp/nn.h"
@@ -27,28 +27,9 @@ static na_tensor *mk(na_dtype store, na_dtype compute, int ndim, const int64_t *
     return TH_OK(na_cast(t, compute));
 }
 #define X23(s, c) mk(s, c, NA_SHAPE(2, 3), -1, 1)
-#define POS23(s, c) mk(s, c, NA_SHAPE(2, 3), 0.5, 2)
 
 typedef na_tensor *(*op_fn)(na_dtype store, na_dtype compute);
 
-static na_tensor *f_add(na_dtype s, na_dtype c) { return na_add(X23(s, c), X23(s, c)); }
-static na_tensor *f_sub(na_dtype s, na_dtype c) { return na_sub(X23(s, c), X23(s, c)); }
-static na_tensor *f_mul(na_dtype s, na_dtype c) { return na_mul(X23(s, c), X23(s, c)); }
-static na_tensor *f_div(na_dtype s, na_dtype c) { return na_div(X23(s, c), POS23(s, c)); }
-static na_tensor *f_neg(na_dtype s, na_dtype c) { return na_neg(X23(s, c)); }
-static na_tensor *f_scale(na_dtype s, na_dtype c) { return na_scale(X23(s, c), 3.0); }
-static na_tensor *f_add_scalar(na_dtype s, na_dtype c) { return na_add_scalar(X23(s, c), 1.5); }
-static na_tensor *f_exp(na_dtype s, na_dtype c) { return na_exp(X23(s, c)); }
-static na_tensor *f_log(na_dtype s, na_dtype c) { return na_log(POS23(s, c)); }
-static na_tensor *f_sqrt(na_dtype s, na_dtype c) { return na_sqrt(POS23(s, c)); }
-static na_tensor *f_rsqrt(na_dtype s, na_dtype c) { return na_rsqrt(POS23(s, c)); }
-static na_tensor *f_pow(na_dtype s, na_dtype c) { return na_pow(X23(s, c), 2.0); }
-static na_tensor *f_abs(na_dtype s, na_dtype c) { return na_abs(X23(s, c)); }
-static na_tensor *f_clamp(na_dtype s, na_dtype c) { return na_clamp(X23(s, c), -0.5, 0.5); }
-static na_tensor *f_relu(na_dtype s, na_dtype c) { return na_relu(X23(s, c)); }
-static na_tensor *f_gelu(na_dtype s, na_dtype c) { return na_gelu(X23(s, c)); }
-static na_tensor *f_sigmoid(na_dtype s, na_dtype c) { return na_sigmoid(X23(s, c)); }
-static na_tensor *f_tanh(na_dtype s, na_dtype c) { return na_tanh(X23(s, c)); }
 static na_tensor *f_matmul(na_dtype s, na_dtype c) {
     return na_matmul(X23(s, c), mk(s, c, NA_SHAPE(3, 4), -1, 1));
 }
@@ -104,59 +85,50 @@ static na_tensor *f_avg_pool2d(na_dtype s, na_dtype c) {
                          &(na_pool2d_opts){.kernel = {2, 2}, .count_include_pad = true});
 }
 
-typedef struct {
-    op_fn fn;
-    na_amp_rule rule;  /* the reference: PyTorch's CUDA lists (amp-facts.md) */
-    na_dtype fixed_out; /* NA_DTYPE_COUNT: follows the rule */
-} op_case;
-
-#define C(f, r) {f, r, NA_DTYPE_COUNT}
-static const op_case cases[NA_OP_COUNT] = {
-    [NA_OP_ADD] = C(f_add, NA_AMP_AS_IS),
-    [NA_OP_SUB] = C(f_sub, NA_AMP_AS_IS),
-    [NA_OP_MUL] = C(f_mul, NA_AMP_AS_IS),
-    [NA_OP_DIV] = C(f_div, NA_AMP_AS_IS),
-    [NA_OP_NEG] = C(f_neg, NA_AMP_AS_IS),
-    [NA_OP_SCALE] = C(f_scale, NA_AMP_AS_IS),
-    [NA_OP_ADD_SCALAR] = C(f_add_scalar, NA_AMP_AS_IS),
-    [NA_OP_EXP] = C(f_exp, NA_AMP_FP32),
-    [NA_OP_LOG] = C(f_log, NA_AMP_FP32),
-    [NA_OP_SQRT] = C(f_sqrt, NA_AMP_AS_IS),
-    [NA_OP_RSQRT] = C(f_rsqrt, NA_AMP_FP32),
-    [NA_OP_POW] = C(f_pow, NA_AMP_FP32),
-    [NA_OP_ABS] = C(f_abs, NA_AMP_AS_IS),
-    [NA_OP_CLAMP] = C(f_clamp, NA_AMP_AS_IS),
-    [NA_OP_RELU] = C(f_relu, NA_AMP_AS_IS),
-    [NA_OP_GELU] = C(f_gelu, NA_AMP_AS_IS),
-    [NA_OP_SIGMOID] = C(f_sigmoid, NA_AMP_AS_IS),
-    [NA_OP_TANH] = C(f_tanh, NA_AMP_AS_IS),
-    [NA_OP_MATMUL] = C(f_matmul, NA_AMP_LOWER),
-    [NA_OP_LINEAR] = C(f_linear, NA_AMP_LOWER),
-    [NA_OP_SUM] = C(f_sum, NA_AMP_FP32),
-    [NA_OP_MEAN] = C(f_mean, NA_AMP_AS_IS),
-    [NA_OP_MAX] = C(f_max, NA_AMP_AS_IS),
-    [NA_OP_ARGMAX] = {f_argmax, NA_AMP_AS_IS, NA_DTYPE_I32},
-    [NA_OP_SOFTMAX] = C(f_softmax, NA_AMP_FP32),
-    [NA_OP_LOG_SOFTMAX] = C(f_log_softmax, NA_AMP_FP32),
-    [NA_OP_CROSS_ENTROPY] = C(f_cross_entropy, NA_AMP_FP32),
-    [NA_OP_MSE_LOSS] = C(f_mse_loss, NA_AMP_FP32),
-    [NA_OP_DROPOUT] = C(f_dropout, NA_AMP_AS_IS),
-    [NA_OP_CAST] = {f_cast, NA_AMP_AS_IS, NA_DTYPE_F64},
-    [NA_OP_TO_DEVICE] = C(f_to_device, NA_AMP_AS_IS),
-    [NA_OP_RESHAPE] = C(f_reshape, NA_AMP_AS_IS),
-    [NA_OP_PERMUTE] = C(f_permute, NA_AMP_AS_IS),
-    [NA_OP_SLICE] = C(f_slice, NA_AMP_AS_IS),
-    [NA_OP_CONTIGUOUS] = C(f_contiguous, NA_AMP_AS_IS),
-    [NA_OP_CONV2D] = C(f_conv2d, NA_AMP_LOWER),
-    [NA_OP_BATCH_NORM] = C(f_batch_norm, NA_AMP_AS_IS),
-    [NA_OP_MAX_POOL2D] = C(f_max_pool2d, NA_AMP_AS_IS),
-    [NA_OP_AVG_POOL2D] = C(f_avg_pool2d, NA_AMP_AS_IS),
+/* The call of each op that is not elementwise (elementwise ones come from their row in
+ * tests/op_cases.c); the expected rule and fixed outputs are in the rows too. */
+static const op_fn custom_calls[NA_OP_COUNT] = {
+    [NA_OP_MATMUL] = f_matmul,
+    [NA_OP_LINEAR] = f_linear,
+    [NA_OP_SUM] = f_sum,
+    [NA_OP_MEAN] = f_mean,
+    [NA_OP_MAX] = f_max,
+    [NA_OP_ARGMAX] = f_argmax,
+    [NA_OP_SOFTMAX] = f_softmax,
+    [NA_OP_LOG_SOFTMAX] = f_log_softmax,
+    [NA_OP_CROSS_ENTROPY] = f_cross_entropy,
+    [NA_OP_MSE_LOSS] = f_mse_loss,
+    [NA_OP_DROPOUT] = f_dropout,
+    [NA_OP_CAST] = f_cast,
+    [NA_OP_TO_DEVICE] = f_to_device,
+    [NA_OP_RESHAPE] = f_reshape,
+    [NA_OP_PERMUTE] = f_permute,
+    [NA_OP_SLICE] = f_slice,
+    [NA_OP_CONTIGUOUS] = f_contiguous,
+    [NA_OP_CONV2D] = f_conv2d,
+    [NA_OP_BATCH_NORM] = f_batch_norm,
+    [NA_OP_MAX_POOL2D] = f_max_pool2d,
+    [NA_OP_AVG_POOL2D] = f_avg_pool2d,
 };
-#undef C
 
-static na_tensor *run(const op_case *c, na_dtype store, na_dtype compute) {
+/* An elementwise op on [2, 3] inputs drawn from its row's range (magnitudes), with its
+ * first argument variant. */
+static na_tensor *run_elementwise(const oc_case *c, na_dtype s, na_dtype cd) {
+    na_tensor *in[2];
+    for (int i = 0; i < (c->kind == OC_BINARY ? 2 : 1); i++) {
+        oc_range r = oc_range_of(c, i);
+        in[i] = mk(s, cd, NA_SHAPE(2, 3), r.lo, r.hi);
+    }
+    return oc_call(c, in, oc_arg(c, 0));
+}
+
+static na_tensor *run(na_op op, na_dtype store, na_dtype compute) {
+    const oc_case *c = oc_case_of(op);
     na_manual_seed(11);
-    return c->fn(store, compute);
+    if (c->kind != OC_CUSTOM) return run_elementwise(c, store, compute);
+    cr_assert_not_null(custom_calls[op], "op %s has no autocast call: add one here",
+                       na_op_name(op));
+    return custom_calls[op](store, compute);
 }
 
 static void expect_same(const na_tensor *a, const na_tensor *b, const char *what) {
@@ -177,8 +149,7 @@ Test(amp_autocast, every_op_under_f16_and_bf16) {
     na_dtype regions[] = {NA_DTYPE_F16, NA_DTYPE_BF16};
     na_dtype stores[] = {NA_DTYPE_F32, NA_DTYPE_F16, NA_DTYPE_BF16};
     for (int op = 0; op < NA_OP_COUNT; op++) {
-        const op_case *c = &cases[op];
-        cr_assert_not_null(c->fn, "op %s has no autocast case: add one here", na_op_name(op));
+        const oc_case *c = oc_case_of(op);
         cr_assert_eq(na_op_default_amp_rule(op), c->rule, "op %s: rule %s, PyTorch's is %s",
                      na_op_name(op), na_amp_rule_name(na_op_default_amp_rule(op)),
                      na_amp_rule_name(c->rule));
@@ -188,17 +159,17 @@ Test(amp_autocast, every_op_under_f16_and_bf16) {
                 na_dtype target = c->rule == NA_AMP_LOWER ? region
                                   : c->rule == NA_AMP_FP32 ? NA_DTYPE_F32
                                                            : store;
-                na_dtype want = c->fixed_out != NA_DTYPE_COUNT ? c->fixed_out : target;
+                na_dtype want = c->ac_out_fixed ? c->ac_out : target;
                 char what[96];
                 snprintf(what, sizeof what, "%s in a %s region on %s inputs", na_op_name(op),
                          na_dtype_name(region), na_dtype_name(store));
                 TH_RC(na_autocast_begin(region));
-                na_tensor *got = run(c, store, store);
+                na_tensor *got = run(op, store, store);
                 TH_RC(na_autocast_end());
                 cr_assert_not_null(got, "%s: %s", what, na_last_error());
                 cr_assert_eq(got->dtype, want, "%s: output %s, expected %s", what,
                              na_dtype_name(got->dtype), na_dtype_name(want));
-                na_tensor *control = run(c, store, target);
+                na_tensor *control = run(op, store, target);
                 cr_assert_not_null(control, "%s (control): %s", what, na_last_error());
                 expect_same(got, control, what);
                 na_step_end();
@@ -212,7 +183,7 @@ Test(amp_autocast, half_inputs_to_fp32_ops_give_f32) {
                    NA_OP_SOFTMAX, NA_OP_LOG_SOFTMAX, NA_OP_CROSS_ENTROPY, NA_OP_MSE_LOSS};
     for (size_t i = 0; i < sizeof ops / sizeof *ops; i++) {
         TH_RC(na_autocast_begin(NA_DTYPE_F16));
-        na_tensor *y = run(&cases[ops[i]], NA_DTYPE_F16, NA_DTYPE_F16);
+        na_tensor *y = run(ops[i], NA_DTYPE_F16, NA_DTYPE_F16);
         TH_RC(na_autocast_end());
         cr_assert_not_null(y);
         cr_assert_eq(y->dtype, NA_DTYPE_F32, "%s on f16 gave %s", na_op_name(ops[i]),

@@ -2,13 +2,14 @@
  * regions, nesting and disabled regions, types that are never cast, the weight-cast cache,
  * gradients through cached casts, rule overrides and misuse.
  *
- * The expected rules are written out here by hand (PyTorch's CUDA autocast lists, see
- * docs/mixed-precision.md) and compared with the op table, and a table indexed by op id holds
- * each op's dtype checks: an op added to NA_OP_MAP without an entry fails the suite. Values
+ * The expected rules are written out by hand in the rows of tests/op_cases.c (PyTorch's CUDA
+ * autocast lists, see docs/mixed-precision.md) and compared with the op table. Elementwise ops
+ * are checked from their row (its rule, its input range); any other op by the check its row
+ * names (ac_<op>, here): an op added to NA_OP_MAP without a row or that check fails. Values
  * computed under autocast are compared bit for bit with the same op run outside autocast on
  * inputs cast by hand (PyTorch's _run_autocast_outofplace).
  */
-#include "helpers.h"
+#include "op_cases.h"
 
 /* The region's lower dtype for the case being run. */
 static na_dtype LOW;
@@ -28,9 +29,6 @@ static na_tensor *as(na_dtype dt, na_tensor *t) {
     return c;
 }
 static na_tensor *low(int ndim, const int64_t *shape) { return as(LOW, f32(ndim, shape)); }
-static na_tensor *positive(na_dtype dt, int ndim, const int64_t *shape) {
-    return as(dt, TH_OK(na_add_scalar(TH_OK(na_abs(f32(ndim, shape))), 0.25)));
-}
 #define F32(...) f32(NA_SHAPE(__VA_ARGS__))
 #define LOWT(...) low(NA_SHAPE(__VA_ARGS__))
 #define F32_0DIM() f32(0, NULL)
@@ -91,14 +89,11 @@ static void promote_case(na_tensor *(*op)(na_tensor *, na_tensor *), const char 
     na_tensor *z = F32_0DIM();
     SAME_AS_CONTROL(name, op(b, z), op(b, as(LOW, z)));
 }
-static void ac_add(void) { promote_case(na_add, "add"); }
-static void ac_sub(void) { promote_case(na_sub, "sub"); }
-static void ac_mul(void) { promote_case(na_mul, "mul"); }
-static void ac_div(void) { promote_case(na_div, "div"); }
 
 /* as_is unary: f32 stays f32, low stays low, f64 stays f64 */
 #define AS_IS_UNARY(fn, name, call)                                         \
-    static void fn(void) {                                                  \
+    void fn(const oc_case *row) {                                           \
+        (void)row;                                                          \
         na_tensor *x;                                                       \
         x = F32(2, 3);                                                      \
         expect_dt(call, NA_DTYPE_F32, name);                                \
@@ -107,15 +102,6 @@ static void ac_div(void) { promote_case(na_div, "div"); }
         x = as(NA_DTYPE_F64, F32(2, 3));                                    \
         expect_dt(call, NA_DTYPE_F64, name);                                \
     }
-AS_IS_UNARY(ac_neg, "neg", na_neg(x))
-AS_IS_UNARY(ac_scale, "scale", na_scale(x, 2))
-AS_IS_UNARY(ac_add_scalar, "add_scalar", na_add_scalar(x, 2))
-AS_IS_UNARY(ac_abs, "abs", na_abs(x))
-AS_IS_UNARY(ac_clamp, "clamp", na_clamp(x, -1, 1))
-AS_IS_UNARY(ac_relu, "relu", na_relu(x))
-AS_IS_UNARY(ac_gelu, "gelu", na_gelu(x))
-AS_IS_UNARY(ac_sigmoid, "sigmoid", na_sigmoid(x))
-AS_IS_UNARY(ac_tanh, "tanh", na_tanh(x))
 AS_IS_UNARY(ac_max, "max", na_max_dim(x, 1, false))
 AS_IS_UNARY(ac_dropout, "dropout", na_dropout(x, 0.5, true))
 AS_IS_UNARY(ac_reshape, "reshape", na_reshape(x, NA_SHAPE(-1)))
@@ -124,14 +110,10 @@ AS_IS_UNARY(ac_slice, "slice", na_slice(x, 1, 2))
 AS_IS_UNARY(ac_contiguous, "contiguous", na_contiguous(TH_OK(na_transpose(x, 0, 1))))
 AS_IS_UNARY(ac_to_device, "to_device", na_to_device(x, NA_DEVICE_CPU))
 
-static void ac_sqrt(void) { /* as_is, on positive inputs */
-    expect_dt(na_sqrt(positive(NA_DTYPE_F32, NA_SHAPE(3))), NA_DTYPE_F32, "sqrt");
-    expect_dt(na_sqrt(positive(LOW, NA_SHAPE(3))), LOW, "sqrt");
-}
-
 /* fp32 ops: f32 from low inputs, f64 untouched; equal to the op on hand-cast f32 inputs */
 #define FP32_UNARY(fn, name, call, domain)                                          \
-    static void fn(void) {                                                          \
+    void fn(const oc_case *row) {                                                   \
+        (void)row;                                                                  \
         na_tensor *x;                                                               \
         x = domain(NA_DTYPE_F32, NA_SHAPE(2, 3));                                   \
         expect_dt(call, NA_DTYPE_F32, name);                                        \
@@ -148,13 +130,10 @@ static void ac_sqrt(void) { /* as_is, on positive inputs */
         expect_dt(call, NA_DTYPE_F64, name " of f64 (never cast)");                 \
     }
 static na_tensor *any_dt(na_dtype dt, int ndim, const int64_t *shape) { return as(dt, f32(ndim, shape)); }
-FP32_UNARY(ac_exp, "exp", na_exp(x), any_dt)
-FP32_UNARY(ac_log, "log", na_log(x), positive)
-FP32_UNARY(ac_rsqrt, "rsqrt", na_rsqrt(x), positive)
-FP32_UNARY(ac_pow, "pow", na_pow(x, 2), any_dt)
 FP32_UNARY(ac_sum, "sum", na_sum(x), any_dt)
 /* mean is in no PyTorch list (unlike sum): it runs in its input's dtype, accumulating in f32 */
-static void ac_mean(void) {
+void ac_mean(const oc_case *row) {
+    (void)row;
     expect_dt(na_mean_dim(F32(2, 3), 0, true), NA_DTYPE_F32, "mean");
     na_tensor *x = LOWT(2, 3);
     expect_dt(na_mean(x), LOW, "mean of a low-precision input");
@@ -164,7 +143,8 @@ static void ac_mean(void) {
 FP32_UNARY(ac_softmax, "softmax", na_softmax(x), any_dt)
 FP32_UNARY(ac_log_softmax, "log_softmax", na_log_softmax(x), any_dt)
 
-static void ac_cross_entropy(void) {
+void ac_cross_entropy(const oc_case *row) {
+    (void)row;
     na_tensor *labels = TH_TENSOR(NA_DTYPE_I32, NA_SHAPE(2), 0, 2);
     expect_dt(na_cross_entropy(F32(2, 3), labels, NULL), NA_DTYPE_F32, "cross_entropy");
     na_tensor *x = LOWT(2, 3);
@@ -175,7 +155,8 @@ static void ac_cross_entropy(void) {
     expect_dt(na_cross_entropy(as(NA_DTYPE_F64, x), labels, NULL), NA_DTYPE_F64, "cross_entropy of f64");
 }
 
-static void ac_mse_loss(void) {
+void ac_mse_loss(const oc_case *row) {
+    (void)row;
     expect_dt(na_mse_loss(F32(3), F32(3), NA_REDUCTION_MEAN), NA_DTYPE_F32, "mse_loss");
     na_tensor *a = LOWT(3), *b = LOWT(3);
     expect_dt(na_mse_loss(a, b, NA_REDUCTION_MEAN), NA_DTYPE_F32, "mse_loss of low inputs");
@@ -185,39 +166,45 @@ static void ac_mse_loss(void) {
 }
 
 /* lower ops: f32 in, region dtype out; the same as the op on hand-cast inputs */
-static void ac_matmul(void) {
+void ac_matmul(const oc_case *row) {
+    (void)row;
     na_tensor *a = F32(2, 3), *b = F32(3, 2);
     expect_dt(na_matmul(a, b), LOW, "matmul");
     expect_dt(na_matmul(LOWT(2, 3), b), LOW, "matmul low @ f32");
     SAME_AS_CONTROL("matmul", na_matmul(a, b), na_matmul(as(LOW, a), as(LOW, b)));
     expect_dt(na_matmul(as(NA_DTYPE_F64, a), as(NA_DTYPE_F64, b)), NA_DTYPE_F64, "matmul of f64");
 }
-static void ac_linear(void) {
+void ac_linear(const oc_case *row) {
+    (void)row;
     na_tensor *x = F32(2, 3), *w = F32(4, 3), *b = F32(4);
     expect_dt(na_linear(x, w, b), LOW, "linear");
     expect_dt(na_linear(x, w, NULL), LOW, "linear without bias");
     SAME_AS_CONTROL("linear", na_linear(x, w, b), na_linear(as(LOW, x), as(LOW, w), as(LOW, b)));
     expect_dt(na_linear(as(NA_DTYPE_F64, x), as(NA_DTYPE_F64, w), NULL), NA_DTYPE_F64, "linear of f64");
 }
-static void ac_conv2d(void) {
+void ac_conv2d(const oc_case *row) {
+    (void)row;
     na_tensor *x = F32(1, 2, 4, 4), *w = F32(3, 2, 3, 3), *b = F32(3);
     expect_dt(na_conv2d(x, w, b, NULL), LOW, "conv2d");
     SAME_AS_CONTROL("conv2d", na_conv2d(x, w, b, NULL), na_conv2d(as(LOW, x), as(LOW, w), as(LOW, b), NULL));
     expect_dt(na_conv2d(as(NA_DTYPE_F64, x), as(NA_DTYPE_F64, w), NULL, NULL), NA_DTYPE_F64, "conv2d of f64");
 }
 
-static void ac_argmax(void) {
+void ac_argmax(const oc_case *row) {
+    (void)row;
     expect_dt(na_argmax(F32(2, 3), 1, false), NA_DTYPE_I32, "argmax");
     expect_dt(na_argmax(LOWT(2, 3), 1, false), NA_DTYPE_I32, "argmax of low");
 }
-static void ac_cast(void) {
+void ac_cast(const oc_case *row) {
+    (void)row;
     na_tensor *x = F32(2);
     expect_dt(na_cast(x, NA_DTYPE_F16), NA_DTYPE_F16, "explicit cast to f16");
     expect_dt(na_cast(x, NA_DTYPE_BF16), NA_DTYPE_BF16, "explicit cast to bf16");
     cr_assert_eq(na_cast(x, NA_DTYPE_F32), x, "an explicit cast to its own dtype is the identity");
     expect_dt(na_cast(LOWT(2), NA_DTYPE_F64), NA_DTYPE_F64, "explicit cast to f64");
 }
-static void ac_batch_norm(void) {
+void ac_batch_norm(const oc_case *row) {
+    (void)row;
     na_tensor *rm = TH_OK(na_zeros(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(2)));
     na_tensor *rv = TH_OK(na_ones(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(2)));
     na_tensor *w = TH_OK(na_ones(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(2)));
@@ -226,74 +213,79 @@ static void ac_batch_norm(void) {
               "batch_norm of low input (f32 statistics)");
     cr_assert_eq(rm->dtype, NA_DTYPE_F32, "running statistics stay f32");
 }
-static void ac_pool(bool max) {
+void ac_pool(const oc_case *row) {
+    bool max = oc_op_of(row) == NA_OP_MAX_POOL2D;
     na_pool2d_opts k2 = {.kernel = {2, 2}};
     const char *nm = max ? "max_pool2d" : "avg_pool2d";
     na_tensor *(*pool)(na_tensor *, const na_pool2d_opts *) = max ? na_max_pool2d : na_avg_pool2d;
     expect_dt(pool(F32(1, 1, 4, 4), &k2), NA_DTYPE_F32, nm);
     expect_dt(pool(LOWT(1, 1, 4, 4), &k2), LOW, nm);
 }
-static void ac_max_pool2d(void) { ac_pool(true); }
-static void ac_avg_pool2d(void) { ac_pool(false); }
 
-/* ---- the table -------------------------------------------------------------------------------- */
+/* ---- elementwise ops, from the table ------------------------------------------------------- */
 
-typedef struct {
-    na_amp_rule rule; /* the expected default rule, by hand */
-    void (*check)(void);
-} ac_case;
+/* A tensor of dtype dt with values spread over input i's range of row c (a fixed pattern). */
+static na_tensor *row_tensor(const oc_case *c, int i, na_dtype dt, int ndim, const int64_t *shape) {
+    oc_range r = oc_range_of(c, i);
+    int64_t n = th_numel(ndim, shape);
+    double *v = malloc(sizeof(double) * (size_t)n);
+    for (int64_t k = 0; k < n; k++) {
+        v[k] = r.lo + (r.hi - r.lo) * (double)((k * 5) % 7) / 6;
+        if (r.either_sign && k % 2) v[k] = -v[k];
+    }
+    na_tensor *t = th_tensor(NA_DTYPE_F32, NA_DEVICE_CPU, ndim, shape, v);
+    free(v);
+    return as(dt, t);
+}
 
-static const ac_case autocast_cases[NA_OP_COUNT] = {
-    [NA_OP_ADD] = {NA_AMP_AS_IS, ac_add},
-    [NA_OP_SUB] = {NA_AMP_AS_IS, ac_sub},
-    [NA_OP_MUL] = {NA_AMP_AS_IS, ac_mul},
-    [NA_OP_DIV] = {NA_AMP_AS_IS, ac_div},
-    [NA_OP_NEG] = {NA_AMP_AS_IS, ac_neg},
-    [NA_OP_SCALE] = {NA_AMP_AS_IS, ac_scale},
-    [NA_OP_ADD_SCALAR] = {NA_AMP_AS_IS, ac_add_scalar},
-    [NA_OP_EXP] = {NA_AMP_FP32, ac_exp},
-    [NA_OP_LOG] = {NA_AMP_FP32, ac_log},
-    [NA_OP_SQRT] = {NA_AMP_AS_IS, ac_sqrt},
-    [NA_OP_RSQRT] = {NA_AMP_FP32, ac_rsqrt},
-    [NA_OP_POW] = {NA_AMP_FP32, ac_pow},
-    [NA_OP_ABS] = {NA_AMP_AS_IS, ac_abs},
-    [NA_OP_CLAMP] = {NA_AMP_AS_IS, ac_clamp},
-    [NA_OP_RELU] = {NA_AMP_AS_IS, ac_relu},
-    [NA_OP_GELU] = {NA_AMP_AS_IS, ac_gelu},
-    [NA_OP_SIGMOID] = {NA_AMP_AS_IS, ac_sigmoid},
-    [NA_OP_TANH] = {NA_AMP_AS_IS, ac_tanh},
-    [NA_OP_MATMUL] = {NA_AMP_LOWER, ac_matmul},
-    [NA_OP_LINEAR] = {NA_AMP_LOWER, ac_linear},
-    [NA_OP_SUM] = {NA_AMP_FP32, ac_sum},
-    [NA_OP_MEAN] = {NA_AMP_AS_IS, ac_mean},
-    [NA_OP_MAX] = {NA_AMP_AS_IS, ac_max},
-    [NA_OP_ARGMAX] = {NA_AMP_AS_IS, ac_argmax},
-    [NA_OP_SOFTMAX] = {NA_AMP_FP32, ac_softmax},
-    [NA_OP_LOG_SOFTMAX] = {NA_AMP_FP32, ac_log_softmax},
-    [NA_OP_CROSS_ENTROPY] = {NA_AMP_FP32, ac_cross_entropy},
-    [NA_OP_MSE_LOSS] = {NA_AMP_FP32, ac_mse_loss},
-    [NA_OP_DROPOUT] = {NA_AMP_AS_IS, ac_dropout},
-    [NA_OP_CAST] = {NA_AMP_AS_IS, ac_cast},
-    [NA_OP_TO_DEVICE] = {NA_AMP_AS_IS, ac_to_device},
-    [NA_OP_RESHAPE] = {NA_AMP_AS_IS, ac_reshape},
-    [NA_OP_PERMUTE] = {NA_AMP_AS_IS, ac_permute},
-    [NA_OP_SLICE] = {NA_AMP_AS_IS, ac_slice},
-    [NA_OP_CONTIGUOUS] = {NA_AMP_AS_IS, ac_contiguous},
-    [NA_OP_CONV2D] = {NA_AMP_LOWER, ac_conv2d},
-    [NA_OP_BATCH_NORM] = {NA_AMP_AS_IS, ac_batch_norm},
-    [NA_OP_MAX_POOL2D] = {NA_AMP_AS_IS, ac_max_pool2d},
-    [NA_OP_AVG_POOL2D] = {NA_AMP_AS_IS, ac_avg_pool2d},
-};
+/* The output dtype the row's rule gives for an input of dtype `in` in a region of LOW. */
+static na_dtype dtype_by_rule(const oc_case *c, na_dtype in) {
+    if (in == NA_DTYPE_F64) return NA_DTYPE_F64; /* never cast */
+    switch (c->rule) {
+    case NA_AMP_LOWER: return LOW;
+    case NA_AMP_FP32: return NA_DTYPE_F32;
+    default: return in;
+    }
+}
+
+/* A unary op on f32, low and f64 inputs: the dtype its rule gives, and (when the rule casts)
+ * the same values as the op run outside autocast on inputs cast by hand. */
+static void ac_unary(const oc_case *c) {
+    static const na_dtype ins[] = {NA_DTYPE_F32, NA_DTYPE_F16, NA_DTYPE_F64};
+    const char *name = na_op_name(oc_op_of(c));
+    oc_args args = oc_arg(c, 0);
+    for (int k = 0; k < 3; k++) {
+        na_dtype in = ins[k] == NA_DTYPE_F16 ? LOW : ins[k], want = dtype_by_rule(c, in);
+        na_tensor *x = row_tensor(c, 0, in, NA_SHAPE(2, 3));
+        char what[96];
+        snprintf(what, sizeof what, "%s of %s", name, na_dtype_name(in));
+        na_tensor *got = oc_call(c, &x, args);
+        expect_dt(got, want, what);
+        if (want != in) {
+            na_tensor *by_hand = as(want, x);
+            SAME_AS_CONTROL(what, got, oc_call(c, &by_hand, args));
+        }
+    }
+}
+
+static void ac_binary(const oc_case *c) { promote_case(c->binary, na_op_name(oc_op_of(c))); }
+
+/* ---- walking the table -------------------------------------------------------------------- */
 
 Test(autocast, every_op_has_a_dtype_check_and_its_rule_is_as_written) {
+    oc_expect_every_op_has_a_row();
     for (int op = 0; op < NA_OP_COUNT; op++) {
-        cr_expect_not_null(autocast_cases[op].check, "op %s has no autocast check in "
-                           "tests/test_autocast.c", na_op_name((na_op)op));
-        cr_expect_eq(na_op_default_amp_rule((na_op)op), autocast_cases[op].rule,
-                     "op %s: the table says rule %s, the test expects %s", na_op_name((na_op)op),
+        const oc_case *c = &oc_cases[op];
+        if (c->kind == OC_CUSTOM)
+            cr_expect_not_null(c->autocast, "op %s has no autocast check: name one in its row "
+                               "(tests/op_cases.c) and write it in tests/test_autocast.c",
+                               na_op_name((na_op)op));
+        cr_expect_eq(na_op_default_amp_rule((na_op)op), c->rule,
+                     "op %s: the op table says rule %s, tests/op_cases.c (PyTorch's lists) %s",
+                     na_op_name((na_op)op),
                      na_amp_rule_name(na_op_default_amp_rule((na_op)op)),
-                     na_amp_rule_name(autocast_cases[op].rule));
-        cr_expect_eq(na_autocast_rule((na_op)op), autocast_cases[op].rule, "op %s: current rule",
+                     na_amp_rule_name(c->rule));
+        cr_expect_eq(na_autocast_rule((na_op)op), c->rule, "op %s: current rule",
                      na_op_name((na_op)op));
     }
 }
@@ -306,10 +298,14 @@ ParameterizedTestParameters(autocast, op_dtypes) {
 
 ParameterizedTest(int *p, autocast, op_dtypes) {
     na_op op = (na_op)(*p / 2);
+    const oc_case *c = oc_case_of(op);
     LOW = *p % 2 ? NA_DTYPE_BF16 : NA_DTYPE_F16;
-    cr_assert_not_null(autocast_cases[op].check, "op %s has no autocast check", na_op_name(op));
+    if (c->kind == OC_CUSTOM)
+        cr_assert_not_null(c->autocast, "op %s has no autocast check", na_op_name(op));
     TH_RC(na_autocast_begin(LOW));
-    autocast_cases[op].check();
+    if (c->kind == OC_UNARY) ac_unary(c);
+    if (c->kind == OC_BINARY) ac_binary(c);
+    if (c->autocast) c->autocast(c);
     TH_RC(na_autocast_end());
     cr_assert(!na_autocast_enabled());
 }

@@ -6,8 +6,10 @@
  *    f16 and bf16 (ops that compute in f32, like cross-entropy, take logits of each dtype).
  *    The CUDA inputs are copies made with na_to_device of CPU leaves, so the CUDA gradients
  *    flow back through TO_DEVICE into CPU leaves; outputs and gradients are compared.
- *    A table indexed by op id holds the case of every op: an op without one fails
- *    `cuda_ops.every_op_has_a_case` (which runs with or without a GPU).
+ *    The rows of tests/op_cases.c give the cases: an elementwise op runs from its row (its
+ *    input range, argument variants and tolerance), any other op by the check its row names
+ *    (par_<op>, here); an op without a row or that check fails `cuda_ops.every_op_has_a_case`
+ *    (which runs with or without a GPU).
  *  - kernel parity (suite cuda_kernels): each na_backend function is called directly
  *    (kernels/backend.h through na_backend_get) on both backends, with every output
  *    pre-filled with NaN so an element a kernel forgets to write shows up. Sizes are chosen
@@ -39,6 +41,7 @@
 #include "nanoamp/error.h"
 #include "nanoamp/ops.h"
 #include "nanoamp/tensor.h"
+#include "op_cases.h"
 
 /* ---- context: seed, what is being checked --------------------------------------------- */
 
@@ -124,7 +127,7 @@ static const na_dtype float_dtypes[] = {NA_DTYPE_F32, NA_DTYPE_F16, NA_DTYPE_BF1
 static const int64_t sizes[] = {1, 7, 33, 1000, 4099};
 #define N_SIZES 5
 
-static double tol_of(na_dtype dt) { return dt == NA_DTYPE_F32 ? 1e-5 : dt == NA_DTYPE_F64 ? 1e-12 : 1e-2; }
+static double tol_of(na_dtype dt) { return oc_tol_of(dt); }
 
 /* ---- host conversions --------------------------------------------------------------------- */
 
@@ -208,6 +211,7 @@ typedef struct {
     int ndim;
     int64_t shape[NA_MAX_DIMS];
     double lo, hi;        /* random uniform range */
+    bool either_sign;     /* ... with a random sign */
     const double *vals;   /* or these values */
     bool grad;
 } in_spec;
@@ -264,6 +268,8 @@ static void run_parity(const char *label, op_fn f, void *ctx, int n, const in_sp
     for (int i = 0; i < n; i++) {
         int64_t m = spec_numel(&spec[i]);
         vals[i] = rand_vals(m, spec[i].lo, spec[i].hi);
+        if (spec[i].either_sign)
+            for (int64_t j = 0; j < m; j++) vals[i][j] *= splitmix(&g_rng) & 1 ? 1 : -1;
         if (spec[i].vals) memcpy(vals[i], spec[i].vals, (size_t)m * sizeof(double));
         lc[i] = leaf(&spec[i], vals[i]);
         lg[i] = leaf(&spec[i], vals[i]);
@@ -338,107 +344,101 @@ typedef struct {
     na_tensor *rm[2], *rv[2]; /* batch norm running stats per device */
 } op_ctx;
 
-static na_tensor *f_binary(na_tensor **in, void *c) {
-    switch (((op_ctx *)c)->op) {
-    case NA_OP_ADD: return na_add(in[0], in[1]);
-    case NA_OP_SUB: return na_sub(in[0], in[1]);
-    case NA_OP_MUL: return na_mul(in[0], in[1]);
-    default: return na_div(in[0], in[1]);
-    }
+typedef struct {
+    const oc_case *c;
+    oc_args args;
+} elementwise_ctx;
+
+static na_tensor *f_elementwise(na_tensor **in, void *ctx) {
+    elementwise_ctx *e = ctx;
+    return oc_call(e->c, in, e->args);
 }
 
-static na_tensor *f_unary(na_tensor **in, void *cv) {
-    op_ctx *c = cv;
-    na_tensor *x = in[0];
-    switch (c->op) {
-    case NA_OP_NEG: return na_neg(x);
-    case NA_OP_SCALE: return na_scale(x, c->a);
-    case NA_OP_ADD_SCALAR: return na_add_scalar(x, c->a);
-    case NA_OP_EXP: return na_exp(x);
-    case NA_OP_LOG: return na_log(x);
-    case NA_OP_SQRT: return na_sqrt(x);
-    case NA_OP_RSQRT: return na_rsqrt(x);
-    case NA_OP_POW: return na_pow(x, c->a);
-    case NA_OP_ABS: return na_abs(x);
-    case NA_OP_CLAMP: return na_clamp(x, c->a, c->b);
-    case NA_OP_RELU: return na_relu(x);
-    case NA_OP_GELU: return na_gelu(x);
-    case NA_OP_SIGMOID: return na_sigmoid(x);
-    default: return na_tanh(x);
-    }
+/* an input spec in the range the row gives input i */
+static in_spec row_spec(const oc_case *c, int i, na_dtype dt, int ndim, const int64_t *shape) {
+    oc_range r = oc_range_of(c, i);
+    in_spec s = {.dt = dt, .ndim = ndim, .lo = r.lo, .hi = r.hi, .either_sign = r.either_sign,
+                 .grad = true};
+    memcpy(s.shape, shape, sizeof(int64_t) * (size_t)ndim);
+    return s;
 }
 
-static void case_binary(na_op op, na_dtype dt) {
-    op_ctx c = {.op = op};
-    double lo = op == NA_OP_DIV ? 0.5 : -1, hi = op == NA_OP_DIV ? 2 : 1;
+/* Sizes around block sizes, and broadcasting both ways. */
+static void par_binary(const oc_case *c, na_dtype dt) {
+    elementwise_ctx e = {c, {0, 0}};
+    double tol = oc_parity_tol(c, dt);
     char l[128];
     for (int s = 0; s < N_SIZES; s++) {
-        in_spec sp[2] = {SPEC(dt, -1, 1, true, sizes[s]), SPEC(dt, lo, hi, true, sizes[s])};
-        snprintf(l, sizeof l, "%s %s [%" PRId64 "]", na_op_name(op), na_dtype_name(dt), sizes[s]);
-        run_parity(l, f_binary, &c, 2, sp, tol_of(dt));
+        in_spec sp[2] = {row_spec(c, 0, dt, NA_SHAPE(sizes[s])),
+                         row_spec(c, 1, dt, NA_SHAPE(sizes[s]))};
+        snprintf(l, sizeof l, "%s %s [%" PRId64 "]", na_op_name(oc_op_of(c)), na_dtype_name(dt),
+                 sizes[s]);
+        run_parity(l, f_elementwise, &e, 2, sp, tol);
     }
-    in_spec b1[2] = {SPEC(dt, -1, 1, true, 7, 33), SPEC(dt, lo, hi, true, 33)};
-    run_parity("broadcast [7,33] . [33]", f_binary, &c, 2, b1, tol_of(dt));
-    in_spec b2[2] = {SPEC(dt, -1, 1, true, 3, 1, 33), SPEC(dt, lo, hi, true, 7, 1)};
-    run_parity("broadcast [3,1,33] . [7,1]", f_binary, &c, 2, b2, tol_of(dt));
-    in_spec b3[2] = {SPEC(dt, -1, 1, true, 1), SPEC(dt, lo, hi, true, 5, 1000)};
-    run_parity("broadcast [1] . [5,1000]", f_binary, &c, 2, b3, tol_of(dt));
+    in_spec b1[2] = {row_spec(c, 0, dt, NA_SHAPE(7, 33)), row_spec(c, 1, dt, NA_SHAPE(33))};
+    run_parity("broadcast [7,33] . [33]", f_elementwise, &e, 2, b1, tol);
+    in_spec b2[2] = {row_spec(c, 0, dt, NA_SHAPE(3, 1, 33)), row_spec(c, 1, dt, NA_SHAPE(7, 1))};
+    run_parity("broadcast [3,1,33] . [7,1]", f_elementwise, &e, 2, b2, tol);
+    in_spec b3[2] = {row_spec(c, 0, dt, NA_SHAPE(1)), row_spec(c, 1, dt, NA_SHAPE(5, 1000))};
+    run_parity("broadcast [1] . [5,1000]", f_elementwise, &e, 2, b3, tol);
 }
 
-static void case_unary(na_op op, na_dtype dt) {
-    op_ctx c = {.op = op};
-    double lo = -2, hi = 2;
-    switch (op) {
-    case NA_OP_SCALE: c.a = 1.7; break;
-    case NA_OP_ADD_SCALAR: c.a = 0.3; break;
-    case NA_OP_LOG: case NA_OP_SQRT: case NA_OP_RSQRT: lo = 0.2; hi = 3; break;
-    case NA_OP_POW: c.a = 2.5; lo = 0.2; hi = 2; break;
-    case NA_OP_CLAMP: c.a = -0.4; c.b = 0.6; break;
-    default: break;
-    }
+/* Every argument variant of the row, on sizes around block sizes and on a 3-d tensor. */
+static void par_unary(const oc_case *c, na_dtype dt) {
+    double tol = oc_parity_tol(c, dt);
     char l[128];
-    for (int s = 0; s < N_SIZES; s++) {
-        in_spec sp[1] = {SPEC(dt, lo, hi, true, sizes[s])};
-        snprintf(l, sizeof l, "%s %s [%" PRId64 "]", na_op_name(op), na_dtype_name(dt), sizes[s]);
-        run_parity(l, f_unary, &c, 1, sp, tol_of(dt));
+    for (int v = 0; v < oc_n_args(c); v++) {
+        elementwise_ctx e = {c, oc_arg(c, v)};
+        char name[64];
+        if (c->n_args)
+            snprintf(name, sizeof name, "%s(a=%g, b=%g) %s", na_op_name(oc_op_of(c)), e.args.a,
+                     e.args.b, na_dtype_name(dt));
+        else
+            snprintf(name, sizeof name, "%s %s", na_op_name(oc_op_of(c)), na_dtype_name(dt));
+        for (int s = 0; s < N_SIZES; s++) {
+            in_spec sp[1] = {row_spec(c, 0, dt, NA_SHAPE(sizes[s]))};
+            snprintf(l, sizeof l, "%s [%" PRId64 "]", name, sizes[s]);
+            run_parity(l, f_elementwise, &e, 1, sp, tol);
+        }
+        in_spec sp2[1] = {row_spec(c, 0, dt, NA_SHAPE(3, 5, 7))};
+        snprintf(l, sizeof l, "%s [3,5,7]", name);
+        run_parity(l, f_elementwise, &e, 1, sp2, tol);
     }
-    in_spec sp2[1] = {SPEC(dt, lo, hi, true, 3, 5, 7)};
-    run_parity("unary [3,5,7]", f_unary, &c, 1, sp2, tol_of(dt));
 }
 
 static na_tensor *f_matmul(na_tensor **in, void *c) { (void)c; return na_matmul(in[0], in[1]); }
 
-static void case_matmul(na_op op, na_dtype dt) {
-    (void)op;
+void par_matmul(const oc_case *row, na_dtype dt) {
+    const double tol = oc_parity_tol(row, dt);
     in_spec a[2] = {SPEC(dt, -1, 1, true, 7, 33), SPEC(dt, -1, 1, true, 33, 5)};
-    run_parity("matmul [7,33]@[33,5]", f_matmul, NULL, 2, a, tol_of(dt));
+    run_parity("matmul [7,33]@[33,5]", f_matmul, NULL, 2, a, tol);
     in_spec b[2] = {SPEC(dt, -1, 1, true, 65, 129), SPEC(dt, -1, 1, true, 129, 33)};
-    run_parity("matmul [65,129]@[129,33]", f_matmul, NULL, 2, b, tol_of(dt));
+    run_parity("matmul [65,129]@[129,33]", f_matmul, NULL, 2, b, tol);
     in_spec c[2] = {SPEC(dt, -1, 1, true, 3, 7, 33), SPEC(dt, -1, 1, true, 3, 33, 17)};
-    run_parity("matmul [3,7,33]@[3,33,17]", f_matmul, NULL, 2, c, tol_of(dt));
+    run_parity("matmul [3,7,33]@[3,33,17]", f_matmul, NULL, 2, c, tol);
     in_spec d[2] = {SPEC(dt, -1, 1, true, 1, 1), SPEC(dt, -1, 1, true, 1, 1)};
-    run_parity("matmul [1,1]@[1,1]", f_matmul, NULL, 2, d, tol_of(dt));
+    run_parity("matmul [1,1]@[1,1]", f_matmul, NULL, 2, d, tol);
     in_spec e[2] = {SPEC(dt, -1, 1, true, 2, 5, 1000), SPEC(dt, -1, 1, true, 1000, 7)};
-    run_parity("matmul [2,5,1000]@[1000,7]", f_matmul, NULL, 2, e, tol_of(dt));
+    run_parity("matmul [2,5,1000]@[1000,7]", f_matmul, NULL, 2, e, tol);
 }
 
 static na_tensor *f_linear(na_tensor **in, void *c) {
     return na_linear(in[0], in[1], ((op_ctx *)c)->a != 0 ? in[2] : NULL);
 }
 
-static void case_linear(na_op op, na_dtype dt) {
-    (void)op;
+void par_linear(const oc_case *row, na_dtype dt) {
+    const double tol = oc_parity_tol(row, dt);
     op_ctx bias = {.a = 1}, nobias = {.a = 0};
     in_spec a[3] = {SPEC(dt, -1, 1, true, 7, 33), SPEC(dt, -1, 1, true, 17, 33),
                     SPEC(dt, -1, 1, true, 17)};
-    run_parity("linear [7,33] w[17,33] b", f_linear, &bias, 3, a, tol_of(dt));
-    run_parity("linear [7,33] w[17,33]", f_linear, &nobias, 2, a, tol_of(dt));
+    run_parity("linear [7,33] w[17,33] b", f_linear, &bias, 3, a, tol);
+    run_parity("linear [7,33] w[17,33]", f_linear, &nobias, 2, a, tol);
     in_spec b[3] = {SPEC(dt, -1, 1, true, 2, 5, 1000), SPEC(dt, -1, 1, true, 33, 1000),
                     SPEC(dt, -1, 1, true, 33)};
-    run_parity("linear [2,5,1000] w[33,1000] b", f_linear, &bias, 3, b, tol_of(dt));
+    run_parity("linear [2,5,1000] w[33,1000] b", f_linear, &bias, 3, b, tol);
     in_spec c[3] = {SPEC(dt, -1, 1, true, 1, 1), SPEC(dt, -1, 1, true, 1, 1),
                     SPEC(dt, -1, 1, true, 1)};
-    run_parity("linear [1,1] w[1,1] b", f_linear, &bias, 3, c, tol_of(dt));
+    run_parity("linear [1,1] w[1,1] b", f_linear, &bias, 3, c, tol);
 }
 
 static na_tensor *f_reduce(na_tensor **in, void *cv) {
@@ -451,7 +451,9 @@ static na_tensor *f_reduce(na_tensor **in, void *cv) {
     }
 }
 
-static void case_reduce(na_op op, na_dtype dt) {
+void par_reduce(const oc_case *row, na_dtype dt) {
+    na_op op = oc_op_of(row);
+    const double tol = oc_parity_tol(row, dt);
     /* sums of positive values: no cancellation, so the relative error is the summation's */
     double lo = op == NA_OP_MAX || op == NA_OP_ARGMAX ? -1 : 0.5, hi = 1.5;
     bool grad = op != NA_OP_ARGMAX;
@@ -460,27 +462,29 @@ static void case_reduce(na_op op, na_dtype dt) {
         op_ctx c = {.op = op, .dim = op == NA_OP_ARGMAX ? 0 : -1};
         in_spec sp[1] = {SPEC(dt, lo, hi, grad, sizes[s])};
         snprintf(l, sizeof l, "%s %s all of [%" PRId64 "]", na_op_name(op), na_dtype_name(dt), sizes[s]);
-        run_parity(l, f_reduce, &c, 1, sp, tol_of(dt));
+        run_parity(l, f_reduce, &c, 1, sp, tol);
     }
     op_ctx c1 = {.op = op, .dim = 1, .keepdim = false};
     in_spec a[1] = {SPEC(dt, lo, hi, grad, 7, 33)};
-    run_parity("reduce [7,33] dim 1", f_reduce, &c1, 1, a, tol_of(dt));
+    run_parity("reduce [7,33] dim 1", f_reduce, &c1, 1, a, tol);
     op_ctx c2 = {.op = op, .dim = 1, .keepdim = true};
     in_spec b[1] = {SPEC(dt, lo, hi, grad, 3, 1000, 7)};
-    run_parity("reduce [3,1000,7] dim 1 keepdim", f_reduce, &c2, 1, b, tol_of(dt));
+    run_parity("reduce [3,1000,7] dim 1 keepdim", f_reduce, &c2, 1, b, tol);
     op_ctx c3 = {.op = op, .dim = 0, .keepdim = false};
     in_spec d[1] = {SPEC(dt, lo, hi, grad, 33, 65)};
-    run_parity("reduce [33,65] dim 0", f_reduce, &c3, 1, d, tol_of(dt));
+    run_parity("reduce [33,65] dim 0", f_reduce, &c3, 1, d, tol);
     op_ctx c4 = {.op = op, .dim = op == NA_OP_ARGMAX ? 0 : -1};
     in_spec e[1] = {SPEC(dt, lo, hi, grad, 70001)};
-    run_parity("reduce all of [70001]", f_reduce, &c4, 1, e, tol_of(dt));
+    run_parity("reduce all of [70001]", f_reduce, &c4, 1, e, tol);
 }
 
 static na_tensor *f_softmax(na_tensor **in, void *cv) {
     return ((op_ctx *)cv)->op == NA_OP_SOFTMAX ? na_softmax(in[0]) : na_log_softmax(in[0]);
 }
 
-static void case_softmax(na_op op, na_dtype dt) {
+void par_softmax(const oc_case *row, na_dtype dt) {
+    na_op op = oc_op_of(row);
+    const double tol = oc_parity_tol(row, dt);
     op_ctx c = {.op = op};
     static const int64_t shp[][2] = {{7, 33}, {1, 1000}, {3, 4099}, {5, 1}, {1, 1}};
     char l[128];
@@ -488,7 +492,7 @@ static void case_softmax(na_op op, na_dtype dt) {
         in_spec sp[1] = {SPEC(dt, -4, 4, true, shp[i][0], shp[i][1])};
         snprintf(l, sizeof l, "%s %s [%" PRId64 ",%" PRId64 "]", na_op_name(op),
                  na_dtype_name(dt), shp[i][0], shp[i][1]);
-        run_parity(l, f_softmax, &c, 1, sp, tol_of(dt));
+        run_parity(l, f_softmax, &c, 1, sp, tol);
     }
 }
 
@@ -496,8 +500,8 @@ static na_tensor *f_ce(na_tensor **in, void *cv) {
     return na_cross_entropy(in[0], in[1], &((op_ctx *)cv)->ce);
 }
 
-static void case_cross_entropy(na_op op, na_dtype dt) {
-    (void)op;
+void par_cross_entropy(const oc_case *row, na_dtype dt) {
+    const double tol = oc_parity_tol(row, dt);
     static const int64_t shp[][2] = {{7, 33}, {33, 1000}, {1, 1}, {5, 4099}};
     static const na_reduction reds[] = {NA_REDUCTION_MEAN, NA_REDUCTION_SUM, NA_REDUCTION_NONE};
     char l[160];
@@ -512,22 +516,22 @@ static void case_cross_entropy(na_op op, na_dtype dt) {
                 sp[1].vals = labels;
                 snprintf(l, sizeof l, "cross_entropy %s [%" PRId64 ",%" PRId64 "] reduction %d smoothing %g",
                          na_dtype_name(dt), n, cl, r, c.ce.label_smoothing);
-                run_parity(l, f_ce, &c, 2, sp, tol_of(dt));
+                run_parity(l, f_ce, &c, 2, sp, tol);
                 free(labels);
             }
 }
 
 static na_tensor *f_mse(na_tensor **in, void *cv) { return na_mse_loss(in[0], in[1], ((op_ctx *)cv)->red); }
 
-static void case_mse(na_op op, na_dtype dt) {
-    (void)op;
+void par_mse_loss(const oc_case *row, na_dtype dt) {
+    const double tol = oc_parity_tol(row, dt);
     static const na_reduction reds[] = {NA_REDUCTION_MEAN, NA_REDUCTION_SUM, NA_REDUCTION_NONE};
     for (int r = 0; r < 3; r++) {
         op_ctx c = {.red = reds[r]};
         in_spec a[2] = {SPEC(dt, -1, 1, true, 7, 33), SPEC(dt, -1, 1, true, 7, 33)};
-        run_parity("mse_loss [7,33]", f_mse, &c, 2, a, tol_of(dt));
+        run_parity("mse_loss [7,33]", f_mse, &c, 2, a, tol);
         in_spec b[2] = {SPEC(dt, -1, 1, true, 4099), SPEC(dt, -1, 1, true, 4099)};
-        run_parity("mse_loss [4099]", f_mse, &c, 2, b, tol_of(dt));
+        run_parity("mse_loss [4099]", f_mse, &c, 2, b, tol);
     }
 }
 
@@ -537,28 +541,28 @@ static na_tensor *f_dropout(na_tensor **in, void *cv) {
     return na_dropout(in[0], c->a, true);
 }
 
-static void case_dropout(na_op op, na_dtype dt) {
-    (void)op;
+void par_dropout(const oc_case *row, na_dtype dt) {
+    const double tol = oc_parity_tol(row, dt);
     for (int s = 0; s < N_SIZES; s++) {
         op_ctx c = {.a = 0.3, .seed = splitmix(&g_rng)};
         in_spec sp[1] = {SPEC(dt, -1, 1, true, sizes[s])};
-        run_parity("dropout p=0.3", f_dropout, &c, 1, sp, tol_of(dt));
+        run_parity("dropout p=0.3", f_dropout, &c, 1, sp, tol);
     }
     op_ctx c = {.a = 0.9, .seed = splitmix(&g_rng)};
     in_spec sp[1] = {SPEC(dt, -1, 1, true, 33, 65)};
-    run_parity("dropout p=0.9", f_dropout, &c, 1, sp, tol_of(dt));
+    run_parity("dropout p=0.9", f_dropout, &c, 1, sp, tol);
 }
 
 static na_tensor *f_cast(na_tensor **in, void *cv) { return na_cast(in[0], ((op_ctx *)cv)->dt); }
 
-static void case_cast(na_op op, na_dtype dt) {
-    (void)op;
+void par_cast(const oc_case *row, na_dtype dt) {
+    const double tol = oc_parity_tol(row, dt);
     for (int k = 0; k < N_FLOAT_DTYPES; k++) {
         op_ctx c = {.dt = float_dtypes[k]};
         in_spec sp[1] = {SPEC(dt, -3, 3, true, 4099)};
         char l[96];
         snprintf(l, sizeof l, "cast %s -> %s", na_dtype_name(dt), na_dtype_name(c.dt));
-        run_parity(l, f_cast, &c, 1, sp, 0.0); /* conversions are exact functions */
+        run_parity(l, f_cast, &c, 1, sp, tol);
     }
 }
 
@@ -569,10 +573,10 @@ static na_tensor *f_to_device(na_tensor **in, void *cv) {
     return na_to_device(na_scale(in[0], 2.0), NA_DEVICE_CPU);
 }
 
-static void case_to_device(na_op op, na_dtype dt) {
-    (void)op;
+void par_to_device(const oc_case *row, na_dtype dt) {
+    const double tol = oc_parity_tol(row, dt);
     in_spec one[1] = {SPEC(dt, -1, 1, true, 33, 7)};
-    run_parity("to_device round trip", f_to_device, NULL, 1, one, tol_of(dt));
+    run_parity("to_device round trip", f_to_device, NULL, 1, one, tol);
 }
 
 static na_tensor *f_shape(na_tensor **in, void *cv) {
@@ -586,36 +590,38 @@ static na_tensor *f_shape(na_tensor **in, void *cv) {
     }
 }
 
-static void case_shape(na_op op, na_dtype dt) {
+void par_shape(const oc_case *row, na_dtype dt) {
+    na_op op = oc_op_of(row);
+    const double tol = oc_parity_tol(row, dt);
     op_ctx c = {.op = op};
     switch (op) {
     case NA_OP_RESHAPE: {
         c.ndim = 3;
         c.shape[0] = 5; c.shape[1] = -1; c.shape[2] = 3;
         in_spec sp[1] = {SPEC(dt, -1, 1, true, 7, 15)};
-        run_parity("reshape [7,15] -> [5,-1,3]", f_shape, &c, 1, sp, 0.0);
+        run_parity("reshape [7,15] -> [5,-1,3]", f_shape, &c, 1, sp, tol);
     } break;
     case NA_OP_PERMUTE: {
         c.perm[0] = 2; c.perm[1] = 0; c.perm[2] = 1;
         in_spec sp[1] = {SPEC(dt, -1, 1, true, 3, 7, 33)};
-        run_parity("permute [3,7,33] (2,0,1)", f_shape, &c, 1, sp, 0.0);
+        run_parity("permute [3,7,33] (2,0,1)", f_shape, &c, 1, sp, tol);
         c.keepdim = true; /* and made contiguous: the strided copy kernel */
-        run_parity("contiguous(permute [3,7,33] (2,0,1))", f_shape, &c, 1, sp, 0.0);
+        run_parity("contiguous(permute [3,7,33] (2,0,1))", f_shape, &c, 1, sp, tol);
         in_spec big[1] = {SPEC(dt, -1, 1, true, 5, 33, 65)};
-        run_parity("contiguous(permute [5,33,65] (2,0,1))", f_shape, &c, 1, big, 0.0);
+        run_parity("contiguous(permute [5,33,65] (2,0,1))", f_shape, &c, 1, big, tol);
     } break;
     case NA_OP_SLICE: {
         c.a = 5; c.b = 20;
         in_spec sp[1] = {SPEC(dt, -1, 1, true, 33, 7)};
-        run_parity("slice [33,7] 5:20", f_shape, &c, 1, sp, 0.0);
+        run_parity("slice [33,7] 5:20", f_shape, &c, 1, sp, tol);
         c.a = 0; c.b = 1;
-        run_parity("slice [33,7] 0:1", f_shape, &c, 1, sp, 0.0);
+        run_parity("slice [33,7] 0:1", f_shape, &c, 1, sp, tol);
     } break;
     default: {
         in_spec sp[1] = {SPEC(dt, -1, 1, true, 33, 65)};
-        run_parity("contiguous(transpose [33,65])", f_shape, &c, 1, sp, 0.0);
+        run_parity("contiguous(transpose [33,65])", f_shape, &c, 1, sp, tol);
         in_spec one[1] = {SPEC(dt, -1, 1, true, 1, 1)};
-        run_parity("contiguous(transpose [1,1])", f_shape, &c, 1, one, 0.0);
+        run_parity("contiguous(transpose [1,1])", f_shape, &c, 1, one, tol);
     } break;
     }
 }
@@ -641,8 +647,8 @@ static const conv_case conv_cases[] = {
 };
 #define N_CONV_CASES (int)(sizeof conv_cases / sizeof conv_cases[0])
 
-static void case_conv(na_op op, na_dtype dt) {
-    (void)op;
+void par_conv2d(const oc_case *row, na_dtype dt) {
+    const double tol = oc_parity_tol(row, dt);
     char l[160];
     for (int i = 0; i < N_CONV_CASES; i++) {
         const conv_case *k = &conv_cases[i];
@@ -656,7 +662,7 @@ static void case_conv(na_op op, na_dtype dt) {
                          SPEC(dt, -0.5, 0.5, true, k->cout)};
         snprintf(l, sizeof l, "conv2d %s case %d (k%d s%d p%d d%d g%d)", na_dtype_name(dt), i,
                  k->k, k->stride, k->pad, k->dil, k->groups);
-        run_parity(l, f_conv, &c, k->bias ? 3 : 2, sp, tol_of(dt));
+        run_parity(l, f_conv, &c, k->bias ? 3 : 2, sp, tol);
     }
 }
 
@@ -665,7 +671,9 @@ static na_tensor *f_pool(na_tensor **in, void *cv) {
     return c->op == NA_OP_MAX_POOL2D ? na_max_pool2d(in[0], &c->pool) : na_avg_pool2d(in[0], &c->pool);
 }
 
-static void case_pool(na_op op, na_dtype dt) {
+void par_pool(const oc_case *row, na_dtype dt) {
+    na_op op = oc_op_of(row);
+    const double tol = oc_parity_tol(row, dt);
     static const int geo[][3] = {{3, 2, 1}, {2, 2, 0}, {3, 1, 1}, {5, 3, 2}};
     char l[128];
     for (int i = 0; i < 4; i++)
@@ -679,7 +687,7 @@ static void case_pool(na_op op, na_dtype dt) {
             in_spec sp[1] = {SPEC(dt, -1, 1, true, 2, 3, 11, 13)};
             snprintf(l, sizeof l, "%s %s k%d s%d p%d include_pad %d", na_op_name(op),
                      na_dtype_name(dt), geo[i][0], geo[i][1], geo[i][2], inc);
-            run_parity(l, f_pool, &c, 1, sp, tol_of(dt));
+            run_parity(l, f_pool, &c, 1, sp, tol);
         }
 }
 
@@ -699,8 +707,8 @@ static na_tensor *stats_tensor(na_device dev, int64_t c, const double *v) {
     return t;
 }
 
-static void case_bn(na_op op, na_dtype dt) {
-    (void)op;
+void par_batch_norm(const oc_case *row, na_dtype dt) {
+    const double tol = oc_parity_tol(row, dt);
     static const int64_t shp[][4] = {{4, 3, 5, 7}, {16, 5, 1, 1}, {2, 33, 3, 1}, {7, 1, 1, 1}};
     static const int nd[] = {4, 2, 3, 2};
     char l[160];
@@ -719,7 +727,7 @@ static void case_bn(na_op op, na_dtype dt) {
             sp[1] = SPEC(NA_DTYPE_F32, 0.5, 1.5, true, C);
             sp[2] = SPEC(NA_DTYPE_F32, -0.5, 0.5, true, C);
             snprintf(l, sizeof l, "batch_norm %s shape %d mode %d", na_dtype_name(dt), i, mode);
-            run_parity(l, f_bn, &c, c.affine ? 3 : 1, sp, tol_of(dt));
+            run_parity(l, f_bn, &c, c.affine ? 3 : 1, sp, tol);
             if (c.running && c.training) {
                 char m[200];
                 snprintf(m, sizeof m, "%s: running_mean", l);
@@ -737,38 +745,15 @@ static void case_bn(na_op op, na_dtype dt) {
         }
 }
 
-/* ---- the table: one case per op ---------------------------------------------------------- */
-
-typedef void (*op_case)(na_op op, na_dtype dt);
-
-static const op_case op_cases[NA_OP_COUNT] = {
-    [NA_OP_ADD] = case_binary,        [NA_OP_SUB] = case_binary,
-    [NA_OP_MUL] = case_binary,        [NA_OP_DIV] = case_binary,
-    [NA_OP_NEG] = case_unary,         [NA_OP_SCALE] = case_unary,
-    [NA_OP_ADD_SCALAR] = case_unary,  [NA_OP_EXP] = case_unary,
-    [NA_OP_LOG] = case_unary,         [NA_OP_SQRT] = case_unary,
-    [NA_OP_RSQRT] = case_unary,       [NA_OP_POW] = case_unary,
-    [NA_OP_ABS] = case_unary,         [NA_OP_CLAMP] = case_unary,
-    [NA_OP_RELU] = case_unary,        [NA_OP_GELU] = case_unary,
-    [NA_OP_SIGMOID] = case_unary,     [NA_OP_TANH] = case_unary,
-    [NA_OP_MATMUL] = case_matmul,     [NA_OP_LINEAR] = case_linear,
-    [NA_OP_SUM] = case_reduce,        [NA_OP_MEAN] = case_reduce,
-    [NA_OP_MAX] = case_reduce,        [NA_OP_ARGMAX] = case_reduce,
-    [NA_OP_SOFTMAX] = case_softmax,   [NA_OP_LOG_SOFTMAX] = case_softmax,
-    [NA_OP_CROSS_ENTROPY] = case_cross_entropy,
-    [NA_OP_MSE_LOSS] = case_mse,      [NA_OP_DROPOUT] = case_dropout,
-    [NA_OP_CAST] = case_cast,         [NA_OP_TO_DEVICE] = case_to_device,
-    [NA_OP_RESHAPE] = case_shape,     [NA_OP_PERMUTE] = case_shape,
-    [NA_OP_SLICE] = case_shape,       [NA_OP_CONTIGUOUS] = case_shape,
-    [NA_OP_CONV2D] = case_conv,       [NA_OP_BATCH_NORM] = case_bn,
-    [NA_OP_MAX_POOL2D] = case_pool,   [NA_OP_AVG_POOL2D] = case_pool,
-};
+/* ---- walking the table ---------------------------------------------------------------------- */
 
 Test(cuda_ops, every_op_has_a_case) {
+    oc_expect_every_op_has_a_row();
     for (int op = 0; op < NA_OP_COUNT; op++)
-        cr_expect_not_null((void *)op_cases[op],
-                           "op %d (%s) has no CUDA parity case in tests/test_cuda_parity.c", op,
-                           na_op_name((na_op)op));
+        if (oc_cases[op].kind == OC_CUSTOM)
+            cr_expect_not_null(oc_cases[op].parity, "op %d (%s) has no CUDA parity check: name "
+                               "one in its row (tests/op_cases.c) and write it in "
+                               "tests/test_cuda_parity.c", op, na_op_name((na_op)op));
 }
 
 typedef struct {
@@ -790,10 +775,13 @@ ParameterizedTest(op_param *p, cuda_ops, parity, .timeout = 300) {
         cr_skip_test("bf16 needs sm_80");
         return;
     }
-    cr_assert_not_null((void *)op_cases[p->op], "op %s has no parity case", na_op_name((na_op)p->op));
+    const oc_case *c = oc_case_of((na_op)p->op);
     cr_log_info("op %s, %s, seed %" PRIu64, na_op_name((na_op)p->op),
                 na_dtype_name((na_dtype)p->dt), g_seed);
-    op_cases[p->op]((na_op)p->op, (na_dtype)p->dt);
+    if (c->kind == OC_UNARY) par_unary(c, (na_dtype)p->dt);
+    else if (c->kind == OC_BINARY) par_binary(c, (na_dtype)p->dt);
+    else cr_assert_not_null(c->parity, "op %s has no parity case", na_op_name((na_op)p->op));
+    if (c->parity) c->parity(c, (na_dtype)p->dt);
 }
 
 /* ================================================================================================

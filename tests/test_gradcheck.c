@@ -1,14 +1,15 @@
 /* tests/test_gradcheck.c — every differentiable op's backward against finite differences.
  *
- * A table indexed by op id holds each op's gradient checks; a parameterized test walks the op
- * table (0..NA_OP_COUNT-1), so an op added to NA_OP_MAP without a case here fails the suite.
- * Each case builds f64 CPU leaves of random small shapes (the run's seed is printed in every
+ * A parameterized test walks the op table (0..NA_OP_COUNT-1) through the rows of
+ * tests/op_cases.c: an elementwise op is checked on its row's range (clear of its kinks) with
+ * each of its argument variants, any other op by the check its row names (gc_<op>, here), so
+ * an op added to NA_OP_MAP without a row or without that check fails. Each case builds f64 CPU leaves of random small shapes (the run's seed is printed in every
  * failure message; replay with NANOAMP_TEST_SEED=<seed>), confirms the function really records
  * the op under test, and runs na_gradcheck with PyTorch's defaults (eps 1e-6, atol 1e-5,
  * rtol 1e-3) unless a case explains otherwise. Inputs stay small: a check costs two forward
  * evaluations per input element.
  */
-#include "helpers.h"
+#include "op_cases.h"
 #include "src/autograd/graph.h" /* to confirm a case records the op it claims to check */
 
 /* ---- per-run state ------------------------------------------------------------------ */
@@ -128,125 +129,79 @@ static void check(const char *what, na_op op, na_gradcheck_fn f, void *ctx, na_t
     check_opts(what, op, f, ctx, in, n, NULL);
 }
 
-/* ---- elementwise binary (broadcasting, views) ----------------------------------------- */
+/* ---- elementwise ops, from the table: inputs in the row's range ------------------------- */
 
-typedef struct {
-    na_op op;
-    bool transpose_a; /* apply the op to a transposed view of input 0 */
-} binary_ctx;
-
-static na_tensor *f_binary(na_tensor **in, void *vctx) {
-    binary_ctx *c = vctx;
-    na_tensor *a = c->transpose_a ? na_transpose(in[0], 0, 1) : in[0];
-    switch (c->op) {
-    case NA_OP_ADD: return na_add(a, in[1]);
-    case NA_OP_SUB: return na_sub(a, in[1]);
-    case NA_OP_MUL: return na_mul(a, in[1]);
-    default: return na_div(a, in[1]);
-    }
+/* Input i of elementwise op c, of shape [d0, d1] (d0 = 0: a 0-dim tensor), in the row's
+ * range and clear of its kinks. */
+static na_tensor *row_input(const oc_case *c, int i, oc_args args, int64_t d0, int64_t d1) {
+    oc_range r = oc_range_of(c, i);
+    int ndim = d0 ? 2 : 0;
+    const int64_t shape[2] = {d0, d1};
+    if (r.either_sign) return input(IN_SIGNED, ndim, shape, r.lo, r.hi);
+    if (c->kinks == OC_KINK_AT_0) return away_from(ndim, shape, r.lo, r.hi, TH_V(0), 1, 0.05);
+    if (c->kinks == OC_KINKS_AT_ARGS)
+        return away_from(ndim, shape, r.lo, r.hi, TH_V(args.a, args.b), 2, 0.05);
+    return input(IN_UNIFORM, ndim, shape, r.lo, r.hi);
+}
+/* A binary op's input of any shape, in the row's range. */
+static na_tensor *row_input_nd(const oc_case *c, int i, int ndim, const int64_t *shape) {
+    oc_range r = oc_range_of(c, i);
+    return input(r.either_sign ? IN_SIGNED : IN_UNIFORM, ndim, shape, r.lo, r.hi);
 }
 
-static void gc_binary(na_op op) {
-    binary_ctx c = {op, false};
+typedef struct {
+    const oc_case *c;
+    oc_args args;
+    bool transpose; /* apply the op to a transposed view of input 0 */
+} elementwise_ctx;
+
+static na_tensor *f_elementwise(na_tensor **in, void *vctx) {
+    elementwise_ctx *e = vctx;
+    na_tensor *x[2] = {e->transpose ? na_transpose(in[0], 0, 1) : in[0], in[1]};
+    return oc_call(e->c, x, e->args);
+}
+
+/* Same shapes, broadcasting both ways, a 0-dim operand and a transposed view. */
+static void gc_binary(const oc_case *c) {
+    na_op op = oc_op_of(c);
+    elementwise_ctx e = {c, {0, 0}, false};
     int64_t r1 = rdim(2, 3), r2 = rdim(2, 3), r3 = rdim(2, 4);
-    /* divisors stay clear of 0 */
-    double lo = op == NA_OP_DIV ? 0.5 : -2.0;
-#define B_IN(...) (op == NA_OP_DIV ? SIGNED(0.5, 2.0, __VA_ARGS__) : UNIFORM(lo, 2.0, __VA_ARGS__))
-    na_tensor *same[2] = {UNIFORM(-2, 2, r1, r2), B_IN(r1, r2)};
-    check("same shape", op, f_binary, &c, same, 2);
-    na_tensor *bc1[2] = {UNIFORM(-2, 2, r1, 1, r3), B_IN(r2, r3)}; /* [3,1,4] with [2,4] */
-    check("broadcast [r1,1,r3] with [r2,r3]", op, f_binary, &c, bc1, 2);
-    na_tensor *bc2[2] = {UNIFORM(-2, 2, r2, r3), B_IN(r1, 1, r3)};
-    check("broadcast [r2,r3] with [r1,1,r3]", op, f_binary, &c, bc2, 2);
-    na_tensor *bc3[2] = {UNIFORM(-2, 2, r1, r2), B_IN(r1, 1)};
-    check("broadcast [r1,r2] with [r1,1]", op, f_binary, &c, bc3, 2);
-    {
-        na_tensor *s = th_leaf(NA_DTYPE_F64, 0, NULL, TH_V(op == NA_OP_DIV ? 1.25 : -0.75));
-        na_tensor *ins[2] = {UNIFORM(-2, 2, r1, r2), s};
-        check("broadcast [r1,r2] with a 0-dim tensor", op, f_binary, &c, ins, 2);
-    }
-    binary_ctx ct = {op, true};
-    na_tensor *tv[2] = {UNIFORM(-2, 2, r2, r1), B_IN(r1, r2)};
-    check("transposed view as a", op, f_binary, &ct, tv, 2);
+#define A_IN(...) row_input_nd(c, 0, NA_SHAPE(__VA_ARGS__))
+#define B_IN(...) row_input_nd(c, 1, NA_SHAPE(__VA_ARGS__))
+    na_tensor *same[2] = {A_IN(r1, r2), B_IN(r1, r2)};
+    check("same shape", op, f_elementwise, &e, same, 2);
+    na_tensor *bc1[2] = {A_IN(r1, 1, r3), B_IN(r2, r3)}; /* [3,1,4] with [2,4] */
+    check("broadcast [r1,1,r3] with [r2,r3]", op, f_elementwise, &e, bc1, 2);
+    na_tensor *bc2[2] = {A_IN(r2, r3), B_IN(r1, 1, r3)};
+    check("broadcast [r2,r3] with [r1,1,r3]", op, f_elementwise, &e, bc2, 2);
+    na_tensor *bc3[2] = {A_IN(r1, r2), B_IN(r1, 1)};
+    check("broadcast [r1,r2] with [r1,1]", op, f_elementwise, &e, bc3, 2);
+    na_tensor *s[2] = {A_IN(r1, r2), row_input_nd(c, 1, 0, NULL)};
+    check("broadcast [r1,r2] with a 0-dim tensor", op, f_elementwise, &e, s, 2);
+    elementwise_ctx et = {c, {0, 0}, true};
+    na_tensor *tv[2] = {A_IN(r2, r1), B_IN(r1, r2)};
+    check("transposed view as a", op, f_elementwise, &et, tv, 2);
+#undef A_IN
 #undef B_IN
 }
-static void gc_add(void) { gc_binary(NA_OP_ADD); }
-static void gc_sub(void) { gc_binary(NA_OP_SUB); }
-static void gc_mul(void) { gc_binary(NA_OP_MUL); }
-static void gc_div(void) { gc_binary(NA_OP_DIV); }
 
-/* ---- elementwise unary --------------------------------------------------------------------- */
-
-typedef struct {
-    na_op op;
-    double a, b;
-    bool transpose; /* apply the op to a transposed view */
-} unary_ctx;
-
-static na_tensor *f_unary(na_tensor **in, void *vctx) {
-    unary_ctx *c = vctx;
-    na_tensor *x = c->transpose ? na_transpose(in[0], 0, 1) : in[0];
-    switch (c->op) {
-    case NA_OP_NEG: return na_neg(x);
-    case NA_OP_SCALE: return na_scale(x, c->a);
-    case NA_OP_ADD_SCALAR: return na_add_scalar(x, c->a);
-    case NA_OP_EXP: return na_exp(x);
-    case NA_OP_LOG: return na_log(x);
-    case NA_OP_SQRT: return na_sqrt(x);
-    case NA_OP_RSQRT: return na_rsqrt(x);
-    case NA_OP_POW: return na_pow(x, c->a);
-    case NA_OP_ABS: return na_abs(x);
-    case NA_OP_CLAMP: return na_clamp(x, c->a, c->b);
-    case NA_OP_RELU: return na_relu(x);
-    case NA_OP_GELU: return na_gelu(x);
-    case NA_OP_SIGMOID: return na_sigmoid(x);
-    case NA_OP_TANH: return na_tanh(x);
-    default: return NULL;
+/* Every argument variant, on a contiguous [r1, r2] leaf and on a transposed view. */
+static void gc_unary(const oc_case *c) {
+    na_op op = oc_op_of(c);
+    for (int v = 0; v < oc_n_args(c); v++) {
+        elementwise_ctx e = {c, oc_arg(c, v), false};
+        char what[96];
+        int64_t r1 = rdim(1, 4), r2 = rdim(2, 4);
+        snprintf(what, sizeof what, "%s(a=%g, b=%g)", na_op_name(op), e.args.a, e.args.b);
+        na_tensor *x = row_input(c, 0, e.args, r1, r2);
+        check(what, op, f_elementwise, &e, &x, 1);
+        e.transpose = true;
+        snprintf(what, sizeof what, "%s(a=%g, b=%g) of a transposed view", na_op_name(op),
+                 e.args.a, e.args.b);
+        x = row_input(c, 0, e.args, r2, r1);
+        check(what, op, f_elementwise, &e, &x, 1);
     }
 }
-
-/* Checks op on a contiguous [r1, r2] leaf and on a transposed view, inputs from `make`. */
-static void unary_cases(unary_ctx c, na_tensor *(*make)(int64_t, int64_t)) {
-    char what[96];
-    int64_t r1 = rdim(1, 4), r2 = rdim(2, 4);
-    snprintf(what, sizeof what, "%s(a=%g, b=%g)", na_op_name(c.op), c.a, c.b);
-    na_tensor *x = make(r1, r2);
-    check(what, c.op, f_unary, &c, &x, 1);
-    c.transpose = true;
-    snprintf(what, sizeof what, "%s(a=%g, b=%g) of a transposed view", na_op_name(c.op), c.a, c.b);
-    x = make(r2, r1);
-    check(what, c.op, f_unary, &c, &x, 1);
-}
-static na_tensor *any_real(int64_t a, int64_t b) { return UNIFORM(-2, 2, a, b); }
-static na_tensor *positive(int64_t a, int64_t b) { return UNIFORM(0.5, 2.0, a, b); }
-static na_tensor *off_zero(int64_t a, int64_t b) {
-    return away_from(NA_SHAPE(a, b), -2, 2, TH_V(0), 1, 0.05);
-}
-static na_tensor *off_clamp(int64_t a, int64_t b) { /* kinks of clamp(-0.5, 0.5) */
-    return away_from(NA_SHAPE(a, b), -1.5, 1.5, TH_V(-0.5, 0.5), 2, 0.05);
-}
-
-static void gc_neg(void) { unary_cases((unary_ctx){NA_OP_NEG}, any_real); }
-static void gc_scale(void) {
-    unary_cases((unary_ctx){NA_OP_SCALE, .a = th_rng_uniform(&g_rng, -3, 3)}, any_real);
-}
-static void gc_add_scalar(void) {
-    unary_cases((unary_ctx){NA_OP_ADD_SCALAR, .a = th_rng_uniform(&g_rng, -3, 3)}, any_real);
-}
-static void gc_exp(void) { unary_cases((unary_ctx){NA_OP_EXP}, any_real); }
-static void gc_log(void) { unary_cases((unary_ctx){NA_OP_LOG}, positive); }
-static void gc_sqrt(void) { unary_cases((unary_ctx){NA_OP_SQRT}, positive); }
-static void gc_rsqrt(void) { unary_cases((unary_ctx){NA_OP_RSQRT}, positive); }
-static void gc_pow(void) {
-    static const double ps[] = {2.0, 3.0, 0.5, -1.5};
-    for (int i = 0; i < 4; i++) unary_cases((unary_ctx){NA_OP_POW, .a = ps[i]}, positive);
-}
-static void gc_abs(void) { unary_cases((unary_ctx){NA_OP_ABS}, off_zero); }
-static void gc_clamp(void) { unary_cases((unary_ctx){NA_OP_CLAMP, .a = -0.5, .b = 0.5}, off_clamp); }
-static void gc_relu(void) { unary_cases((unary_ctx){NA_OP_RELU}, off_zero); }
-static void gc_gelu(void) { unary_cases((unary_ctx){NA_OP_GELU}, any_real); }
-static void gc_sigmoid(void) { unary_cases((unary_ctx){NA_OP_SIGMOID}, any_real); }
-static void gc_tanh(void) { unary_cases((unary_ctx){NA_OP_TANH}, any_real); }
 
 /* ---- matmul and linear ------------------------------------------------------------------- */
 
@@ -264,7 +219,8 @@ static na_tensor *f_matmul(na_tensor **in, void *vctx) {
     return na_matmul(a, b);
 }
 
-static void gc_matmul(void) {
+void gc_matmul(const oc_case *row) {
+    (void)row;
     int64_t m = rdim(1, 3), k = rdim(2, 4), n = rdim(1, 3), bt = rdim(2, 3);
     matmul_ctx plain = {0};
     na_tensor *p2[2] = {UNIFORM(-1, 1, m, k), UNIFORM(-1, 1, k, n)};
@@ -296,7 +252,8 @@ static na_tensor *f_linear_nobias(na_tensor **in, void *vctx) {
     return na_linear(in[0], in[1], NULL);
 }
 
-static void gc_linear(void) {
+void gc_linear(const oc_case *row) {
+    (void)row;
     int64_t n = rdim(1, 3), fin = rdim(2, 4), fout = rdim(1, 3);
     na_tensor *wb[3] = {UNIFORM(-1, 1, n, fin), UNIFORM(-1, 1, fout, fin), UNIFORM(-1, 1, fout)};
     check("with bias", NA_OP_LINEAR, f_linear, NULL, wb, 3);
@@ -324,7 +281,8 @@ static na_tensor *f_reduce(na_tensor **in, void *vctx) {
     }
 }
 
-static void gc_reduce(na_op op) {
+void gc_reduce(const oc_case *row) {
+    na_op op = oc_op_of(row);
     static const int dims[] = {ALL, 0, 1, -1};
     int64_t a = rdim(2, 3), b = rdim(1, 3), c = rdim(2, 3);
     for (int i = 0; i < 4; i++)
@@ -340,9 +298,6 @@ static void gc_reduce(na_op op) {
             check(what, op, f_reduce, &ctx, &x, 1);
         }
 }
-static void gc_sum(void) { gc_reduce(NA_OP_SUM); }
-static void gc_mean(void) { gc_reduce(NA_OP_MEAN); }
-static void gc_max(void) { gc_reduce(NA_OP_MAX); }
 
 /* ---- softmax and losses -------------------------------------------------------------------- */
 
@@ -354,8 +309,9 @@ static na_tensor *f_softmax(na_tensor **in, void *vctx) {
     na_tensor *x = c->transpose ? na_transpose(in[0], -2, -1) : in[0];
     return c->log ? na_log_softmax(x) : na_softmax(x);
 }
-static void gc_softmax_(bool log) {
-    na_op op = log ? NA_OP_LOG_SOFTMAX : NA_OP_SOFTMAX;
+void gc_softmax(const oc_case *row) {
+    na_op op = oc_op_of(row);
+    bool log = op == NA_OP_LOG_SOFTMAX;
     int64_t n = rdim(1, 3), c = rdim(2, 5);
     softmax_ctx ctx = {log, false};
     na_tensor *x = UNIFORM(-3, 3, n, c);
@@ -366,8 +322,6 @@ static void gc_softmax_(bool log) {
     x = UNIFORM(-3, 3, c, n);
     check("over a transposed view", op, f_softmax, &tctx, &x, 1);
 }
-static void gc_softmax(void) { gc_softmax_(false); }
-static void gc_log_softmax(void) { gc_softmax_(true); }
 
 typedef struct {
     na_tensor *labels;
@@ -377,7 +331,8 @@ static na_tensor *f_ce(na_tensor **in, void *vctx) {
     ce_ctx *c = vctx;
     return na_cross_entropy(in[0], c->labels, &c->opts);
 }
-static void gc_cross_entropy(void) {
+void gc_cross_entropy(const oc_case *row) {
+    (void)row;
     static const char *red_names[] = {"mean", "sum", "none"};
     for (int r = 0; r < 3; r++)
         for (int s = 0; s < 2; s++) {
@@ -397,7 +352,8 @@ static void gc_cross_entropy(void) {
 static na_tensor *f_mse(na_tensor **in, void *vctx) {
     return na_mse_loss(in[0], in[1], *(na_reduction *)vctx);
 }
-static void gc_mse_loss(void) {
+void gc_mse_loss(const oc_case *row) {
+    (void)row;
     static const char *red_names[] = {"mean", "sum", "none"};
     for (int r = 0; r < 3; r++) {
         na_reduction red = (na_reduction)r;
@@ -423,7 +379,8 @@ static na_tensor *f_dropout(na_tensor **in, void *vctx) {
     na_rng_set_state(seed, offset); /* leave the caller's generator as it was */
     return y;
 }
-static void gc_dropout(void) {
+void gc_dropout(const oc_case *row) {
+    (void)row;
     dropout_ctx c = {0.4, g_seed ^ 0xD0D0};
     na_tensor *x = UNIFORM(-2, 2, rdim(2, 4), rdim(3, 5));
     check("p = 0.4", NA_OP_DROPOUT, f_dropout, &c, &x, 1);
@@ -457,7 +414,8 @@ static na_tensor *f_cast_same(na_tensor **in, void *vctx) {
  * the gradient passes through the narrow dtype and arrives as v rounded to it, a relative
  * error up to the dtype's unit roundoff: 2^-24 (f32) and 2^-11 (f16) are within the default
  * rtol 1e-3, bf16's 2^-8 is not, so the bf16 case uses rtol 2^-8 (and nothing looser). */
-static void gc_cast(void) {
+void gc_cast(const oc_case *row) {
+    (void)row;
     cast_ctx c32 = {NA_DTYPE_F32};
     na_tensor *x = input(IN_GRID, NA_SHAPE(rdim(2, 3), rdim(2, 4)), 1024, 1.0);
     check_opts("f64 -> f32 -> f64 on a 1/1024 grid", NA_OP_CAST, f_cast_round_trip, &c32, &x, 1,
@@ -480,7 +438,8 @@ static na_tensor *f_to_device(na_tensor **in, void *vctx) {
     (void)vctx;
     return na_mul(na_to_device(in[0], NA_DEVICE_CPU), in[0]); /* x * copy(x): 2x */
 }
-static void gc_to_device(void) {
+void gc_to_device(const oc_case *row) {
+    (void)row;
     na_tensor *x = UNIFORM(-2, 2, rdim(1, 3), rdim(2, 4));
     check("cpu -> cpu, times its input", NA_OP_TO_DEVICE, f_to_device, NULL, &x, 1);
 }
@@ -505,21 +464,25 @@ static na_tensor *f_view(na_tensor **in, void *vctx) {
 static void view_check(const char *what, na_op op, view_case vc, na_tensor *x) {
     check(what, op, f_view, &vc, &x, 1);
 }
-static void gc_reshape(void) {
+void gc_reshape(const oc_case *row) {
+    (void)row;
     view_check("[a, b, c] -> [-1, c]", NA_OP_RESHAPE, V_RESHAPE,
                UNIFORM(-2, 2, rdim(1, 3), rdim(2, 3), rdim(2, 3)));
     view_check("permuted view -> [-1]", NA_OP_RESHAPE, V_RESHAPE_OF_VIEW,
                UNIFORM(-2, 2, rdim(2, 3), rdim(2, 3), rdim(2, 3)));
 }
-static void gc_permute(void) {
+void gc_permute(const oc_case *row) {
+    (void)row;
     view_check("(2, 0, 1)", NA_OP_PERMUTE, V_PERMUTE, UNIFORM(-2, 2, rdim(1, 3), 2, rdim(2, 3)));
 }
-static void gc_slice(void) {
+void gc_slice(const oc_case *row) {
+    (void)row;
     view_check("rows [1, n)", NA_OP_SLICE, V_SLICE, UNIFORM(-2, 2, rdim(2, 4), rdim(1, 3), 2));
     view_check("rows [1, n-1) of a transposed view", NA_OP_SLICE, V_SLICE_OF_VIEW,
                UNIFORM(-2, 2, 2, rdim(3, 4), rdim(1, 3)));
 }
-static void gc_contiguous(void) {
+void gc_contiguous(const oc_case *row) {
+    (void)row;
     view_check("of a transposed view", NA_OP_CONTIGUOUS, V_CONTIGUOUS,
                UNIFORM(-2, 2, 2, rdim(1, 3), rdim(2, 3)));
 }
@@ -538,7 +501,8 @@ static na_tensor *f_conv_nobias(na_tensor **in, void *vctx) {
     conv_ctx *c = vctx;
     return na_conv2d(in[0], in[1], NULL, c->use_opts ? &c->opts : NULL);
 }
-static void gc_conv2d(void) {
+void gc_conv2d(const oc_case *row) {
+    (void)row;
     int64_t n = rdim(1, 2);
     conv_ctx pad = {{.padding = {1, 1}}, true};
     na_tensor *a[3] = {UNIFORM(-1, 1, n, 3, 5, 5), UNIFORM(-1, 1, 4, 3, 3, 3), UNIFORM(-1, 1, 4)};
@@ -565,8 +529,9 @@ static na_tensor *f_pool(na_tensor **in, void *vctx) {
     pool_ctx *c = vctx;
     return c->max ? na_max_pool2d(in[0], &c->opts) : na_avg_pool2d(in[0], &c->opts);
 }
-static void pool_cases(bool max) {
-    na_op op = max ? NA_OP_MAX_POOL2D : NA_OP_AVG_POOL2D;
+void gc_pool(const oc_case *row) {
+    na_op op = oc_op_of(row);
+    bool max = op == NA_OP_MAX_POOL2D;
     const struct {
         const char *what;
         na_pool2d_opts o;
@@ -584,8 +549,6 @@ static void pool_cases(bool max) {
         check(cases[i].what, op, f_pool, &c, &x, 1);
     }
 }
-static void gc_max_pool2d(void) { pool_cases(true); }
-static void gc_avg_pool2d(void) { pool_cases(false); }
 
 /* ---- batch norm ----------------------------------------------------------------------------- */
 
@@ -613,7 +576,8 @@ static void bn_case(const char *what, bn_ctx c, int ndim, const int64_t *shape) 
                         input(IN_UNIFORM, NA_SHAPE(ch), -1, 1)};
     check(what, NA_OP_BATCH_NORM, f_bn, &c, in, c.affine ? (c.no_bias ? 2 : 3) : 1);
 }
-static void gc_batch_norm(void) {
+void gc_batch_norm(const oc_case *row) {
+    (void)row;
     int64_t n = rdim(2, 3), ch = rdim(2, 3);
     bn_case("train, affine, running stats, [N, C, H, W]", (bn_ctx){true, true, true},
             NA_SHAPE(n, ch, 2, 2));
@@ -629,57 +593,19 @@ static void gc_batch_norm(void) {
             NA_SHAPE(n, ch, 2));
 }
 
-/* ---- the table ------------------------------------------------------------------------------ */
-
-static void (*const gradcheck_cases[NA_OP_COUNT])(void) = {
-    [NA_OP_ADD] = gc_add,
-    [NA_OP_SUB] = gc_sub,
-    [NA_OP_MUL] = gc_mul,
-    [NA_OP_DIV] = gc_div,
-    [NA_OP_NEG] = gc_neg,
-    [NA_OP_SCALE] = gc_scale,
-    [NA_OP_ADD_SCALAR] = gc_add_scalar,
-    [NA_OP_EXP] = gc_exp,
-    [NA_OP_LOG] = gc_log,
-    [NA_OP_SQRT] = gc_sqrt,
-    [NA_OP_RSQRT] = gc_rsqrt,
-    [NA_OP_POW] = gc_pow,
-    [NA_OP_ABS] = gc_abs,
-    [NA_OP_CLAMP] = gc_clamp,
-    [NA_OP_RELU] = gc_relu,
-    [NA_OP_GELU] = gc_gelu,
-    [NA_OP_SIGMOID] = gc_sigmoid,
-    [NA_OP_TANH] = gc_tanh,
-    [NA_OP_MATMUL] = gc_matmul,
-    [NA_OP_LINEAR] = gc_linear,
-    [NA_OP_SUM] = gc_sum,
-    [NA_OP_MEAN] = gc_mean,
-    [NA_OP_MAX] = gc_max,
-    /* ARGMAX: integer output, not differentiable */
-    [NA_OP_SOFTMAX] = gc_softmax,
-    [NA_OP_LOG_SOFTMAX] = gc_log_softmax,
-    [NA_OP_CROSS_ENTROPY] = gc_cross_entropy,
-    [NA_OP_MSE_LOSS] = gc_mse_loss,
-    [NA_OP_DROPOUT] = gc_dropout,
-    [NA_OP_CAST] = gc_cast,
-    [NA_OP_TO_DEVICE] = gc_to_device,
-    [NA_OP_RESHAPE] = gc_reshape,
-    [NA_OP_PERMUTE] = gc_permute,
-    [NA_OP_SLICE] = gc_slice,
-    [NA_OP_CONTIGUOUS] = gc_contiguous,
-    [NA_OP_CONV2D] = gc_conv2d,
-    [NA_OP_BATCH_NORM] = gc_batch_norm,
-    [NA_OP_MAX_POOL2D] = gc_max_pool2d,
-    [NA_OP_AVG_POOL2D] = gc_avg_pool2d,
-};
+/* ---- walking the table -------------------------------------------------------------------- */
 
 Test(gradcheck, every_differentiable_op_has_a_case) {
+    oc_expect_every_op_has_a_row();
     for (int op = 0; op < NA_OP_COUNT; op++) {
+        const oc_case *c = &oc_cases[op];
+        if (c->kind != OC_CUSTOM) continue; /* elementwise: checked from the row */
         if (na_op_differentiable((na_op)op))
-            cr_expect_not_null(gradcheck_cases[op], "op %d (%s) is differentiable but has no "
-                               "gradient check in tests/test_gradcheck.c", op, na_op_name((na_op)op));
+            cr_expect_not_null(c->gradcheck, "op %d (%s) is differentiable but has no gradient "
+                               "check: name one in its row (tests/op_cases.c) and write it in "
+                               "tests/test_gradcheck.c", op, na_op_name((na_op)op));
         else
-            cr_expect_null(gradcheck_cases[op], "op %s has a gradient check but is marked "
+            cr_expect_null(c->gradcheck, "op %s has a gradient check but is marked "
                            "non-differentiable", na_op_name((na_op)op));
     }
 }
@@ -692,6 +618,7 @@ ParameterizedTestParameters(gradcheck, op) {
 
 ParameterizedTest(int *op, gradcheck, op, .timeout = 120) {
     na_op o = (na_op)*op;
+    const oc_case *c = oc_case_of(o);
     if (!na_op_differentiable(o)) {
         /* a non-differentiable op records nothing even when its input requires grad */
         cr_assert_eq(o, NA_OP_ARGMAX, "unexpected non-differentiable op %s", na_op_name(o));
@@ -700,9 +627,11 @@ ParameterizedTest(int *op, gradcheck, op, .timeout = 120) {
         cr_assert(!i->requires_grad && !i->grad_fn, "argmax output must not be part of the graph");
         return;
     }
-    cr_assert_not_null(gradcheck_cases[o], "op %s has no gradient check", na_op_name(o));
     gc_begin(o);
-    gradcheck_cases[o]();
+    if (c->kind == OC_UNARY) gc_unary(c);
+    else if (c->kind == OC_BINARY) gc_binary(c);
+    else cr_assert_not_null(c->gradcheck, "op %s has no gradient check", na_op_name(o));
+    if (c->gradcheck) c->gradcheck(c);
 }
 
 /* ---- the checker itself must be able to fail ------------------------------------------------- */

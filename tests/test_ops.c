@@ -1,16 +1,17 @@
 /* tests/test_ops.c — every op's forward against values computed by hand.
  *
- * A table indexed by op id holds each op's forward test; a parameterized test walks the op
- * table (0..NA_OP_COUNT-1), so an op added to NA_OP_MAP without a forward test here fails the
- * suite. Inputs are small literals; expected values are literals or plain double arithmetic
- * written out in the test (exp/log/erf from libm, naive loops for conv and pooling), never
- * the library's ops. Float ops run in f32 and f64.
+ * A parameterized test walks the op table (0..NA_OP_COUNT-1) through the rows of
+ * tests/op_cases.c: an elementwise op is checked against its row's references, any other op by
+ * the forward check its row names (fw_<op>, here), so an op added to NA_OP_MAP without a row or
+ * without that check fails the suite. Inputs are small literals; expected values are literals
+ * or plain double arithmetic written out by hand (exp/log/erf from libm, naive loops for conv
+ * and pooling), never the library's ops. Float ops run in f32 and f64.
  *
  * The numerics section checks the f16/bf16 contract (nanoamp/dtype.h, kernels/backend.h):
  * widen to f32, compute and accumulate in f32, round once to nearest even on store. The cases
  * are chosen so that a kernel accumulating in f16/bf16 would give a different answer.
  */
-#include "helpers.h"
+#include "op_cases.h"
 
 static const na_dtype FLOATS[] = {NA_DTYPE_F32, NA_DTYPE_F64};
 #define FOR_FLOATS(dt) \
@@ -39,24 +40,43 @@ static void expect_dtype(const na_tensor *t, na_dtype dt, const char *what) {
                  na_dtype_name(dt));
 }
 
-/* ---- elementwise binary ------------------------------------------------------------------- */
+/* ---- elementwise ops: the table's references ------------------------------------------ */
 
-static void fw_add(void) {
+static na_tensor *lit_tensor(na_dtype dt, const oc_lit *l) {
+    return th_tensor(dt, NA_DEVICE_CPU, l->ndim, l->shape, l->v);
+}
+
+/* Every reference of an elementwise row, in f32 and f64: output dtype, shape and values. */
+static void forward_refs(const oc_case *c) {
+    for (int r = 0; r < c->n_refs; r++) {
+        const oc_ref *ref = &c->refs[r];
+        const oc_lit *shape_of = ref->ref ? &ref->in[0] : &ref->out;
+        char what[96];
+        const char *name = na_op_name(oc_op_of(c));
+        if (strcmp(ref->what, name)) snprintf(what, sizeof what, "%s %s", name, ref->what);
+        else snprintf(what, sizeof what, "%s", name);
+        double *want = malloc(sizeof(double) * (size_t)shape_of->n);
+        for (int64_t i = 0; i < shape_of->n; i++)
+            want[i] = ref->ref ? ref->ref(ref->in[0].v[i]) : ref->out.v[i];
+        FOR_FLOATS(dt) {
+            na_tensor *in[2] = {lit_tensor(dt, &ref->in[0]), NULL};
+            if (c->kind == OC_BINARY) in[1] = lit_tensor(dt, &ref->in[1]);
+            na_tensor *y = TH_OK(oc_call(c, in, ref->args));
+            expect_dtype(y, dt, W(what, dt));
+            th_expect_shape(y, shape_of->ndim, shape_of->shape, W(what, dt));
+            th_expect(y, want, shape_of->n, ref->rounded ? atol_of(dt) : 0,
+                      ref->rounded ? rtol_of(dt) : 0, W(what, dt));
+        }
+        free(want);
+    }
+}
+
+/* Beyond the references: views as inputs and the promotion of mixed dtypes. */
+void fw_add(const oc_case *row) {
+    (void)row;
     FOR_FLOATS(dt) {
-        na_tensor *a = T(dt, NA_SHAPE(2, 3), 1, 2, 3, 4, 5, 6), *b = T(dt, NA_SHAPE(3), 10, 20, 30);
-        na_tensor *y = TH_OK(na_add(a, b));
-        expect_dtype(y, dt, W("add", dt));
-        th_expect_shape(y, NA_SHAPE(2, 3), W("add [2,3]+[3]", dt));
-        TH_EXPECT(y, 0, 0, W("add [2,3]+[3]", dt), 11, 22, 33, 14, 25, 36);
-        /* [3,1] + [2] -> [3,2] */
-        y = TH_OK(na_add(T(dt, NA_SHAPE(3, 1), 1, 2, 3), T(dt, NA_SHAPE(2), 10, 20)));
-        th_expect_shape(y, NA_SHAPE(3, 2), W("add [3,1]+[2]", dt));
-        TH_EXPECT(y, 0, 0, W("add [3,1]+[2]", dt), 11, 21, 12, 22, 13, 23);
-        /* 0-dim + [2] */
-        y = TH_OK(na_add(TH_OK(na_scalar(dt, NA_DEVICE_CPU, 0.5)), T(dt, NA_SHAPE(2), 1, -1)));
-        TH_EXPECT(y, 0, 0, W("add 0-dim+[2]", dt), 1.5, -0.5);
-        /* a transposed view as input */
-        y = TH_OK(na_add(TH_OK(na_transpose(a, 0, 1)), T(dt, NA_SHAPE(2), 100, 200)));
+        na_tensor *a = T(dt, NA_SHAPE(2, 3), 1, 2, 3, 4, 5, 6);
+        na_tensor *y = TH_OK(na_add(TH_OK(na_transpose(a, 0, 1)), T(dt, NA_SHAPE(2), 100, 200)));
         TH_EXPECT(y, 0, 0, W("add of a transposed view", dt), 101, 204, 102, 205, 103, 206);
     }
     /* mixed float dtypes promote to the wider one */
@@ -67,112 +87,16 @@ static void fw_add(void) {
     TH_EXPECT(y, 0, 0, "add f16+bf16", 3);
 }
 
-static void fw_sub(void) {
-    FOR_FLOATS(dt) {
-        na_tensor *y = TH_OK(na_sub(T(dt, NA_SHAPE(2, 3), 1, 2, 3, 4, 5, 6), T(dt, NA_SHAPE(3), 10, 20, 30)));
-        TH_EXPECT(y, 0, 0, W("sub [2,3]-[3]", dt), -9, -18, -27, -6, -15, -24);
-        y = TH_OK(na_sub(T(dt, NA_SHAPE(2), 10, 20), T(dt, NA_SHAPE(3, 1), 1, 2, 3)));
-        TH_EXPECT(y, 0, 0, W("sub [2]-[3,1]", dt), 9, 19, 8, 18, 7, 17);
-    }
-}
-
-static void fw_mul(void) {
-    FOR_FLOATS(dt) {
-        na_tensor *y = TH_OK(na_mul(T(dt, NA_SHAPE(2, 3), 1, 2, 3, 4, 5, 6), T(dt, NA_SHAPE(3), 10, 20, 30)));
-        TH_EXPECT(y, 0, 0, W("mul [2,3]*[3]", dt), 10, 40, 90, 40, 100, 180);
-        y = TH_OK(na_mul(T(dt, NA_SHAPE(2, 1), -1, 0.5), T(dt, NA_SHAPE(1, 2), 4, 6)));
-        TH_EXPECT(y, 0, 0, W("mul [2,1]*[1,2]", dt), -4, -6, 2, 3);
-    }
-}
-
-static void fw_div(void) {
-    FOR_FLOATS(dt) {
-        na_tensor *y = TH_OK(na_div(T(dt, NA_SHAPE(2, 3), 1, 2, 3, 4, 5, 6), T(dt, NA_SHAPE(3), 2, 4, 8)));
-        TH_EXPECT(y, 0, 0, W("div [2,3]/[3]", dt), 0.5, 0.5, 0.375, 2, 1.25, 0.75);
-        y = TH_OK(na_div(T(dt, NA_SHAPE(3), 1, -1, 1), T(dt, NA_SHAPE(3), 0, 0, 3)));
-        TH_EXPECT(y, 0, rtol_of(dt), W("div by zero is IEEE", dt), INFINITY, -INFINITY, 1.0 / 3);
-    }
-}
-
-/* ---- elementwise unary ------------------------------------------------------------------ */
-
-static void fw_neg(void) {
-    FOR_FLOATS(dt) {
-        na_tensor *y = TH_OK(na_neg(T(dt, NA_SHAPE(4), 1, -2, 0, 3.5)));
-        TH_EXPECT(y, 0, 0, W("neg", dt), -1, 2, 0, -3.5);
-        cr_assert(signbit(na_get(y, 2)), "neg(0) must be -0");
-    }
-}
-static void fw_scale(void) {
-    FOR_FLOATS(dt) TH_EXPECT(TH_OK(na_scale(T(dt, NA_SHAPE(3), 1, -2, 3), 2.5)), 0, 0, W("scale", dt), 2.5, -5, 7.5);
-}
-static void fw_add_scalar(void) {
-    FOR_FLOATS(dt)
-        TH_EXPECT(TH_OK(na_add_scalar(T(dt, NA_SHAPE(3), 1, -2, 3), 0.5)), 0, 0, W("add_scalar", dt), 1.5, -1.5, 3.5);
-}
-static void fw_exp(void) {
-    FOR_FLOATS(dt)
-        TH_EXPECT(TH_OK(na_exp(T(dt, NA_SHAPE(4), 0, 1, -1, 2))), atol_of(dt), rtol_of(dt), W("exp", dt),
-                  1, 2.718281828459045, 0.36787944117144233, 7.38905609893065);
-}
-static void fw_log(void) {
-    FOR_FLOATS(dt)
-        TH_EXPECT(TH_OK(na_log(T(dt, NA_SHAPE(5), 1, 2.718281828459045, 0.5, 10, 0))), atol_of(dt),
-                  rtol_of(dt), W("log", dt), 0, 1, -0.6931471805599453, 2.302585092994046, -INFINITY);
-}
-static void fw_sqrt(void) {
-    FOR_FLOATS(dt)
-        TH_EXPECT(TH_OK(na_sqrt(T(dt, NA_SHAPE(4), 4, 2, 0.25, 0))), atol_of(dt), rtol_of(dt), W("sqrt", dt),
-                  2, 1.4142135623730951, 0.5, 0);
-}
-static void fw_rsqrt(void) {
-    FOR_FLOATS(dt)
-        TH_EXPECT(TH_OK(na_rsqrt(T(dt, NA_SHAPE(3), 4, 0.25, 2))), atol_of(dt), rtol_of(dt), W("rsqrt", dt),
-                  0.5, 2, 0.7071067811865476);
-}
-static void fw_pow(void) {
-    FOR_FLOATS(dt) {
-        TH_EXPECT(TH_OK(na_pow(T(dt, NA_SHAPE(3), 2, 3, -4), 2)), atol_of(dt), rtol_of(dt), W("pow 2", dt), 4, 9, 16);
-        TH_EXPECT(TH_OK(na_pow(T(dt, NA_SHAPE(3), 4, 9, 0.25), 0.5)), atol_of(dt), rtol_of(dt), W("pow 0.5", dt), 2, 3, 0.5);
-        TH_EXPECT(TH_OK(na_pow(T(dt, NA_SHAPE(2), 2, 4), -1)), atol_of(dt), rtol_of(dt), W("pow -1", dt), 0.5, 0.25);
-        TH_EXPECT(TH_OK(na_pow(T(dt, NA_SHAPE(2), 2, -3), 3)), atol_of(dt), rtol_of(dt), W("pow 3", dt), 8, -27);
-    }
-}
-static void fw_abs(void) {
-    FOR_FLOATS(dt) TH_EXPECT(TH_OK(na_abs(T(dt, NA_SHAPE(4), -1.5, 0, 2, -0.25))), 0, 0, W("abs", dt), 1.5, 0, 2, 0.25);
-}
-static void fw_clamp(void) {
-    FOR_FLOATS(dt)
-        TH_EXPECT(TH_OK(na_clamp(T(dt, NA_SHAPE(5), -2, -0.5, 0.25, 2, 1), -1, 1)), 0, 0, W("clamp", dt),
-                  -1, -0.5, 0.25, 1, 1);
-}
-static void fw_relu(void) {
-    FOR_FLOATS(dt) TH_EXPECT(TH_OK(na_relu(T(dt, NA_SHAPE(5), -1, 0, 2, -0.5, 3))), 0, 0, W("relu", dt), 0, 0, 2, 0, 3);
-}
-static void fw_gelu(void) {
-    static const double xs[] = {-3, -1, -0.5, 0, 0.5, 1, 2};
-    double want[7];
-    for (int i = 0; i < 7; i++) want[i] = 0.5 * xs[i] * (1 + erf(xs[i] / sqrt(2.0)));
-    cr_assert(fabs(want[5] - 0.8413447460685429) < 1e-15, "reference gelu(1)");
-    FOR_FLOATS(dt) {
-        na_tensor *y = TH_OK(na_gelu(th_tensor(dt, NA_DEVICE_CPU, NA_SHAPE(7), xs)));
-        th_expect(y, want, 7, atol_of(dt), rtol_of(dt), W("gelu vs 0.5x(1+erf(x/sqrt 2))", dt));
-    }
-}
-static void fw_sigmoid(void) {
-    FOR_FLOATS(dt)
-        TH_EXPECT(TH_OK(na_sigmoid(T(dt, NA_SHAPE(3), 0, 2, -2))), atol_of(dt), rtol_of(dt), W("sigmoid", dt),
-                  0.5, 0.8807970779778823, 0.11920292202211755);
-}
-static void fw_tanh(void) {
-    FOR_FLOATS(dt)
-        TH_EXPECT(TH_OK(na_tanh(T(dt, NA_SHAPE(3), 0, 0.5, -1))), atol_of(dt), rtol_of(dt), W("tanh", dt),
-                  0, 0.46211715726000974, -0.7615941559557649);
+void fw_neg(const oc_case *row) {
+    (void)row;
+    FOR_FLOATS(dt) cr_assert(signbit(na_get(TH_OK(na_neg(T(dt, NA_SHAPE(1), 0))), 0)),
+                             "%s: neg(0) must be -0", W("neg", dt));
 }
 
 /* ---- matrix products ------------------------------------------------------------------------ */
 
-static void fw_matmul(void) {
+void fw_matmul(const oc_case *row) {
+    (void)row;
     FOR_FLOATS(dt) {
         na_tensor *a = T(dt, NA_SHAPE(2, 3), 1, 2, 3, 4, 5, 6);
         na_tensor *b = T(dt, NA_SHAPE(3, 2), 7, 8, 9, 10, 11, 12);
@@ -200,7 +124,8 @@ static void fw_matmul(void) {
     }
 }
 
-static void fw_linear(void) {
+void fw_linear(const oc_case *row) {
+    (void)row;
     FOR_FLOATS(dt) {
         na_tensor *x = T(dt, NA_SHAPE(2, 3), 1, 2, 3, 4, 5, 6);
         na_tensor *w = T(dt, NA_SHAPE(2, 3), 1, 0, -1, 0.5, 0.5, 0.5);
@@ -218,7 +143,8 @@ static void fw_linear(void) {
 
 /* ---- reductions ---------------------------------------------------------------------------- */
 
-static void fw_sum(void) {
+void fw_sum(const oc_case *row) {
+    (void)row;
     FOR_FLOATS(dt) {
         na_tensor *x = T(dt, NA_SHAPE(2, 3), 1, 2, 3, 4, 5, 6);
         na_tensor *y = TH_OK(na_sum(x));
@@ -236,7 +162,8 @@ static void fw_sum(void) {
                   W("sum of a transposed view", dt), 5, 7, 9);
     }
 }
-static void fw_mean(void) {
+void fw_mean(const oc_case *row) {
+    (void)row;
     FOR_FLOATS(dt) {
         na_tensor *x = T(dt, NA_SHAPE(2, 3), 1, 2, 3, 4, 5, 6);
         TH_EXPECT(TH_OK(na_mean(x)), 0, 0, W("mean all", dt), 3.5);
@@ -246,7 +173,8 @@ static void fw_mean(void) {
         TH_EXPECT(y, 0, 0, W("mean dim 1 keepdim", dt), 2, 5);
     }
 }
-static void fw_max(void) {
+void fw_max(const oc_case *row) {
+    (void)row;
     FOR_FLOATS(dt) {
         na_tensor *x = T(dt, NA_SHAPE(2, 3), 1, 5, 3, 4, 2, 6);
         TH_EXPECT(TH_OK(na_max(x)), 0, 0, W("max all", dt), 6);
@@ -257,7 +185,8 @@ static void fw_max(void) {
         TH_EXPECT(TH_OK(na_max(T(dt, NA_SHAPE(3), -3, -1, -2))), 0, 0, W("max of negatives", dt), -1);
     }
 }
-static void fw_argmax(void) {
+void fw_argmax(const oc_case *row) {
+    (void)row;
     FOR_FLOATS(dt) {
         na_tensor *x = T(dt, NA_SHAPE(2, 3), 1, 5, 3, 4, 2, 6);
         na_tensor *i = TH_OK(na_argmax(x, 1, false));
@@ -272,7 +201,8 @@ static void fw_argmax(void) {
 
 /* ---- softmax and losses ---------------------------------------------------------------------- */
 
-static void fw_softmax(void) {
+void fw_softmax(const oc_case *row) {
+    (void)row;
     FOR_FLOATS(dt) {
         /* the second row is the first shifted by 1000: a stable softmax gives the same */
         na_tensor *y = TH_OK(na_softmax(T(dt, NA_SHAPE(2, 3), 1, 2, 3, 1001, 1002, 1003)));
@@ -281,7 +211,8 @@ static void fw_softmax(void) {
                   0.24472847105479764, 0.6652409557748219);
     }
 }
-static void fw_log_softmax(void) {
+void fw_log_softmax(const oc_case *row) {
+    (void)row;
     FOR_FLOATS(dt) {
         na_tensor *y = TH_OK(na_log_softmax(T(dt, NA_SHAPE(2, 3), 1, 2, 3, -1000, -1001, -1002)));
         TH_EXPECT(y, atol_of(dt), rtol_of(dt), W("log_softmax", dt), -2.4076059644443806,
@@ -301,7 +232,8 @@ static double ref_ce_row(const double *x, int c, int label, double e) {
     return loss;
 }
 
-static void fw_cross_entropy(void) {
+void fw_cross_entropy(const oc_case *row) {
+    (void)row;
     static const double x[] = {1, 2, 3, 1, 0, -1};
     FOR_FLOATS(dt) {
         na_tensor *logits = th_tensor(dt, NA_DEVICE_CPU, NA_SHAPE(2, 3), x);
@@ -333,7 +265,8 @@ static void fw_cross_entropy(void) {
     }
 }
 
-static void fw_mse_loss(void) {
+void fw_mse_loss(const oc_case *row) {
+    (void)row;
     FOR_FLOATS(dt) {
         na_tensor *a = T(dt, NA_SHAPE(3), 1, 2, 3), *b = T(dt, NA_SHAPE(3), 1.5, 2, 1);
         TH_EXPECT(TH_OK(na_mse_loss(a, b, NA_REDUCTION_NONE)), 0, 0, W("mse none", dt), 0.25, 0, 4);
@@ -345,7 +278,8 @@ static void fw_mse_loss(void) {
 
 /* ---- misc -------------------------------------------------------------------------------- */
 
-static void fw_dropout(void) {
+void fw_dropout(const oc_case *row) {
+    (void)row;
     FOR_FLOATS(dt) {
         const int64_t n = 4096;
         const double p = 0.25;
@@ -384,7 +318,8 @@ static void fw_dropout(void) {
     }
 }
 
-static void fw_cast(void) {
+void fw_cast(const oc_case *row) {
+    (void)row;
     /* f32 -> f16: ties to even, overflow to inf, underflow to signed zero */
     na_tensor *x = T(NA_DTYPE_F32, NA_SHAPE(7), 1 + 0x1p-11, 1 + 3 * 0x1p-11, 65520, 65519, -1e-8, 0.1, -2.5);
     na_tensor *h = TH_OK(na_cast(x, NA_DTYPE_F16));
@@ -414,7 +349,8 @@ static void fw_cast(void) {
     TH_EXPECT(TH_OK(na_cast(v, NA_DTYPE_F64)), 0, 0, "cast of a view", 1, 3, 2, 4);
 }
 
-static void fw_to_device(void) {
+void fw_to_device(const oc_case *row) {
+    (void)row;
     FOR_FLOATS(dt) {
         na_tensor *x = T(dt, NA_SHAPE(2, 2), 1, 2, 3, 4);
         na_tensor *y = TH_OK(na_to_device(x, NA_DEVICE_CPU));
@@ -431,7 +367,8 @@ static void fw_to_device(void) {
 
 /* ---- views --------------------------------------------------------------------------------- */
 
-static void fw_reshape(void) {
+void fw_reshape(const oc_case *row) {
+    (void)row;
     FOR_FLOATS(dt) {
         na_tensor *x = T(dt, NA_SHAPE(2, 3), 0, 1, 2, 3, 4, 5);
         na_tensor *y = TH_OK(na_reshape(x, NA_SHAPE(3, -1)));
@@ -445,7 +382,8 @@ static void fw_reshape(void) {
     }
 }
 
-static void fw_permute(void) {
+void fw_permute(const oc_case *row) {
+    (void)row;
     FOR_FLOATS(dt) {
         na_tensor *x = TH_OK(na_reshape(TH_OK(na_arange(dt, NA_DEVICE_CPU, 0, 24, 1)), NA_SHAPE(2, 3, 4)));
         na_tensor *y = TH_OK(na_permute(x, (const int[]){2, 0, 1}));
@@ -462,7 +400,8 @@ static void fw_permute(void) {
     }
 }
 
-static void fw_slice(void) {
+void fw_slice(const oc_case *row) {
+    (void)row;
     FOR_FLOATS(dt) {
         na_tensor *x = TH_OK(na_reshape(TH_OK(na_arange(dt, NA_DEVICE_CPU, 0, 12, 1)), NA_SHAPE(4, 3)));
         na_tensor *y = TH_OK(na_slice(x, 1, 3));
@@ -475,7 +414,8 @@ static void fw_slice(void) {
     }
 }
 
-static void fw_contiguous(void) {
+void fw_contiguous(const oc_case *row) {
+    (void)row;
     FOR_FLOATS(dt) {
         na_tensor *x = T(dt, NA_SHAPE(2, 3), 0, 1, 2, 3, 4, 5);
         cr_assert_eq(na_contiguous(x), x, "contiguous of a contiguous tensor is itself");
@@ -523,7 +463,8 @@ static void ref_conv2d(const double *x, const double *w, const double *b, int n,
                 }
 }
 
-static void fw_conv2d(void) {
+void fw_conv2d(const oc_case *row) {
+    (void)row;
     FOR_FLOATS(dt) {
         /* one channel, 3x3 input 1..9 */
         na_tensor *x = T(dt, NA_SHAPE(1, 1, 3, 3), 1, 2, 3, 4, 5, 6, 7, 8, 9);
@@ -566,7 +507,8 @@ static void fw_conv2d(void) {
 /* 4x4 input used by the pooling tests */
 #define POOL_X 1, 2, 5, 3, 4, 0, 1, 2, 7, 8, 2, 1, 3, 9, 4, 6
 
-static void fw_max_pool2d(void) {
+void fw_max_pool2d(const oc_case *row) {
+    (void)row;
     FOR_FLOATS(dt) {
         na_tensor *x = T(dt, NA_SHAPE(1, 1, 4, 4), POOL_X);
         na_pool2d_opts k2 = {.kernel = {2, 2}};
@@ -583,7 +525,8 @@ static void fw_max_pool2d(void) {
     }
 }
 
-static void fw_avg_pool2d(void) {
+void fw_avg_pool2d(const oc_case *row) {
+    (void)row;
     FOR_FLOATS(dt) {
         na_tensor *x = T(dt, NA_SHAPE(1, 1, 4, 4), POOL_X);
         na_pool2d_opts k2 = {.kernel = {2, 2}};
@@ -599,7 +542,8 @@ static void fw_avg_pool2d(void) {
 
 /* ---- batch norm ---------------------------------------------------------------------------- */
 
-static void fw_batch_norm(void) {
+void fw_batch_norm(const oc_case *row) {
+    (void)row;
     const double eps = 1e-5, m = 0.1;
     FOR_FLOATS(dt) {
         double tol = dt == NA_DTYPE_F64 ? 1e-12 : 2e-6;
@@ -639,54 +583,15 @@ static void fw_batch_norm(void) {
     }
 }
 
-/* ---- the table ------------------------------------------------------------------------------- */
-
-static void (*const forward_cases[NA_OP_COUNT])(void) = {
-    [NA_OP_ADD] = fw_add,
-    [NA_OP_SUB] = fw_sub,
-    [NA_OP_MUL] = fw_mul,
-    [NA_OP_DIV] = fw_div,
-    [NA_OP_NEG] = fw_neg,
-    [NA_OP_SCALE] = fw_scale,
-    [NA_OP_ADD_SCALAR] = fw_add_scalar,
-    [NA_OP_EXP] = fw_exp,
-    [NA_OP_LOG] = fw_log,
-    [NA_OP_SQRT] = fw_sqrt,
-    [NA_OP_RSQRT] = fw_rsqrt,
-    [NA_OP_POW] = fw_pow,
-    [NA_OP_ABS] = fw_abs,
-    [NA_OP_CLAMP] = fw_clamp,
-    [NA_OP_RELU] = fw_relu,
-    [NA_OP_GELU] = fw_gelu,
-    [NA_OP_SIGMOID] = fw_sigmoid,
-    [NA_OP_TANH] = fw_tanh,
-    [NA_OP_MATMUL] = fw_matmul,
-    [NA_OP_LINEAR] = fw_linear,
-    [NA_OP_SUM] = fw_sum,
-    [NA_OP_MEAN] = fw_mean,
-    [NA_OP_MAX] = fw_max,
-    [NA_OP_ARGMAX] = fw_argmax,
-    [NA_OP_SOFTMAX] = fw_softmax,
-    [NA_OP_LOG_SOFTMAX] = fw_log_softmax,
-    [NA_OP_CROSS_ENTROPY] = fw_cross_entropy,
-    [NA_OP_MSE_LOSS] = fw_mse_loss,
-    [NA_OP_DROPOUT] = fw_dropout,
-    [NA_OP_CAST] = fw_cast,
-    [NA_OP_TO_DEVICE] = fw_to_device,
-    [NA_OP_RESHAPE] = fw_reshape,
-    [NA_OP_PERMUTE] = fw_permute,
-    [NA_OP_SLICE] = fw_slice,
-    [NA_OP_CONTIGUOUS] = fw_contiguous,
-    [NA_OP_CONV2D] = fw_conv2d,
-    [NA_OP_BATCH_NORM] = fw_batch_norm,
-    [NA_OP_MAX_POOL2D] = fw_max_pool2d,
-    [NA_OP_AVG_POOL2D] = fw_avg_pool2d,
-};
+/* ---- walking the table ------------------------------------------------------------------- */
 
 Test(forward, every_op_has_a_forward_test) {
+    oc_expect_every_op_has_a_row();
     for (int op = 0; op < NA_OP_COUNT; op++)
-        cr_expect_not_null(forward_cases[op], "op %d (%s) has no forward test in tests/test_ops.c",
-                           op, na_op_name((na_op)op));
+        if (oc_cases[op].kind == OC_CUSTOM)
+            cr_expect_not_null(oc_cases[op].forward, "op %d (%s) has no forward check: name "
+                               "one in its row (tests/op_cases.c) and write it in "
+                               "tests/test_ops.c", op, na_op_name((na_op)op));
 }
 
 Test(forward, op_names_are_unique_and_set) {
@@ -708,8 +613,10 @@ ParameterizedTestParameters(forward, op) {
 }
 
 ParameterizedTest(int *op, forward, op) {
-    cr_assert_not_null(forward_cases[*op], "op %s has no forward test", na_op_name((na_op)*op));
-    forward_cases[*op]();
+    const oc_case *c = oc_case_of((na_op)*op);
+    if (c->kind != OC_CUSTOM) forward_refs(c);
+    else cr_assert_not_null(c->forward, "op %s has no forward check", na_op_name((na_op)*op));
+    if (c->forward) c->forward(c);
 }
 
 /* ---- f16 / bf16 numerics -------------------------------------------------------------------- */
