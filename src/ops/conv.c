@@ -48,7 +48,7 @@ na_tensor *na_conv2d(na_tensor *x, na_tensor *w, na_tensor *b, const na_conv2d_o
     na_tensor *y = na_empty(x->dtype, x->device, NA_SHAPE(g.n, g.c_out, g.oh, g.ow));
     if (!y || na_be(x)->conv2d(&g, x, w, b, y) != NA_OK) return NULL;
     na_tensor *in[3] = {x, w, b};
-    na_node *n = na_graph_record(NA_OP_CONV2D, y, 3, in);
+    na_node *n = na_op_record(NA_OP_CONV2D, y, 3, in);
     if (n && !(n->extra = na_conv_geom_copy(&g))) return NULL;
     return y;
 }

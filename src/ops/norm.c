@@ -67,7 +67,7 @@ na_tensor *na_batch_norm(na_tensor *x, na_tensor *running_mean, na_tensor *runni
                                             c, sp, eps);
     if (rc) return NULL;
     na_tensor *in[3] = {x, weight, bias};
-    na_node *n = na_graph_record(NA_OP_BATCH_NORM, y, 3, in);
+    na_node *n = na_op_record(NA_OP_BATCH_NORM, y, 3, in);
     if (n && !training) { /* backward in eval: the running statistics play the batch's role */
         na_no_grad_begin();
         na_tensor *v = na_rsqrt(na_add_scalar(running_var, eps));

@@ -39,7 +39,7 @@ static na_tensor *pool(const char *fn, na_op op, na_tensor *x, const na_pool2d_o
     const na_backend *be = na_be(x);
     int rc = op == NA_OP_MAX_POOL2D ? be->max_pool2d(&g, x, y, idx) : be->avg_pool2d(&g, x, y);
     if (rc) return NULL;
-    na_node *n = na_graph_record(op, y, 1, &x);
+    na_node *n = na_op_record(op, y, 1, &x);
     if (n) {
         n->saved[0] = idx;
         if (!(n->extra = na_conv_geom_copy(&g))) return NULL;
