@@ -1,17 +1,20 @@
 #!/usr/bin/env python3
-"""The layering of the library, checked on its #include lines.
+"""The layering of the library, checked on its #include lines and on its calls.
 
     kernels <- tensor <- autograd <- ops <- nn, optim <- amp <- io, data
 
 Each file of src/, kernels/ and include/ belongs to one layer (its directory; a public header
 to the layer that implements it). An include may go down or stay in its layer, never up; optim
-does not include nn; and no circle of includes exists, among files or among layers. Exits 1
-naming every offending include.
+does not include nn; and no circle of includes exists, among files or among layers. Given the
+built static library, the same rules hold for calls: no object file uses a function defined
+in a layer above its own (a header can declare what it likes; the linker tells who calls
+whom). Exits 1 naming every offending include or call.
 
-    tests/include_layers.py [SOURCE_ROOT]
+    tests/include_layers.py [SOURCE_ROOT [STATIC_LIBRARY]]
 """
 import os
 import re
+import subprocess
 import sys
 
 RANK = {"base": 0, "kernels": 1, "tensor": 2, "autograd": 3, "ops": 4, "nn": 5, "optim": 5,
@@ -33,6 +36,12 @@ PENDING = {
     ("include/nanoamp/amp.h", "include/nanoamp/io.h"): "one state protocol (item 6)",
 }
 
+# The same, for calls: object file (as the archive names it) -> function it uses.
+PENDING_CALLS = {
+    ("src_amp_scaler", "src_io_checkpoint"): "one state protocol (item 6)",
+    ("src_optim_optimizer", "src_nn_module"): "optimizers take lists (item 6)",
+}
+
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 SOURCES = (".c", ".h", ".cu", ".cuh")
 
@@ -48,6 +57,48 @@ def layer_of(rel):
     if parts[0] == "src" and len(parts) > 2 and parts[1] in RANK:
         return parts[1]
     return None
+
+
+def object_layer(member):
+    """src_ops_shape.c.o -> (src_ops_shape, ops); the error and dtype tables are the base below the kernels."""
+    name = member.split(".")[0]
+    if name in ("src_tensor_error", "src_tensor_dtype"):
+        return name, "base"
+    if name.startswith("kernels"):
+        return name, "kernels"
+    parts = name.split("_")
+    return name, parts[1] if parts[0] == "src" and len(parts) > 2 and parts[1] in RANK else None
+
+
+def check_calls(lib, errors, notes):
+    out = subprocess.run(["nm", lib], capture_output=True, text=True, check=True).stdout
+    defined, used, member = {}, {}, None
+    for line in out.splitlines():
+        if line.endswith(":"):
+            member = object_layer(line[:-1])
+            continue
+        f = line.split()
+        if len(f) == 3 and f[1] in "TDBRC":
+            defined[f[2]] = member
+        elif len(f) == 2 and f[0] == "U" and member:
+            used.setdefault(member, set()).add(f[1])
+    seen = set()
+    for (obj, a), symbols in sorted(used.items()):
+        for sym in sorted(symbols):
+            if sym not in defined or a is None:
+                continue
+            dobj, b = defined[sym]
+            if b is None or a == b or not (RANK[b] > RANK[a] or (a, b) in FORBIDDEN):
+                continue
+            if (obj, dobj) in PENDING_CALLS:
+                seen.add((obj, dobj))
+                continue
+            errors.append(f"{obj} calls {sym} ({dobj}): {a} must not call into {b}")
+    for obj, dobj in sorted(seen):
+        notes.append(f"{obj} calls into {dobj}: enforced after merge, "
+                     f"{PENDING_CALLS[(obj, dobj)]}")
+    for obj, dobj in sorted(set(PENDING_CALLS) - seen):
+        notes.append(f"{obj} no longer calls into {dobj}: delete its PENDING_CALLS entry")
 
 
 def scan(root):
@@ -133,6 +184,10 @@ def main():
         errors.append("include circle among layers: " + " -> ".join(comp))
     for key in sorted(set(PENDING) - seen_pending):
         notes.append(f"{key[0]} no longer includes {key[1]}: delete its PENDING entry")
+    if len(sys.argv) > 2 and os.path.isfile(sys.argv[2]):
+        check_calls(sys.argv[2], errors, notes)
+    elif len(sys.argv) > 2:
+        notes.append(f"{sys.argv[2]} is not built: calls not checked")
     for n in notes:
         print("note:", n)
     for e in errors:
