@@ -3,8 +3,8 @@
  * Every op is declared once in NA_OP_MAP: its id, its name, its autocast rule (what dtype it
  * computes in inside an autocast region; see nanoamp/autocast.h), whether its front-end asks
  * autocast at all, the backend kernel of an elementwise unary op, whether its sums accumulate
- * wider than its data, and whether it has a backward. Tests walk this table: an op added here without a forward test, a gradient check and a
- * CUDA parity case fails the suite.
+ * wider than its data, and whether it has a backward. Tests walk this table: an op added here
+ * without a forward test, a gradient check and a CUDA parity case fails the suite.
  *
  * Every op returns a new step tensor (see nanoamp/tensor.h) or NULL with na_last_error() set.
  * If an input requires grad (and grad mode is on), the op records a graph node so that
