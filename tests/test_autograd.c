@@ -2,6 +2,7 @@
  * used twice, diamonds), persistent leaves' gradients, explicit root gradients and the
  * requires_grad rules. Expected gradients are derived by hand in the comments. */
 #include "helpers.h"
+#include "src/autograd/graph.h" /* the recorder's observer */
 
 static na_tensor *leaf32(int ndim, const int64_t *shape, const double *v) {
     return th_leaf(NA_DTYPE_F32, ndim, shape, v);
@@ -213,4 +214,73 @@ Test(autograd, small_net_backward_end_to_end) {
         for (int r = 0; r < 3; r++) s += na_get(fc->grad, r * 2 + c);
         cr_assert(fabs(s) < 1e-5, "fc grad column %d sums to %g", c, s);
     }
+}
+
+/* ---- what the engine does, and does not do ------------------------------------------------ */
+
+typedef struct {
+    int n;
+    na_op ops[256];
+} op_log;
+
+static void log_op(const na_amp_trace_record *r, void *ctx) {
+    op_log *l = ctx;
+    if (l->n < 256) l->ops[l->n++] = r->op;
+}
+
+/* The engine sums a tensor's gradient contributions and converts a gradient to its input's
+ * dtype with the backend, not by calling op front-ends: during backward the trace shows only
+ * the ops the backward functions run (their own adds and casts: none here). */
+Test(autograd, the_engine_sums_and_converts_without_running_ops) {
+    /* y = exp(x) used twice: z = sum(y*y) sends two contributions to y; dz/dx = 2 exp(2x) */
+    na_tensor *x = leaf32(NA_SHAPE(3), TH_V(0, 0.5, -1));
+    na_tensor *y = TH_OK(na_exp(x));
+    na_tensor *z = TH_OK(na_sum(TH_OK(na_mul(y, y))));
+    /* an f16 leaf in an f32 loss: its gradient comes back f32; d sum((h - t)^2)/dh = 2h */
+    na_tensor *h = th_leaf(NA_DTYPE_F16, NA_SHAPE(3), TH_V(1, 2, 3));
+    na_tensor *t = TH_TENSOR(NA_DTYPE_F32, NA_SHAPE(3), 0, 0, 0);
+    na_tensor *loss = TH_OK(na_add(z, TH_OK(na_mse_loss(h, t, NA_REDUCTION_SUM))));
+    op_log log = {0};
+    na_amp_trace_mode saved = na_autocast_trace_mode();
+    na_autocast_trace_callback(NA_AMP_TRACE_ALL, log_op, &log);
+    int rc = na_backward(loss, NULL);
+    na_autocast_trace(saved, NULL);
+    TH_RC(rc);
+    cr_assert(log.n > 0, "the backward functions' ops are traced");
+    for (int i = 0; i < log.n; i++)
+        cr_assert(log.ops[i] != NA_OP_ADD && log.ops[i] != NA_OP_CAST,
+                  "backward op %d is %s: the engine ran an op of its own", i,
+                  na_op_name(log.ops[i]));
+    TH_EXPECT(x->grad, 1e-6, 1e-6, "two contributions summed", 2, 2 * exp(1.0), 2 * exp(-2.0));
+    cr_assert_eq(h->grad->dtype, NA_DTYPE_F16);
+    TH_EXPECT(h->grad, 0, 0, "converted to the f16 leaf", 2, 4, 6);
+}
+
+static int seen[8], n_seen;
+static void see_op(const na_graph_op *op, const na_tensor *out, int n_inputs,
+                   na_tensor *const *inputs) {
+    if (n_seen < 8) seen[n_seen] = op->id;
+    n_seen++;
+}
+
+/* Whoever watches ops registers an observer with the recorder: it sees every op, recorded or
+ * not, and a recorded node carries the backward its op named. */
+Test(autograd, an_observer_sees_every_op_and_a_node_carries_its_backward) {
+    na_tensor *x = leaf32(NA_SHAPE(2), TH_V(1, 2));
+    n_seen = 0;
+    na_graph_observer before = na_graph_set_observer(see_op);
+    na_tensor *y = na_exp(x);
+    na_no_grad_begin();
+    na_tensor *r = na_relu(x);
+    na_no_grad_end();
+    na_graph_observer mine = na_graph_set_observer(before);
+    cr_assert_eq(mine, see_op);
+    cr_assert(y && r);
+    cr_assert_eq(n_seen, 2);
+    cr_assert_eq(seen[0], NA_OP_EXP);
+    cr_assert_eq(seen[1], NA_OP_RELU, "an op under no-grad is observed too");
+    cr_assert_null(r->grad_fn);
+    cr_assert_not_null(y->grad_fn);
+    cr_assert_str_eq(y->grad_fn->op->name, "exp");
+    cr_assert_not_null(y->grad_fn->op->backward);
 }

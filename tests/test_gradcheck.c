@@ -90,7 +90,7 @@ static na_tensor *away_from(int ndim, const int64_t *shape, double lo, double hi
 
 static bool graph_has_op_(const na_node *n, na_op op, int depth) {
     if (!n || depth > 64) return false;
-    if (n->op == op) return true;
+    if (n->op->id == (int)op) return true;
     for (int k = 0; k < n->n_inputs; k++)
         if (n->inputs[k] && graph_has_op_(n->inputs[k]->grad_fn, op, depth + 1)) return true;
     return false;

@@ -16,7 +16,7 @@
 extern "C" {
 #endif
 
-/* X(name, text): one list makes both the enum and the strings. */
+/* X(name, value, text): one list makes the enum (NA_<name> = value) and the strings. */
 #define NA_STATUS_MAP(X)                                   \
     X(EINVAL, -1, "invalid argument")                      \
     X(ESHAPE, -2, "shape mismatch")                        \

@@ -1,9 +1,10 @@
 /* nanoamp/ops.h — the op table and the differentiable ops.
  *
  * Every op is declared once in NA_OP_MAP: its id, its name, its autocast rule (what dtype it
- * computes in inside an autocast region; see nanoamp/amp.h) and whether it has a backward.
- * Tests walk this table: an op added here without a forward test, a gradient check and a
- * CUDA parity case fails the suite.
+ * computes in inside an autocast region; see nanoamp/autocast.h), whether its front-end asks
+ * autocast at all, the backend kernel of an elementwise unary op, whether its sums accumulate
+ * wider than its data, and whether it has a backward. Tests walk this table: an op added here
+ * without a forward test, a gradient check and a CUDA parity case fails the suite.
  *
  * Every op returns a new step tensor (see nanoamp/tensor.h) or NULL with na_last_error() set.
  * If an input requires grad (and grad mode is on), the op records a graph node so that
@@ -34,50 +35,62 @@ typedef enum {
     NA_AMP_RULE_COUNT
 } na_amp_rule;
 
-/* X(ID, name, autocast rule, differentiable) */
-#define NA_OP_MAP(X)                                          \
-    X(ADD, "add", NA_AMP_AS_IS, true)                         \
-    X(SUB, "sub", NA_AMP_AS_IS, true)                         \
-    X(MUL, "mul", NA_AMP_AS_IS, true)                         \
-    X(DIV, "div", NA_AMP_AS_IS, true)                         \
-    X(NEG, "neg", NA_AMP_AS_IS, true)                         \
-    X(SCALE, "scale", NA_AMP_AS_IS, true)                     \
-    X(ADD_SCALAR, "add_scalar", NA_AMP_AS_IS, true)           \
-    X(EXP, "exp", NA_AMP_FP32, true)                          \
-    X(LOG, "log", NA_AMP_FP32, true)                          \
-    X(SQRT, "sqrt", NA_AMP_AS_IS, true)                       \
-    X(RSQRT, "rsqrt", NA_AMP_FP32, true)                      \
-    X(POW, "pow", NA_AMP_FP32, true)                          \
-    X(ABS, "abs", NA_AMP_AS_IS, true)                         \
-    X(CLAMP, "clamp", NA_AMP_AS_IS, true)                     \
-    X(RELU, "relu", NA_AMP_AS_IS, true)                       \
-    X(GELU, "gelu", NA_AMP_AS_IS, true)                       \
-    X(SIGMOID, "sigmoid", NA_AMP_AS_IS, true)                 \
-    X(TANH, "tanh", NA_AMP_AS_IS, true)                       \
-    X(MATMUL, "matmul", NA_AMP_LOWER, true)                   \
-    X(LINEAR, "linear", NA_AMP_LOWER, true)                   \
-    X(SUM, "sum", NA_AMP_FP32, true)                          \
-    X(MEAN, "mean", NA_AMP_AS_IS, true)                       \
-    X(MAX, "max", NA_AMP_AS_IS, true)                         \
-    X(ARGMAX, "argmax", NA_AMP_AS_IS, false)                  \
-    X(SOFTMAX, "softmax", NA_AMP_FP32, true)                  \
-    X(LOG_SOFTMAX, "log_softmax", NA_AMP_FP32, true)          \
-    X(CROSS_ENTROPY, "cross_entropy", NA_AMP_FP32, true)      \
-    X(MSE_LOSS, "mse_loss", NA_AMP_FP32, true)                \
-    X(DROPOUT, "dropout", NA_AMP_AS_IS, true)                 \
-    X(CAST, "cast", NA_AMP_AS_IS, true)                       \
-    X(TO_DEVICE, "to_device", NA_AMP_AS_IS, true)             \
-    X(RESHAPE, "reshape", NA_AMP_AS_IS, true)                 \
-    X(PERMUTE, "permute", NA_AMP_AS_IS, true)                 \
-    X(SLICE, "slice", NA_AMP_AS_IS, true)                     \
-    X(CONTIGUOUS, "contiguous", NA_AMP_AS_IS, true)           \
-    X(CONV2D, "conv2d", NA_AMP_LOWER, true)                   \
-    X(BATCH_NORM, "batch_norm", NA_AMP_AS_IS, true)           \
-    X(MAX_POOL2D, "max_pool2d", NA_AMP_AS_IS, true)           \
-    X(AVG_POOL2D, "avg_pool2d", NA_AMP_AS_IS, true)
+/* The op table: one row per op, every fact about an op that code elsewhere looks up.
+ *   X(ID, name, rule, autocast, unary, sums, differentiable)
+ *   rule       its default autocast rule, NA_AMP_<rule> (na_autocast_set_rule overrides it)
+ *   autocast   ASKS: the front-end asks autocast to cast its inputs by the rule; FIXED: the op
+ *              always runs in its inputs' dtype (views, copies, casts, and the ops that keep
+ *              their input's dtype by design: BatchNorm with f32 statistics, pooling, dropout,
+ *              argmax), so its rule stays AS_IS
+ *   unary      the backend's elementwise kernel NA_UNARY_<unary> (kernels/backend.h) that
+ *              computes it, or NONE
+ *   sums       ACC: its sums (dot products, reductions, statistics, windows) accumulate in
+ *              f32 for f16/bf16 data (the trace's acc column); NOACC: it sums nothing
+ *   differentiable   false: it records no node (its output is an integer tensor)
+ * Its backward is na_bw_<ID>, written right below its forward in src/ops. */
+#define NA_OP_MAP(X)                                                                  \
+    X(ADD,           "add",           AS_IS, ASKS,  NONE,       NOACC, true)          \
+    X(SUB,           "sub",           AS_IS, ASKS,  NONE,       NOACC, true)          \
+    X(MUL,           "mul",           AS_IS, ASKS,  NONE,       NOACC, true)          \
+    X(DIV,           "div",           AS_IS, ASKS,  NONE,       NOACC, true)          \
+    X(NEG,           "neg",           AS_IS, ASKS,  NEG,        NOACC, true)          \
+    X(SCALE,         "scale",         AS_IS, ASKS,  SCALE,      NOACC, true)          \
+    X(ADD_SCALAR,    "add_scalar",    AS_IS, ASKS,  ADD_SCALAR, NOACC, true)          \
+    X(EXP,           "exp",           FP32,  ASKS,  EXP,        NOACC, true)          \
+    X(LOG,           "log",           FP32,  ASKS,  LOG,        NOACC, true)          \
+    X(SQRT,          "sqrt",          AS_IS, ASKS,  SQRT,       NOACC, true)          \
+    X(RSQRT,         "rsqrt",         FP32,  ASKS,  RSQRT,      NOACC, true)          \
+    X(POW,           "pow",           FP32,  ASKS,  POW,        NOACC, true)          \
+    X(ABS,           "abs",           AS_IS, ASKS,  ABS,        NOACC, true)          \
+    X(CLAMP,         "clamp",         AS_IS, ASKS,  CLAMP,      NOACC, true)          \
+    X(RELU,          "relu",          AS_IS, ASKS,  RELU,       NOACC, true)          \
+    X(GELU,          "gelu",          AS_IS, ASKS,  GELU,       NOACC, true)          \
+    X(SIGMOID,       "sigmoid",       AS_IS, ASKS,  SIGMOID,    NOACC, true)          \
+    X(TANH,          "tanh",          AS_IS, ASKS,  TANH,       NOACC, true)          \
+    X(MATMUL,        "matmul",        LOWER, ASKS,  NONE,       ACC,   true)          \
+    X(LINEAR,        "linear",        LOWER, ASKS,  NONE,       ACC,   true)          \
+    X(SUM,           "sum",           FP32,  ASKS,  NONE,       ACC,   true)          \
+    X(MEAN,          "mean",          AS_IS, ASKS,  NONE,       ACC,   true)          \
+    X(MAX,           "max",           AS_IS, ASKS,  NONE,       NOACC, true)          \
+    X(ARGMAX,        "argmax",        AS_IS, FIXED, NONE,       NOACC, false)         \
+    X(SOFTMAX,       "softmax",       FP32,  ASKS,  NONE,       ACC,   true)          \
+    X(LOG_SOFTMAX,   "log_softmax",   FP32,  ASKS,  NONE,       ACC,   true)          \
+    X(CROSS_ENTROPY, "cross_entropy", FP32,  ASKS,  NONE,       ACC,   true)          \
+    X(MSE_LOSS,      "mse_loss",      FP32,  ASKS,  NONE,       NOACC, true)          \
+    X(DROPOUT,       "dropout",       AS_IS, FIXED, NONE,       NOACC, true)          \
+    X(CAST,          "cast",          AS_IS, FIXED, NONE,       NOACC, true)          \
+    X(TO_DEVICE,     "to_device",     AS_IS, FIXED, NONE,       NOACC, true)          \
+    X(RESHAPE,       "reshape",       AS_IS, FIXED, NONE,       NOACC, true)          \
+    X(PERMUTE,       "permute",       AS_IS, FIXED, NONE,       NOACC, true)          \
+    X(SLICE,         "slice",         AS_IS, FIXED, NONE,       NOACC, true)          \
+    X(CONTIGUOUS,    "contiguous",    AS_IS, FIXED, NONE,       NOACC, true)          \
+    X(CONV2D,        "conv2d",        LOWER, ASKS,  NONE,       ACC,   true)          \
+    X(BATCH_NORM,    "batch_norm",    AS_IS, FIXED, NONE,       ACC,   true)          \
+    X(MAX_POOL2D,    "max_pool2d",    AS_IS, FIXED, NONE,       NOACC, true)          \
+    X(AVG_POOL2D,    "avg_pool2d",    AS_IS, FIXED, NONE,       ACC,   true)
 
 typedef enum {
-#define NA_OP_ENUM_(id, name, rule, diff) NA_OP_##id,
+#define NA_OP_ENUM_(id, ...) NA_OP_##id,
     NA_OP_MAP(NA_OP_ENUM_)
 #undef NA_OP_ENUM_
         NA_OP_COUNT
@@ -86,6 +99,7 @@ typedef enum {
 const char *na_op_name(na_op op);
 bool na_op_differentiable(na_op op);
 na_amp_rule na_op_default_amp_rule(na_op op);
+bool na_op_asks_autocast(na_op op); /* false for the table's FIXED ops */
 
 /* ---- elementwise (NumPy broadcasting for binary ops) --------------------------------- */
 na_tensor *na_add(na_tensor *a, na_tensor *b);

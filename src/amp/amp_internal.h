@@ -1,16 +1,19 @@
-/* Internals shared by the amp files (src/amp) and the one hook the autograd engine calls. */
+/* Internals shared by the amp files (src/amp). */
 #ifndef NANOAMP_SRC_AMP_INTERNAL_H
 #define NANOAMP_SRC_AMP_INTERNAL_H
 
+#include "common/amp.h"
 #include "kernels/backend.h"
 #include "nanoamp/amp.h"
 #include "nanoamp/autograd.h"
 #include "nanoamp/error.h"
 #include "src/tensor/arena.h"
 
-/* Called by na_graph_record (src/autograd/engine.c) for every op once its output exists: the
- * trace completes the op's line here (a flag test when tracing is off). */
-void na_amp_trace_op(na_op op, const na_tensor *out, int n_inputs, na_tensor *const *inputs);
+_Static_assert((int)NA_SCALER_GRAD == NA_AMP_KIND_GRAD_SCALER &&
+                   (int)NA_SCALER_STATIC == NA_AMP_KIND_STATIC &&
+                   (int)NA_SCALER_APEX_LEGACY == NA_AMP_KIND_APEX_LEGACY &&
+                   (int)NA_SCALER_APEX == NA_AMP_KIND_APEX,
+               "na_scaler_kind and kernels/common/amp.h disagree");
 
 /* NA_OK when backend `be` has the amp kernel `field`, else NA_ENOTSUP naming both. */
 #define NA_AMP_NEED_KERNEL(fn, be, field)                                                      \

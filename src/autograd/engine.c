@@ -6,24 +6,32 @@
 #include <inttypes.h>
 #include <stdlib.h>
 
-#include "nanoamp/amp.h"
-#include "src/amp/amp_internal.h" /* na_amp_trace_op */
 #include "src/autograd/graph.h"
 #include "src/tensor/arena.h"
 #include "src/tensor/tensor_internal.h"
 
 static _Thread_local int no_grad_depth;
+static _Thread_local bool in_backward;
 static unsigned visit_epoch;
+static na_graph_observer observer;
 
 void na_no_grad_begin(void) { no_grad_depth++; }
 void na_no_grad_end(void) {
     if (no_grad_depth > 0) no_grad_depth--;
 }
 bool na_grad_enabled(void) { return no_grad_depth == 0; }
+bool na_graph_in_backward(void) { return in_backward; }
 
-na_node *na_graph_record(na_op op, na_tensor *out, int n_inputs, na_tensor *const *inputs) {
-    na_amp_trace_op(op, out, n_inputs, inputs); /* amp: the trace completes the op's line */
-    if (!na_grad_enabled() || !na_op_defs[op].differentiable) return NULL;
+na_graph_observer na_graph_set_observer(na_graph_observer fn) {
+    na_graph_observer old = observer;
+    observer = fn;
+    return old;
+}
+
+na_node *na_graph_record(const na_graph_op *op, na_tensor *out, int n_inputs,
+                         na_tensor *const *inputs) {
+    if (observer) observer(op, out, n_inputs, inputs);
+    if (!na_grad_enabled() || !op->backward) return NULL;
     bool any = false;
     for (int k = 0; k < n_inputs; k++) any |= inputs[k] && inputs[k]->requires_grad;
     if (!any) return NULL;
@@ -45,7 +53,7 @@ int na_tensor_set_requires_grad(na_tensor *t, bool requires_grad) {
                             "require grad, got %s", na_dtype_name(t->dtype));
     if (t->grad_fn)
         return na_set_error(NA_EINVAL, "na_tensor_set_requires_grad: only leaves can be changed "
-                            "(this tensor was made by %s)", na_op_name(t->grad_fn->op));
+                            "(this tensor was made by %s)", t->grad_fn->op->name);
     t->requires_grad = requires_grad;
     return NA_OK;
 }
@@ -115,16 +123,37 @@ static int topo_sort(na_node *root, node_list *order) {
 
 /* ---- accumulation -------------------------------------------------------------------------- */
 
+/* out = a + b through the backend (shapes, dtype and device equal; a and b may be views). */
+static int add_same_shape(na_tensor *out, const na_tensor *a, const na_tensor *b) {
+    na_broadcast bc = {.ndim = out->ndim};
+    for (int i = 0; i < out->ndim; i++) {
+        bc.shape[i] = out->shape[i];
+        bc.a_stride[i] = a->stride[i];
+        bc.b_stride[i] = b->stride[i];
+    }
+    return na_be(out)->binary(NA_BINARY_ADD, a, b, out, &bc);
+}
+
 static int accumulate(na_tensor *t, na_tensor *g) {
     char a[NA_DESCRIBE_MAX], b[NA_DESCRIBE_MAX];
     if (!na_same_shape(t, g))
         return na_set_error(NA_ESTATE, "na_backward: internal error: gradient %s for tensor %s",
                             na_tensor_describe(g, a, sizeof a), na_tensor_describe(t, b, sizeof b));
-    if (g->dtype != t->dtype && !(g = na_cast(g, t->dtype))) return na_last_status();
-    if (g->device != t->device && !(g = na_to_device(g, t->device))) return na_last_status();
+    if (g->dtype != t->dtype || g->device != t->device) { /* into t's dtype, onto its device */
+        na_tensor *c = na_empty(t->dtype, t->device, g->ndim, g->shape);
+        if (!c || na_copy_(c, g) != NA_OK) return na_last_status();
+        g = c;
+    }
     if (t->grad_fn) { /* non-leaf: never written in place, so adopting g aliases nothing */
-        t->grad = t->grad ? na_add(t->grad, g) : g;
-        return t->grad ? NA_OK : na_last_status();
+        if (!t->grad) {
+            t->grad = g;
+            return NA_OK;
+        }
+        na_tensor *sum = na_empty(t->dtype, t->device, t->ndim, t->shape);
+        if (!sum) return na_last_status();
+        int rc = add_same_shape(sum, t->grad, g);
+        t->grad = sum;
+        return rc;
     }
     if (!t->grad) { /* a leaf owns its gradient: persistent for a persistent leaf */
         t->grad = t->persistent ? na_tensor_new(t->dtype, t->device, t->ndim, t->shape)
@@ -132,13 +161,7 @@ static int accumulate(na_tensor *t, na_tensor *g) {
         if (!t->grad) return na_last_status();
         return na_be(t)->copy(t->grad, g);
     }
-    na_broadcast bc = {.ndim = g->ndim};
-    for (int i = 0; i < g->ndim; i++) {
-        bc.shape[i] = g->shape[i];
-        bc.a_stride[i] = t->grad->stride[i];
-        bc.b_stride[i] = g->stride[i];
-    }
-    return na_be(t)->binary(NA_BINARY_ADD, t->grad, g, t->grad, &bc);
+    return add_same_shape(t->grad, t->grad, g);
 }
 
 int na_backward(na_tensor *root, na_tensor *grad) {
@@ -166,25 +189,25 @@ int na_backward(na_tensor *root, na_tensor *grad) {
     int rc = topo_sort(root->grad_fn, &order);
     for (size_t i = 0; i < order.n; i++) order.items[i]->out->grad = NULL; /* fresh pass */
     na_no_grad_begin();
-    /* Gradients are computed in the forward's dtypes: the ops backward runs must not be cast
-     * by an autocast region that happens to be open (a disabled region shadows it). */
-    bool shadow = na_autocast_enabled() && na_autocast_begin_disabled() == NA_OK;
+    /* Gradients are computed in the forward's dtypes: autocast reads in_backward and leaves
+     * the ops the backward functions call alone, even inside an open region. */
+    bool outer = !in_backward;
+    in_backward = true;
     if (!rc) rc = accumulate(root, grad);
     for (size_t i = order.n; i-- > 0 && !rc;) {
         na_node *n = order.items[i];
         na_tensor *gout = n->out->grad;
         if (!gout) continue; /* nothing flowed into this node */
         na_tensor *gin[NA_NODE_MAX_INPUTS] = {0};
-        rc = na_op_defs[n->op].backward(n, gout, gin);
+        rc = n->op->backward(n, gout, gin);
         if (rc) {
-            na_set_error(rc, "%s: backward of %s failed: %s", fn, na_op_name(n->op),
-                         na_last_error());
+            na_set_error(rc, "%s: backward of %s failed: %s", fn, n->op->name, na_last_error());
             break;
         }
         for (int k = 0; k < n->n_inputs && !rc; k++)
             if (gin[k] && na_node_needs_grad(n, k)) rc = accumulate(n->inputs[k], gin[k]);
     }
-    if (shadow) na_autocast_end();
+    if (outer) in_backward = false;
     na_no_grad_end();
     free(order.items);
     return rc;

@@ -13,7 +13,12 @@
 #include "nanoamp/autograd.h"
 
 static double dot_with(const na_tensor *y, const double *v) {
-    na_tensor *c = na_contiguous((na_tensor *)y);
+    const na_tensor *c = y;
+    if (!na_is_contiguous(y)) { /* a plain copy: autograd calls no op front-end */
+        na_tensor *copy = na_empty(y->dtype, y->device, y->ndim, y->shape);
+        if (!copy || na_copy_(copy, y) != NA_OK) return NAN;
+        c = copy;
+    }
     const double *p = c->data;
     double s = 0;
     for (int64_t i = 0; i < c->numel; i++) s += p[i] * v[i];

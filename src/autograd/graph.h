@@ -1,20 +1,32 @@
-/* Graph nodes and the op table (internal).
+/* Graph nodes and the recorder (internal).
  *
- * An op's front-end calls na_graph_record() after computing its output; when any input
- * requires grad (and grad mode is on) it gets a node in the step arena, fills the node's
- * saved tensors and scalars, and the op's backward (named in the op table) later turns the
- * output gradient into input gradients. */
+ * An op's front-end calls na_graph_record() after computing its output, naming the op by a
+ * na_graph_op: its name and its backward. When any input requires grad (and grad mode is on)
+ * the op gets a node in the step arena that keeps that backward, the front-end fills the
+ * node's saved tensors and scalars, and na_backward later calls the backward to turn the
+ * output gradient into input gradients. The engine knows nothing of the ops above it: a node
+ * carries everything its backward needs. */
 #ifndef NANOAMP_SRC_GRAPH_H
 #define NANOAMP_SRC_GRAPH_H
 
 #include "nanoamp/autograd.h"
-#include "nanoamp/ops.h"
 
 #define NA_NODE_MAX_INPUTS 5
 #define NA_NODE_MAX_SAVED 4
 
+/* gin[k] receives the gradient for inputs[k] (same shape and device, any float dtype: the
+ * engine converts to the input's dtype); leave it NULL when !na_node_needs_grad(n, k). */
+typedef int (*na_backward_fn)(na_node *n, na_tensor *gout, na_tensor **gin);
+
+/* An op as the recorder sees it (one static instance per op, in the ops layer's table). */
+typedef struct {
+    int id;                  /* the ops layer's na_op: handed to the observer, never read here */
+    const char *name;        /* for messages ("backward of linear failed: ...") */
+    na_backward_fn backward; /* NULL: the op has no gradient and records no node */
+} na_graph_op;
+
 struct na_node {
-    na_op op;
+    const na_graph_op *op;
     int n_inputs;
     na_tensor *inputs[NA_NODE_MAX_INPUTS]; /* NULL entries allowed (optional inputs) */
     na_tensor *saved[NA_NODE_MAX_SAVED];   /* whatever the backward needs */
@@ -25,27 +37,22 @@ struct na_node {
     unsigned visit; /* topological-sort mark */
 };
 
-/* gin[k] receives the gradient for inputs[k] (same shape and device, any float dtype: the
- * engine casts to the input's dtype); leave it NULL when !na_node_needs_grad(n, k). */
-typedef int (*na_backward_fn)(na_node *n, na_tensor *gout, na_tensor **gin);
+/* A node for `out` when op has a backward, grad mode is on and some input requires grad, else
+ * NULL (also NULL with an error set if the arena is exhausted: check na_last_status() only
+ * when it matters). The observer, if any, sees every call first. */
+na_node *na_graph_record(const na_graph_op *op, na_tensor *out, int n_inputs,
+                         na_tensor *const *inputs);
 
-typedef struct {
-    const char *name;
-    na_amp_rule amp_rule;
-    bool differentiable;
-    na_backward_fn backward;
-} na_op_def;
+/* Whoever wants to watch ops as they run (the amp trace, a profiler) registers an observer:
+ * na_graph_record calls it for every op, recorded or not, once the op's output exists.
+ * One observer per process; returns the one it replaces (NULL: none). */
+typedef void (*na_graph_observer)(const na_graph_op *op, const na_tensor *out, int n_inputs,
+                                  na_tensor *const *inputs);
+na_graph_observer na_graph_set_observer(na_graph_observer fn);
 
-extern const na_op_def na_op_defs[NA_OP_COUNT];
-
-/* Declared for every op in NA_OP_MAP; defined beside each op's forward. */
-#define NA_OP_BW_DECL_(id, name, rule, diff) int na_bw_##id(na_node *n, na_tensor *gout, na_tensor **gin);
-NA_OP_MAP(NA_OP_BW_DECL_)
-#undef NA_OP_BW_DECL_
-
-/* A node for `out` when grad mode is on and some input requires grad, else NULL (also NULL
- * with an error set if the arena is exhausted: check na_last_status() only when it matters). */
-na_node *na_graph_record(na_op op, na_tensor *out, int n_inputs, na_tensor *const *inputs);
+/* True on this thread while na_backward runs backward functions: the ops they call compute
+ * in the forward's dtypes (autocast reads this and stays out). */
+bool na_graph_in_backward(void);
 
 static inline bool na_node_needs_grad(const na_node *n, int k) {
     return n->inputs[k] && n->inputs[k]->requires_grad;

@@ -6,7 +6,6 @@
 #include <string.h>
 
 #include "common/half.h"
-#include "src/autograd/graph.h"
 #include "src/tensor/arena.h"
 #include "src/tensor/tensor_internal.h"
 

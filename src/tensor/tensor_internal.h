@@ -1,10 +1,9 @@
-/* Helpers shared by the op front-ends (internal). */
+/* Helpers shared by the tensor code and the layers above it (internal). */
 #ifndef NANOAMP_SRC_TENSOR_INTERNAL_H
 #define NANOAMP_SRC_TENSOR_INTERNAL_H
 
 #include "kernels/backend.h"
 #include "nanoamp/error.h"
-#include "nanoamp/ops.h"
 #include "nanoamp/tensor.h"
 
 /* A step tensor with contiguous strides and no data yet (data = NULL). */
@@ -32,17 +31,6 @@ na_dtype na_promote_float(na_dtype a, na_dtype b);
  * na_promote_float. */
 na_dtype na_result_float(const na_tensor *a, const na_tensor *b);
 
-/* Autocast for one op call: replaces ins[k] by casts when a region is active (src/amp).
- * Returns NA_OK or an error. */
-int na_autocast_inputs(na_op op, na_tensor **ins, int n);
-
 /* [outer, r, inner] split of t around `dim`. */
 void na_split_dims(const na_tensor *t, int dim, int64_t *outer, int64_t *r, int64_t *inner);
-
-/* t broadcast (NumPy rules, aligned right) to `shape`, as a new contiguous tensor: a
- * stride-0 view copied out in one pass. The inverse of na_sum_to_shape. */
-na_tensor *na_expand_to(na_tensor *t, int ndim, const int64_t *shape);
-
-/* Reduce g (shape of a broadcast result) to `shape` by summing broadcast dims. */
-na_tensor *na_sum_to_shape(na_tensor *g, int ndim, const int64_t *shape);
 #endif

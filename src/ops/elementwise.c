@@ -3,8 +3,7 @@
  * (grad mode is off while they run) so both backends share them. */
 #include <inttypes.h>
 
-#include "src/autograd/graph.h"
-#include "src/tensor/tensor_internal.h"
+#include "src/ops/ops_internal.h"
 
 /* ---- broadcasting ---------------------------------------------------------------------- */
 
@@ -55,7 +54,7 @@ static na_tensor *binary(const char *fn, na_op op, na_binary_op bop, na_tensor *
     na_tensor *out = na_empty(dt, a->device, bc.ndim, bc.shape);
     if (!out || na_be(out)->binary(bop, a, b, out, &bc) != NA_OK) return NULL;
     na_tensor *in[2] = {a, b};
-    na_graph_record(op, out, 2, in);
+    na_op_record(op, out, 2, in);
     return out;
 }
 
@@ -101,8 +100,9 @@ int na_bw_DIV(na_node *n, na_tensor *gout, na_tensor **gin) {
 
 /* ---- unary -------------------------------------------------------------------------- */
 
-static na_tensor *unary(const char *fn, na_op op, na_unary_op uop, na_tensor *x, double a,
-                        double b) {
+/* An op whose row in NA_OP_MAP names a backend unary kernel: y = f(x; a, b). */
+static na_tensor *unary(const char *fn, na_op op, na_tensor *x, double a, double b) {
+    na_unary_op uop = na_op_defs[op].unary;
     if (!na_check_float(fn, x, "input")) return NULL;
     na_tensor *ins[1] = {x};
     if (na_autocast_inputs(op, ins, 1) != NA_OK) return NULL;
@@ -110,7 +110,7 @@ static na_tensor *unary(const char *fn, na_op op, na_unary_op uop, na_tensor *x,
     if (!x) return NULL;
     na_tensor *out = na_empty_like(x);
     if (!out || na_be(x)->unary(uop, x, out, a, b) != NA_OK) return NULL;
-    na_node *n = na_graph_record(op, out, 1, &x);
+    na_node *n = na_op_record(op, out, 1, &x);
     if (n) {
         n->i[0] = uop;
         n->f[0] = a;
@@ -127,8 +127,9 @@ static int unary_backward(na_node *n, na_tensor *gout, na_tensor **gin) {
     return na_be(x)->unary_backward((na_unary_op)n->i[0], x, n->out, g, gx, n->f[0], n->f[1]);
 }
 
+/* The front-end na_<lower> of op ID and its backward; the kernel comes from the op table. */
 #define NA_UNARY_OP_(lower, ID, args, a, b)                                                     \
-    na_tensor *na_##lower args { return unary("na_" #lower, NA_OP_##ID, NA_UNARY_##ID, x, a, b); } \
+    na_tensor *na_##lower args { return unary("na_" #lower, NA_OP_##ID, x, a, b); }            \
     int na_bw_##ID(na_node *n, na_tensor *gout, na_tensor **gin) {                             \
         return unary_backward(n, gout, gin);                                                   \
     }
@@ -167,7 +168,7 @@ na_tensor *na_dropout(na_tensor *x, double p, bool training) {
     if (!broadcast_geometry(fn, x, mask, &bc)) return NULL;
     na_tensor *out = na_empty_like(mask);
     if (!out || be->binary(NA_BINARY_MUL, x, mask, out, &bc) != NA_OK) return NULL;
-    na_node *n = na_graph_record(NA_OP_DROPOUT, out, 1, &x);
+    na_node *n = na_op_record(NA_OP_DROPOUT, out, 1, &x);
     if (n) n->saved[0] = mask;
     return out;
 }

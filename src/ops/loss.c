@@ -3,8 +3,7 @@
 #include <inttypes.h>
 #include <stdlib.h>
 
-#include "src/autograd/graph.h"
-#include "src/tensor/tensor_internal.h"
+#include "src/ops/ops_internal.h"
 
 /* ---- softmax / log-softmax ------------------------------------------------------------- */
 
@@ -19,7 +18,7 @@ static na_tensor *softmax(const char *fn, na_op op, na_tensor *x, bool log) {
     int64_t cols = x->shape[x->ndim - 1], rows = cols ? x->numel / cols : 0;
     na_tensor *y = na_empty_like(x);
     if (!y || na_be(x)->softmax(x, y, rows, cols, log) != NA_OK) return NULL;
-    na_node *n = na_graph_record(op, y, 1, &x);
+    na_node *n = na_op_record(op, y, 1, &x);
     if (n) n->i[0] = rows, n->i[1] = cols;
     return y;
 }
@@ -113,7 +112,7 @@ na_tensor *na_cross_entropy(na_tensor *logits, na_tensor *labels,
     if (prev) na_no_grad_end();
     if (!out) return NULL;
     na_tensor *in[2] = {x, lab};
-    na_node *n = na_graph_record(NA_OP_CROSS_ENTROPY, out, 2, in);
+    na_node *n = na_op_record(NA_OP_CROSS_ENTROPY, out, 2, in);
     if (n) {
         n->saved[0] = lse;
         n->saved[1] = per;
@@ -160,7 +159,7 @@ na_tensor *na_mse_loss(na_tensor *a, na_tensor *b, na_reduction reduction) {
     if (prev) na_no_grad_end();
     if (!out) return NULL;
     na_tensor *in[2] = {ins[0], ins[1]};
-    na_node *n = na_graph_record(NA_OP_MSE_LOSS, out, 2, in);
+    na_node *n = na_op_record(NA_OP_MSE_LOSS, out, 2, in);
     if (n) {
         n->saved[0] = d;
         n->i[0] = reduction;

@@ -3,8 +3,7 @@
 #include <inttypes.h>
 #include <string.h>
 
-#include "src/autograd/graph.h"
-#include "src/tensor/tensor_internal.h"
+#include "src/ops/ops_internal.h"
 
 /* ---- reshape ------------------------------------------------------------------------ */
 
@@ -40,7 +39,7 @@ na_tensor *na_reshape(na_tensor *t, int ndim, const int64_t *shape) {
     out->ndim = ndim;
     memcpy(out->shape, s, sizeof(int64_t) * (size_t)ndim);
     na_set_contiguous_strides(out);
-    na_graph_record(NA_OP_RESHAPE, out, 1, &src);
+    na_op_record(NA_OP_RESHAPE, out, 1, &src);
     return out;
 }
 
@@ -104,7 +103,7 @@ na_tensor *na_permute(na_tensor *t, const int *perm) {
         out->shape[i] = t->shape[perm[i]];
         out->stride[i] = t->stride[perm[i]];
     }
-    na_node *n = na_graph_record(NA_OP_PERMUTE, out, 1, &t);
+    na_node *n = na_op_record(NA_OP_PERMUTE, out, 1, &t);
     if (n)
         for (int i = 0; i < t->ndim; i++) n->i[i] = perm[i];
     return out;
@@ -143,7 +142,7 @@ na_tensor *na_slice(na_tensor *t, int64_t start, int64_t stop) {
     out->shape[0] = stop - start;
     out->numel = na_shape_numel(out->ndim, out->shape);
     out->data = (char *)t->data + start * t->stride[0] * (int64_t)na_dtype_size(t->dtype);
-    na_node *n = na_graph_record(NA_OP_SLICE, out, 1, &t);
+    na_node *n = na_op_record(NA_OP_SLICE, out, 1, &t);
     if (n) n->i[0] = start;
     return out;
 }
@@ -169,7 +168,7 @@ na_tensor *na_contiguous(na_tensor *t) {
     if (na_is_contiguous(t)) return t;
     na_tensor *out = na_empty(t->dtype, t->device, t->ndim, t->shape);
     if (!out || na_be(t)->copy(out, t) != NA_OK) return NULL;
-    na_graph_record(NA_OP_CONTIGUOUS, out, 1, &t);
+    na_op_record(NA_OP_CONTIGUOUS, out, 1, &t);
     return out;
 }
 
@@ -190,7 +189,7 @@ na_tensor *na_cast(na_tensor *x, na_dtype dt) {
     if (dt == x->dtype) return x;
     na_tensor *out = na_empty(dt, x->device, x->ndim, x->shape);
     if (!out || na_be(x)->copy(out, x) != NA_OK) return NULL;
-    if (na_dtype_is_float(x->dtype) && na_dtype_is_float(dt)) na_graph_record(NA_OP_CAST, out, 1, &x);
+    if (na_dtype_is_float(x->dtype) && na_dtype_is_float(dt)) na_op_record(NA_OP_CAST, out, 1, &x);
     return out;
 }
 
@@ -206,7 +205,7 @@ na_tensor *na_to_device(const na_tensor *t, na_device dev) {
     if (!out || na_copy_(out, t) != NA_OK) return NULL;
     if (na_dtype_is_float(t->dtype)) {
         na_tensor *in = (na_tensor *)t;
-        na_graph_record(NA_OP_TO_DEVICE, out, 1, &in);
+        na_op_record(NA_OP_TO_DEVICE, out, 1, &in);
     }
     return out;
 }

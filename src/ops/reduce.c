@@ -2,8 +2,7 @@
  * (f64 for f64) whatever the storage dtype; under autocast sum and mean return f32. */
 #include <limits.h>
 
-#include "src/autograd/graph.h"
-#include "src/tensor/tensor_internal.h"
+#include "src/ops/ops_internal.h"
 
 /* The reduced shape: `dim` removed (or kept as 1); dim < 0 means every dim (0-dim result). */
 static int reduced_shape(const na_tensor *x, int dim, bool keepdim, int64_t *shape) {
@@ -36,7 +35,7 @@ static na_tensor *reduce(const char *fn, na_op op, na_reduce_op rop, na_tensor *
     na_tensor *idx = rop == NA_REDUCE_MAX ? na_empty(NA_DTYPE_I32, x->device, nd, shape) : NULL;
     if (!out || (rop == NA_REDUCE_MAX && !idx)) return NULL;
     if (na_be(x)->reduce(rop, x, out, idx, outer, r, inner) != NA_OK) return NULL;
-    na_node *n = na_graph_record(op, out, 1, &x);
+    na_node *n = na_op_record(op, out, 1, &x);
     if (n) {
         n->i[0] = outer;
         n->i[1] = r;

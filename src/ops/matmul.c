@@ -2,8 +2,7 @@
  * Transposed views are passed to the GEMM as transpose flags, never copied. */
 #include <inttypes.h>
 
-#include "src/autograd/graph.h"
-#include "src/tensor/tensor_internal.h"
+#include "src/ops/ops_internal.h"
 
 /* How the last two dims of t are stored: row-major (trans=false, ld = row stride) or as the
  * transpose of a row-major matrix (trans=true). Anything else needs a contiguous copy. */
@@ -96,7 +95,7 @@ na_tensor *na_matmul(na_tensor *a, na_tensor *b) {
     g.batch = na_shape_numel(nb, shape);
     if (na_be(out)->gemm(&g) != NA_OK) return NULL;
     na_tensor *in[2] = {a, b};
-    na_graph_record(NA_OP_MATMUL, out, 2, in);
+    na_op_record(NA_OP_MATMUL, out, 2, in);
     return out;
 }
 
@@ -147,7 +146,7 @@ na_tensor *na_linear(na_tensor *x, na_tensor *w, na_tensor *b) {
                       .ldb = in, .ldc = outf, .batch = 1, .alpha = 1.0f, .beta = 0.0f};
     if (na_be(out)->gemm(&g) != NA_OK) return NULL;
     na_tensor *inputs[3] = {x2, wc, bc};
-    na_graph_record(NA_OP_LINEAR, out, 3, inputs);
+    na_op_record(NA_OP_LINEAR, out, 3, inputs);
     return out;
 }
 

@@ -1,0 +1,76 @@
+/* Convolution front-end (NCHW). The kernels are the backends' (im2col + GEMM on the CPU, cuDNN
+ * on CUDA); backward sits beside the forward. */
+#include <inttypes.h>
+
+#include "src/ops/ops_internal.h"
+
+/* ---- conv2d ------------------------------------------------------------------------------ */
+
+na_tensor *na_conv2d(na_tensor *x, na_tensor *w, na_tensor *b, const na_conv2d_opts *opts) {
+    const char *fn = "na_conv2d";
+    char s1[NA_DESCRIBE_MAX], s2[NA_DESCRIBE_MAX];
+    na_conv2d_opts o = opts ? *opts : (na_conv2d_opts){0};
+    if (!na_check_float(fn, x, "input") || !na_check_float(fn, w, "weight") ||
+        !na_check_same_device(fn, x, w) || (b && (!na_check_float(fn, b, "bias") ||
+                                                  !na_check_same_device(fn, x, b))))
+        return NULL;
+    na_conv_geom g = {.kh = 0};
+    g.groups = na_or_default(o.groups, 1);
+    g.sh = na_or_default(o.stride[0], 1), g.sw = na_or_default(o.stride[1], 1);
+    g.dh = na_or_default(o.dilation[0], 1), g.dw = na_or_default(o.dilation[1], 1);
+    g.ph = o.padding[0], g.pw = o.padding[1];
+    bool ok = x->ndim == 4 && w->ndim == 4 && g.ph >= 0 && g.pw >= 0 &&
+              x->shape[1] % g.groups == 0 && w->shape[0] % g.groups == 0 &&
+              w->shape[1] * g.groups == x->shape[1] &&
+              (!b || (b->ndim == 1 && b->shape[0] == w->shape[0]));
+    if (ok) {
+        g.n = x->shape[0], g.c_in = x->shape[1], g.h = x->shape[2], g.w = x->shape[3];
+        g.c_out = w->shape[0], g.kh = (int)w->shape[2], g.kw = (int)w->shape[3];
+        g.oh = (g.h + 2 * g.ph - g.dh * (g.kh - 1) - 1) / g.sh + 1;
+        g.ow = (g.w + 2 * g.pw - g.dw * (g.kw - 1) - 1) / g.sw + 1;
+        ok = g.oh > 0 && g.ow > 0 && g.h + 2 * g.ph >= g.dh * (g.kh - 1) + 1 &&
+             g.w + 2 * g.pw >= g.dw * (g.kw - 1) + 1;
+    }
+    if (!ok) {
+        na_set_error(NA_ESHAPE, "%s: input %s and weight %s (groups %d, stride %dx%d, padding "
+                     "%dx%d, dilation %dx%d) do not make a convolution: expected input [N, C, H, "
+                     "W], weight [C_out, C/groups, kh, kw]%s and a window that fits", fn,
+                     na_tensor_describe(x, s1, sizeof s1), na_tensor_describe(w, s2, sizeof s2),
+                     g.groups, g.sh, g.sw, g.ph, g.pw, g.dh, g.dw, b ? ", bias [C_out]" : "");
+        return NULL;
+    }
+    na_tensor *ins[3] = {x, w, b};
+    if (na_autocast_inputs(NA_OP_CONV2D, ins, b ? 3 : 2) != NA_OK) return NULL;
+    if (!na_check_same_dtype(fn, ins[0], ins[1]) || (b && !na_check_same_dtype(fn, ins[0], ins[2])))
+        return NULL;
+    x = na_contiguous(ins[0]), w = na_contiguous(ins[1]), b = b ? na_contiguous(ins[2]) : NULL;
+    if (!x || !w || (ins[2] && !b)) return NULL;
+    na_tensor *y = na_empty(x->dtype, x->device, NA_SHAPE(g.n, g.c_out, g.oh, g.ow));
+    if (!y || na_be(x)->conv2d(&g, x, w, b, y) != NA_OK) return NULL;
+    na_tensor *in[3] = {x, w, b};
+    na_node *n = na_op_record(NA_OP_CONV2D, y, 3, in);
+    if (n && !(n->extra = na_conv_geom_copy(&g))) return NULL;
+    return y;
+}
+
+int na_bw_CONV2D(na_node *n, na_tensor *gout, na_tensor **gin) {
+    const na_conv_geom *g = n->extra;
+    na_tensor *x = n->inputs[0], *w = n->inputs[1], *gy = na_contiguous(gout);
+    if (!gy) return na_last_status();
+    const na_backend *be = na_be(x);
+    int rc;
+    if (na_node_needs_grad(n, 0)) {
+        if (!(gin[0] = na_empty_like(x))) return na_last_status();
+        if ((rc = be->conv2d_backward_data(g, gy, w, gin[0]))) return rc;
+    }
+    if (na_node_needs_grad(n, 1)) {
+        if (!(gin[1] = na_empty_like(w))) return na_last_status();
+        if ((rc = be->conv2d_backward_weight(g, x, gy, gin[1]))) return rc;
+    }
+    if (na_node_needs_grad(n, 2)) { /* gb = sum of gy over N, H, W */
+        na_tensor *r = na_reshape(gy, 3, (const int64_t[]){g->n, g->c_out, -1});
+        r = r ? na_sum_dim(r, 2, false) : NULL;
+        if (!(gin[2] = r ? na_sum_dim(r, 0, false) : NULL)) return na_last_status();
+    }
+    return NA_OK;
+}

@@ -1,0 +1,100 @@
+/* Batch normalization front-end over dim 1 (f32 statistics and parameters for f16/bf16 data).
+ * Backward sits beside the forward. */
+#include <inttypes.h>
+
+#include "src/ops/ops_internal.h"
+
+/* ---- batch norm ------------------------------------------------------------------------------ */
+
+static bool check_param(const char *fn, const na_tensor *p, const char *what, na_dtype dt,
+                        int64_t c, const na_tensor *x) {
+    char s[NA_DESCRIBE_MAX];
+    if (!p) return true;
+    if (p->ndim != 1 || p->shape[0] != c || p->dtype != dt || p->device != x->device ||
+        !na_is_contiguous(p)) {
+        na_set_error(NA_ESHAPE, "%s: %s is %s, expected [%" PRId64 "] %s %s", fn, what,
+                     na_tensor_describe(p, s, sizeof s), c, na_dtype_name(dt),
+                     na_device_name(x->device));
+        return false;
+    }
+    return true;
+}
+
+na_tensor *na_batch_norm(na_tensor *x, na_tensor *running_mean, na_tensor *running_var,
+                         na_tensor *weight, na_tensor *bias, bool training, double momentum,
+                         double eps) {
+    const char *fn = "na_batch_norm";
+    char s[NA_DESCRIBE_MAX];
+    if (!na_check_float(fn, x, "input")) return NULL;
+    if (x->ndim < 2 || x->ndim > 4) {
+        na_set_error(NA_ESHAPE, "%s: expected [N, C], [N, C, L] or [N, C, H, W], got %s", fn,
+                     na_tensor_describe(x, s, sizeof s));
+        return NULL;
+    }
+    int64_t nb = x->shape[0], c = x->shape[1], sp = x->numel / ((nb * c) != 0 ? nb * c : 1);
+    na_dtype pdt = x->dtype == NA_DTYPE_F64 ? NA_DTYPE_F64 : NA_DTYPE_F32;
+    if (!check_param(fn, running_mean, "running_mean", pdt, c, x) ||
+        !check_param(fn, running_var, "running_var", pdt, c, x) ||
+        !check_param(fn, weight, "weight", pdt, c, x) || !check_param(fn, bias, "bias", pdt, c, x))
+        return NULL;
+    if (!training && (!running_mean || !running_var)) {
+        na_set_error(NA_EINVAL, "%s: eval mode needs running statistics", fn);
+        return NULL;
+    }
+    if (!running_mean != !running_var) { /* kernels update both when running_mean is given */
+        na_set_error(NA_EINVAL, "%s: give both running_mean and running_var, or neither", fn);
+        return NULL;
+    }
+    if (training && nb * sp <= 1) {
+        na_set_error(NA_ESHAPE, "%s: expected more than 1 value per channel when training, got "
+                     "input %s", fn, na_tensor_describe(x, s, sizeof s));
+        return NULL;
+    }
+    if (!(eps > 0) || !(momentum >= 0 && momentum <= 1)) {
+        na_set_error(NA_EINVAL, "%s: eps must be > 0 and momentum in [0, 1] (got %g, %g)", fn, eps,
+                     momentum);
+        return NULL;
+    }
+    if (!(x = na_contiguous(x))) return NULL;
+    const na_backend *be = na_be(x);
+    na_tensor *y = na_empty_like(x);
+    na_tensor *mean = na_empty(pdt, x->device, NA_SHAPE(c));
+    na_tensor *invstd = na_empty(pdt, x->device, NA_SHAPE(c));
+    if (!y || !mean || !invstd) return NULL;
+    int rc = training ? be->batch_norm_train(x, weight, bias, running_mean, running_var, y, mean,
+                                             invstd, nb, c, sp, momentum, eps)
+                      : be->batch_norm_eval(x, weight, bias, running_mean, running_var, y, nb,
+                                            c, sp, eps);
+    if (rc) return NULL;
+    na_tensor *in[3] = {x, weight, bias};
+    na_node *n = na_op_record(NA_OP_BATCH_NORM, y, 3, in);
+    if (n && !training) { /* backward in eval: the running statistics play the batch's role */
+        na_no_grad_begin();
+        na_tensor *v = na_rsqrt(na_add_scalar(running_var, eps));
+        na_no_grad_end();
+        if (!v || be->copy(invstd, v) != NA_OK || be->copy(mean, running_mean) != NA_OK) return NULL;
+    }
+    if (n) {
+        n->saved[0] = mean;
+        n->saved[1] = invstd;
+        n->i[0] = nb, n->i[1] = c, n->i[2] = sp, n->i[3] = training;
+    }
+    return y;
+}
+
+int na_bw_BATCH_NORM(na_node *n, na_tensor *gout, na_tensor **gin) {
+    na_tensor *x = n->inputs[0], *w = n->inputs[1], *gy = na_contiguous(gout);
+    if (!gy) return na_last_status();
+    na_tensor *gx = na_node_needs_grad(n, 0) ? na_empty_like(x) : NULL;
+    na_tensor *gw = na_node_needs_grad(n, 1) ? na_empty_like(w) : NULL;
+    na_tensor *gb = na_node_needs_grad(n, 2) ? na_empty_like(n->inputs[2]) : NULL;
+    if ((na_node_needs_grad(n, 0) && !gx) || (na_node_needs_grad(n, 1) && !gw) ||
+        (na_node_needs_grad(n, 2) && !gb))
+        return na_last_status();
+    gin[0] = gx, gin[1] = gw, gin[2] = gb;
+    if (!gx && !gw && !gb) return NA_OK;
+    /* the kernel always computes gx; give it a scratch buffer when x needs none */
+    if (!gx && !(gx = na_empty_like(x))) return na_last_status();
+    return na_be(x)->batch_norm_backward(x, gy, w, n->saved[0], n->saved[1], gx, gw, gb, n->i[0],
+                                         n->i[1], n->i[2], n->i[3] != 0);
+}
