@@ -89,12 +89,12 @@ static int setup(bench_trainer *t, const char *model, na_device dev, int64_t bat
         t->net = na_model_to_half(net, NA_DTYPE_F16);
         if (!t->net) return -1;
         na_fp16_optimizer_cfg fc = NA_FP16_OPTIMIZER_DYNAMIC;
-        na_optim *inner = na_sgd_new(NULL, &sgd);
-        t->fo = inner ? na_fp16_optimizer_new(inner, t->net, &fc) : NULL;
+        na_optim *inner = na_sgd_new(NA_NO_TENSORS, &sgd);
+        t->fo = inner ? na_fp16_optimizer_new(inner, na_module_parameters(t->net), &fc) : NULL;
         if (!t->fo) return -1;
     } else {
         t->net = net;
-        t->opt = na_sgd_new(net, &sgd);
+        t->opt = na_sgd_new(na_module_parameters(net), &sgd);
         if (!t->opt) return -1;
         if (t->amp == AMP_FP16 && !(t->gs = na_grad_scaler_new(NULL))) return -1;
     }

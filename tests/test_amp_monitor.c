@@ -88,8 +88,8 @@ Test(amp_monitor, scale_at_the_floor) {
         TH_RC(na_fill_(w, 1.0));
         TH_RC(na_tensor_set_requires_grad(w, true));
         na_sgd_cfg sc = {.lr = 0.1};
-        na_optim *opt = na_sgd_new(NULL, &sc);
-        cr_assert_eq(na_optim_add_group(opt, 1, &w), 0);
+        na_optim *opt = na_sgd_new(NA_NO_TENSORS, &sc);
+        cr_assert_eq(na_optim_add_group(opt, NA_TENSORS(w)), 0);
         m = monitor((na_amp_monitor_cfg)NA_AMP_MONITOR_DEFAULTS);
         int first_alert = -1;
         for (int i = 0; i < 40 && first_alert < 0; i++) { /* every step overflows */
@@ -126,8 +126,8 @@ Test(amp_monitor, csv_from_a_scaler_and_the_svg_plot) {
     TH_RC(na_fill_(w, 1.0));
     TH_RC(na_tensor_set_requires_grad(w, true));
     na_sgd_cfg sc = {.lr = 0.01};
-    na_optim *opt = na_sgd_new(NULL, &sc);
-    cr_assert_eq(na_optim_add_group(opt, 1, &w), 0);
+    na_optim *opt = na_sgd_new(NA_NO_TENSORS, &sc);
+    cr_assert_eq(na_optim_add_group(opt, NA_TENSORS(w)), 0);
     for (int step = 0; step < 8; step++) {
         na_tensor *loss = TH_OK(na_sum(TH_OK(na_mul(w, w))));
         TH_RC(na_backward(TH_OK(na_grad_scaler_scale(gs, loss)), NULL));

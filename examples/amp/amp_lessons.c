@@ -85,8 +85,8 @@ static int underflow_run(bool scaled, double scale, double *grad) {
         na_grad_scaler_cfg c = NA_GRAD_SCALER_DEFAULTS;
         c.init_scale = scale;
         na_grad_scaler *gs = na_grad_scaler_new(&c);
-        na_optim *opt = na_sgd_new(NULL, NULL);
-        CHECK(gs && opt && na_optim_add_group(opt, 1, &w) == 0);
+        na_optim *opt = na_sgd_new(NA_NO_TENSORS, NULL);
+        CHECK(gs && opt && na_optim_add_group(opt, NA_TENSORS(w)) == 0);
         CHECK_RC(na_backward(na_grad_scaler_scale(gs, loss), NULL));
         CHECK_RC(na_grad_scaler_unscale_(gs, opt)); /* in f32, on the f32 gradient */
         na_optim_free(opt);
@@ -221,8 +221,8 @@ int amp_lesson_overflow(amp_overflow_result *r) {
     gc.growth_interval = 4;
     na_grad_scaler *gs = na_grad_scaler_new(&gc);
     na_sgd_cfg sc = {.lr = 0.5};
-    na_optim *opt = na_sgd_new(NULL, &sc);
-    CHECK(gs && opt && na_optim_add_group(opt, 1, &w) == 0);
+    na_optim *opt = na_sgd_new(NA_NO_TENSORS, &sc);
+    CHECK(gs && opt && na_optim_add_group(opt, NA_TENSORS(w)) == 0);
     double start = na_grad_scaler_get_scale(gs);
     for (int s = 0; s < AMP_OVERFLOW_STEPS; s++) {
         bool bad = s == AMP_OVERFLOW_BAD_STEP;
@@ -309,7 +309,7 @@ int amp_lesson_trace(amp_trace_result *r) {
     na_tensor *labels = na_from_host(NA_DTYPE_I32, NA_DEVICE_CPU, NA_SHAPE(4),
                                      (int32_t[]){3, 1, 4, 1});
     na_sgd_cfg sc = {.lr = 0.01, .momentum = 0.9};
-    na_optim *opt = na_sgd_new(net, &sc);
+    na_optim *opt = na_sgd_new(na_module_parameters(net), &sc);
     na_grad_scaler *gs = na_grad_scaler_new(NULL);
     CHECK(x && labels && opt && gs);
     na_amp_trace_mode saved = na_autocast_trace_mode();
@@ -373,10 +373,10 @@ static int master_run(amp_master_result *r, na_dtype dt, int k) {
     na_sgd_cfg sc = {.lr = r->lr};
     /* (a) the 16-bit weight updated in place; (b) the same weight under the fp16 optimizer */
     na_tensor *wa = leaf(dt, NA_SHAPE(1), 1.0), *wb = leaf(dt, NA_SHAPE(1), 1.0);
-    na_optim *oa = na_sgd_new(NULL, &sc), *ob = na_sgd_new(NULL, &sc);
-    CHECK(wa && oa && wb && ob && na_optim_add_group(oa, 1, &wa) == 0);
-    na_fp16_optimizer *fo = na_fp16_optimizer_new(ob, NULL, NULL); /* static scale 1 */
-    CHECK(fo && na_fp16_optimizer_add_group(fo, 1, &wb) == 0);
+    na_optim *oa = na_sgd_new(NA_NO_TENSORS, &sc), *ob = na_sgd_new(NA_NO_TENSORS, &sc);
+    CHECK(wa && oa && wb && ob && na_optim_add_group(oa, NA_TENSORS(wa)) == 0);
+    na_fp16_optimizer *fo = na_fp16_optimizer_new(ob, NA_NO_TENSORS, NULL); /* static scale 1 */
+    CHECK(fo && na_fp16_optimizer_add_group(fo, NA_TENSORS(wb)) == 0);
     for (int s = 0; s < r->steps; s++) {
         /* loss = grad * w: dL/dw = grad (in the weight's dtype) */
         CHECK_RC(na_backward(na_scale(na_sum(wa), r->grad), NULL));
@@ -405,8 +405,8 @@ int amp_lesson_master_weights(amp_master_result *r) {
     /* (c) the f32 reference */
     na_sgd_cfg sc = {.lr = r->lr};
     na_tensor *wc = leaf(NA_DTYPE_F32, NA_SHAPE(1), 1.0);
-    na_optim *oc = na_sgd_new(NULL, &sc);
-    CHECK(wc && oc && na_optim_add_group(oc, 1, &wc) == 0);
+    na_optim *oc = na_sgd_new(NA_NO_TENSORS, &sc);
+    CHECK(wc && oc && na_optim_add_group(oc, NA_TENSORS(wc)) == 0);
     for (int s = 0; s < r->steps; s++) {
         CHECK_RC(na_backward(na_scale(na_sum(wc), r->grad), NULL));
         CHECK_RC(na_optim_step(oc, NULL));
@@ -526,7 +526,7 @@ static int mlp_run(const mlp_data *d, const mlp_run_cfg *c, mlp_run_out *o, bool
     na_module *net = NA_SEQUENTIAL(na_flatten_new(1), na_linear_new(784, 256, true),
                                    na_relu_new(), na_linear_new(256, 10, true));
     na_adam_cfg ac = NA_ADAM_DEFAULTS;
-    na_optim *opt = net ? na_adam_new(net, &ac) : NULL;
+    na_optim *opt = net ? na_adam_new(na_module_parameters(net), &ac) : NULL;
     na_grad_scaler_cfg gc = NA_GRAD_SCALER_DEFAULTS;
     gc.enabled = c->scaled;
     if (c->growth_interval) gc.growth_interval = c->growth_interval;

@@ -8,18 +8,19 @@
 
 #define SGD_DEFAULT_LR 0.05
 
-static na_optim *make_optimizer(const trainer_opts *o, na_module *net) {
+/* The optimizer of --optim over params (NA_NO_TENSORS for the fp16 optimizer to fill). */
+static na_optim *make_optimizer(const trainer_opts *o, na_tensor_list params) {
     if (!strcmp(o->optim, "adamw")) {
         na_adam_cfg c = NA_ADAMW_DEFAULTS;
         if (o->lr >= 0) c.lr = o->lr;
         if (o->weight_decay >= 0) c.weight_decay = o->weight_decay;
-        return na_adamw_new(net, &c);
+        return na_adamw_new(params, &c);
     }
     na_sgd_cfg c = NA_SGD_DEFAULTS;
     c.lr = o->lr >= 0 ? o->lr : SGD_DEFAULT_LR, c.momentum = o->momentum;
     c.weight_decay = o->weight_decay > 0 ? o->weight_decay : 0;
     c.nesterov = o->momentum > 0;
-    return na_sgd_new(net, &c);
+    return na_sgd_new(params, &c);
 }
 
 /* Resolves --amp (auto: na_amp_recommend) and makes the optimizer, the scaler or the fp16
@@ -59,7 +60,9 @@ int trainer_amp_setup(const trainer_opts *o, na_module *net, trainer_amp *a) {
         if (!dynamic) fc.scaler = (na_grad_scaler_cfg)NA_STATIC_SCALER(static_scale);
         if (o->growth_interval) fc.scaler.growth_interval = o->growth_interval;
         fc.scaler.device = o->device;
-        if (!(a->fo = na_fp16_optimizer_new(make_optimizer(o, NULL), net, &fc)))
+        a->fo = na_fp16_optimizer_new(make_optimizer(o, NA_NO_TENSORS), na_module_parameters(net),
+                                      &fc);
+        if (!a->fo)
             return na_last_status();
         a->opt = na_fp16_optimizer_optim(a->fo);
     } else {
@@ -70,7 +73,8 @@ int trainer_amp_setup(const trainer_opts *o, na_module *net, trainer_amp *a) {
         if (o->growth_interval) gc.growth_interval = o->growth_interval;
         gc.enabled = fp16;
         gc.device = o->device;
-        if (!(a->gs = na_grad_scaler_new(&gc)) || !(a->opt = make_optimizer(o, net)))
+        if (!(a->gs = na_grad_scaler_new(&gc)) ||
+            !(a->opt = make_optimizer(o, na_module_parameters(net))))
             return na_last_status();
     }
     if (o->log_path) {
