@@ -1,17 +1,21 @@
 /* The trainers' checkpoints (--save, --resume): see trainer_internal.h. */
 #include <inttypes.h>
+#include <stdbool.h>
 #include <stdio.h>
 
 #include "trainer_internal.h"
 
 /* Everything a resumed run needs, as one list: the model's state (no prefix), the
  * optimizer's ("optim.", or for o2 the fp16 optimizer's with its masters and scaler,
- * "fp16.") and the GradScaler's ("scaler."; a disabled one adds nothing). */
-static int training_state(na_module *net, const trainer_amp *a, na_named_tensors *out) {
+ * "fp16."), the GradScaler's ("scaler."; a disabled one adds nothing) and, with monitor and
+ * --log, the monitor's ("monitor."). */
+static int training_state(na_module *net, const trainer_amp *a, bool monitor,
+                          na_named_tensors *out) {
     int rc = na_module_state(net, "", out);
     if (!rc) rc = a->fo ? na_fp16_optimizer_state(a->fo, "fp16.", out)
                         : na_optim_state(a->opt, "optim.", out);
     if (!rc && a->gs) rc = na_grad_scaler_state(a->gs, "scaler.", out);
+    if (!rc && monitor && a->mon) rc = na_amp_monitor_state(a->mon, "monitor.", out);
     return rc;
 }
 
@@ -19,7 +23,7 @@ int trainer_checkpoint_save(const char *path, na_module *net, const trainer_amp 
                             int64_t epochs_done, uint64_t seed) {
     na_checkpoint *ck = na_checkpoint_new();
     na_named_tensors state = {0};
-    int rc = ck ? training_state(net, amp, &state) : na_last_status();
+    int rc = ck ? training_state(net, amp, true, &state) : na_last_status();
     if (!rc) rc = na_checkpoint_add_list(ck, &state);
     char buf[64];
     snprintf(buf, sizeof buf, "%" PRId64, epochs_done);
@@ -58,7 +62,8 @@ int trainer_checkpoint_load(const char *path, na_module *net, const trainer_amp 
     int rc = meta_number(ck, path, "epochs_done", &epochs, NULL);
     if (!rc) rc = meta_number(ck, path, "seed", NULL, &seed);
     if (!rc) rc = meta_number(ck, path, "rng_offset", NULL, &offset);
-    if (!rc) rc = training_state(net, amp, &state);
+    /* the monitor's state when the saved run had --log too (else it starts afresh) */
+    if (!rc) rc = training_state(net, amp, na_checkpoint_has(ck, "monitor.counters"), &state);
     if (!rc) rc = na_checkpoint_copy_list(ck, &state, false);
     if (!rc) {
         *epochs_done = epochs;

@@ -452,6 +452,16 @@ double na_amp_monitor_scale(const na_amp_monitor *m);        /* the last recorde
 unsigned na_amp_monitor_alerts(const na_amp_monitor *m);     /* raised by the last record */
 /* The alerts as text ("loss rising for 50 steps; ..."), "" when none. Returns buf. */
 const char *na_amp_monitor_describe(const na_amp_monitor *m, char *buf, size_t size);
+/* The state protocol (nanoamp/state.h), after prefix: "counters" f64 [10] (records, steps,
+ * skipped, loss average, rising records, last scale, last floor, last alerts, and the
+ * scaler's updates and skipped counters at the last record_scaler), "skip_window" f64
+ * [window, 2] (steps and skips per record), "scale_history" f64 [scale_drop_updates + 1]; all
+ * on the CPU. Saved with the scaler, it lets a resumed run go on counting and alerting as if
+ * never stopped (without it, the first record_scaler after a resume would count every skip
+ * the restored scaler ever made as one record's). Load into a monitor made with the same
+ * config; every record checks the counts are whole numbers >= 0, else records nothing and
+ * sets an NA_EINVAL error. The CSV log is not state: it is the caller's file. */
+int na_amp_monitor_state(na_amp_monitor *m, const char *prefix, na_named_tensors *out);
 
 #ifdef __cplusplus
 }
