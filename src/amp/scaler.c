@@ -318,6 +318,11 @@ static opt_record *record_of(na_grad_scaler *gs, const na_optim *opt) {
     return &gs->recs[gs->n_recs++];
 }
 
+/* opt's record for unscale_ or step, once the loss was scaled; NULL with an error. */
+static opt_record *scaled_record(const char *fn, na_grad_scaler *gs, const na_optim *opt) {
+    return check_scaled(fn, gs) ? NULL : record_of(gs, opt);
+}
+
 na_tensor *na_grad_scaler_scale(na_grad_scaler *gs, na_tensor *loss) {
     const char *fn = "na_grad_scaler_scale";
     char d[NA_DESCRIBE_MAX];
@@ -360,9 +365,7 @@ int na_grad_scaler_unscale_(na_grad_scaler *gs, na_optim *opt) {
     char d[NA_DESCRIBE_MAX];
     if (!gs || !opt) return na_set_error(NA_EINVAL, "%s: NULL scaler or optimizer", fn);
     if (!gs->enabled) return NA_OK;
-    int rc = check_scaled(fn, gs);
-    if (rc) return rc;
-    opt_record *r = record_of(gs, opt);
+    opt_record *r = scaled_record(fn, gs, opt);
     if (!r) return na_last_status();
     if (r->st == STAGE_UNSCALED)
         return na_set_error(NA_ESTATE, "%s: unscale_() has already been called on this optimizer "
@@ -387,8 +390,8 @@ int na_grad_scaler_unscale_(na_grad_scaler *gs, na_optim *opt) {
                                 na_tensor_describe(g, d, sizeof d), na_device_name(gs->device));
         grads[count++] = g;
     }
-    rc = na_grad_scaler_unscale_into_(gs, count, (const na_tensor *const *)grads, grads,
-                                      r->found_inf);
+    int rc = na_grad_scaler_unscale_into_(gs, count, (const na_tensor *const *)grads, grads,
+                                          r->found_inf);
     if (rc) return na_set_error(rc, "%s: %s", fn, na_last_error());
     r->st = STAGE_UNSCALED;
     return NA_OK;
@@ -398,10 +401,9 @@ int na_grad_scaler_step(na_grad_scaler *gs, na_optim *opt) {
     const char *fn = "na_grad_scaler_step";
     if (!gs || !opt) return na_set_error(NA_EINVAL, "%s: NULL scaler or optimizer", fn);
     if (!gs->enabled) return na_optim_step(opt, NULL);
-    int rc = check_scaled(fn, gs);
-    if (rc) return rc;
-    opt_record *r = record_of(gs, opt);
+    opt_record *r = scaled_record(fn, gs, opt);
     if (!r) return na_last_status();
+    int rc = NA_OK;
     if (r->st == STAGE_STEPPED)
         return na_set_error(NA_ESTATE, "%s: step() has already been called since the last "
                             "update().", fn);
