@@ -235,7 +235,10 @@ static void monitored_free(monitored_run *r) {
  * never stopped (a fresh monitor would take the restored scaler's whole history for its first
  * record: 6 steps with 2 skips, a skip rate of 1/3 over the window instead of 1/4). */
 Test(amp_monitor, resumes_from_its_state) {
-    const char *path = "amp_monitor_ck.safetensors";
+    char path[] = "/tmp/amp_monitor_ck_XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert(fd >= 0);
+    close(fd);
     bool overflow[7] = {0, 1, 0, 1, 0, 0, 0};
     monitored_run a = monitored_new(), b = monitored_new();
     for (int i = 0; i < 6; i++) monitored_step(a.m, a.gs, a.opt, a.w, i, overflow[i]);
