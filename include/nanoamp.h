@@ -6,6 +6,7 @@
  *   ops.h       the op table and the differentiable ops
  *   autograd.h  backward, no-grad, gradcheck
  *   amp.h       autocast, loss scaling, master weights, monitoring
+ *   state.h     tensor lists: parameter lists and the state protocol
  *   nn.h        modules and layers
  *   optim.h     SGD, Adam, AdamW, schedules, clipping
  *   data.h      MNIST/CIFAR readers and batching
@@ -17,6 +18,7 @@
 #include "nanoamp/error.h"
 #include "nanoamp/dtype.h"
 #include "nanoamp/tensor.h"
+#include "nanoamp/state.h"
 #include "nanoamp/ops.h"
 #include "nanoamp/autograd.h"
 #include "nanoamp/amp.h"

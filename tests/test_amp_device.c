@@ -125,7 +125,8 @@ static void grad_scaler_step(na_module *m, na_optim *opt, na_grad_scaler *gs, na
 Test(amp_device, grad_scaler_step_has_no_host_round_trip) {
     na_module *m = mlp_on(NA_DEVICE_CUDA, false), *mc = mlp_on(NA_DEVICE_CPU, false);
     na_sgd_cfg sc = {.lr = 0.1, .momentum = 0.9};
-    na_optim *opt = na_sgd_new(m, &sc), *oc = na_sgd_new(mc, &sc);
+    na_optim *opt = na_sgd_new(na_module_parameters(m), &sc);
+    na_optim *oc = na_sgd_new(na_module_parameters(mc), &sc);
     na_grad_scaler_cfg gc = NA_GRAD_SCALER_DEFAULTS;
     gc.growth_interval = 2;
     na_grad_scaler *gs = na_grad_scaler_new(&gc), *gsc = na_grad_scaler_new(&gc);
@@ -161,7 +162,8 @@ Test(amp_device, fp16_optimizer_step_has_no_host_round_trip) {
         na_fp16_optimizer_cfg fc = NA_FP16_OPTIMIZER_DYNAMIC;
         fc.flat_master = flat;
         fc.scaler.device = NA_DEVICE_CUDA;
-        na_fp16_optimizer *fo = na_fp16_optimizer_new(na_sgd_new(NULL, &sc), m, &fc);
+        na_fp16_optimizer *fo = na_fp16_optimizer_new(na_sgd_new(NA_NO_TENSORS, &sc),
+                                                      na_module_parameters(m), &fc);
         cr_assert_not_null(fo, "%s", na_last_error());
         double in_scale[] = {1, 1, 1e4, 1};
         for (int s = 0; s < 4; s++) {

@@ -59,8 +59,8 @@ Test(amp_master, model_to_half_keeps_batch_norm_f32) {
     na_module *half = OK_MODULE(na_model_to_half(OK_MODULE(dummy_net()), NA_DTYPE_F16));
     cr_assert_str_eq(na_module_type_name(half), "FP16Model");
     na_module *net = na_module_child_at(half, 0, NULL);
-    na_named_tensors l;
-    TH_RC(na_module_named_tensors(net, NA_MODULE_STATE, &l));
+    na_named_tensors l = {0};
+    TH_RC(na_module_named_tensors(net, NA_MODULE_STATE, "", &l));
     int f16 = 0, f32 = 0;
     for (int64_t i = 0; i < l.n; i++) {
         const char *name = l.items[i].name;
@@ -78,7 +78,7 @@ Test(amp_master, model_to_half_keeps_batch_norm_f32) {
     cr_assert_eq(f32, 3 * 4 + 2, "3 affine BN x 4 tensors + the non-affine BN's statistics");
     na_named_tensors_free(&l);
     /* every parameter is f16 except affine BatchNorm's */
-    TH_RC(na_module_named_tensors(net, NA_MODULE_PARAMS, &l));
+    TH_RC(na_module_named_tensors(net, NA_MODULE_PARAMS, "", &l));
     for (int64_t i = 0; i < l.n; i++) {
         na_module *owner = l.items[i].owner;
         bool affine_bn = na_module_is_affine_batch_norm(owner, NULL);
@@ -138,7 +138,7 @@ static na_tensor *mse(na_module *m, batch b) {
 }
 
 static na_fp16_optimizer *fp16_opt(na_optim *inner, na_module *half, na_fp16_optimizer_cfg c) {
-    na_fp16_optimizer *fo = na_fp16_optimizer_new(inner, half, &c);
+    na_fp16_optimizer *fo = na_fp16_optimizer_new(inner, na_module_parameters(half), &c);
     cr_assert_not_null(fo, "%s", na_last_error());
     return fo;
 }
@@ -154,8 +154,8 @@ static double max_rel_diff(const na_tensor *a, const na_tensor *b) {
 }
 
 static double max_abs_diff(na_module *ref, const na_fp16_optimizer *fo) {
-    na_named_tensors l;
-    TH_RC(na_module_named_tensors(ref, NA_MODULE_PARAMS, &l));
+    na_named_tensors l = {0};
+    TH_RC(na_module_named_tensors(ref, NA_MODULE_PARAMS, "", &l));
     double worst = 0;
     for (int64_t i = 0; i < l.n; i++)
         for (int64_t k = 0; k < l.items[i].tensor->numel; k++) {
@@ -175,8 +175,10 @@ Test(amp_master, tracks_a_plain_f32_optimizer) {
         na_sgd_cfg sc = {.lr = 0.05, .momentum = 0.9};
         na_adam_cfg ac = NA_ADAM_DEFAULTS;
         ac.lr = 3e-3;
-        na_optim *ctl = use_adam ? na_adam_new(ref, &ac) : na_sgd_new(ref, &sc);
-        na_optim *inner = use_adam ? na_adam_new(NULL, &ac) : na_sgd_new(NULL, &sc);
+        na_tensor_list ps = na_module_parameters(ref);
+        na_optim *ctl = use_adam ? na_adam_new(ps, &ac) : na_sgd_new(ps, &sc);
+        na_optim *inner = use_adam ? na_adam_new(NA_NO_TENSORS, &ac)
+                                   : na_sgd_new(NA_NO_TENSORS, &sc);
         na_fp16_optimizer *fo = fp16_opt(inner, half, (na_fp16_optimizer_cfg){
                                                           .scaler = NA_STATIC_SCALER(128.0)});
         double first = 0, last = 0;
@@ -234,8 +236,8 @@ Test(amp_master, flat_and_per_parameter_masters_identical) {
     na_adam_cfg ac = NA_ADAMW_DEFAULTS;
     na_fp16_optimizer_cfg ca = NA_FP16_OPTIMIZER_DYNAMIC, cb = NA_FP16_OPTIMIZER_DYNAMIC;
     cb.flat_master = true;
-    na_fp16_optimizer *fa = fp16_opt(na_adamw_new(NULL, &ac), a, ca);
-    na_fp16_optimizer *fb = fp16_opt(na_adamw_new(NULL, &ac), b, cb);
+    na_fp16_optimizer *fa = fp16_opt(na_adamw_new(NA_NO_TENSORS, &ac), a, ca);
+    na_fp16_optimizer *fb = fp16_opt(na_adamw_new(NA_NO_TENSORS, &ac), b, cb);
     cr_assert_eq(na_optim_num_params(na_fp16_optimizer_optim(fa)), 4);
     cr_assert_eq(na_optim_num_params(na_fp16_optimizer_optim(fb)), 1);
     run_fp16(a, fa, 20);
@@ -265,7 +267,7 @@ Test(amp_master, overflow_step_skipped_and_scale_halved) {
         na_sgd_cfg sc = {.lr = 0.05, .momentum = 0.9};
         na_fp16_optimizer_cfg c = NA_FP16_OPTIMIZER_DYNAMIC;
         c.flat_master = flat;
-        na_fp16_optimizer *fo = fp16_opt(na_sgd_new(NULL, &sc), half, c);
+        na_fp16_optimizer *fo = fp16_opt(na_sgd_new(NA_NO_TENSORS, &sc), half, c);
         run_fp16(half, fo, 2);
         cr_assert_eq(na_grad_scaler_get_scale(na_fp16_optimizer_scaler(fo)), 65536.0);
         int64_t n = na_fp16_optimizer_num_params(fo);
@@ -275,8 +277,8 @@ Test(amp_master, overflow_step_skipped_and_scale_halved) {
             na_tensor *p32 = TH_OK(na_cast(na_fp16_optimizer_model_param(fo, i), NA_DTYPE_F32));
             TH_RC(na_copy_to_host(p32, pbefore[i]));
         }
-        na_named_tensors st;
-        TH_RC(na_optim_state(na_fp16_optimizer_optim(fo), &st));
+        na_named_tensors st = {0};
+        TH_RC(na_optim_state(na_fp16_optimizer_optim(fo), "", &st));
         float mom[256];
         TH_RC(na_copy_to_host(na_named_tensors_find(&st, "state.0.momentum_buffer"), mom));
         batch b = make_batch(0, 1e4); /* activations x 1e4: scaled f16 gradients overflow */
@@ -319,7 +321,7 @@ Test(amp_master, overflow_step_skipped_and_scale_halved) {
 Test(amp_master, clip_master_grads) {
     na_module *half = OK_MODULE(na_model_to_half(mlp(3), NA_DTYPE_F16));
     na_sgd_cfg sc = {.lr = 0.1};
-    na_fp16_optimizer *fo = fp16_opt(na_sgd_new(NULL, &sc), half,
+    na_fp16_optimizer *fo = fp16_opt(na_sgd_new(NA_NO_TENSORS, &sc), half,
                                      (na_fp16_optimizer_cfg){.scaler = NA_STATIC_SCALER(64.0)});
     TH_RC(na_fp16_optimizer_backward(fo, mse(half, make_batch(0, 1.0)), true));
     double sq = 0;
@@ -346,8 +348,8 @@ Test(amp_master, deferred_master_grad_update) {
     na_module *b = OK_MODULE(na_model_to_half(mlp(4), NA_DTYPE_F16));
     na_sgd_cfg sc = {.lr = 0.1};
     na_fp16_optimizer_cfg c = {.scaler = NA_STATIC_SCALER(256.0)};
-    na_fp16_optimizer *fa = fp16_opt(na_sgd_new(NULL, &sc), a, c);
-    na_fp16_optimizer *fb = fp16_opt(na_sgd_new(NULL, &sc), b, c);
+    na_fp16_optimizer *fa = fp16_opt(na_sgd_new(NA_NO_TENSORS, &sc), a, c);
+    na_fp16_optimizer *fb = fp16_opt(na_sgd_new(NA_NO_TENSORS, &sc), b, c);
     batch b0 = make_batch(0, 1.0), b1 = make_batch(1, 1.0);
     TH_RC(na_fp16_optimizer_backward(fa, mse(a, b0), false));
     TH_EXPECT_STATUS(na_fp16_optimizer_step(fa), NA_ESTATE, "not up to date");
@@ -376,7 +378,7 @@ Test(amp_master, one_scale_update_per_step) {
         na_sgd_cfg sc = {.lr = 0.05};
         na_fp16_optimizer_cfg c = NA_FP16_OPTIMIZER_DYNAMIC;
         c.scaler.growth_interval = 2;
-        na_fp16_optimizer *fo = fp16_opt(na_sgd_new(NULL, &sc), half, c);
+        na_fp16_optimizer *fo = fp16_opt(na_sgd_new(NA_NO_TENSORS, &sc), half, c);
         na_grad_scaler *gs = na_fp16_optimizer_scaler(fo);
         bool naive = way != 1;
         TH_RC(na_fp16_optimizer_backward(fo, mse(half, make_batch(0, way == 2 ? 1e4 : 1.0)),
@@ -403,7 +405,7 @@ Test(amp_master, flat_master_views_have_their_grad) {
     na_sgd_cfg sc = {.lr = 0.05};
     na_fp16_optimizer_cfg c = NA_FP16_OPTIMIZER_DYNAMIC;
     c.flat_master = true;
-    na_fp16_optimizer *fo = fp16_opt(na_sgd_new(NULL, &sc), half, c);
+    na_fp16_optimizer *fo = fp16_opt(na_sgd_new(NA_NO_TENSORS, &sc), half, c);
     TH_RC(na_fp16_optimizer_backward(fo, mse(half, make_batch(0, 1.0)), true));
     const na_tensor *flat_grad = na_optim_param(na_fp16_optimizer_optim(fo), 0)->grad;
     cr_assert_not_null(flat_grad);
@@ -432,7 +434,7 @@ Test(amp_master, flat_master_views_have_their_grad) {
 Test(amp_master, zero_grad_of_both) {
     na_module *half = OK_MODULE(na_model_to_half(mlp(3), NA_DTYPE_F16));
     na_sgd_cfg sc = {.lr = 0.1};
-    na_fp16_optimizer *fo = fp16_opt(na_sgd_new(NULL, &sc), half,
+    na_fp16_optimizer *fo = fp16_opt(na_sgd_new(NA_NO_TENSORS, &sc), half,
                                      (na_fp16_optimizer_cfg){.scaler = NA_STATIC_SCALER(8)});
     TH_RC(na_fp16_optimizer_backward(fo, mse(half, make_batch(0, 1.0)), true));
     TH_RC(na_fp16_optimizer_zero_grad(fo));
@@ -459,7 +461,7 @@ Test(amp_master, f32_parameters_used_directly) {
         NA_DTYPE_F16));
     na_sgd_cfg sc = {.lr = 0.1, .momentum = 0.9};
     na_fp16_optimizer *fo =
-        fp16_opt(na_sgd_new(NULL, &sc), half, (na_fp16_optimizer_cfg)NA_FP16_OPTIMIZER_DYNAMIC);
+        fp16_opt(na_sgd_new(NA_NO_TENSORS, &sc), half, (na_fp16_optimizer_cfg)NA_FP16_OPTIMIZER_DYNAMIC);
     int64_t n = na_fp16_optimizer_num_params(fo), direct = 0;
     for (int64_t i = 0; i < n; i++)
         if (na_fp16_optimizer_master(fo, i) == na_fp16_optimizer_model_param(fo, i)) direct++;
@@ -484,18 +486,18 @@ Test(amp_master, save_load_with_masters) {
     na_adam_cfg ac = NA_ADAM_DEFAULTS;
     {
         na_module *half = OK_MODULE(na_model_to_half(mlp(8), NA_DTYPE_F16));
-        na_fp16_optimizer *fo = fp16_opt(na_adam_new(NULL, &ac), half,
+        na_fp16_optimizer *fo = fp16_opt(na_adam_new(NA_NO_TENSORS, &ac), half,
                                          (na_fp16_optimizer_cfg)NA_FP16_OPTIMIZER_DYNAMIC);
         run_fp16(half, fo, 3);
         na_checkpoint *ck = na_checkpoint_new();
-        na_named_tensors st, ms;
-        TH_RC(na_fp16_optimizer_state(fo, &st));
+        na_named_tensors st = {0}, ms = {0};
+        TH_RC(na_fp16_optimizer_state(fo, "", &st));
         cr_assert_not_null(na_named_tensors_find(&st, "fp32_from_fp16.0"));
         cr_assert_not_null(na_named_tensors_find(&st, "scaler.scale"));
         cr_assert_not_null(na_named_tensors_find(&st, "optimizer.state.0.exp_avg"));
         for (int64_t i = 0; i < st.n; i++)
             TH_RC(na_checkpoint_add(ck, st.items[i].name, st.items[i].tensor));
-        TH_RC(na_module_named_tensors(half, NA_MODULE_STATE, &ms));
+        TH_RC(na_module_named_tensors(half, NA_MODULE_STATE, "", &ms));
         for (int64_t i = 0; i < ms.n; i++)
             TH_RC(na_checkpoint_add(ck, ms.items[i].name, ms.items[i].tensor));
         TH_RC(na_checkpoint_save(ck, path));
@@ -516,15 +518,15 @@ Test(amp_master, save_load_with_masters) {
     }
     {
         na_module *half = OK_MODULE(na_model_to_half(mlp(99), NA_DTYPE_F16)); /* other init */
-        na_fp16_optimizer *fo = fp16_opt(na_adam_new(NULL, &ac), half,
+        na_fp16_optimizer *fo = fp16_opt(na_adam_new(NA_NO_TENSORS, &ac), half,
                                          (na_fp16_optimizer_cfg)NA_FP16_OPTIMIZER_DYNAMIC);
         na_checkpoint *ck = na_checkpoint_load(path);
         cr_assert_not_null(ck, "%s", na_last_error());
-        na_named_tensors st, ms;
-        TH_RC(na_fp16_optimizer_state(fo, &st));
+        na_named_tensors st = {0}, ms = {0};
+        TH_RC(na_fp16_optimizer_state(fo, "", &st));
         for (int64_t i = 0; i < st.n; i++)
             TH_RC(na_checkpoint_copy_into(ck, st.items[i].name, st.items[i].tensor));
-        TH_RC(na_module_named_tensors(half, NA_MODULE_STATE, &ms));
+        TH_RC(na_module_named_tensors(half, NA_MODULE_STATE, "", &ms));
         for (int64_t i = 0; i < ms.n; i++)
             TH_RC(na_checkpoint_copy_into(ck, ms.items[i].name, ms.items[i].tensor));
         na_checkpoint_free(ck);
@@ -557,9 +559,9 @@ Test(amp_master, disabled_scaler_is_a_scale_of_one) {
     na_sgd_cfg sc = {.lr = 0.1};
     na_fp16_optimizer_cfg off = {.scaler = NA_GRAD_SCALER_DEFAULTS};
     off.scaler.enabled = false;
-    na_fp16_optimizer *fa = fp16_opt(na_sgd_new(NULL, &sc), a, off);
+    na_fp16_optimizer *fa = fp16_opt(na_sgd_new(NA_NO_TENSORS, &sc), a, off);
     na_fp16_optimizer *fb =
-        fp16_opt(na_sgd_new(NULL, &sc), b, (na_fp16_optimizer_cfg)NA_FP16_OPTIMIZER_DEFAULTS);
+        fp16_opt(na_sgd_new(NA_NO_TENSORS, &sc), b, (na_fp16_optimizer_cfg)NA_FP16_OPTIMIZER_DEFAULTS);
     run_fp16(a, fa, 3);
     run_fp16(b, fb, 3);
     for (int64_t i = 0; i < na_fp16_optimizer_num_params(fa); i++) {
@@ -575,8 +577,13 @@ Test(amp_master, disabled_scaler_is_a_scale_of_one) {
 Test(amp_master, the_optimizer_must_start_empty) {
     na_module *half = OK_MODULE(na_model_to_half(mlp(3), NA_DTYPE_F16));
     na_sgd_cfg sc = {.lr = 0.1};
-    TH_EXPECT_ERROR(na_fp16_optimizer_new(na_sgd_new(half, &sc), half, NULL), NA_EINVAL,
-                    "already holds", "na_sgd_new(NULL");
+    na_tensor_list ps = na_module_parameters(half);
+    TH_EXPECT_ERROR(na_fp16_optimizer_new(na_sgd_new(ps, &sc), ps, NULL), NA_EINVAL,
+                    "already holds", "na_sgd_new(NA_NO_TENSORS");
+    /* a failed list keeps its maker's message, and the optimizer given is freed */
+    TH_EXPECT_ERROR(na_fp16_optimizer_new(na_sgd_new(NA_NO_TENSORS, &sc),
+                                          na_module_parameters(NULL), NULL),
+                    NA_EINVAL, "na_module_parameters: NULL module");
     na_module_free(half);
 }
 
@@ -615,8 +622,8 @@ Test(amp_master, param_lists_round_trip) {
         }
         /* an update on the masters reaches the model, rounded */
         na_sgd_cfg sc = {.lr = 0.001};
-        na_optim *opt = na_sgd_new(NULL, &sc);
-        cr_assert_eq(na_optim_add_group(opt, pl.n_master, pl.master), 0);
+        na_optim *opt = na_sgd_new(NA_NO_TENSORS, &sc);
+        cr_assert_eq(na_optim_add_group(opt, (na_tensor_list){pl.n_master, pl.master}), 0);
         TH_RC(na_optim_step(opt, NULL));
         TH_RC(na_master_params_to_model_params(&pl));
         off = 0;

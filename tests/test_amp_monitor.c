@@ -2,6 +2,7 @@
 #include "helpers.h"
 
 #include "../examples/amp/amp_plot.h"
+#include "nanoamp/io.h"
 #include "nanoamp/optim.h"
 
 static void teardown(void) { na_step_end(); }
@@ -88,8 +89,8 @@ Test(amp_monitor, scale_at_the_floor) {
         TH_RC(na_fill_(w, 1.0));
         TH_RC(na_tensor_set_requires_grad(w, true));
         na_sgd_cfg sc = {.lr = 0.1};
-        na_optim *opt = na_sgd_new(NULL, &sc);
-        cr_assert_eq(na_optim_add_group(opt, 1, &w), 0);
+        na_optim *opt = na_sgd_new(NA_NO_TENSORS, &sc);
+        cr_assert_eq(na_optim_add_group(opt, NA_TENSORS(w)), 0);
         m = monitor((na_amp_monitor_cfg)NA_AMP_MONITOR_DEFAULTS);
         int first_alert = -1;
         for (int i = 0; i < 40 && first_alert < 0; i++) { /* every step overflows */
@@ -126,8 +127,8 @@ Test(amp_monitor, csv_from_a_scaler_and_the_svg_plot) {
     TH_RC(na_fill_(w, 1.0));
     TH_RC(na_tensor_set_requires_grad(w, true));
     na_sgd_cfg sc = {.lr = 0.01};
-    na_optim *opt = na_sgd_new(NULL, &sc);
-    cr_assert_eq(na_optim_add_group(opt, 1, &w), 0);
+    na_optim *opt = na_sgd_new(NA_NO_TENSORS, &sc);
+    cr_assert_eq(na_optim_add_group(opt, NA_TENSORS(w)), 0);
     for (int step = 0; step < 8; step++) {
         na_tensor *loss = TH_OK(na_sum(TH_OK(na_mul(w, w))));
         TH_RC(na_backward(TH_OK(na_grad_scaler_scale(gs, loss)), NULL));
@@ -188,6 +189,93 @@ Test(amp_monitor, csv_from_a_scaler_and_the_svg_plot) {
     na_optim_free(opt);
     na_tensor_free(w);
     na_grad_scaler_free(gs);
+}
+
+/* One training step with a scaler (the gradients made non-finite when overflow), recorded. */
+static unsigned monitored_step(na_amp_monitor *m, na_grad_scaler *gs, na_optim *opt, na_tensor *w,
+                               int step, bool overflow) {
+    na_tensor *loss = TH_OK(na_sum(TH_OK(na_mul(w, w))));
+    TH_RC(na_backward(TH_OK(na_grad_scaler_scale(gs, loss)), NULL));
+    if (overflow) TH_RC(na_fill_(w->grad, INFINITY));
+    TH_RC(na_grad_scaler_step(gs, opt));
+    TH_RC(na_grad_scaler_update(gs));
+    TH_RC(na_optim_zero_grad(opt));
+    unsigned a = na_amp_monitor_record_scaler(m, step, loss, gs);
+    na_step_end();
+    return a;
+}
+
+typedef struct {
+    na_amp_monitor *m;
+    na_grad_scaler *gs;
+    na_optim *opt;
+    na_tensor *w;
+} monitored_run;
+
+static monitored_run monitored_new(void) {
+    na_amp_monitor_cfg mc = NA_AMP_MONITOR_DEFAULTS;
+    mc.window = 4, mc.skip_rate_alert = 0.2;
+    na_grad_scaler_cfg gc = NA_GRAD_SCALER_DEFAULTS;
+    gc.growth_interval = 3;
+    monitored_run r = {.m = monitor(mc), .gs = na_grad_scaler_new(&gc),
+                       .w = na_tensor_new(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(3))};
+    TH_RC(na_fill_(r.w, 1.0));
+    TH_RC(na_tensor_set_requires_grad(r.w, true));
+    r.opt = na_sgd_new(NA_TENSORS(r.w), &(na_sgd_cfg){.lr = 0.01});
+    cr_assert(r.m && r.gs && r.opt, "%s", na_last_error());
+    return r;
+}
+
+static void monitored_free(monitored_run *r) {
+    na_amp_monitor_free(r->m), na_grad_scaler_free(r->gs), na_optim_free(r->opt);
+    na_tensor_free(r->w);
+}
+
+/* The monitor's state saved with the scaler's: a resumed run counts and alerts as one that
+ * never stopped (a fresh monitor would take the restored scaler's whole history for its first
+ * record: 6 steps with 2 skips, a skip rate of 1/3 over the window instead of 1/4). */
+Test(amp_monitor, resumes_from_its_state) {
+    char path[] = "/tmp/amp_monitor_ck_XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert(fd >= 0);
+    close(fd);
+    bool overflow[7] = {0, 1, 0, 1, 0, 0, 0};
+    monitored_run a = monitored_new(), b = monitored_new();
+    for (int i = 0; i < 6; i++) monitored_step(a.m, a.gs, a.opt, a.w, i, overflow[i]);
+    na_named_tensors st = {0};
+    TH_RC(na_amp_monitor_state(a.m, "monitor.", &st));
+    TH_RC(na_grad_scaler_state(a.gs, "scaler.", &st));
+    TH_RC(na_optim_state(a.opt, "optim.", &st));
+    TH_RC(na_named_tensors_add(&st, a.w, "w"));
+    cr_assert_str_eq(st.items[0].name, "monitor.counters");
+    cr_assert_str_eq(st.items[1].name, "monitor.skip_window");
+    cr_assert_eq(st.items[1].tensor->shape[0], 4);
+    cr_assert_str_eq(st.items[2].name, "monitor.scale_history");
+    TH_RC(na_checkpoint_save_list(path, &st));
+    na_named_tensors_free(&st);
+
+    TH_RC(na_amp_monitor_state(b.m, "monitor.", &st));
+    TH_RC(na_grad_scaler_state(b.gs, "scaler.", &st));
+    TH_RC(na_optim_state(b.opt, "optim.", &st));
+    TH_RC(na_named_tensors_add(&st, b.w, "w"));
+    TH_RC(na_checkpoint_load_list(path, &st, true));
+    unsigned alerts_a = monitored_step(a.m, a.gs, a.opt, a.w, 6, overflow[6]);
+    unsigned alerts_b = monitored_step(b.m, b.gs, b.opt, b.w, 6, overflow[6]);
+    cr_assert_eq(na_amp_monitor_steps(b.m), 7);
+    cr_assert_eq(na_amp_monitor_skipped(b.m), 2);
+    cr_assert_eq(na_amp_monitor_skip_rate(b.m), 0.25, "%g", na_amp_monitor_skip_rate(b.m));
+    cr_assert_eq(na_amp_monitor_skip_rate(b.m), na_amp_monitor_skip_rate(a.m));
+    cr_assert_eq(alerts_b, alerts_a);
+    cr_assert_eq(na_amp_monitor_scale(b.m), na_amp_monitor_scale(a.m));
+
+    /* a loaded count that is no count is refused at the next record, which records nothing */
+    TH_RC(na_fill_(na_named_tensors_find(&st, "monitor.skip_window"), -1.0));
+    cr_assert_eq(monitored_step(b.m, b.gs, b.opt, b.w, 7, false), 0);
+    cr_assert(strstr(na_last_error(), "as loaded or set"), "%s", na_last_error());
+    cr_assert_eq(na_amp_monitor_steps(b.m), 7);
+    na_named_tensors_free(&st);
+    monitored_free(&a), monitored_free(&b);
+    remove(path);
 }
 
 Test(amp_monitor, plot_rejects_bad_logs) {

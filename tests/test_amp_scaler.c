@@ -25,9 +25,9 @@ static na_tensor *param(int64_t n, const float *v) {
 
 static na_optim *sgd_on(na_tensor *p, double lr, double momentum) {
     na_sgd_cfg c = {.lr = lr, .momentum = momentum};
-    na_optim *o = na_sgd_new(NULL, &c);
+    na_optim *o = na_sgd_new(NA_NO_TENSORS, &c);
     cr_assert_not_null(o, "%s", na_last_error());
-    cr_assert_eq(na_optim_add_group(o, 1, &p), 0, "%s", na_last_error());
+    cr_assert_eq(na_optim_add_group(o, NA_TENSORS(p)), 0, "%s", na_last_error());
     return o;
 }
 
@@ -496,11 +496,11 @@ Test(amp_scaler, skipped_step_leaves_params_and_state) {
     na_tensor *w = param(4, X4);
     na_adam_cfg ac = NA_ADAM_DEFAULTS;
     ac.lr = 0.01;
-    na_optim *opt = na_adam_new(NULL, &ac);
-    cr_assert_eq(na_optim_add_group(opt, 1, &w), 0);
+    na_optim *opt = na_adam_new(NA_NO_TENSORS, &ac);
+    cr_assert_eq(na_optim_add_group(opt, NA_TENSORS(w)), 0);
     full_step(gs, opt, w, false);
-    na_named_tensors st;
-    TH_RC(na_optim_state(opt, &st));
+    na_named_tensors st = {0};
+    TH_RC(na_optim_state(opt, "", &st));
     float before[4][4], after[4][4], wb[4], wa[4];
     TH_RC(na_copy_to_host(w, wb));
     for (int64_t i = 0; i < st.n && i < 4; i++)
@@ -612,8 +612,8 @@ Test(amp_scaler, disabled_is_transparent) {
     TH_RC(na_grad_scaler_step(gs, opt));
     TH_RC(na_grad_scaler_update(gs));
     cr_assert_eq(na_get(w, 0), 0.0);
-    na_named_tensors st;
-    TH_RC(na_grad_scaler_state(gs, &st));
+    na_named_tensors st = {0};
+    TH_RC(na_grad_scaler_state(gs, "", &st));
     cr_assert_eq(st.n, 0);
     na_named_tensors_free(&st);
     na_optim_free(opt);
@@ -639,17 +639,13 @@ Test(amp_scaler, save_load_mid_run_continues_identically) {
             scale_a[i] = na_grad_scaler_get_scale(gs);
             if (i == 4) {
                 na_checkpoint *ck = na_checkpoint_new();
-                TH_RC(na_grad_scaler_save(gs, ck, "scaler."));
-                na_named_tensors os;
-                TH_RC(na_optim_state(opt, &os));
-                char name[96];
-                for (int64_t k = 0; k < os.n; k++) {
-                    snprintf(name, sizeof name, "optim.%s", os.items[k].name);
-                    TH_RC(na_checkpoint_add(ck, name, os.items[k].tensor));
-                }
-                TH_RC(na_checkpoint_add(ck, "w", w));
+                na_named_tensors st = {0};
+                TH_RC(na_grad_scaler_state(gs, "scaler.", &st));
+                TH_RC(na_optim_state(opt, "optim.", &st));
+                TH_RC(na_named_tensors_add(&st, w, "w"));
+                TH_RC(na_checkpoint_add_list(ck, &st));
                 TH_RC(na_checkpoint_save(ck, path));
-                na_named_tensors_free(&os);
+                na_named_tensors_free(&st);
                 na_checkpoint_free(ck);
             }
         }
@@ -665,16 +661,12 @@ Test(amp_scaler, save_load_mid_run_continues_identically) {
         na_optim *opt = sgd_on(w, 0.125, 0.9);
         na_checkpoint *ck = na_checkpoint_load(path);
         cr_assert_not_null(ck, "%s", na_last_error());
-        TH_RC(na_grad_scaler_load(gs, ck, "scaler."));
-        na_named_tensors os;
-        TH_RC(na_optim_state(opt, &os));
-        char name[96];
-        for (int64_t k = 0; k < os.n; k++) {
-            snprintf(name, sizeof name, "optim.%s", os.items[k].name);
-            TH_RC(na_checkpoint_copy_into(ck, name, os.items[k].tensor));
-        }
-        TH_RC(na_checkpoint_copy_into(ck, "w", w));
-        na_named_tensors_free(&os);
+        na_named_tensors st = {0};
+        TH_RC(na_grad_scaler_state(gs, "scaler.", &st));
+        TH_RC(na_optim_state(opt, "optim.", &st));
+        TH_RC(na_named_tensors_add(&st, w, "w"));
+        TH_RC(na_checkpoint_copy_list(ck, &st, true));
+        na_named_tensors_free(&st);
         na_checkpoint_free(ck);
         cr_assert_eq(na_grad_scaler_get_scale(gs), scale_a[4]);
         for (int i = 5; i < 12; i++) {
@@ -693,10 +685,50 @@ Test(amp_scaler, save_load_mid_run_continues_identically) {
     remove(path);
 }
 
+/* The state list hands out the live tensors: bad values written through it (a hostile or
+ * mismatched checkpoint) are refused at the next scale(), before any step uses them. */
+Test(amp_scaler, state_written_through_the_list_is_checked_at_the_next_scale) {
+    struct {
+        const char *name;
+        double value;
+        const char *msg;
+    } cases[] = {
+        {"scale", 0.0, "the scale must be > 0"},
+        {"scale", NAN, "the scale must be > 0"},
+        {"scale", 1e9, "above max_scale"},
+        {"kind", 9, "unknown scaler kind 9"},
+        {"growth_factor", 0.5, "growth factor must be > 1.0"},
+        {"growth_interval", 2.5, "growth interval must be an integer"},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        na_grad_scaler *gs = scaler((na_grad_scaler_cfg)NA_APEX_SCALER_DEFAULTS); /* max 2^24 */
+        na_tensor *w = param(4, X4);
+        na_named_tensors st = {0};
+        TH_RC(na_grad_scaler_state(gs, "s.", &st));
+        char name[64];
+        snprintf(name, sizeof name, "s.%s", cases[k].name);
+        na_tensor *t = na_named_tensors_find(&st, name);
+        cr_assert_not_null(t, "%s", name);
+        double orig = na_item(t);
+        TH_RC(na_fill_(t, cases[k].value));
+        cr_assert_null(na_grad_scaler_scale(gs, TH_OK(na_sum(w))), "%s = %g", name,
+                       cases[k].value);
+        cr_assert_eq(na_last_status(), NA_EINVAL);
+        cr_assert(strstr(na_last_error(), cases[k].msg), "%s", na_last_error());
+        cr_assert(strstr(na_last_error(), "as loaded or set"), "%s", na_last_error());
+        TH_RC(na_fill_(t, orig)); /* the value as it was: accepted */
+        TH_OK(na_grad_scaler_scale(gs, TH_OK(na_sum(w))));
+        na_named_tensors_free(&st);
+        na_tensor_free(w);
+        na_grad_scaler_free(gs);
+        na_step_end();
+    }
+}
+
 Test(amp_scaler, state_names) {
     na_grad_scaler *gs = na_grad_scaler_new(NULL);
-    na_named_tensors st;
-    TH_RC(na_grad_scaler_state(gs, &st));
+    na_named_tensors st = {0};
+    TH_RC(na_grad_scaler_state(gs, "", &st));
     const char *want[] = {"scale", "_growth_tracker", "last_overflow_iter", "updates",
                           "skipped_steps", "kind", "growth_factor", "backoff_factor",
                           "growth_interval", "min_scale", "max_scale"};

@@ -74,7 +74,7 @@ static void run(const char *mode, na_device dev, const na_tensor *x_cpu, const n
         if (s == 0) take(r->amp.opt, &r->first);
         na_step_end();
     }
-    cr_assert_eq(na_module_named_tensors(r->net, NA_MODULE_PARAMS, &r->params), NA_OK);
+    cr_assert_eq(na_module_named_tensors(r->net, NA_MODULE_PARAMS, "", &r->params), NA_OK);
 }
 
 static void free_run(run_result *r) {

@@ -394,11 +394,11 @@ Test(checkpoint, i64_tensors_from_pytorch_convert_where_the_values_fit) {
     /* the model's tensors by name, as a trainer resumes */
     na_tensor *count = na_tensor_new(NA_DTYPE_I32, NA_DEVICE_CPU, 0, NULL);
     na_tensor *mean = na_tensor_new(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(2));
-    cr_assert_eq(na_checkpoint_load_tensors(p, 2,
-                                            (const char *[]){"bn.num_batches_tracked",
-                                                             "bn.running_mean"},
-                                            (na_tensor *const[]){count, mean}, false),
-                 NA_OK, "%s", na_last_error());
+    na_named_tensors bn = {0};
+    cr_assert_eq(na_named_tensors_add(&bn, count, "bn.%s", "num_batches_tracked"), NA_OK);
+    cr_assert_eq(na_named_tensors_add(&bn, mean, "bn.%s", "running_mean"), NA_OK);
+    cr_assert_eq(na_checkpoint_load_list(p, &bn, false), NA_OK, "%s", na_last_error());
+    na_named_tensors_free(&bn);
     cr_assert_eq(na_item(count), 1234);
     cr_assert_eq(na_get(mean, 1), -2.0);
     na_tensor_free(count);
@@ -761,24 +761,26 @@ Test(checkpoint, a_save_removes_stale_temporaries_of_its_own_dead_saves_only) {
 
 /* ---- convenience -------------------------------------------------------------------------- */
 
-Test(checkpoint, save_and_load_tensor_lists) {
+Test(checkpoint, save_and_load_state_lists) {
     const float a[3] = {1, 2, 3};
     const int32_t b[2] = {7, -7};
     na_tensor *ta = na_tensor_new(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(3));
     na_tensor *tb = na_tensor_new(NA_DTYPE_I32, NA_DEVICE_CPU, NA_SHAPE(2));
     na_copy_from_host(ta, a);
     na_copy_from_host(tb, b);
-    ta->name = "layer.weight";
-    const char *names[] = {"a", "b"};
-    const na_tensor *ts[] = {ta, tb};
-    cr_assert_eq(na_checkpoint_save_tensors(tpath("l.safetensors"), 2, names, ts), NA_OK,
-                 "%s", na_last_error());
+    na_named_tensors out = {0};
+    cr_assert_eq(na_named_tensors_add(&out, ta, "p.%s", "a"), NA_OK);
+    cr_assert_eq(na_named_tensors_add(&out, tb, "p.%c", 'b'), NA_OK);
+    cr_assert_eq(na_checkpoint_save_list(tpath("l.safetensors"), &out), NA_OK, "%s",
+                 na_last_error());
 
     na_tensor *ra = na_tensor_new(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(3));
     na_tensor *rb = na_tensor_new(NA_DTYPE_I32, NA_DEVICE_CPU, NA_SHAPE(2));
-    na_tensor *rs[] = {ra, rb};
-    cr_assert_eq(na_checkpoint_load_tensors(tpath("l.safetensors"), 2, names, rs, true), NA_OK,
-                 "%s", na_last_error());
+    na_named_tensors in = {0}, first = {0}, missing = {0};
+    cr_assert_eq(na_named_tensors_add(&in, ra, "p.a"), NA_OK);
+    cr_assert_eq(na_named_tensors_add(&in, rb, "p.b"), NA_OK);
+    cr_assert_eq(na_checkpoint_load_list(tpath("l.safetensors"), &in, true), NA_OK, "%s",
+                 na_last_error());
     float ga[3];
     int32_t gb[2];
     na_copy_to_host(ra, ga);
@@ -786,23 +788,28 @@ Test(checkpoint, save_and_load_tensor_lists) {
     cr_assert_eq(memcmp(ga, a, sizeof a), 0);
     cr_assert_eq(memcmp(gb, b, sizeof b), 0);
 
-    /* strict: the file holds "b" too */
-    cr_assert_eq(na_checkpoint_load_tensors(tpath("l.safetensors"), 1, names, rs, true), NA_EINVAL);
-    assert_msg_has("'b'");
+    /* strict: the file holds "p.b" too */
+    cr_assert_eq(na_named_tensors_add(&first, ra, "p.a"), NA_OK);
+    cr_assert_eq(na_checkpoint_load_list(tpath("l.safetensors"), &first, true), NA_EINVAL);
+    assert_msg_has("'p.b'");
     assert_msg_has("strict");
-    cr_assert_eq(na_checkpoint_load_tensors(tpath("l.safetensors"), 1, names, rs, false), NA_OK);
+    cr_assert_eq(na_checkpoint_load_list(tpath("l.safetensors"), &first, false), NA_OK);
     /* a name the file lacks */
-    const char *missing[] = {"a", "c"};
-    cr_assert_eq(na_checkpoint_load_tensors(tpath("l.safetensors"), 2, missing, rs, false),
-                 NA_EINVAL);
-    assert_msg_has("no tensor 'c'");
-
-    /* names NULL: each tensor's own name */
-    const na_tensor *one[] = {ta};
-    cr_assert_eq(na_checkpoint_save_tensors(tpath("n.safetensors"), 1, NULL, one), NA_OK);
-    na_checkpoint *ck = na_checkpoint_load(tpath("n.safetensors"));
-    cr_assert(na_checkpoint_has(ck, "layer.weight"));
-    na_checkpoint_free(ck);
+    cr_assert_eq(na_named_tensors_add(&missing, ra, "p.a"), NA_OK);
+    cr_assert_eq(na_named_tensors_add(&missing, rb, "p.c"), NA_OK);
+    cr_assert_eq(na_checkpoint_load_list(tpath("l.safetensors"), &missing, false), NA_EINVAL);
+    assert_msg_has("no tensor 'p.c'");
+    /* a list is searched by name; freeing empties it */
+    cr_assert_eq(na_named_tensors_find(&in, "p.b"), rb);
+    cr_assert_null(na_named_tensors_find(&in, "p"));
+    na_named_tensors_truncate(&in, 1);
+    cr_assert_eq(in.n, 1);
+    cr_assert_null(na_named_tensors_find(&in, "p.b"));
+    na_named_tensors *lists[] = {&out, &in, &first, &missing};
+    for (int i = 0; i < 4; i++) {
+        na_named_tensors_free(lists[i]);
+        cr_assert(lists[i]->n == 0 && !lists[i]->items);
+    }
     na_tensor_free(ta);
     na_tensor_free(tb);
     na_tensor_free(ra);

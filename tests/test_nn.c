@@ -285,8 +285,8 @@ Test(nn, batch_norm_without_running_stats_uses_batch_stats_in_eval) {
     cfg.track_running_stats = false;
     cfg.affine = false;
     na_module *bn = na_batch_norm2d_new(2, &cfg);
-    na_named_tensors l;
-    cr_assert_eq(na_module_named_tensors(bn, NA_MODULE_STATE, &l), NA_OK);
+    na_named_tensors l = {0};
+    cr_assert_eq(na_module_named_tensors(bn, NA_MODULE_STATE, "", &l), NA_OK);
     cr_assert_eq(l.n, 0, "no parameters and no buffers");
     na_named_tensors_free(&l);
     na_module_eval(bn);
@@ -342,8 +342,8 @@ Test(nn, mnist_cnn_names_and_parameter_count) {
     cr_assert_eq(na_module_num_params(net), conv1 + bn1 + conv2 + bn2 + fc1 + fc2);
     cr_assert_eq(na_module_num_params(net), 421834);
 
-    na_named_tensors p, b, s;
-    cr_assert_eq(na_module_named_tensors(net, NA_MODULE_PARAMS, &p), NA_OK);
+    na_named_tensors p = {0}, b = {0}, s = {0};
+    cr_assert_eq(na_module_named_tensors(net, NA_MODULE_PARAMS, "", &p), NA_OK);
     const char *pn[] = {"0.weight", "0.bias", "1.weight", "1.bias", "4.weight", "4.bias",
                         "5.weight", "5.bias", "9.weight", "9.bias", "11.weight", "11.bias"};
     cr_assert_eq(p.n, 12);
@@ -355,7 +355,7 @@ Test(nn, mnist_cnn_names_and_parameter_count) {
     cr_assert(na_module_is_affine_batch_norm(p.items[2].owner, NULL), "owner of 1.weight is a BN");
     cr_assert_not(na_module_is_batch_norm(p.items[0].owner, NULL));
     cr_assert_eq(na_module_kind_of(p.items[8].owner), NA_MODULE_LINEAR);
-    cr_assert_eq(na_module_named_tensors(net, NA_MODULE_BUFFERS, &b), NA_OK);
+    cr_assert_eq(na_module_named_tensors(net, NA_MODULE_BUFFERS, "", &b), NA_OK);
     const char *bnm[] = {"1.running_mean", "1.running_var", "1.num_batches_tracked",
                          "5.running_mean", "5.running_var", "5.num_batches_tracked"};
     cr_assert_eq(b.n, 6);
@@ -364,7 +364,7 @@ Test(nn, mnist_cnn_names_and_parameter_count) {
         cr_assert_not(b.items[i].tensor->requires_grad);
     }
     /* state_dict order: each module's parameters then its buffers */
-    cr_assert_eq(na_module_named_tensors(net, NA_MODULE_STATE, &s), NA_OK);
+    cr_assert_eq(na_module_named_tensors(net, NA_MODULE_STATE, "", &s), NA_OK);
     cr_assert_eq(s.n, 18);
     cr_assert_str_eq(s.items[4].name, "1.running_mean");
     cr_assert_eq(na_named_tensors_find(&s, "9.weight"), na_module_get(net, "9.weight"));
@@ -391,15 +391,34 @@ Test(nn, custom_module_dotted_names) {
     cr_assert_eq(na_module_add_child(m, "features", NA_SEQUENTIAL(na_linear_new(2, 2, true))), NA_OK);
     cr_assert_neq(na_module_add_child(m, "features", na_relu_new()), NA_OK, "duplicate name");
     cr_assert_neq(na_module_add_buffer(m, "a.b", na_tensor_new(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(1))), NA_OK);
-    na_named_tensors l;
-    cr_assert_eq(na_module_named_tensors(m, NA_MODULE_PARAMS, &l), NA_OK);
+    na_named_tensors l = {0};
+    cr_assert_eq(na_module_named_tensors(m, NA_MODULE_PARAMS, "", &l), NA_OK);
     cr_assert_eq(l.n, 3);
     cr_assert_str_eq(l.items[0].name, "gain");
     cr_assert_str_eq(l.items[1].name, "features.0.weight");
     cr_assert_str_eq(l.items[2].name, "features.0.bias");
+    /* the state protocol appends, prefixed; every item names the module holding it */
+    cr_assert_eq(na_module_add_buffer(m, "count", na_tensor_new(NA_DTYPE_I32, NA_DEVICE_CPU, 0, NULL)), NA_OK);
+    cr_assert_eq(na_module_state(m, "model.", &l), NA_OK);
+    cr_assert_eq(l.n, 7);
+    const char *names[] = {"model.gain", "model.count", "model.features.0.weight",
+                           "model.features.0.bias"};
+    for (int i = 0; i < 4; i++) cr_assert_str_eq(l.items[3 + i].name, names[i]);
+    cr_assert_eq(l.items[4].owner, m);
+    cr_assert_eq(l.items[6].owner, na_module_child_at(na_module_child_at(m, 0, NULL), 0, NULL));
+    cr_assert_eq(na_named_tensors_find(&l, "model.features.0.bias"), na_module_get(m, "features.0.bias"));
     na_named_tensors_free(&l);
+    /* the parameters for an optimizer: trainable ones, in the same order */
+    cr_assert_eq(na_tensor_set_requires_grad(gain, false), NA_OK);
+    na_tensor_list ps = na_module_parameters(m);
+    cr_assert_eq(ps.n, 2, "%s", na_last_error());
+    cr_assert_eq(ps.items[0], na_module_get(m, "features.0.weight"));
+    cr_assert_eq(ps.items[1], na_module_get(m, "features.0.bias"));
+    cr_assert_eq(na_module_parameters(NULL).n, -1);
+    cr_assert(strstr(na_last_error(), "na_module_parameters"), "%s", na_last_error());
+    cr_assert_neq(na_module_state(NULL, "", &l), NA_OK);
     cr_assert_str_eq(na_module_type_name(m), "Gained");
-    cr_assert_eq(na_module_state(m), state);
+    cr_assert_eq(na_module_data(m), state);
     set_values(gain, (float[]){1, 2});
     cr_assert_not_null(na_module_forward(m, input(NA_SHAPE(1, 2), (float[]){1, 1})), "%s", na_last_error());
     na_module_free(m);
@@ -506,8 +525,8 @@ static void gradcheck_module(na_module *m, int ndim, const int64_t *shape) {
     na_tensor *x = na_tensor_new(NA_DTYPE_F64, NA_DEVICE_CPU, ndim, shape);
     cr_assert_eq(na_init_uniform_(x, -1, 1), NA_OK);
     cr_assert_eq(na_tensor_set_requires_grad(x, true), NA_OK);
-    na_named_tensors l;
-    cr_assert_eq(na_module_named_tensors(m, NA_MODULE_PARAMS, &l), NA_OK);
+    na_named_tensors l = {0};
+    cr_assert_eq(na_module_named_tensors(m, NA_MODULE_PARAMS, "", &l), NA_OK);
     na_tensor *inputs[32] = {x};
     cr_assert_lt(l.n, 31);
     for (int64_t i = 0; i < l.n; i++) inputs[i + 1] = l.items[i].tensor;

@@ -140,7 +140,7 @@ Test(evaluate, accuracy_and_mean_cross_entropy) {
     na_module *net = model_by_name("mlp", NULL);
     cr_assert_not_null(net);
     na_named_tensors params = {0};
-    cr_assert_eq(na_module_named_tensors(net, NA_MODULE_PARAMS, &params), NA_OK);
+    cr_assert_eq(na_module_named_tensors(net, NA_MODULE_PARAMS, "", &params), NA_OK);
     for (int64_t k = 0; k < params.n; k++) /* every logit equal: accuracy of class 0, ln 10 */
         cr_assert_eq(na_fill_(params.items[k].tensor, 0.0), NA_OK);
     float mean = 0.5f, std = 0.25f;

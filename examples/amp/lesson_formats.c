@@ -31,8 +31,8 @@ static int underflow_run(bool scaled, double scale, double *grad) {
         na_grad_scaler_cfg c = NA_GRAD_SCALER_DEFAULTS;
         c.init_scale = scale;
         na_grad_scaler *gs = na_grad_scaler_new(&c);
-        na_optim *opt = na_sgd_new(NULL, NULL);
-        CHECK(gs && opt && na_optim_add_group(opt, 1, &w) == 0);
+        na_optim *opt = na_sgd_new(NA_NO_TENSORS, NULL);
+        CHECK(gs && opt && na_optim_add_group(opt, NA_TENSORS(w)) == 0);
         CHECK_RC(na_backward(na_grad_scaler_scale(gs, loss), NULL));
         CHECK_RC(na_grad_scaler_unscale_(gs, opt)); /* in f32, on the f32 gradient */
         na_optim_free(opt);

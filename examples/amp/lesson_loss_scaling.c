@@ -81,7 +81,7 @@ static int mlp_run(const mlp_data *d, const mlp_run_cfg *c, mlp_run_out *o, bool
     na_manual_seed(1);
     na_module *net = model_mnist_mlp();
     na_adam_cfg ac = NA_ADAM_DEFAULTS;
-    na_optim *opt = net ? na_adam_new(net, &ac) : NULL;
+    na_optim *opt = net ? na_adam_new(na_module_parameters(net), &ac) : NULL;
     na_grad_scaler_cfg gc = NA_GRAD_SCALER_DEFAULTS;
     gc.enabled = c->scaled;
     if (c->growth_interval) gc.growth_interval = c->growth_interval;

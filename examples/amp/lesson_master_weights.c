@@ -13,10 +13,10 @@ static int master_run(amp_master_result *r, na_dtype dt, int k) {
     na_sgd_cfg sc = {.lr = r->lr};
     /* (a) the 16-bit weight updated in place; (b) the same weight under the fp16 optimizer */
     na_tensor *wa = leaf(dt, NA_SHAPE(1), 1.0), *wb = leaf(dt, NA_SHAPE(1), 1.0);
-    na_optim *oa = na_sgd_new(NULL, &sc), *ob = na_sgd_new(NULL, &sc);
-    CHECK(wa && oa && wb && ob && na_optim_add_group(oa, 1, &wa) == 0);
-    na_fp16_optimizer *fo = na_fp16_optimizer_new(ob, NULL, NULL); /* static scale 1 */
-    CHECK(fo && na_fp16_optimizer_add_group(fo, 1, &wb) == 0);
+    na_optim *oa = na_sgd_new(NA_NO_TENSORS, &sc), *ob = na_sgd_new(NA_NO_TENSORS, &sc);
+    CHECK(wa && oa && wb && ob && na_optim_add_group(oa, NA_TENSORS(wa)) == 0);
+    na_fp16_optimizer *fo = na_fp16_optimizer_new(ob, NA_NO_TENSORS, NULL); /* static scale 1 */
+    CHECK(fo && na_fp16_optimizer_add_group(fo, NA_TENSORS(wb)) == 0);
     for (int s = 0; s < r->steps; s++) {
         /* loss = grad * w: dL/dw = grad (in the weight's dtype) */
         CHECK_RC(na_backward(na_scale(na_sum(wa), r->grad), NULL));
@@ -45,8 +45,8 @@ int amp_lesson_master_weights(amp_master_result *r) {
     /* (c) the f32 reference */
     na_sgd_cfg sc = {.lr = r->lr};
     na_tensor *wc = leaf(NA_DTYPE_F32, NA_SHAPE(1), 1.0);
-    na_optim *oc = na_sgd_new(NULL, &sc);
-    CHECK(wc && oc && na_optim_add_group(oc, 1, &wc) == 0);
+    na_optim *oc = na_sgd_new(NA_NO_TENSORS, &sc);
+    CHECK(wc && oc && na_optim_add_group(oc, NA_TENSORS(wc)) == 0);
     for (int s = 0; s < r->steps; s++) {
         CHECK_RC(na_backward(na_scale(na_sum(wc), r->grad), NULL));
         CHECK_RC(na_optim_step(oc, NULL));

@@ -23,8 +23,8 @@ int amp_lesson_overflow(amp_overflow_result *r) {
     gc.growth_interval = 4;
     na_grad_scaler *gs = na_grad_scaler_new(&gc);
     na_sgd_cfg sc = {.lr = 0.5};
-    na_optim *opt = na_sgd_new(NULL, &sc);
-    CHECK(gs && opt && na_optim_add_group(opt, 1, &w) == 0);
+    na_optim *opt = na_sgd_new(NA_NO_TENSORS, &sc);
+    CHECK(gs && opt && na_optim_add_group(opt, NA_TENSORS(w)) == 0);
     double start = na_grad_scaler_get_scale(gs);
     for (int s = 0; s < AMP_OVERFLOW_STEPS; s++) {
         bool bad = s == AMP_OVERFLOW_BAD_STEP;

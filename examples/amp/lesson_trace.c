@@ -19,7 +19,7 @@ int amp_lesson_trace(amp_trace_result *r) {
     na_tensor *labels = na_from_host(NA_DTYPE_I32, NA_DEVICE_CPU, NA_SHAPE(4),
                                      (int32_t[]){3, 1, 4, 1});
     na_sgd_cfg sc = {.lr = 0.01, .momentum = 0.9};
-    na_optim *opt = na_sgd_new(net, &sc);
+    na_optim *opt = na_sgd_new(na_module_parameters(net), &sc);
     na_grad_scaler *gs = na_grad_scaler_new(NULL);
     CHECK(x && labels && opt && gs);
     na_amp_trace_mode saved = na_autocast_trace_mode();

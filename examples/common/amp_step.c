@@ -8,18 +8,19 @@
 
 #define SGD_DEFAULT_LR 0.05
 
-static na_optim *make_optimizer(const trainer_opts *o, na_module *net) {
+/* The optimizer of --optim over params (NA_NO_TENSORS for the fp16 optimizer to fill). */
+static na_optim *make_optimizer(const trainer_opts *o, na_tensor_list params) {
     if (!strcmp(o->optim, "adamw")) {
         na_adam_cfg c = NA_ADAMW_DEFAULTS;
         if (o->lr >= 0) c.lr = o->lr;
         if (o->weight_decay >= 0) c.weight_decay = o->weight_decay;
-        return na_adamw_new(net, &c);
+        return na_adamw_new(params, &c);
     }
     na_sgd_cfg c = NA_SGD_DEFAULTS;
     c.lr = o->lr >= 0 ? o->lr : SGD_DEFAULT_LR, c.momentum = o->momentum;
     c.weight_decay = o->weight_decay > 0 ? o->weight_decay : 0;
     c.nesterov = o->momentum > 0;
-    return na_sgd_new(net, &c);
+    return na_sgd_new(params, &c);
 }
 
 /* The four recipes. The model is converted in place for o2 (its tensors keep their names, so
@@ -42,7 +43,8 @@ int trainer_amp_init(trainer_amp *a, const char *mode, na_module *net, na_optim 
         a->dtype = NA_DTYPE_F16;
         na_fp16_optimizer_cfg fc = NA_FP16_OPTIMIZER_DYNAMIC;
         if (scaler) fc.scaler = *scaler;
-        if (!(a->fo = na_fp16_optimizer_new(opt, net, &fc))) return na_last_status();
+        if (!(a->fo = na_fp16_optimizer_new(opt, na_module_parameters(net), &fc)))
+            return na_last_status();
         a->opt = na_fp16_optimizer_optim(a->fo);
         return NA_OK;
     }
@@ -92,7 +94,7 @@ int trainer_amp_setup(const trainer_opts *o, na_module *net, trainer_amp *a) {
     if (o->growth_interval) sc.growth_interval = o->growth_interval;
     sc.device = o->device;
     /* o2's optimizer is made without parameters: the fp16 optimizer adds the f32 masters */
-    if (trainer_amp_init(a, mode, net, make_optimizer(o, o2 ? NULL : net), &sc))
+    if (trainer_amp_init(a, mode, net, make_optimizer(o, o2 ? NA_NO_TENSORS : na_module_parameters(net)), &sc))
         return na_last_status();
     if (o->log_path) {
         if (!(a->mon = na_amp_monitor_new(NULL)) || na_amp_monitor_open_csv(a->mon, o->log_path))

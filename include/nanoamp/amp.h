@@ -24,7 +24,8 @@
  *
  *     na_module *half = na_model_to_half(net, NA_DTYPE_F16);     // takes net
  *     na_fp16_optimizer_cfg fc = NA_FP16_OPTIMIZER_DYNAMIC;
- *     na_fp16_optimizer *fo = na_fp16_optimizer_new(na_sgd_new(NULL, &sgd_cfg), half, &fc);
+ *     na_fp16_optimizer *fo = na_fp16_optimizer_new(na_sgd_new(NA_NO_TENSORS, &sgd_cfg),
+ *                                                   na_module_parameters(half), &fc);
  *     for (...) {
  *         na_tensor *loss = na_cross_entropy(na_module_forward(half, x), y, NULL);
  *         na_fp16_optimizer_backward(fo, loss, true);
@@ -48,7 +49,6 @@
 #include <stdio.h>
 
 #include "nanoamp/autocast.h" /* autocast regions, rules and the trace: part of the ops layer */
-#include "nanoamp/io.h"
 #include "nanoamp/nn.h"
 #include "nanoamp/ops.h"
 #include "nanoamp/optim.h"
@@ -176,18 +176,16 @@ typedef struct {
 /* Reads the counters (a sync on CUDA). */
 int na_grad_scaler_stats_get(const na_grad_scaler *gs, na_grad_scaler_stats *out);
 
-/* The whole state as named persistent tensors, for a checkpoint (PyTorch's state_dict keys):
+/* The state protocol (nanoamp/state.h), PyTorch's state_dict keys after prefix:
  *   "scale" f32 0-dim; "_growth_tracker", "last_overflow_iter", "updates", "skipped_steps"
  *   i32 0-dim (on the scaler's device); "kind" i32 0-dim, "growth_factor", "backoff_factor",
  *   "growth_interval", "min_scale", "max_scale" f64 0-dim (CPU).
- * Save: na_checkpoint_add(ck, prefixed name, item.tensor) for each; load into a scaler made
- * the same way: na_checkpoint_copy_into for each (the tensors are the live state; loaded
- * values are checked at the next use). Only between update() and the next step, as PyTorch's
- * pickling. A disabled scaler has no state (an empty list). */
-int na_grad_scaler_state(na_grad_scaler *gs, na_named_tensors *out);
-/* Convenience: adds (or loads) every state tensor as prefix + name. */
-int na_grad_scaler_save(na_grad_scaler *gs, na_checkpoint *ck, const char *prefix);
-int na_grad_scaler_load(na_grad_scaler *gs, const na_checkpoint *ck, const char *prefix);
+ * Only between update() and the next step (NA_ESTATE otherwise), as PyTorch's pickling. A
+ * disabled scaler has no state (appends nothing). The list hands out the live tensors, so
+ * the next scale() checks them (kind, factors, bounds, the scale within them: one read of
+ * the scale, a sync on CUDA, once per listing) and fails with NA_EINVAL on a bad loaded
+ * value. */
+int na_grad_scaler_state(na_grad_scaler *gs, const char *prefix, na_named_tensors *out);
 
 /* ==== model conversion (Apex network_to_half / FP16Model / BN_convert_float) ==================
  * Every float parameter and buffer (and gradient) of the tree becomes dt (f16 or bf16) except
@@ -205,7 +203,7 @@ na_module *na_cast_input_new(na_dtype dt);
 na_module *na_model_to_half(na_module *m, na_dtype dt);
 
 /* ==== fp32 master weights (Apex FP16_Optimizer) ==============================================
- * Wraps any nanoamp optimizer, made WITHOUT parameters (na_sgd_new(NULL, &cfg), ...): the fp16
+ * Wraps any nanoamp optimizer, made WITHOUT parameters (na_sgd_new(NA_NO_TENSORS, &cfg)): the fp16
  * optimizer adds the f32 master copies of the model's f16/bf16 parameters (f32 parameters are
  * used directly) as the optimizer's parameters, optionally as one flat f32 buffer. Per step:
  *   backward(loss): loss as f32 times the scale, backward (f16 gradients), then (unless
@@ -229,13 +227,14 @@ typedef struct {
 
 typedef struct na_fp16_optimizer na_fp16_optimizer;
 
-/* Takes opt (freed with the fp16 optimizer, also on failure). model may be NULL: add groups
- * with na_fp16_optimizer_add_group. NULL cfg: NA_FP16_OPTIMIZER_DEFAULTS. */
-na_fp16_optimizer *na_fp16_optimizer_new(na_optim *opt, na_module *model,
+/* Takes opt (freed with the fp16 optimizer, also on failure). params: the model's parameters,
+ * a first group (na_module_parameters(model)); NA_NO_TENSORS: add groups with
+ * na_fp16_optimizer_add_group. NULL cfg: NA_FP16_OPTIMIZER_DEFAULTS. */
+na_fp16_optimizer *na_fp16_optimizer_new(na_optim *opt, na_tensor_list params,
                                          const na_fp16_optimizer_cfg *cfg);
-/* A group of n model parameters (float, persistent, requiring grad); returns the group index
+/* A group of model parameters (float, persistent, requiring grad); returns the group index
  * in the wrapped optimizer (its lr etc. are set there) or a negative status. */
-int na_fp16_optimizer_add_group(na_fp16_optimizer *fo, int64_t n, na_tensor *const *params);
+int na_fp16_optimizer_add_group(na_fp16_optimizer *fo, na_tensor_list params);
 void na_fp16_optimizer_free(na_fp16_optimizer *fo); /* masters, scaler, the optimizer */
 
 int na_fp16_optimizer_backward(na_fp16_optimizer *fo, na_tensor *loss, bool update_master_grads);
@@ -258,17 +257,17 @@ na_tensor *na_fp16_optimizer_model_param(const na_fp16_optimizer *fo, int64_t i)
  * flat gradient. Its grad is the f32 master gradient update_master_grads writes. */
 na_tensor *na_fp16_optimizer_master(const na_fp16_optimizer *fo, int64_t i);
 
-/* The whole state for a checkpoint: "optimizer.<name>" (na_optim_state of the wrapped
- * optimizer, whose parameters are the masters), "scaler.<name>" (na_grad_scaler_state),
- * "fp32_from_fp16.<i>" (master copy of the i-th f16 parameter; or "fp32_from_fp16_flat.<g>"
- * per group when flat). Save and load as na_optim_state; save the model too. */
-int na_fp16_optimizer_state(na_fp16_optimizer *fo, na_named_tensors *out);
+/* The state protocol (nanoamp/state.h), after prefix: "optimizer.<name>" (na_optim_state of
+ * the wrapped optimizer, whose parameters are the masters), "scaler.<name>"
+ * (na_grad_scaler_state), "fp32_from_fp16.<i>" (master copy of the i-th f16 parameter; or
+ * "fp32_from_fp16_flat.<g>" per group when flat). Save the model's state too. */
+int na_fp16_optimizer_state(na_fp16_optimizer *fo, const char *prefix, na_named_tensors *out);
 
 /* ---- manual helpers (Apex fp16util) ---------------------------------------------------------
  * For users who keep master weights themselves:
  *     na_param_lists pl;
  *     na_prep_param_lists(model, false, &pl);     // f32 clones of every trainable parameter
- *     na_optim *opt = na_sgd_new(NULL, &cfg);  na_optim_add_group(opt, pl.n_master, pl.master);
+ *     na_optim *opt = na_sgd_new((na_tensor_list){pl.n_master, pl.master}, &cfg);
  *     ... backward ...; na_model_grads_to_master_grads(&pl); (unscale); na_optim_step(opt, NULL);
  *     na_master_params_to_model_params(&pl);
  *     na_param_lists_free(&pl);                    // the masters, not the model */
@@ -360,6 +359,16 @@ double na_amp_monitor_scale(const na_amp_monitor *m);        /* the last recorde
 unsigned na_amp_monitor_alerts(const na_amp_monitor *m);     /* raised by the last record */
 /* The alerts as text ("loss rising for 50 steps; ..."), "" when none. Returns buf. */
 const char *na_amp_monitor_describe(const na_amp_monitor *m, char *buf, size_t size);
+/* The state protocol (nanoamp/state.h), after prefix: "counters" f64 [10] (records, steps,
+ * skipped, loss average, rising records, last scale, last floor, last alerts, and the
+ * scaler's updates and skipped counters at the last record_scaler), "skip_window" f64
+ * [window, 2] (steps and skips per record), "scale_history" f64 [scale_drop_updates + 1]; all
+ * on the CPU. Saved with the scaler, it lets a resumed run go on counting and alerting as if
+ * never stopped (without it, the first record_scaler after a resume would count every skip
+ * the restored scaler ever made as one record's). Load into a monitor made with the same
+ * config; every record checks the counts are whole numbers >= 0, else records nothing and
+ * sets an NA_EINVAL error. The CSV log is not state: it is the caller's file. */
+int na_amp_monitor_state(na_amp_monitor *m, const char *prefix, na_named_tensors *out);
 
 #ifdef __cplusplus
 }

@@ -39,6 +39,10 @@
  *                                                                    na_last_error());
  *     const char *epoch = na_checkpoint_get_meta(in, "epoch");   // NULL when absent
  *     na_checkpoint_free(in);
+ *
+ * A stateful object's state (a module's, an optimizer's, a scaler's: nanoamp/state.h) is a
+ * named list; checkpoints know nothing else: na_checkpoint_add_list / na_checkpoint_copy_list,
+ * or na_checkpoint_save_list / na_checkpoint_load_list with a file.
  */
 #ifndef NANOAMP_IO_H
 #define NANOAMP_IO_H
@@ -48,6 +52,7 @@
 #include <stdint.h>
 
 #include "nanoamp/dtype.h"
+#include "nanoamp/state.h"
 #include "nanoamp/tensor.h"
 
 #ifdef __cplusplus
@@ -117,14 +122,15 @@ int na_checkpoint_meta_at(const na_checkpoint *ck, int64_t i, const char **key,
 const char *na_safetensors_dtype_name(na_dtype dt);
 bool na_safetensors_dtype_parse(const char *s, na_dtype *out);
 
-/* ---- convenience -------------------------------------------------------------------- */
-/* Saves n tensors; names[i] names tensors[i] (names NULL: each tensor's ->name is used). */
-int na_checkpoint_save_tensors(const char *path, int n, const char *const *names,
-                               const na_tensor *const *tensors);
-/* Loads n tensors by name into existing tensors (dtype and shape must match). strict: the
- * file must hold exactly these names, no more. */
-int na_checkpoint_load_tensors(const char *path, int n, const char *const *names,
-                               na_tensor *const *tensors, bool strict);
+/* ---- state lists (nanoamp/state.h) ------------------------------------------------ */
+/* Adds every item of l (na_checkpoint_add for each: the tensors must live until the save). */
+int na_checkpoint_add_list(na_checkpoint *ck, const na_named_tensors *l);
+/* Copies each named tensor of ck into its item of l (na_checkpoint_copy_into for each; a
+ * missing name fails). strict: ck must hold no other tensor. */
+int na_checkpoint_copy_list(const na_checkpoint *ck, const na_named_tensors *l, bool strict);
+/* The same with a file: save exactly l's tensors to path; load path into l's tensors. */
+int na_checkpoint_save_list(const char *path, const na_named_tensors *l);
+int na_checkpoint_load_list(const char *path, const na_named_tensors *l, bool strict);
 
 #ifdef __cplusplus
 }

@@ -21,7 +21,8 @@
  *     na_module_free(net);
  *
  * Losses are plain functions of nanoamp/ops.h: na_cross_entropy (CrossEntropyLoss) and
- * na_mse_loss (MSELoss).
+ * na_mse_loss (MSELoss). A model's parameters go to an optimizer as a list
+ * (na_module_parameters); its state goes to a checkpoint as a named list (na_module_state).
  *
  * Moving (na_module_to) and converting (na_module_to_dtype) change each tensor in place: the
  * na_tensor structs stay the same, so pointers held elsewhere stay valid. An optimizer's
@@ -35,6 +36,7 @@
 
 #include "nanoamp/error.h"
 #include "nanoamp/ops.h"
+#include "nanoamp/state.h"
 #include "nanoamp/tensor.h"
 
 #ifdef __cplusplus
@@ -139,11 +141,12 @@ int na_sequential_append(na_module *seq, na_module *mod);
 na_module *na_residual_new(na_module *body);
 
 /* ---- custom modules -------------------------------------------------------------------- */
-/* A module of kind NA_MODULE_CUSTOM named type_name (copied), running forward. state is the
- * module's own data, freed with free_state (may be NULL) by na_module_free. */
-na_module *na_module_new(const char *type_name, na_module_forward_fn forward, void *state,
-                         void (*free_state)(void *state));
-void *na_module_state(const na_module *m);
+/* A module of kind NA_MODULE_CUSTOM named type_name (copied), running forward. data is the
+ * module's own configuration, freed with free_data (may be NULL) by na_module_free. (Its
+ * tensors are registered below; they, not data, are the module's state.) */
+na_module *na_module_new(const char *type_name, na_module_forward_fn forward, void *data,
+                         void (*free_data)(void *data));
+void *na_module_data(const na_module *m); /* the data given to na_module_new */
 /* Registers t under name; the module takes ownership of t (a persistent tensor), also on
  * failure. Parameters must be float; they are set to require grad. Names must be unique
  * among the module's tensors and children and contain no '.'. */
@@ -165,25 +168,22 @@ int64_t na_module_num_params(const na_module *m);
 bool na_module_is_batch_norm(const na_module *m, void *ctx);
 bool na_module_is_affine_batch_norm(const na_module *m, void *ctx);
 
-/* ---- named tensors ------------------------------------------------------------------------ */
-typedef struct {
-    char *name;       /* dotted path relative to the module listed ("features.0.weight") */
-    na_tensor *tensor;
-    na_module *owner; /* the module that holds the tensor directly (NULL: optimizer state) */
-} na_named_tensor;
-typedef struct {
-    int64_t n;
-    na_named_tensor *items;
-} na_named_tensors;
-void na_named_tensors_free(na_named_tensors *l); /* frees the list, not the tensors */
-na_tensor *na_named_tensors_find(const na_named_tensors *l, const char *name);
+/* ---- parameters and state (nanoamp/state.h) ------------------------------------------- */
+/* The trainable parameters (those that require grad; frozen ones are left out) of m's tree in
+ * state_dict order, for an optimizer: na_sgd_new(na_module_parameters(net), &cfg). A step list
+ * (valid until na_step_end); n < 0 with an error on failure. */
+na_tensor_list na_module_parameters(na_module *m);
 
 enum { NA_MODULE_PARAMS = 1, NA_MODULE_BUFFERS = 2, NA_MODULE_STATE = 3 };
-/* Lists the parameters and/or buffers (which: NA_MODULE_PARAMS, _BUFFERS or _STATE = both)
- * of m's tree, in PyTorch's state_dict order: modules in pre-order, each module's own
- * tensors in the order registered (BatchNorm: weight, bias, running_mean, running_var,
- * num_batches_tracked). out is valid until na_named_tensors_free. */
-int na_module_named_tensors(na_module *m, int which, na_named_tensors *out);
+/* Appends to out the parameters and/or buffers (which: NA_MODULE_PARAMS, _BUFFERS or _STATE =
+ * both) of m's tree, named prefix + dotted path, in PyTorch's state_dict order: modules in
+ * pre-order, each module's own tensors in the order registered (BatchNorm: weight, bias,
+ * running_mean, running_var, num_batches_tracked). Each item's owner is the module holding
+ * the tensor. On failure out is as it was. */
+int na_module_named_tensors(na_module *m, int which, const char *prefix, na_named_tensors *out);
+/* The state protocol (nanoamp/state.h): every parameter and buffer, as
+ * na_module_named_tensors(m, NA_MODULE_STATE, prefix, out). */
+int na_module_state(na_module *m, const char *prefix, na_named_tensors *out);
 
 /* ---- device and dtype ---------------------------------------------------------------------- */
 typedef bool (*na_module_pred)(const na_module *m, void *ctx);

@@ -7,7 +7,7 @@
  * weights) can skip on the device: see na_optim_step_opts.
  *
  *     na_adam_cfg cfg = NA_ADAMW_DEFAULTS;           // lr 1e-3, betas (0.9, 0.999), wd 1e-2
- *     na_optim *opt = na_adamw_new(net, &cfg);       // NULL + na_last_error() if invalid
+ *     na_optim *opt = na_adamw_new(na_module_parameters(net), &cfg);  // NULL + na_last_error()
  *     na_lr_schedule sched = na_lr_one_cycle(total_steps);
  *     for (int64_t t = 0; t < total_steps; t++) {
  *         na_lr_schedule_apply(&sched, opt, t);      // lr of step t, for every group
@@ -18,14 +18,17 @@
  *     }
  *     na_optim_free(opt);
  *
+ * Optimizers take parameter lists (nanoamp/state.h), not modules: na_module_parameters(net)
+ * lists a model's trainable parameters, NA_TENSORS(w, b) any tensors of one's own.
+ *
  * Gradients: a parameter whose .grad is NULL is skipped (its state and step count do not
  * change). na_optim_zero_grad fills gradients with zeros rather than freeing them, so their
  * memory stays put from step to step; a zero gradient is still a step (weight decay and
  * momentum apply), as PyTorch with set_to_none=False.
  *
  * State is allocated when a parameter is added, f32, on the parameter's device: make the
- * optimizer after moving the model (na_module_to). Parameters may be f32, f16 or bf16 (the
- * update is computed in f32 and rounded once).
+ * optimizer after moving the model (na_module_to, nanoamp/nn.h). Parameters may be f32, f16 or
+ * bf16 (the update is computed in f32 and rounded once).
  */
 #ifndef NANOAMP_OPTIM_H
 #define NANOAMP_OPTIM_H
@@ -34,7 +37,7 @@
 #include <stdint.h>
 
 #include "nanoamp/error.h"
-#include "nanoamp/nn.h"
+#include "nanoamp/state.h"
 #include "nanoamp/tensor.h"
 
 #ifdef __cplusplus
@@ -63,18 +66,18 @@ typedef struct {
     { .lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 1e-2 }
 
 /* ---- making -------------------------------------------------------------------------- */
-/* An optimizer with one group holding all of m's parameters (m NULL: no group yet; add
- * groups with na_optim_add_group). NULL with an error on an invalid config. */
-na_optim *na_sgd_new(na_module *m, const na_sgd_cfg *cfg);
-na_optim *na_adam_new(na_module *m, const na_adam_cfg *cfg);
-na_optim *na_adamw_new(na_module *m, const na_adam_cfg *cfg); /* decoupled weight decay */
+/* An optimizer with one group holding params (NA_NO_TENSORS: no group yet; add groups with
+ * na_optim_add_group). The pointers are copied. NULL with an error on an invalid config or
+ * list (a failed na_module_parameters keeps its error). */
+na_optim *na_sgd_new(na_tensor_list params, const na_sgd_cfg *cfg);
+na_optim *na_adam_new(na_tensor_list params, const na_adam_cfg *cfg);
+na_optim *na_adamw_new(na_tensor_list params, const na_adam_cfg *cfg); /* decoupled decay */
 void na_optim_free(na_optim *o); /* its state; not the parameters. NULL is fine */
 
-/* Adds a group of n parameters (persistent float tensors that require grad, not already in
- * the optimizer) with the optimizer's hyper-parameters. Returns the group's index (>= 0) or
- * a negative status. */
-int na_optim_add_group(na_optim *o, int64_t n, na_tensor *const *params);
-int na_optim_add_module(na_optim *o, na_module *m); /* a group of all of m's parameters */
+/* Adds a group of parameters (persistent float tensors that require grad, not already in the
+ * optimizer) with the optimizer's hyper-parameters. Returns the group's index (>= 0) or a
+ * negative status. */
+int na_optim_add_group(na_optim *o, na_tensor_list params);
 
 /* ---- stepping -------------------------------------------------------------------------- */
 typedef struct {
@@ -100,6 +103,7 @@ na_optim_kind na_optim_kind_of(const na_optim *o);
 int na_optim_num_groups(const na_optim *o);
 int64_t na_optim_num_params(const na_optim *o);
 na_tensor *na_optim_param(const na_optim *o, int64_t i); /* in the order added */
+na_tensor_list na_optim_parameters(const na_optim *o);   /* all of them: a step list */
 int na_optim_param_group(const na_optim *o, int64_t i);  /* the group of parameter i */
 /* group -1: every group. lr >= 0 and weight_decay >= 0. */
 int na_optim_set_lr(na_optim *o, int group, double lr);
@@ -112,16 +116,16 @@ double na_optim_initial_lr(const na_optim *o, int group);
 int na_optim_set_initial_lr(na_optim *o, int group, double lr);
 
 /* ---- saving and loading ---------------------------------------------------------------- */
-/* The optimizer's whole state as named persistent tensors, for a checkpoint:
+/* The state protocol (nanoamp/state.h): appends the optimizer's whole state, each name
+ * prefixed with prefix:
  *   "state.<i>.step"             f32 0-dim, steps taken by parameter i (i in order added)
  *   "state.<i>.momentum_buffer"  SGD with momentum
  *   "state.<i>.exp_avg", "state.<i>.exp_avg_sq", "state.<i>.max_exp_avg_sq" (amsgrad)
  *   "group.<g>.lr", ".weight_decay", ".initial_lr", and ".momentum", ".dampening" (SGD) or
  *   ".beta1", ".beta2", ".eps" (Adam/AdamW): f64 0-dim CPU tensors.
- * Save: na_checkpoint_add(ck, item.name, item.tensor) for each item. Load into an optimizer
- * made the same way (same parameters, groups and config): na_checkpoint_copy_into(ck,
- * item.name, item.tensor) for each; the tensors are the optimizer's live state. */
-int na_optim_state(na_optim *o, na_named_tensors *out);
+ * Load into an optimizer made the same way (same parameters, groups and config); loaded
+ * hyper-parameters are checked at the next step. */
+int na_optim_state(na_optim *o, const char *prefix, na_named_tensors *out);
 
 /* ---- learning-rate schedules --------------------------------------------------------------- */
 /* Closed forms of PyTorch's schedulers as functions of the step t (0 for the first step):
@@ -167,8 +171,9 @@ int na_lr_schedule_apply(const na_lr_schedule *s, na_optim *o, int64_t t);
  * f32 0-dim step tensor on that device (read it with na_item: a sync on CUDA). When total
  * is inf or NaN the gradients are left unchanged, so the caller (or the GradScaler's skip)
  * sees them: check isfinite(na_item(total)). max_norm >= 0 (inf: only measure). */
-na_tensor *na_clip_grad_norm(int64_t n, na_tensor *const *params, double max_norm);
-na_tensor *na_optim_clip_grad_norm(na_optim *o, double max_norm); /* its parameters */
+na_tensor *na_clip_grad_norm(na_tensor_list params, double max_norm);
+/* na_clip_grad_norm(na_optim_parameters(o), max_norm) */
+na_tensor *na_optim_clip_grad_norm(na_optim *o, double max_norm);
 
 #ifdef __cplusplus
 }

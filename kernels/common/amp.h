@@ -53,23 +53,37 @@ enum {
     NA_AMP_KIND_COUNT
 };
 
-/* The hyper-parameter array amp_update_scale takes (host memory, NA_AMP_HP_COUNT doubles). */
+/* The scaler's hyper-parameters, one table for the kernel and the scaler's state (src/amp):
+ * X(ID, name in the state list). amp_update_scale takes them as an array of NA_AMP_HP_COUNT
+ * doubles in host memory, indexed NA_AMP_HP_<ID>; the scaler keeps each as an f64 0-dim
+ * tensor named as here (PyTorch's state_dict keys). */
+#define NA_AMP_HP_MAP(X)                                                                   \
+    X(GROWTH, "growth_factor")    /* > 1 (Apex: scale_factor; Apex rules divide by it) */  \
+    X(BACKOFF, "backoff_factor")  /* PyTorch only */                                       \
+    X(INTERVAL, "growth_interval") /* Apex: scale_window */                                \
+    X(MIN, "min_scale")           /* 0 for none (the floor still applies) */               \
+    X(MAX, "max_scale")           /* 0 for none */
+
 enum {
-    NA_AMP_HP_GROWTH,    /* growth factor (Apex: scale_factor) */
-    NA_AMP_HP_BACKOFF,   /* backoff factor (PyTorch only; Apex divides by the growth factor) */
-    NA_AMP_HP_INTERVAL,  /* growth interval (Apex: scale_window) */
-    NA_AMP_HP_MIN,       /* minimum scale, 0 for none (the floor still applies) */
-    NA_AMP_HP_MAX,       /* maximum scale, 0 for none */
-    NA_AMP_HP_NEW_SCALE, /* > 0: set the scale to this instead of applying the rule */
+#define NA_AMP_HP_ENUM_(id, name) NA_AMP_HP_##id,
+    NA_AMP_HP_MAP(NA_AMP_HP_ENUM_)
+#undef NA_AMP_HP_ENUM_
+    NA_AMP_HP_NEW_SCALE, /* not state, set per call: > 0 sets the scale instead of the rule */
     NA_AMP_HP_COUNT
 };
 
-/* The i32 counters tensor ([NA_AMP_CTR_COUNT]) amp_update_scale maintains. */
+/* The i32 counters tensor ([NA_AMP_CTR_COUNT]) amp_update_scale maintains, and their names
+ * in the scaler's state list: X(ID, name, initial value). */
+#define NA_AMP_CTR_MAP(X)                                                                  \
+    X(TRACKER, "_growth_tracker", 0)           /* PyTorch tracker; Apex unskipped, cur_iter */ \
+    X(LAST_OVERFLOW, "last_overflow_iter", -1) /* Apex legacy */                              \
+    X(UPDATES, "updates", 0)                   /* updates made */                             \
+    X(SKIPPED, "skipped_steps", 0)             /* updates that skipped their step (inf/NaN) */
+
 enum {
-    NA_AMP_CTR_TRACKER,       /* PyTorch growth tracker; Apex amp unskipped; Apex legacy cur_iter */
-    NA_AMP_CTR_LAST_OVERFLOW, /* Apex legacy last_overflow_iter (starts at -1) */
-    NA_AMP_CTR_UPDATES,       /* updates made */
-    NA_AMP_CTR_SKIPPED,       /* updates whose step was skipped (an inf or NaN was found) */
+#define NA_AMP_CTR_ENUM_(id, name, init) NA_AMP_CTR_##id,
+    NA_AMP_CTR_MAP(NA_AMP_CTR_ENUM_)
+#undef NA_AMP_CTR_ENUM_
     NA_AMP_CTR_COUNT
 };
 

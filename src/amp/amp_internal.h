@@ -33,16 +33,6 @@ int na_grad_scaler_to_device_(na_grad_scaler *gs, na_device dev);
 na_device na_grad_scaler_device_(const na_grad_scaler *gs);
 /* The lowest scale gs's rule reaches: its min_scale, or NA_GRAD_SCALER_FLOOR. */
 double na_grad_scaler_floor_(const na_grad_scaler *gs);
-/* Appends the scaler's state (na_grad_scaler_state) named prefix + name to out. */
-int na_grad_scaler_state_into_(na_grad_scaler *gs, const char *prefix, na_named_tensors *out,
-                               int64_t *cap);
-
-/* Appends (prefix + name, t) to a list being built (cap: its capacity, 0 at first). */
-int na_amp_list_add_(na_named_tensors *l, int64_t *cap, const char *prefix, const char *name,
-                     na_tensor *t);
-
-/* Replaces t's storage by storage on dev holding the same values (the struct stays). */
-int na_amp_move_tensor_(na_tensor *t, na_device dev);
 /* A persistent header viewing `count` elements of base from element `offset` with the given
  * shape (freed by na_tensor_free without touching base's memory). */
 na_tensor *na_amp_persistent_view_(na_tensor *base, int64_t offset, int ndim,

@@ -66,9 +66,13 @@ void na_fp16_optimizer_free(na_fp16_optimizer *fo) {
     free(fo);
 }
 
-na_fp16_optimizer *na_fp16_optimizer_new(na_optim *opt, na_module *model,
+na_fp16_optimizer *na_fp16_optimizer_new(na_optim *opt, na_tensor_list params,
                                          const na_fp16_optimizer_cfg *cfg) {
     const char *fn = "na_fp16_optimizer_new";
+    if (opt && na_tensor_list_check(fn, params)) {
+        na_optim_free(opt);
+        return NULL;
+    }
     if (!opt) {
         na_set_error(na_last_status() ? na_last_status() : NA_EINVAL, "%s: NULL optimizer (%s)",
                      fn, na_last_error());
@@ -76,8 +80,8 @@ na_fp16_optimizer *na_fp16_optimizer_new(na_optim *opt, na_module *model,
     }
     if (na_optim_num_params(opt) != 0) {
         na_set_error(NA_EINVAL, "%s: the optimizer already holds %" PRId64 " parameters; make it "
-                     "without any (na_sgd_new(NULL, &cfg), ...): the fp16 optimizer adds the f32 "
-                     "master weights as its parameters", fn, na_optim_num_params(opt));
+                     "without any (na_sgd_new(NA_NO_TENSORS, &cfg)): the fp16 optimizer adds the "
+                     "f32 master weights as its parameters", fn, na_optim_num_params(opt));
         na_optim_free(opt);
         return NULL;
     }
@@ -96,22 +100,9 @@ na_fp16_optimizer *na_fp16_optimizer_new(na_optim *opt, na_module *model,
         na_fp16_optimizer_free(fo);
         return NULL;
     }
-    if (model) {
-        na_named_tensors l;
-        int rc = na_module_named_tensors(model, NA_MODULE_PARAMS, &l);
-        na_tensor **ps = rc ? NULL : malloc((size_t)(l.n ? l.n : 1) * sizeof *ps);
-        int64_t n = 0;
-        for (int64_t i = 0; ps && i < l.n; i++)
-            if (l.items[i].tensor->requires_grad) ps[n++] = l.items[i].tensor;
-        if (!rc && !ps) rc = na_set_error(NA_ENOMEM, "%s: out of host memory", fn);
-        bool listed = !rc;
-        if (!rc) rc = na_fp16_optimizer_add_group(fo, n, ps) < 0 ? na_last_status() : NA_OK;
-        free(ps);
-        if (listed) na_named_tensors_free(&l);
-        if (rc) {
-            na_fp16_optimizer_free(fo);
-            return NULL;
-        }
+    if (params.n && na_fp16_optimizer_add_group(fo, params) < 0) {
+        na_fp16_optimizer_free(fo);
+        return NULL;
     }
     return fo;
 }
@@ -152,10 +143,12 @@ static int check_param(const char *fn, na_fp16_optimizer *fo, const na_tensor *p
     return NA_OK;
 }
 
-int na_fp16_optimizer_add_group(na_fp16_optimizer *fo, int64_t n, na_tensor *const *params) {
+int na_fp16_optimizer_add_group(na_fp16_optimizer *fo, na_tensor_list list) {
     const char *fn = "na_fp16_optimizer_add_group";
-    if (!fo || n < 0 || (n && !params))
-        return na_set_error(NA_EINVAL, "%s: need an fp16 optimizer and n >= 0 parameters", fn);
+    int64_t n = list.n;
+    na_tensor *const *params = list.items;
+    if (!fo) return na_set_error(NA_EINVAL, "%s: NULL fp16 optimizer", fn);
+    if (na_tensor_list_check(fn, list)) return na_last_status();
     for (int64_t i = 0; i < n; i++) {
         int rc = check_param(fn, fo, params[i], i);
         if (rc) return rc;
@@ -167,7 +160,7 @@ int na_fp16_optimizer_add_group(na_fp16_optimizer *fo, int64_t n, na_tensor *con
             fo->device = params[i]->device;
         }
     }
-    if (!n) return na_optim_add_group(fo->opt, 0, NULL);
+    if (!n) return na_optim_add_group(fo->opt, NA_NO_TENSORS);
     if (!fo->found_inf) {
         if (!(fo->found_inf = na_tensor_new(NA_DTYPE_F32, fo->device, 0, NULL)) ||
             na_grad_scaler_to_device_(fo->scaler, fo->device))
@@ -225,7 +218,7 @@ int na_fp16_optimizer_add_group(na_fp16_optimizer *fo, int64_t n, na_tensor *con
     }
     if (!rc) rc = grow((void **)&fo->opt_grads, sizeof(void *), first_opt + n_group);
     if (!rc) rc = grow((void **)&fo->opt_copies, sizeof(void *), first_opt + n_group);
-    int g = rc ? rc : na_optim_add_group(fo->opt, n_group, group);
+    int g = rc ? rc : na_optim_add_group(fo->opt, (na_tensor_list){n_group, group});
     free(group);
     if (g >= 0) fo->n_opt = first_opt + n_group;
     if (g < 0) { /* roll back this group (the optimizer added nothing when it failed) */
@@ -324,11 +317,7 @@ double na_fp16_optimizer_clip_master_grads(na_fp16_optimizer *fo, double max_nor
         return NAN;
     }
     if (na_fp16_optimizer_overflow(fo)) return -1.0;
-    int64_t n = na_optim_num_params(fo->opt);
-    na_tensor **ps = na_arena_host_alloc((size_t)(n ? n : 1) * sizeof *ps);
-    if (!ps) return NAN;
-    for (int64_t i = 0; i < n; i++) ps[i] = na_optim_param(fo->opt, i);
-    na_tensor *norm = na_clip_grad_norm(n, ps, max_norm);
+    na_tensor *norm = na_optim_clip_grad_norm(fo->opt, max_norm);
     return norm ? na_item(norm) : NAN;
 }
 
@@ -355,29 +344,23 @@ na_tensor *na_fp16_optimizer_master(const na_fp16_optimizer *fo, int64_t i) {
     return fo && i >= 0 && i < fo->n ? fo->ps[i].master : NULL;
 }
 
-int na_fp16_optimizer_state(na_fp16_optimizer *fo, na_named_tensors *out) {
-    if (!out) return na_set_error(NA_EINVAL, "na_fp16_optimizer_state: NULL output");
-    *out = (na_named_tensors){0};
-    if (!fo) return na_set_error(NA_EINVAL, "na_fp16_optimizer_state: NULL fp16 optimizer");
-    int64_t cap = 0;
-    na_named_tensors inner;
-    int rc = na_optim_state(fo->opt, &inner);
-    for (int64_t i = 0; !rc && i < inner.n; i++)
-        rc = na_amp_list_add_(out, &cap, "optimizer.", inner.items[i].name, inner.items[i].tensor);
-    if (!rc) na_named_tensors_free(&inner);
-    if (!rc) rc = na_grad_scaler_state_into_(fo->scaler, "scaler.", out, &cap);
-    char name[48];
+int na_fp16_optimizer_state(na_fp16_optimizer *fo, const char *prefix, na_named_tensors *out) {
+    const char *fn = "na_fp16_optimizer_state";
+    if (!fo || !out) return na_set_error(NA_EINVAL, "%s: NULL fp16 optimizer or output", fn);
+    const char *pf = prefix ? prefix : "";
+    int64_t n0 = out->n;
+    char *sub = malloc(strlen(pf) + sizeof "optimizer.");
+    if (!sub) return na_set_error(NA_ENOMEM, "%s: out of host memory", fn);
+    int rc = na_optim_state(fo->opt, strcat(strcpy(sub, pf), "optimizer."), out);
+    if (!rc) rc = na_grad_scaler_state(fo->scaler, strcat(strcpy(sub, pf), "scaler."), out);
+    free(sub);
     int64_t k = 0;
-    for (int64_t i = 0; !rc && i < fo->n; i++) {
-        if (!fo->ps[i].owned) continue;
-        snprintf(name, sizeof name, "%" PRId64, k++);
-        rc = na_amp_list_add_(out, &cap, "fp32_from_fp16.", name, fo->ps[i].master);
-    }
-    for (int g = 0; !rc && g < fo->n_flats; g++) {
-        snprintf(name, sizeof name, "%d", g);
-        rc = na_amp_list_add_(out, &cap, "fp32_from_fp16_flat.", name, fo->flats[g]);
-    }
-    if (rc) na_named_tensors_free(out);
+    for (int64_t i = 0; !rc && i < fo->n; i++)
+        if (fo->ps[i].owned)
+            rc = na_named_tensors_add(out, fo->ps[i].master, "%sfp32_from_fp16.%" PRId64, pf, k++);
+    for (int g = 0; !rc && g < fo->n_flats; g++)
+        rc = na_named_tensors_add(out, fo->flats[g], "%sfp32_from_fp16_flat.%d", pf, g);
+    if (rc) na_named_tensors_truncate(out, n0);
     return rc;
 }
 
@@ -400,28 +383,35 @@ void na_param_lists_free(na_param_lists *pl) {
     *pl = (na_param_lists){0};
 }
 
+/* Model parameter i's master value (or gradient): its own master, or its slice (from element
+ * off) of the flat one. NULL with an error on failure. */
+static na_tensor *master_at(const na_param_lists *pl, int64_t i, int64_t off, bool grad) {
+    na_tensor *m = pl->master[pl->flat ? 0 : i];
+    if (grad) m = m->grad;
+    return pl->flat ? slice_view(m, off, pl->model[i]) : m;
+}
+
 int na_prep_param_lists(na_module *model, bool flat, na_param_lists *out) {
     const char *fn = "na_prep_param_lists";
     char a[NA_DESCRIBE_MAX], b[NA_DESCRIBE_MAX];
     if (!out) return na_set_error(NA_EINVAL, "%s: NULL output", fn);
     *out = (na_param_lists){.flat = flat};
     if (!model) return na_set_error(NA_EINVAL, "%s: NULL model", fn);
-    na_named_tensors l;
-    int rc = na_module_named_tensors(model, NA_MODULE_PARAMS, &l);
-    if (rc) return rc;
+    na_tensor_list l = na_module_parameters(model);
+    if (l.n < 0) return na_last_status();
     out->model = malloc((size_t)(l.n ? l.n : 1) * sizeof *out->model);
     out->master = calloc((size_t)(l.n ? l.n : 1), sizeof *out->master);
-    if (!out->model || !out->master) rc = na_set_error(NA_ENOMEM, "%s: out of host memory", fn);
+    int rc = out->model && out->master ? NA_OK
+                                       : na_set_error(NA_ENOMEM, "%s: out of host memory", fn);
     int64_t total = 0;
     for (int64_t i = 0; !rc && i < l.n; i++) {
-        na_tensor *p = l.items[i].tensor;
-        if (!p->requires_grad) continue;
+        na_tensor *p = l.items[i];
         if (flat && out->n_model && (p->dtype != out->model[0]->dtype ||
                                      p->device != out->model[0]->device))
             rc = na_set_error(NA_EDTYPE, "%s: a flat master needs every parameter to have one "
-                              "dtype and device (as Apex: convert the model first): %s is %s, "
-                              "the first is %s", fn, l.items[i].name,
-                              na_tensor_describe(p, a, sizeof a),
+                              "dtype and device (as Apex: convert the model first): parameter "
+                              "%" PRId64 " (%s) is %s, the first is %s", fn, i,
+                              p->name ? p->name : "", na_tensor_describe(p, a, sizeof a),
                               na_tensor_describe(out->model[0], b, sizeof b));
         out->model[out->n_model++] = p;
         total += p->numel;
@@ -430,48 +420,37 @@ int na_prep_param_lists(na_module *model, bool flat, na_param_lists *out) {
         out->n_master = 1;
         if (!(out->master[0] = new_master(out->model[0]->device, NA_SHAPE(total))))
             rc = na_last_status();
-        int64_t off = 0; /* model -> its slice of the flat master */
-        for (int64_t i = 0; !rc && i < out->n_model; i++) {
-            na_tensor *v = slice_view(out->master[0], off, out->model[i]);
-            rc = v ? na_copy_(v, out->model[i]) : na_last_status();
-            off += out->model[i]->numel;
-        }
-    } else if (!rc) {
-        for (int64_t i = 0; !rc && i < out->n_model; i++) {
-            na_tensor *p = out->model[i];
-            out->master[i] = new_master(p->device, p->ndim, p->shape);
-            rc = out->master[i] ? na_copy_(out->master[i], p) : na_last_status();
-            out->n_master = i + 1;
-        }
     }
-    na_named_tensors_free(&l);
+    for (int64_t i = 0; !rc && !flat && i < out->n_model; i++) {
+        const na_tensor *p = out->model[i];
+        out->n_master = i + 1;
+        if (!(out->master[i] = new_master(p->device, p->ndim, p->shape))) rc = na_last_status();
+    }
+    for (int64_t i = 0, off = 0; !rc && i < out->n_model; off += out->model[i++]->numel) {
+        na_tensor *m = master_at(out, i, off, false); /* the model's values into it */
+        rc = m ? na_copy_(m, out->model[i]) : na_last_status();
+    }
     if (rc) na_param_lists_free(out);
     return rc;
 }
 
 int na_model_grads_to_master_grads(na_param_lists *pl) {
     if (!pl) return na_set_error(NA_EINVAL, "na_model_grads_to_master_grads: NULL lists");
-    int64_t off = 0;
     int rc = NA_OK;
-    for (int64_t i = 0; i < pl->n_model && !rc; i++) {
-        na_tensor *p = pl->model[i];
-        na_tensor *dst = pl->flat ? slice_view(pl->master[0]->grad, off, p) : pl->master[i]->grad;
-        off += p->numel;
-        if (!dst) return na_last_status();
-        rc = p->grad ? na_copy_(dst, p->grad) : na_fill_(dst, 0.0);
+    for (int64_t i = 0, off = 0; i < pl->n_model && !rc; off += pl->model[i++]->numel) {
+        const na_tensor *g = pl->model[i]->grad;
+        na_tensor *dst = master_at(pl, i, off, true);
+        rc = !dst ? na_last_status() : g ? na_copy_(dst, g) : na_fill_(dst, 0.0);
     }
     return rc;
 }
 
 int na_master_params_to_model_params(na_param_lists *pl) {
     if (!pl) return na_set_error(NA_EINVAL, "na_master_params_to_model_params: NULL lists");
-    int64_t off = 0;
     int rc = NA_OK;
-    for (int64_t i = 0; i < pl->n_model && !rc; i++) {
-        na_tensor *p = pl->model[i];
-        na_tensor *src = pl->flat ? slice_view(pl->master[0], off, p) : pl->master[i];
-        off += p->numel;
-        rc = src ? na_copy_(p, src) : na_last_status();
+    for (int64_t i = 0, off = 0; i < pl->n_model && !rc; off += pl->model[i++]->numel) {
+        na_tensor *src = master_at(pl, i, off, false);
+        rc = src ? na_copy_(pl->model[i], src) : na_last_status();
     }
     return rc;
 }

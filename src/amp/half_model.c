@@ -28,7 +28,7 @@ typedef struct {
 } cast_state;
 
 static na_tensor *cast_forward(na_module *m, na_tensor *x) {
-    const cast_state *s = na_module_state(m);
+    const cast_state *s = na_module_data(m);
     return na_dtype_is_float(x->dtype) ? na_cast(x, s->dt) : x;
 }
 
@@ -48,7 +48,7 @@ na_module *na_cast_input_new(na_dtype dt) {
 /* ---- FP16Model ------------------------------------------------------------------------------- */
 
 static na_tensor *fp16_model_forward(na_module *m, na_tensor *x) {
-    const cast_state *s = na_module_state(m);
+    const cast_state *s = na_module_data(m);
     na_module *net = na_module_child_at(m, 0, NULL);
     na_tensor *h = na_dtype_is_float(x->dtype) ? na_cast(x, s->dt) : x;
     return h ? na_module_forward(net, h) : NULL;

@@ -25,11 +25,12 @@ typedef struct {
     na_tensor *found_inf; /* f32 0-dim on the scaler's device */
 } opt_record;
 
-enum { HP_GROWTH, HP_BACKOFF, HP_INTERVAL, HP_MIN, HP_MAX, HP_COUNT };
-static const char *const hp_names[HP_COUNT] = {"growth_factor", "backoff_factor",
-                                               "growth_interval", "min_scale", "max_scale"};
-static const char *const ctr_names[NA_AMP_CTR_COUNT] = {"_growth_tracker", "last_overflow_iter",
-                                                        "updates", "skipped_steps"};
+/* The hyper-parameters held as state: those of the kernel's table but the per-call new scale. */
+enum { HP_STATE = NA_AMP_HP_NEW_SCALE };
+#define NA_NAME_(id, name, ...) name,
+static const char *const hp_names[HP_STATE] = {NA_AMP_HP_MAP(NA_NAME_)};
+static const char *const ctr_names[NA_AMP_CTR_COUNT] = {NA_AMP_CTR_MAP(NA_NAME_)};
+#undef NA_NAME_
 
 struct na_grad_scaler {
     bool enabled;
@@ -39,28 +40,13 @@ struct na_grad_scaler {
     na_tensor *counters;                      /* i32 [NA_AMP_CTR_COUNT] */
     na_tensor *ctr_view[NA_AMP_CTR_COUNT];    /* i32 0-dim views of the counters */
     na_tensor *kind;                          /* i32 0-dim, CPU */
-    na_tensor *hp[HP_COUNT];                  /* f64 0-dim, CPU */
+    na_tensor *hp[HP_STATE];                  /* f64 0-dim, CPU, indexed NA_AMP_HP_* */
+    bool listed; /* the state was handed out (and maybe loaded): check it at the next scale() */
     int n_recs, cap_recs;
     opt_record *recs;
 };
 
 /* ---- helpers shared by the amp files --------------------------------------------------------- */
-
-int na_amp_move_tensor_(na_tensor *t, na_device dev) {
-    if (!t || t->device == dev) return NA_OK;
-    na_tensor *tmp = na_tensor_new(t->dtype, dev, t->ndim, t->shape);
-    if (!tmp) return na_last_status();
-    int rc = na_copy_(tmp, t);
-    if (rc) {
-        na_tensor_free(tmp);
-        return rc;
-    }
-    void *data = tmp->data;
-    tmp->data = t->data, tmp->device = t->device;
-    t->data = data, t->device = dev;
-    na_tensor_free(tmp);
-    return NA_OK;
-}
 
 na_tensor *na_amp_persistent_view_(na_tensor *base, int64_t offset, int ndim,
                                    const int64_t *shape) {
@@ -100,8 +86,11 @@ static double lower_bound(double min_s) {
     return min_s > NA_GRAD_SCALER_FLOOR ? min_s : NA_GRAD_SCALER_FLOOR;
 }
 
-static int validate(const char *fn, na_scaler_kind kind, double growth, double backoff,
-                    double interval, double min_s, double max_s) {
+/* kind and its hyper-parameters hp (indexed NA_AMP_HP_*) make a valid rule. */
+static int validate(const char *fn, na_scaler_kind kind, const double *hp) {
+    double growth = hp[NA_AMP_HP_GROWTH], backoff = hp[NA_AMP_HP_BACKOFF];
+    double interval = hp[NA_AMP_HP_INTERVAL];
+    double min_s = hp[NA_AMP_HP_MIN], max_s = hp[NA_AMP_HP_MAX];
     if ((unsigned)kind >= NA_AMP_KIND_COUNT)
         return na_set_error(NA_EINVAL, "%s: unknown scaler kind %d", fn, (int)kind);
     if (!(min_s == 0.0 || (min_s >= NA_GRAD_SCALER_FLOOR && isfinite((float)min_s))) ||
@@ -147,7 +136,7 @@ void na_grad_scaler_free(na_grad_scaler *gs) {
     na_tensor_free(gs->counters);
     na_tensor_free(gs->scale);
     na_tensor_free(gs->kind);
-    for (int k = 0; k < HP_COUNT; k++) na_tensor_free(gs->hp[k]);
+    for (int k = 0; k < HP_STATE; k++) na_tensor_free(gs->hp[k]);
     for (int i = 0; i < gs->n_recs; i++) na_tensor_free(gs->recs[i].found_inf);
     free(gs->recs);
     free(gs);
@@ -156,8 +145,11 @@ void na_grad_scaler_free(na_grad_scaler *gs) {
 na_grad_scaler *na_grad_scaler_new(const na_grad_scaler_cfg *cfg) {
     const char *fn = "na_grad_scaler_new";
     na_grad_scaler_cfg c = cfg ? *cfg : (na_grad_scaler_cfg)NA_GRAD_SCALER_DEFAULTS;
-    if (c.enabled && validate(fn, c.kind, c.growth_factor, c.backoff_factor,
-                              (double)c.growth_interval, c.min_scale, c.max_scale))
+    double hp[NA_AMP_HP_COUNT] = {
+        [NA_AMP_HP_GROWTH] = c.growth_factor, [NA_AMP_HP_BACKOFF] = c.backoff_factor,
+        [NA_AMP_HP_INTERVAL] = (double)c.growth_interval, [NA_AMP_HP_MIN] = c.min_scale,
+        [NA_AMP_HP_MAX] = c.max_scale};
+    if (c.enabled && validate(fn, c.kind, hp))
         return NULL; /* PyTorch checks the factors only when enabled */
     double init = c.init_scale;
     if (c.enabled && c.kind == NA_SCALER_APEX && c.max_scale > 0.0 && init > c.max_scale)
@@ -180,14 +172,14 @@ na_grad_scaler *na_grad_scaler_new(const na_grad_scaler_cfg *cfg) {
               (gs->kind = na_tensor_new(NA_DTYPE_I32, NA_DEVICE_CPU, 0, NULL));
     for (int k = 0; ok && k < NA_AMP_CTR_COUNT; k++)
         ok = (gs->ctr_view[k] = na_amp_persistent_view_(gs->counters, k, 0, NULL)) != NULL;
-    for (int k = 0; ok && k < HP_COUNT; k++)
+    for (int k = 0; ok && k < HP_STATE; k++)
         ok = (gs->hp[k] = na_tensor_new(NA_DTYPE_F64, NA_DEVICE_CPU, 0, NULL)) != NULL;
     if (ok) {
-        int32_t ctr[NA_AMP_CTR_COUNT] = {0, -1, 0, 0};
-        double hp[HP_COUNT] = {c.growth_factor, c.backoff_factor, (double)c.growth_interval,
-                               c.min_scale, c.max_scale};
+#define NA_INIT_(id, name, init) init,
+        int32_t ctr[NA_AMP_CTR_COUNT] = {NA_AMP_CTR_MAP(NA_INIT_)};
+#undef NA_INIT_
         *(int32_t *)gs->kind->data = (int32_t)c.kind;
-        for (int k = 0; k < HP_COUNT; k++) *(double *)gs->hp[k]->data = hp[k];
+        for (int k = 0; k < HP_STATE; k++) *(double *)gs->hp[k]->data = hp[k];
         ok = !na_fill_(gs->scale, init) && !na_copy_from_host(gs->counters, ctr);
     }
     if (!ok) {
@@ -204,6 +196,12 @@ bool na_grad_scaler_is_enabled(const na_grad_scaler *gs) { return gs && gs->enab
 
 static double hp_get(const na_grad_scaler *gs, int k) { return *(const double *)gs->hp[k]->data; }
 
+/* The kernel's hyper-parameter array: the state's values and the call's new scale. */
+static void hp_values(const na_grad_scaler *gs, double new_scale, double hp[NA_AMP_HP_COUNT]) {
+    for (int k = 0; k < HP_STATE; k++) hp[k] = hp_get(gs, k);
+    hp[NA_AMP_HP_NEW_SCALE] = new_scale;
+}
+
 na_scaler_kind na_grad_scaler_kind(const na_grad_scaler *gs) {
     /* a disabled scaler acts as a static scale of 1: it never skips a step */
     return gs && gs->enabled ? (na_scaler_kind) * (const int32_t *)gs->kind->data
@@ -218,11 +216,11 @@ na_grad_scaler_cfg na_grad_scaler_config(const na_grad_scaler *gs) {
     if (!gs->enabled) return c;
     c.kind = na_grad_scaler_kind(gs);
     c.init_scale = na_grad_scaler_get_scale(gs);
-    c.growth_factor = hp_get(gs, HP_GROWTH);
-    c.backoff_factor = hp_get(gs, HP_BACKOFF);
-    c.growth_interval = (int64_t)hp_get(gs, HP_INTERVAL);
-    c.min_scale = hp_get(gs, HP_MIN);
-    c.max_scale = hp_get(gs, HP_MAX);
+    c.growth_factor = hp_get(gs, NA_AMP_HP_GROWTH);
+    c.backoff_factor = hp_get(gs, NA_AMP_HP_BACKOFF);
+    c.growth_interval = (int64_t)hp_get(gs, NA_AMP_HP_INTERVAL);
+    c.min_scale = hp_get(gs, NA_AMP_HP_MIN);
+    c.max_scale = hp_get(gs, NA_AMP_HP_MAX);
     return c;
 }
 
@@ -259,7 +257,7 @@ int na_grad_scaler_stats_get(const na_grad_scaler *gs, na_grad_scaler_stats *out
 na_device na_grad_scaler_device_(const na_grad_scaler *gs) { return gs->device; }
 
 double na_grad_scaler_floor_(const na_grad_scaler *gs) {
-    return gs && gs->enabled ? lower_bound(hp_get(gs, HP_MIN)) : NA_GRAD_SCALER_FLOOR;
+    return gs && gs->enabled ? lower_bound(hp_get(gs, NA_AMP_HP_MIN)) : NA_GRAD_SCALER_FLOOR;
 }
 
 int na_grad_scaler_to_device_(na_grad_scaler *gs, na_device dev) {
@@ -267,13 +265,28 @@ int na_grad_scaler_to_device_(na_grad_scaler *gs, na_device dev) {
         gs->device = dev;
         return NA_OK;
     }
-    int rc = na_amp_move_tensor_(gs->scale, dev);
-    if (!rc) rc = na_amp_move_tensor_(gs->counters, dev);
+    int rc = na_tensor_convert_(gs->scale, NA_DTYPE_F32, dev);
+    if (!rc) rc = na_tensor_convert_(gs->counters, NA_DTYPE_I32, dev);
     for (int i = 0; !rc && i < gs->n_recs; i++)
-        rc = na_amp_move_tensor_(gs->recs[i].found_inf, dev);
+        rc = na_tensor_convert_(gs->recs[i].found_inf, NA_DTYPE_F32, dev);
     repoint_views(gs);
     if (!rc) gs->device = dev;
     return rc;
+}
+
+/* After the state was handed out: the rule and the scale must be valid (a loaded checkpoint
+ * is hostile input). Reads the scale once (a sync on CUDA). */
+static int check_listed(const char *fn, na_grad_scaler *gs) {
+    if (!gs->listed) return NA_OK;
+    double hp[NA_AMP_HP_COUNT];
+    hp_values(gs, 0.0, hp);
+    int rc = validate(fn, na_grad_scaler_kind(gs), hp);
+    if (!rc)
+        rc = check_bounds(fn, "the scale", na_item(gs->scale), hp[NA_AMP_HP_MIN],
+                          hp[NA_AMP_HP_MAX]);
+    if (rc) return na_set_error(rc, "%s (the scaler's state as loaded or set)", na_last_error());
+    gs->listed = false;
+    return NA_OK;
 }
 
 /* ---- the step -------------------------------------------------------------------------------- */
@@ -305,6 +318,11 @@ static opt_record *record_of(na_grad_scaler *gs, const na_optim *opt) {
     return &gs->recs[gs->n_recs++];
 }
 
+/* opt's record for unscale_ or step, once the loss was scaled; NULL with an error. */
+static opt_record *scaled_record(const char *fn, na_grad_scaler *gs, const na_optim *opt) {
+    return check_scaled(fn, gs) ? NULL : record_of(gs, opt);
+}
+
 na_tensor *na_grad_scaler_scale(na_grad_scaler *gs, na_tensor *loss) {
     const char *fn = "na_grad_scaler_scale";
     char d[NA_DESCRIBE_MAX];
@@ -313,6 +331,7 @@ na_tensor *na_grad_scaler_scale(na_grad_scaler *gs, na_tensor *loss) {
         return NULL;
     }
     if (!gs->enabled) return loss;
+    if (check_listed(fn, gs)) return NULL;
     if (loss->device != gs->device) {
         for (int i = 0; i < gs->n_recs; i++)
             if (gs->recs[i].st != STAGE_READY) {
@@ -346,9 +365,7 @@ int na_grad_scaler_unscale_(na_grad_scaler *gs, na_optim *opt) {
     char d[NA_DESCRIBE_MAX];
     if (!gs || !opt) return na_set_error(NA_EINVAL, "%s: NULL scaler or optimizer", fn);
     if (!gs->enabled) return NA_OK;
-    int rc = check_scaled(fn, gs);
-    if (rc) return rc;
-    opt_record *r = record_of(gs, opt);
+    opt_record *r = scaled_record(fn, gs, opt);
     if (!r) return na_last_status();
     if (r->st == STAGE_UNSCALED)
         return na_set_error(NA_ESTATE, "%s: unscale_() has already been called on this optimizer "
@@ -373,8 +390,8 @@ int na_grad_scaler_unscale_(na_grad_scaler *gs, na_optim *opt) {
                                 na_tensor_describe(g, d, sizeof d), na_device_name(gs->device));
         grads[count++] = g;
     }
-    rc = na_grad_scaler_unscale_into_(gs, count, (const na_tensor *const *)grads, grads,
-                                      r->found_inf);
+    int rc = na_grad_scaler_unscale_into_(gs, count, (const na_tensor *const *)grads, grads,
+                                          r->found_inf);
     if (rc) return na_set_error(rc, "%s: %s", fn, na_last_error());
     r->st = STAGE_UNSCALED;
     return NA_OK;
@@ -384,10 +401,9 @@ int na_grad_scaler_step(na_grad_scaler *gs, na_optim *opt) {
     const char *fn = "na_grad_scaler_step";
     if (!gs || !opt) return na_set_error(NA_EINVAL, "%s: NULL scaler or optimizer", fn);
     if (!gs->enabled) return na_optim_step(opt, NULL);
-    int rc = check_scaled(fn, gs);
-    if (rc) return rc;
-    opt_record *r = record_of(gs, opt);
+    opt_record *r = scaled_record(fn, gs, opt);
     if (!r) return na_last_status();
+    int rc = NA_OK;
     if (r->st == STAGE_STEPPED)
         return na_set_error(NA_ESTATE, "%s: step() has already been called since the last "
                             "update().", fn);
@@ -404,13 +420,10 @@ static int update(na_grad_scaler *gs, int n_found, const na_tensor *const *flags
                   double new_scale) {
     const char *fn = "na_grad_scaler_update";
     na_scaler_kind kind = na_grad_scaler_kind(gs);
-    double hp[NA_AMP_HP_COUNT] = {
-        [NA_AMP_HP_GROWTH] = hp_get(gs, HP_GROWTH), [NA_AMP_HP_BACKOFF] = hp_get(gs, HP_BACKOFF),
-        [NA_AMP_HP_INTERVAL] = hp_get(gs, HP_INTERVAL), [NA_AMP_HP_MIN] = hp_get(gs, HP_MIN),
-        [NA_AMP_HP_MAX] = hp_get(gs, HP_MAX), [NA_AMP_HP_NEW_SCALE] = new_scale};
-    int rc = validate(fn, kind, hp[NA_AMP_HP_GROWTH], hp[NA_AMP_HP_BACKOFF],
-                      hp[NA_AMP_HP_INTERVAL], hp[NA_AMP_HP_MIN], hp[NA_AMP_HP_MAX]);
-    if (rc) return rc; /* e.g. a checkpoint loaded bad values */
+    double hp[NA_AMP_HP_COUNT];
+    hp_values(gs, new_scale, hp);
+    int rc = validate(fn, kind, hp);
+    if (rc) return rc; /* e.g. values set through the state list since the last scale() */
     const na_backend *be = na_backend_get(gs->device);
     if (!be) return na_last_status();
     if ((rc = NA_AMP_NEED_KERNEL(fn, be, amp_update_scale))) return rc;
@@ -448,83 +461,31 @@ int na_grad_scaler_update(na_grad_scaler *gs) {
 int na_grad_scaler_update_to(na_grad_scaler *gs, double new_scale) {
     const char *fn = "na_grad_scaler_update_to";
     bool bounded = gs && gs->enabled;
-    int rc = check_bounds(fn, "the new scale", new_scale, bounded ? hp_get(gs, HP_MIN) : 0.0,
-                          bounded ? hp_get(gs, HP_MAX) : 0.0);
+    int rc = check_bounds(fn, "the new scale", new_scale,
+                          bounded ? hp_get(gs, NA_AMP_HP_MIN) : 0.0,
+                          bounded ? hp_get(gs, NA_AMP_HP_MAX) : 0.0);
     return rc ? rc : update_common(fn, gs, new_scale);
 }
 
 /* ---- state ----------------------------------------------------------------------------------- */
 
-int na_amp_list_add_(na_named_tensors *l, int64_t *cap, const char *prefix, const char *name,
-                     na_tensor *t) {
-    if (l->n == *cap) {
-        int64_t c = *cap ? 2 * *cap : 16;
-        na_named_tensor *p = realloc(l->items, (size_t)c * sizeof *p);
-        if (!p) return na_set_error(NA_ENOMEM, "amp: out of host memory listing the state");
-        l->items = p, *cap = c;
-    }
-    size_t len = strlen(prefix) + strlen(name) + 1;
-    char *s = malloc(len);
-    if (!s) return na_set_error(NA_ENOMEM, "amp: out of host memory listing the state");
-    snprintf(s, len, "%s%s", prefix, name);
-    l->items[l->n++] = (na_named_tensor){.name = s, .tensor = t};
-    return NA_OK;
-}
-
-int na_grad_scaler_state_into_(na_grad_scaler *gs, const char *prefix, na_named_tensors *out,
-                               int64_t *cap) {
-    if (!gs->enabled) return NA_OK;
-    int rc = na_amp_list_add_(out, cap, prefix, "scale", gs->scale);
-    for (int k = 0; !rc && k < NA_AMP_CTR_COUNT; k++)
-        rc = na_amp_list_add_(out, cap, prefix, ctr_names[k], gs->ctr_view[k]);
-    if (!rc) rc = na_amp_list_add_(out, cap, prefix, "kind", gs->kind);
-    for (int k = 0; !rc && k < HP_COUNT; k++)
-        rc = na_amp_list_add_(out, cap, prefix, hp_names[k], gs->hp[k]);
-    return rc;
-}
-
-int na_grad_scaler_state(na_grad_scaler *gs, na_named_tensors *out) {
-    if (!out) return na_set_error(NA_EINVAL, "na_grad_scaler_state: NULL output");
-    *out = (na_named_tensors){0};
-    if (!gs) return na_set_error(NA_EINVAL, "na_grad_scaler_state: NULL scaler");
+int na_grad_scaler_state(na_grad_scaler *gs, const char *prefix, na_named_tensors *out) {
+    const char *fn = "na_grad_scaler_state";
+    if (!gs || !out) return na_set_error(NA_EINVAL, "%s: NULL scaler or output", fn);
     for (int i = 0; i < gs->n_recs; i++)
         if (gs->recs[i].st != STAGE_READY)
-            return na_set_error(NA_ESTATE, "na_grad_scaler_state: the state may only be taken at "
-                                "the beginning of an iteration, or at the end after update()");
-    int64_t cap = 0;
-    int rc = na_grad_scaler_state_into_(gs, "", out, &cap);
-    if (rc) na_named_tensors_free(out);
-    return rc;
-}
-
-int na_grad_scaler_save(na_grad_scaler *gs, na_checkpoint *ck, const char *prefix) {
-    na_named_tensors l;
-    int rc = na_grad_scaler_state(gs, &l);
-    char name[256];
-    for (int64_t i = 0; !rc && i < l.n; i++) {
-        snprintf(name, sizeof name, "%s%s", prefix ? prefix : "", l.items[i].name);
-        rc = na_checkpoint_add(ck, name, l.items[i].tensor);
-    }
-    na_named_tensors_free(&l);
-    return rc;
-}
-
-int na_grad_scaler_load(na_grad_scaler *gs, const na_checkpoint *ck, const char *prefix) {
-    na_named_tensors l;
-    int rc = na_grad_scaler_state(gs, &l);
-    char name[256];
-    for (int64_t i = 0; !rc && i < l.n; i++) {
-        snprintf(name, sizeof name, "%s%s", prefix ? prefix : "", l.items[i].name);
-        rc = na_checkpoint_copy_into(ck, name, l.items[i].tensor);
-    }
-    if (!rc && gs && gs->enabled) {
-        na_scaler_kind kind = na_grad_scaler_kind(gs);
-        rc = validate("na_grad_scaler_load", kind, hp_get(gs, HP_GROWTH), hp_get(gs, HP_BACKOFF),
-                      hp_get(gs, HP_INTERVAL), hp_get(gs, HP_MIN), hp_get(gs, HP_MAX));
-        if (!rc)
-            rc = check_bounds("na_grad_scaler_load", "the loaded scale", na_item(gs->scale),
-                              hp_get(gs, HP_MIN), hp_get(gs, HP_MAX));
-    }
-    na_named_tensors_free(&l);
+            return na_set_error(NA_ESTATE, "%s: the state may only be taken at the beginning of "
+                                "an iteration, or at the end after update()", fn);
+    if (!gs->enabled) return NA_OK;
+    const char *pf = prefix ? prefix : "";
+    int64_t n0 = out->n;
+    int rc = na_named_tensors_add(out, gs->scale, "%sscale", pf);
+    for (int k = 0; !rc && k < NA_AMP_CTR_COUNT; k++)
+        rc = na_named_tensors_add(out, gs->ctr_view[k], "%s%s", pf, ctr_names[k]);
+    if (!rc) rc = na_named_tensors_add(out, gs->kind, "%skind", pf);
+    for (int k = 0; !rc && k < HP_STATE; k++)
+        rc = na_named_tensors_add(out, gs->hp[k], "%s%s", pf, hp_names[k]);
+    if (rc) na_named_tensors_truncate(out, n0);
+    else gs->listed = true;
     return rc;
 }

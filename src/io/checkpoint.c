@@ -1047,56 +1047,44 @@ int na_checkpoint_meta_at(const na_checkpoint *ck, int64_t i, const char **key,
 }
 
 /* ---- convenience -------------------------------------------------------------------- */
-int na_checkpoint_save_tensors(const char *path, int n, const char *const *names,
-                               const na_tensor *const *tensors) {
-    const char *fn = "na_checkpoint_save_tensors";
-    if (n < 0 || (n > 0 && !tensors))
-        return na_set_error(NA_EINVAL, "%s: %d tensors, tensors array %s", fn, n,
-                            tensors ? "given" : "NULL");
-    na_checkpoint *ck = na_checkpoint_new();
-    if (!ck) return na_last_status();
+int na_checkpoint_add_list(na_checkpoint *ck, const na_named_tensors *l) {
+    if (!l) return na_set_error(NA_EINVAL, "na_checkpoint_add_list: NULL list");
     int st = NA_OK;
-    for (int i = 0; i < n && !st; i++) {
-        const char *name = names ? names[i] : tensors[i] ? tensors[i]->name : NULL;
-        if (!name) {
-            st = na_set_error(NA_EINVAL, "%s: tensor %d has no name", fn, i);
-            break;
-        }
-        st = na_checkpoint_add(ck, name, tensors[i]);
+    for (int64_t i = 0; i < l->n && !st; i++)
+        st = na_checkpoint_add(ck, l->items[i].name, l->items[i].tensor);
+    return st;
+}
+
+int na_checkpoint_copy_list(const na_checkpoint *ck, const na_named_tensors *l, bool strict) {
+    const char *fn = "na_checkpoint_copy_list";
+    if (!ck || !l) return na_set_error(NA_EINVAL, "%s: NULL checkpoint or list", fn);
+    bool *used = calloc((size_t)(ck->n ? ck->n : 1), 1);
+    int st = used ? NA_OK : na_set_error(NA_ENOMEM, "%s: out of memory", fn);
+    for (int64_t i = 0; i < l->n && !st; i++) {
+        int64_t k = find(ck, l->items[i].name);
+        if (k >= 0) used[k] = true;
+        st = na_checkpoint_copy_into(ck, l->items[i].name, l->items[i].tensor);
     }
+    for (int64_t k = 0; strict && !st && k < ck->n; k++)
+        if (!used[k])
+            st = na_set_error(NA_EINVAL, "%s: '%s' holds tensor '%s', which is not among the "
+                              "%" PRId64 " tensors to load (strict)", fn,
+                              ck->path ? ck->path : "checkpoint", ck->e[k].name, l->n);
+    free(used);
+    return st;
+}
+
+int na_checkpoint_save_list(const char *path, const na_named_tensors *l) {
+    na_checkpoint *ck = na_checkpoint_new();
+    int st = ck ? na_checkpoint_add_list(ck, l) : na_last_status();
     if (!st) st = na_checkpoint_save(ck, path);
     na_checkpoint_free(ck);
     return st;
 }
 
-int na_checkpoint_load_tensors(const char *path, int n, const char *const *names,
-                               na_tensor *const *tensors, bool strict) {
-    const char *fn = "na_checkpoint_load_tensors";
-    if (n < 0 || (n > 0 && !tensors))
-        return na_set_error(NA_EINVAL, "%s: %d tensors, tensors array %s", fn, n,
-                            tensors ? "given" : "NULL");
+int na_checkpoint_load_list(const char *path, const na_named_tensors *l, bool strict) {
     na_checkpoint *ck = na_checkpoint_load(path);
-    if (!ck) return na_last_status();
-    int st = NA_OK;
-    bool *used = calloc((size_t)(ck->n ? ck->n : 1), 1);
-    if (!used) st = na_set_error(NA_ENOMEM, "%s: out of memory", fn);
-    for (int i = 0; i < n && !st; i++) {
-        const char *name = names ? names[i] : tensors[i] ? tensors[i]->name : NULL;
-        if (!name) {
-            st = na_set_error(NA_EINVAL, "%s: tensor %d has no name", fn, i);
-            break;
-        }
-        int64_t k = find(ck, name);
-        if (k >= 0) used[k] = true;
-        st = na_checkpoint_copy_into(ck, name, tensors[i]);
-    }
-    for (int64_t k = 0; strict && !st && k < ck->n; k++)
-        if (!used[k])
-            st = na_set_error(NA_EINVAL,
-                              "%s: '%s' holds tensor '%s', which is not among the %d tensors "
-                              "to load (strict)",
-                              fn, path, ck->e[k].name, n);
-    free(used);
+    int st = ck ? na_checkpoint_copy_list(ck, l, strict) : na_last_status();
     na_checkpoint_free(ck);
     return st;
 }

@@ -1,9 +1,11 @@
-/* The module tree: construction, ownership, forward, modes and named tensors. */
+/* The module tree: construction, ownership, forward, modes, parameters and state. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "nanoamp/autograd.h"
 #include "src/nn/module.h"
+#include "src/tensor/arena.h"
 
 static const char *const kind_names[NA_MODULE_KIND_COUNT] = {
 #define NA_MODULE_KIND_NAME_(id, name) name,
@@ -47,14 +49,14 @@ na_module *na_module_make(na_module_kind kind, na_module_forward_fn forward, siz
     return m;
 }
 
-na_module *na_module_new(const char *type_name, na_module_forward_fn forward, void *state,
-                         void (*free_state)(void *state)) {
+na_module *na_module_new(const char *type_name, na_module_forward_fn forward, void *data,
+                         void (*free_data)(void *data)) {
     if (!type_name || !forward) {
         na_set_error(NA_EINVAL, "na_module_new: type_name and forward are required");
         return NULL;
     }
     na_module *m = make(NA_MODULE_CUSTOM, type_name, forward);
-    if (m) m->state = state, m->free_state = free_state;
+    if (m) m->state = data, m->free_state = free_data;
     return m;
 }
 
@@ -76,7 +78,7 @@ void na_module_free(na_module *m) {
     free(m);
 }
 
-void *na_module_state(const na_module *m) { return m ? m->state : NULL; }
+void *na_module_data(const na_module *m) { return m ? m->state : NULL; }
 
 /* ---- registration ------------------------------------------------------------------------ */
 
@@ -253,66 +255,98 @@ bool na_module_is_affine_batch_norm(const na_module *m, void *ctx) {
     return na_module_is_batch_norm(m, ctx) && na_module_get(m, "weight") != NULL;
 }
 
-/* ---- named tensors ----------------------------------------------------------------------- */
+/* ---- parameters and state ----------------------------------------------------------------- */
 
-void na_named_tensors_free(na_named_tensors *l) {
-    if (!l) return;
-    for (int64_t i = 0; i < l->n; i++) free(l->items[i].name);
-    free(l->items);
-    l->items = NULL;
-    l->n = 0;
-}
-
-na_tensor *na_named_tensors_find(const na_named_tensors *l, const char *name) {
-    for (int64_t i = 0; l && name && i < l->n; i++)
-        if (!strcmp(l->items[i].name, name)) return l->items[i].tensor;
-    return NULL;
-}
-
+/* The path of the module being visited ("features.0."), grown and cut back as the walk goes. */
 typedef struct {
-    na_named_tensors *out;
-    int64_t cap;
-    int which;
-} collector;
+    char *buf;
+    size_t len, cap;
+} tree_path;
 
-static int collect(collector *c, na_module *m, const char *prefix) {
+/* Appends text, plus a '.' when dot. */
+static bool path_append(tree_path *p, const char *text, bool dot) {
+    size_t need = p->len + strlen(text) + 2;
+    if (need > p->cap) {
+        size_t cap = need > 2 * p->cap ? need : 2 * p->cap;
+        char *b = realloc(p->buf, cap);
+        if (!b) return false;
+        p->buf = b, p->cap = cap;
+    }
+    p->len += (size_t)sprintf(p->buf + p->len, dot ? "%s." : "%s", text);
+    return true;
+}
+
+/* Calls visit for each of m's tensors selected by which, in state_dict order; stops at the
+ * first nonzero return. */
+typedef int (*slot_visit)(void *ctx, na_module *m, const na_module_slot *s, const char *path);
+
+static int walk(na_module *m, int which, tree_path *p, slot_visit visit, void *ctx) {
+    size_t len = p->len;
     for (int i = 0; i < m->n_slots; i++) {
         const na_module_slot *s = &m->slots[i];
-        if (!(c->which & (s->buffer ? NA_MODULE_BUFFERS : NA_MODULE_PARAMS))) continue;
-        if (c->out->n == c->cap) {
-            int64_t cap = c->cap ? 2 * c->cap : 16;
-            na_named_tensor *p = realloc(c->out->items, (size_t)cap * sizeof *p);
-            if (!p) return na_set_error(NA_ENOMEM, "na_module_named_tensors: out of host memory");
-            c->out->items = p;
-            c->cap = cap;
-        }
-        size_t n = strlen(prefix) + strlen(s->name) + 1;
-        char *name = malloc(n);
-        if (!name) return na_set_error(NA_ENOMEM, "na_module_named_tensors: out of host memory");
-        strcpy(name, prefix);
-        strcat(name, s->name);
-        c->out->items[c->out->n++] = (na_named_tensor){.name = name, .tensor = s->t, .owner = m};
+        if (!(which & (s->buffer ? NA_MODULE_BUFFERS : NA_MODULE_PARAMS))) continue;
+        int rc = visit(ctx, m, s, p->buf);
+        if (rc) return rc;
     }
     for (int i = 0; i < m->n_children; i++) {
-        size_t n = strlen(prefix) + strlen(m->child_names[i]) + 2;
-        char *sub = malloc(n);
-        if (!sub) return na_set_error(NA_ENOMEM, "na_module_named_tensors: out of host memory");
-        strcpy(sub, prefix);
-        strcat(sub, m->child_names[i]);
-        strcat(sub, ".");
-        int rc = collect(c, m->children[i], sub);
-        free(sub);
+        if (!path_append(p, m->child_names[i], true))
+            return na_set_error(NA_ENOMEM, "%s: out of host memory", m->type_name);
+        int rc = walk(m->children[i], which, p, visit, ctx);
+        p->buf[p->len = len] = '\0';
         if (rc) return rc;
     }
     return NA_OK;
 }
 
-int na_module_named_tensors(na_module *m, int which, na_named_tensors *out) {
-    if (!out) return na_set_error(NA_EINVAL, "na_module_named_tensors: NULL output");
-    *out = (na_named_tensors){0};
-    if (!m) return na_set_error(NA_EINVAL, "na_module_named_tensors: NULL module");
-    collector c = {.out = out, .which = which};
-    int rc = collect(&c, m, "");
-    if (rc) na_named_tensors_free(out);
+static int walk_tree(na_module *m, int which, const char *prefix, slot_visit visit, void *ctx) {
+    tree_path p = {0};
+    int rc = path_append(&p, prefix ? prefix : "", false) ? walk(m, which, &p, visit, ctx)
+                                                          : na_set_error(NA_ENOMEM, "out of host "
+                                                                         "memory");
+    free(p.buf);
     return rc;
+}
+
+static int add_named(void *ctx, na_module *m, const na_module_slot *s, const char *path) {
+    na_named_tensors *out = ctx;
+    int rc = na_named_tensors_add(out, s->t, "%s%s", path, s->name);
+    if (!rc) out->items[out->n - 1].owner = m;
+    return rc;
+}
+
+int na_module_named_tensors(na_module *m, int which, const char *prefix, na_named_tensors *out) {
+    const char *fn = "na_module_named_tensors";
+    if (!out || !m) return na_set_error(NA_EINVAL, "%s: NULL %s", fn, m ? "output" : "module");
+    int64_t n0 = out->n;
+    int rc = walk_tree(m, which, prefix, add_named, out);
+    if (rc) na_named_tensors_truncate(out, n0);
+    return rc ? na_set_error(rc, "%s: %s", fn, na_last_error()) : NA_OK;
+}
+
+int na_module_state(na_module *m, const char *prefix, na_named_tensors *out) {
+    return na_module_named_tensors(m, NA_MODULE_STATE, prefix, out);
+}
+
+static int add_param(void *ctx, na_module *m, const na_module_slot *s, const char *path) {
+    (void)m, (void)path;
+    na_tensor_list *l = ctx; /* items NULL: counting */
+    if (s->t->requires_grad) { /* frozen parameters are no optimizer's business */
+        if (l->items) l->items[l->n] = s->t;
+        l->n++;
+    }
+    return NA_OK;
+}
+
+na_tensor_list na_module_parameters(na_module *m) {
+    const na_tensor_list failed = {.n = -1};
+    if (!m) {
+        na_set_error(NA_EINVAL, "na_module_parameters: NULL module");
+        return failed;
+    }
+    na_tensor_list count = {0}, l = {0};
+    if (walk_tree(m, NA_MODULE_PARAMS, NULL, add_param, &count)) return failed;
+    if (!(l.items = na_arena_host_alloc((size_t)(count.n ? count.n : 1) * sizeof *l.items)) ||
+        walk_tree(m, NA_MODULE_PARAMS, NULL, add_param, &l))
+        return failed;
+    return l;
 }

@@ -6,22 +6,9 @@
 
 /* t gets storage of dtype dt on dev holding its values (converted); its gradient too. */
 static int convert(na_tensor *t, na_dtype dt, na_device dev) {
-    if (!t || (t->dtype == dt && t->device == dev)) return NA_OK;
-    na_tensor *tmp = na_tensor_new(dt, dev, t->ndim, t->shape);
-    if (!tmp) return na_last_status();
-    int rc = na_copy_(tmp, t);
-    if (rc) {
-        na_tensor_free(tmp);
-        return rc;
-    }
-    /* swap storage: tmp now holds the old data and frees it through the old device */
-    void *data = t->data;
-    na_dtype odt = t->dtype;
-    na_device odev = t->device;
-    t->data = tmp->data, t->dtype = dt, t->device = dev;
-    tmp->data = data, tmp->dtype = odt, tmp->device = odev;
-    na_tensor_free(tmp);
-    return convert(t->grad, dt, dev);
+    if (!t) return NA_OK;
+    int rc = na_tensor_convert_(t, dt, dev);
+    return rc ? rc : convert(t->grad, dt, dev);
 }
 
 typedef struct {

@@ -4,6 +4,7 @@
 #include <math.h>
 
 #include "nanoamp/autograd.h"
+#include "nanoamp/ops.h" /* na_cast */
 #include "nanoamp/optim.h"
 #include "src/optim/optim_internal.h"
 #include "src/tensor/arena.h"
@@ -17,13 +18,15 @@ static int scale_in_place(na_tensor *g, na_tensor *coef) {
     return na_be(g)->binary(NA_BINARY_MUL, g, coef, g, &bc);
 }
 
-na_tensor *na_clip_grad_norm(int64_t n, na_tensor *const *params, double max_norm) {
+na_tensor *na_clip_grad_norm(na_tensor_list list, double max_norm) {
     const char *fn = "na_clip_grad_norm";
-    if (n < 0 || (n > 0 && !params) || !(max_norm >= 0)) {
-        na_set_error(NA_EINVAL, "%s: need n >= 0 parameters and max_norm >= 0 (got %g)", fn,
-                     max_norm);
+    if (na_tensor_list_check(fn, list)) return NULL;
+    if (!(max_norm >= 0)) {
+        na_set_error(NA_EINVAL, "%s: need max_norm >= 0 (got %g)", fn, max_norm);
         return NULL;
     }
+    int64_t n = list.n;
+    na_tensor *const *params = list.items;
     const na_tensor **grads = na_arena_host_alloc((size_t)(n ? n : 1) * sizeof *grads);
     if (!grads) return NULL;
     int count = 0;
@@ -62,9 +65,5 @@ na_tensor *na_clip_grad_norm(int64_t n, na_tensor *const *params, double max_nor
 }
 
 na_tensor *na_optim_clip_grad_norm(na_optim *o, double max_norm) {
-    int64_t n = na_optim_num_params(o);
-    na_tensor **ps = na_arena_host_alloc((size_t)(n ? n : 1) * sizeof *ps);
-    if (!ps) return NULL;
-    for (int64_t i = 0; i < n; i++) ps[i] = na_optim_param(o, i);
-    return na_clip_grad_norm(n, ps, max_norm);
+    return na_clip_grad_norm(na_optim_parameters(o), max_norm);
 }

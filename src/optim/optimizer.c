@@ -12,6 +12,7 @@
 #include "nanoamp/autograd.h"
 #include "nanoamp/optim.h"
 #include "src/optim/optim_internal.h"
+#include "src/tensor/arena.h"
 
 enum { HP_LR, HP_WEIGHT_DECAY, HP_INITIAL_LR, HP_MOMENTUM, HP_DAMPENING, HP_BETA1, HP_BETA2,
        HP_EPS, HP_COUNT };
@@ -81,8 +82,8 @@ static int validate(const char *fn, na_optim_kind k, const na_optim_hparams *h) 
 
 /* ---- making ------------------------------------------------------------------------------ */
 
-static na_optim *optim_new(na_optim_kind k, const na_optim_hparams *h, na_module *m) {
-    if (validate(kind_fn(k), k, h)) return NULL;
+static na_optim *optim_new(na_optim_kind k, const na_optim_hparams *h, na_tensor_list params) {
+    if (na_tensor_list_check(kind_fn(k), params) || validate(kind_fn(k), k, h)) return NULL;
     na_optim *o = calloc(1, sizeof *o);
     if (!o) {
         na_set_error(NA_ENOMEM, "%s: out of host memory", kind_fn(k));
@@ -91,32 +92,32 @@ static na_optim *optim_new(na_optim_kind k, const na_optim_hparams *h, na_module
     o->kind = k;
     o->cfg = *h;
     o->cfg.decoupled_weight_decay = k == NA_OPTIM_ADAMW;
-    if (m && na_optim_add_module(o, m) < 0) {
+    if (params.n && na_optim_add_group(o, params) < 0) {
         na_optim_free(o);
         return NULL;
     }
     return o;
 }
 
-na_optim *na_sgd_new(na_module *m, const na_sgd_cfg *cfg) {
+na_optim *na_sgd_new(na_tensor_list params, const na_sgd_cfg *cfg) {
     na_sgd_cfg c = cfg ? *cfg : (na_sgd_cfg)NA_SGD_DEFAULTS;
     na_optim_hparams h = {.lr = c.lr, .weight_decay = c.weight_decay, .momentum = c.momentum,
                           .dampening = c.dampening, .nesterov = c.nesterov};
-    return optim_new(NA_OPTIM_SGD, &h, m);
+    return optim_new(NA_OPTIM_SGD, &h, params);
 }
 
-static na_optim *adam_new(na_optim_kind k, na_module *m, const na_adam_cfg *cfg) {
+static na_optim *adam_new(na_optim_kind k, na_tensor_list params, const na_adam_cfg *cfg) {
     na_adam_cfg c = cfg ? *cfg : k == NA_OPTIM_ADAM ? (na_adam_cfg)NA_ADAM_DEFAULTS
                                                     : (na_adam_cfg)NA_ADAMW_DEFAULTS;
     na_optim_hparams h = {.lr = c.lr, .weight_decay = c.weight_decay, .beta1 = c.beta1,
                           .beta2 = c.beta2, .eps = c.eps, .amsgrad = c.amsgrad};
-    return optim_new(k, &h, m);
+    return optim_new(k, &h, params);
 }
-na_optim *na_adam_new(na_module *m, const na_adam_cfg *cfg) {
-    return adam_new(NA_OPTIM_ADAM, m, cfg);
+na_optim *na_adam_new(na_tensor_list params, const na_adam_cfg *cfg) {
+    return adam_new(NA_OPTIM_ADAM, params, cfg);
 }
-na_optim *na_adamw_new(na_module *m, const na_adam_cfg *cfg) {
-    return adam_new(NA_OPTIM_ADAMW, m, cfg);
+na_optim *na_adamw_new(na_tensor_list params, const na_adam_cfg *cfg) {
+    return adam_new(NA_OPTIM_ADAMW, params, cfg);
 }
 
 static void free_state(param_state *s) {
@@ -191,10 +192,12 @@ static na_tensor *state_tensor(const na_tensor *p, bool scalar) {
                   : na_tensor_new(NA_DTYPE_F32, p->device, p->ndim, p->shape);
 }
 
-int na_optim_add_group(na_optim *o, int64_t n, na_tensor *const *params) {
+int na_optim_add_group(na_optim *o, na_tensor_list list) {
     const char *fn = "na_optim_add_group";
-    if (!o || n < 0 || (n > 0 && !params))
-        return na_set_error(NA_EINVAL, "%s: need an optimizer and n >= 0 parameters", fn);
+    int64_t n = list.n;
+    na_tensor *const *params = list.items;
+    if (!o) return na_set_error(NA_EINVAL, "%s: NULL optimizer", fn);
+    if (na_tensor_list_check(fn, list)) return na_last_status();
     for (int64_t i = 0; i < n; i++) {
         int rc = check_new_param(fn, o, params, i);
         if (rc) return rc;
@@ -242,21 +245,6 @@ int na_optim_add_group(na_optim *o, int64_t n, na_tensor *const *params) {
     }
     o->n = total;
     return o->n_groups++;
-}
-
-int na_optim_add_module(na_optim *o, na_module *m) {
-    na_named_tensors l;
-    int rc = na_module_named_tensors(m, NA_MODULE_PARAMS, &l);
-    if (rc) return rc;
-    na_tensor **ps = malloc((size_t)(l.n ? l.n : 1) * sizeof *ps);
-    if (!ps) rc = na_set_error(NA_ENOMEM, "na_optim_add_module: out of host memory");
-    int64_t n = 0;
-    for (int64_t i = 0; ps && i < l.n; i++)
-        if (l.items[i].tensor->requires_grad) ps[n++] = l.items[i].tensor; /* frozen: skipped */
-    if (!rc) rc = na_optim_add_group(o, n, ps);
-    free(ps);
-    na_named_tensors_free(&l);
-    return rc;
 }
 
 /* ---- stepping ---------------------------------------------------------------------------- */
@@ -355,6 +343,16 @@ int64_t na_optim_num_params(const na_optim *o) { return o ? o->n : 0; }
 na_tensor *na_optim_param(const na_optim *o, int64_t i) {
     return o && i >= 0 && i < o->n ? o->ps[i].param : NULL;
 }
+na_tensor_list na_optim_parameters(const na_optim *o) {
+    if (!o) {
+        na_set_error(NA_EINVAL, "na_optim_parameters: NULL optimizer");
+        return (na_tensor_list){.n = -1};
+    }
+    na_tensor **ps = na_arena_host_alloc((size_t)(o->n ? o->n : 1) * sizeof *ps);
+    if (!ps) return (na_tensor_list){.n = -1};
+    for (int64_t i = 0; i < o->n; i++) ps[i] = o->ps[i].param;
+    return (na_tensor_list){.n = o->n, .items = ps};
+}
 int na_optim_param_group(const na_optim *o, int64_t i) {
     for (int g = 0; o && g < o->n_groups; g++)
         if (i >= o->groups[g].first && i < o->groups[g].first + o->groups[g].count) return g;
@@ -389,42 +387,26 @@ double na_optim_initial_lr(const na_optim *o, int g) { return get_hp(o, g, HP_IN
 
 /* ---- state as named tensors -------------------------------------------------------------- */
 
-static int list_add(na_named_tensors *l, int64_t *cap, na_tensor *t, const char *fmt, int64_t i,
-                    const char *field) {
-    if (!t) return NA_OK;
-    if (l->n == *cap) {
-        int64_t c = *cap ? 2 * *cap : 32;
-        na_named_tensor *p = realloc(l->items, (size_t)c * sizeof *p);
-        if (!p) return na_set_error(NA_ENOMEM, "na_optim_state: out of host memory");
-        l->items = p, *cap = c;
-    }
-    int len = snprintf(NULL, 0, fmt, i, field);
-    char *name = malloc((size_t)len + 1);
-    if (!name) return na_set_error(NA_ENOMEM, "na_optim_state: out of host memory");
-    snprintf(name, (size_t)len + 1, fmt, i, field);
-    l->items[l->n++] = (na_named_tensor){.name = name, .tensor = t};
-    return NA_OK;
-}
-
-int na_optim_state(na_optim *o, na_named_tensors *out) {
-    if (!out) return na_set_error(NA_EINVAL, "na_optim_state: NULL output");
-    *out = (na_named_tensors){0};
-    if (!o) return na_set_error(NA_EINVAL, "na_optim_state: NULL optimizer");
-    int64_t cap = 0;
-    const char *pf = "state.%" PRId64 ".%s";
+int na_optim_state(na_optim *o, const char *prefix, na_named_tensors *out) {
+    if (!o || !out) return na_set_error(NA_EINVAL, "na_optim_state: NULL optimizer or output");
+    const char *pf = prefix ? prefix : "";
+    int64_t n0 = out->n;
     bool sgd = o->kind == NA_OPTIM_SGD;
     int rc = NA_OK;
     for (int64_t i = 0; i < o->n && !rc; i++) {
         const param_state *s = &o->ps[i];
-        rc = list_add(out, &cap, s->step, pf, i, "step");
-        if (!rc) rc = list_add(out, &cap, s->exp_avg, pf, i, sgd ? "momentum_buffer" : "exp_avg");
-        if (!rc) rc = list_add(out, &cap, s->exp_avg_sq, pf, i, "exp_avg_sq");
-        if (!rc) rc = list_add(out, &cap, s->max_exp_avg_sq, pf, i, "max_exp_avg_sq");
+        na_tensor *ts[] = {s->step, s->exp_avg, s->exp_avg_sq, s->max_exp_avg_sq};
+        const char *names[] = {"step", sgd ? "momentum_buffer" : "exp_avg", "exp_avg_sq",
+                               "max_exp_avg_sq"};
+        for (int k = 0; k < 4 && !rc; k++)
+            if (ts[k]) rc = na_named_tensors_add(out, ts[k], "%sstate.%" PRId64 ".%s", pf, i,
+                                                 names[k]);
     }
     for (int g = 0; g < o->n_groups && !rc; g++)
         for (int k = 0; k < HP_COUNT && !rc; k++)
-            rc = list_add(out, &cap, o->groups[g].hp[k], "group.%" PRId64 ".%s", (int64_t)g,
-                          hp_names[k]);
-    if (rc) na_named_tensors_free(out);
+            if (o->groups[g].hp[k])
+                rc = na_named_tensors_add(out, o->groups[g].hp[k], "%sgroup.%d.%s", pf, g,
+                                          hp_names[k]);
+    if (rc) na_named_tensors_truncate(out, n0);
     return rc;
 }
