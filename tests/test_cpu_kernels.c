@@ -1,6 +1,6 @@
 /* tests/test_cpu_kernels.c — the CPU backend's kernels, called directly through na_cpu_backend.
  *
- * Tensors are built here by hand (stack structs over malloc'ed data, contiguous strides), so
+ * Views are built here by hand (stack structs over malloc'ed data, contiguous strides), so
  * these tests do not depend on the front-end. References are independent loops in double
  * precision (naive GEMM, direct convolution, the adjoint loops of convolution and pooling,
  * two-pass batch statistics); f16/bf16 results are checked bit for bit against the round-to-
@@ -18,6 +18,7 @@
 #include "common/philox.h"
 #include "cpu/cpu_internal.h"
 #include "nanoamp/error.h"
+#include "nanoamp/tensor.h" /* NA_SHAPE */
 
 static const na_backend *B = &na_cpu_backend;
 
@@ -32,8 +33,8 @@ static size_t esize(na_dtype dt) {
     }
 }
 
-static na_tensor mk(na_dtype dt, int ndim, const int64_t *shape) {
-    na_tensor t;
+static na_view mk(na_dtype dt, int ndim, const int64_t *shape) {
+    na_view t;
     memset(&t, 0, sizeof t);
     t.dtype = dt;
     t.device = NA_DEVICE_CPU;
@@ -51,12 +52,12 @@ static na_tensor mk(na_dtype dt, int ndim, const int64_t *shape) {
 }
 #define MK(dt, ...) mk(dt, NA_SHAPE(__VA_ARGS__))
 
-static void rm(na_tensor *t) {
+static void rm(na_view *t) {
     free(t->data);
     t->data = NULL;
 }
 
-static double get(const na_tensor *t, int64_t i) {
+static double get(const na_view *t, int64_t i) {
     switch (t->dtype) {
     case NA_DTYPE_F64: return ((double *)t->data)[i];
     case NA_DTYPE_F32: return ((float *)t->data)[i];
@@ -67,7 +68,7 @@ static double get(const na_tensor *t, int64_t i) {
     }
 }
 
-static void set(na_tensor *t, int64_t i, double v) {
+static void set(na_view *t, int64_t i, double v) {
     switch (t->dtype) {
     case NA_DTYPE_F64: ((double *)t->data)[i] = v; break;
     case NA_DTYPE_F32: ((float *)t->data)[i] = (float)v; break;
@@ -83,12 +84,12 @@ static double urand(void) { /* [0, 1) */
     rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
     return (double)(rng_state >> 11) * 0x1p-53;
 }
-static void fill_rand(na_tensor *t, double lo, double hi) {
+static void fill_rand(na_view *t, double lo, double hi) {
     for (int64_t i = 0; i < t->numel; i++) set(t, i, lo + (hi - lo) * urand());
 }
 
 /* |got - want| <= atol + rtol*|want| for each element, NaN only where want is NaN */
-static void expect_close_arr(const na_tensor *t, const double *want, double atol, double rtol,
+static void expect_close_arr(const na_view *t, const double *want, double atol, double rtol,
                              const char *what) {
     for (int64_t i = 0; i < t->numel; i++) {
         double g = get(t, i), w = want[i];
@@ -102,7 +103,7 @@ static void expect_close_arr(const na_tensor *t, const double *want, double atol
 }
 
 /* bitwise equality of two tensors of the same dtype */
-static void expect_same_bits(const na_tensor *a, const na_tensor *b, const char *what) {
+static void expect_same_bits(const na_view *a, const na_view *b, const char *what) {
     cr_assert_eq(a->dtype, b->dtype);
     cr_assert_eq(a->numel, b->numel);
     size_t es = esize(a->dtype);
@@ -112,17 +113,39 @@ static void expect_same_bits(const na_tensor *a, const na_tensor *b, const char 
 }
 
 /* f32 copy of t (widened values) */
-static na_tensor widened(const na_tensor *t) {
-    na_tensor w = mk(NA_DTYPE_F32, t->ndim, t->shape);
+static na_view widened(const na_view *t) {
+    na_view w = mk(NA_DTYPE_F32, t->ndim, t->shape);
     for (int64_t i = 0; i < t->numel; i++) set(&w, i, get(t, i));
     return w;
 }
 
 /* t rounded (RNE) from an f32 tensor */
-static na_tensor rounded(na_dtype dt, const na_tensor *f) {
-    na_tensor r = mk(dt, f->ndim, f->shape);
+static na_view rounded(na_dtype dt, const na_view *f) {
+    na_view r = mk(dt, f->ndim, f->shape);
     for (int64_t i = 0; i < f->numel; i++) set(&r, i, get(f, i));
     return r;
+}
+
+/* ---- the table ---------------------------------------------------------------------------- */
+
+/* Every kernel of the list is in the CPU table: the reference backend is complete, optional
+ * kernels included. */
+Test(cpu_backend, table_has_every_listed_kernel) {
+#define EXPECT_KERNEL_(kernel, params) cr_assert_not_null(B->kernel, "cpu lacks " #kernel);
+    NA_BACKEND_KERNELS(EXPECT_KERNEL_, EXPECT_KERNEL_)
+#undef EXPECT_KERNEL_
+    cr_assert_str_eq(B->name, "cpu");
+}
+
+/* An optional kernel a backend leaves NULL is reported by name, not called. */
+Test(cpu_backend, missing_optional_kernel_is_named) {
+    na_backend partial = na_cpu_backend;
+    cr_assert_eq(NA_BACKEND_NEED(&partial, sgd_step), NA_OK);
+    partial.sgd_step = NULL;
+    na_clear_error();
+    cr_assert_eq(NA_BACKEND_NEED(&partial, sgd_step), NA_ENOTSUP);
+    cr_assert(strstr(na_last_error(), "sgd_step is not implemented on cpu"), "%s",
+              na_last_error());
 }
 
 /* ---- memory ------------------------------------------------------------------------------- */
@@ -160,21 +183,21 @@ Test(cpu_fill, fill_and_arange_all_dtypes) {
     na_dtype dts[] = {NA_DTYPE_F64, NA_DTYPE_F32, NA_DTYPE_F16, NA_DTYPE_BF16, NA_DTYPE_I32,
                       NA_DTYPE_U8};
     for (int k = 0; k < 6; k++) {
-        na_tensor t = MK(dts[k], 3, 5);
+        na_view t = MK(dts[k], 3, 5);
         cr_assert_eq(B->fill(&t, 7.0), NA_OK);
         for (int i = 0; i < 15; i++) cr_assert_eq(get(&t, i), 7.0);
         cr_assert_eq(B->arange(&t, 2.0, 3.0), NA_OK);
         for (int i = 0; i < 15; i++) cr_assert_eq(get(&t, i), 2.0 + 3.0 * i);
         rm(&t);
     }
-    na_tensor h = MK(NA_DTYPE_F16, 1);
+    na_view h = MK(NA_DTYPE_F16, 1);
     B->fill(&h, 0.1);
     cr_assert_eq(((uint16_t *)h.data)[0], na_f32_to_f16_bits(0.1f));
     rm(&h);
 }
 
 Test(cpu_fill, uniform_normal_reproducible) {
-    na_tensor a = MK(NA_DTYPE_F32, 10001), b = MK(NA_DTYPE_F32, 10001), c = MK(NA_DTYPE_F32, 10001);
+    na_view a = MK(NA_DTYPE_F32, 10001), b = MK(NA_DTYPE_F32, 10001), c = MK(NA_DTYPE_F32, 10001);
     cr_assert_eq(B->fill_uniform(&a, -2.0, 3.0, 42, 7), NA_OK);
     B->fill_uniform(&b, -2.0, 3.0, 42, 7);
     B->fill_uniform(&c, -2.0, 3.0, 42, 8);
@@ -192,7 +215,7 @@ Test(cpu_fill, uniform_normal_reproducible) {
     cr_assert(fabs(mean - 0.5) < 0.05, "mean %g", mean);
 
     /* f16 uniform is the RNE of the f32 value (but below hi); f64 uses the same draws */
-    na_tensor h = MK(NA_DTYPE_F16, 10001), d = MK(NA_DTYPE_F64, 10001);
+    na_view h = MK(NA_DTYPE_F16, 10001), d = MK(NA_DTYPE_F64, 10001);
     B->fill_uniform(&h, -2.0, 3.0, 42, 7);
     B->fill_uniform(&d, -2.0, 3.0, 42, 7);
     for (int i = 0; i < 10001; i++) {
@@ -204,7 +227,7 @@ Test(cpu_fill, uniform_normal_reproducible) {
 
     /* [lo, hi) holds after rounding: f16/bf16 round draws near 1 up to 1.0 unless handled,
      * and in f32 1 + (1 - 2^-24) rounds to 2 */
-    na_tensor h16 = MK(NA_DTYPE_F16, 1 << 16), hb = MK(NA_DTYPE_BF16, 1 << 16),
+    na_view h16 = MK(NA_DTYPE_F16, 1 << 16), hb = MK(NA_DTYPE_BF16, 1 << 16),
               f2 = MK(NA_DTYPE_F32, 1 << 16);
     B->fill_uniform(&h16, 0.0, 1.0, 5, 0);
     B->fill_uniform(&hb, 0.0, 1.0, 5, 0);
@@ -233,7 +256,7 @@ Test(cpu_fill, uniform_normal_reproducible) {
 }
 
 Test(cpu_fill, dropout_mask) {
-    na_tensor m = MK(NA_DTYPE_F32, 20000);
+    na_view m = MK(NA_DTYPE_F32, 20000);
     cr_assert_eq(B->dropout_mask(&m, 0.25, 3, 11), NA_OK);
     int zeros = 0;
     for (int i = 0; i < 20000; i++) {
@@ -243,7 +266,7 @@ Test(cpu_fill, dropout_mask) {
         zeros += v == 0;
     }
     cr_assert(fabs(zeros / 20000.0 - 0.25) < 0.02);
-    na_tensor h = MK(NA_DTYPE_BF16, 100);
+    na_view h = MK(NA_DTYPE_BF16, 100);
     B->dropout_mask(&h, 0.5, 3, 11);
     for (int i = 0; i < 100; i++) cr_assert(get(&h, i) == 0 || get(&h, i) == 2.0);
     rm(&m);
@@ -251,7 +274,7 @@ Test(cpu_fill, dropout_mask) {
 }
 
 Test(cpu_fill, random_fill_rejects_int) {
-    na_tensor t = MK(NA_DTYPE_I32, 4);
+    na_view t = MK(NA_DTYPE_I32, 4);
     cr_assert_eq(B->fill_uniform(&t, 0, 1, 1, 1), NA_EDTYPE);
     cr_assert(strstr(na_last_error(), "cpu_fill_uniform"));
     rm(&t);
@@ -260,12 +283,12 @@ Test(cpu_fill, random_fill_rejects_int) {
 /* ---- copy --------------------------------------------------------------------------------- */
 
 Test(cpu_copy, transposed_strided_source) {
-    na_tensor a = MK(NA_DTYPE_F32, 3, 4); /* viewed as its transpose [4, 3] */
+    na_view a = MK(NA_DTYPE_F32, 3, 4); /* viewed as its transpose [4, 3] */
     for (int i = 0; i < 12; i++) set(&a, i, i);
-    na_tensor v = a;
+    na_view v = a;
     v.shape[0] = 4; v.shape[1] = 3;
     v.stride[0] = 1; v.stride[1] = 4;
-    na_tensor d = MK(NA_DTYPE_F32, 4, 3), h = MK(NA_DTYPE_F16, 4, 3), w = MK(NA_DTYPE_F64, 4, 3);
+    na_view d = MK(NA_DTYPE_F32, 4, 3), h = MK(NA_DTYPE_F16, 4, 3), w = MK(NA_DTYPE_F64, 4, 3);
     cr_assert_eq(B->copy(&d, &v), NA_OK);
     cr_assert_eq(B->copy(&h, &v), NA_OK);
     cr_assert_eq(B->copy(&w, &v), NA_OK);
@@ -276,14 +299,14 @@ Test(cpu_copy, transposed_strided_source) {
             cr_assert_eq(get(&w, r * 3 + c), c * 4 + r);
         }
     /* a 3-d permuted view with a broadcast (stride 0) dim */
-    na_tensor b = MK(NA_DTYPE_F32, 2, 3);
+    na_view b = MK(NA_DTYPE_F32, 2, 3);
     for (int i = 0; i < 6; i++) set(&b, i, i + 1);
-    na_tensor bv = b;
+    na_view bv = b;
     bv.ndim = 3;
     bv.shape[0] = 3; bv.shape[1] = 4; bv.shape[2] = 2;
     bv.stride[0] = 1; bv.stride[1] = 0; bv.stride[2] = 3;
     bv.numel = 24;
-    na_tensor out = MK(NA_DTYPE_F32, 3, 4, 2);
+    na_view out = MK(NA_DTYPE_F32, 3, 4, 2);
     cr_assert_eq(B->copy(&out, &bv), NA_OK);
     for (int i = 0; i < 3; i++)
         for (int j = 0; j < 4; j++)
@@ -293,7 +316,7 @@ Test(cpu_copy, transposed_strided_source) {
 
 Test(cpu_copy, conversions_round_to_nearest_even) {
     int n = 4096;
-    na_tensor f = MK(NA_DTYPE_F32, n), h = MK(NA_DTYPE_F16, n), b = MK(NA_DTYPE_BF16, n),
+    na_view f = MK(NA_DTYPE_F32, n), h = MK(NA_DTYPE_F16, n), b = MK(NA_DTYPE_BF16, n),
               back = MK(NA_DTYPE_F32, n);
     for (int i = 0; i < n; i++) ((float *)f.data)[i] = (float)((urand() - 0.5) * 1e5 * urand());
     ((float *)f.data)[0] = 1.0f + 0x1p-11f; /* a tie: rounds to even (1.0) */
@@ -318,7 +341,7 @@ Test(cpu_copy, conversions_round_to_nearest_even) {
     }
 
     /* integers */
-    na_tensor i32 = MK(NA_DTYPE_I32, 5), u8 = MK(NA_DTYPE_U8, 5), fl = MK(NA_DTYPE_F32, 5),
+    na_view i32 = MK(NA_DTYPE_I32, 5), u8 = MK(NA_DTYPE_U8, 5), fl = MK(NA_DTYPE_F32, 5),
               d = MK(NA_DTYPE_F64, 5);
     int32_t iv[5] = {-3, 0, 7, 255, 16777217};
     memcpy(i32.data, iv, sizeof iv);
@@ -393,7 +416,7 @@ static void run_unary_case(na_dtype dt, double atol, double rtol) {
         double b = 0.75;
         bool pos = op == NA_UNARY_LOG || op == NA_UNARY_SQRT || op == NA_UNARY_RSQRT ||
                    op == NA_UNARY_POW;
-        na_tensor x = MK(dt, n), y = MK(dt, n), gy = MK(dt, n), gx = MK(dt, n);
+        na_view x = MK(dt, n), y = MK(dt, n), gy = MK(dt, n), gx = MK(dt, n);
         fill_rand(&x, pos ? 0.1 : -3, 3);
         fill_rand(&gy, -1, 1);
         double *want = malloc(n * sizeof(double)), *gwant = malloc(n * sizeof(double));
@@ -422,21 +445,21 @@ Test(cpu_unary, f16_rounds_once_from_f32) {
     na_dtype dts[] = {NA_DTYPE_F16, NA_DTYPE_BF16};
     for (int k = 0; k < 2; k++)
         for (int op = 0; op < NA_UNARY_COUNT; op++) {
-            na_tensor x = MK(dts[k], 2500), y = MK(dts[k], 2500);
+            na_view x = MK(dts[k], 2500), y = MK(dts[k], 2500);
             fill_rand(&x, 0.1, 4);
-            na_tensor xf = widened(&x), yf = MK(NA_DTYPE_F32, 2500);
+            na_view xf = widened(&x), yf = MK(NA_DTYPE_F32, 2500);
             cr_assert_eq(B->unary(op, &x, &y, 1.5, 2.0), NA_OK);
             cr_assert_eq(B->unary(op, &xf, &yf, 1.5, 2.0), NA_OK);
-            na_tensor want = rounded(dts[k], &yf);
+            na_view want = rounded(dts[k], &yf);
             expect_same_bits(&y, &want, "f16 unary");
             /* the backward too */
-            na_tensor gy = MK(dts[k], 2500), gx = MK(dts[k], 2500), gyf, gxf = MK(NA_DTYPE_F32, 2500);
+            na_view gy = MK(dts[k], 2500), gx = MK(dts[k], 2500), gyf, gxf = MK(NA_DTYPE_F32, 2500);
             fill_rand(&gy, -1, 1);
             gyf = widened(&gy);
-            na_tensor yw = widened(&y);
+            na_view yw = widened(&y);
             cr_assert_eq(B->unary_backward(op, &x, &y, &gy, &gx, 1.5, 2.0), NA_OK);
             cr_assert_eq(B->unary_backward(op, &xf, &yw, &gyf, &gxf, 1.5, 2.0), NA_OK);
-            na_tensor gwant = rounded(dts[k], &gxf);
+            na_view gwant = rounded(dts[k], &gxf);
             expect_same_bits(&gx, &gwant, "f16 unary grad");
             rm(&x); rm(&y); rm(&xf); rm(&yf); rm(&want); rm(&gy); rm(&gx); rm(&gyf); rm(&gxf);
             rm(&gwant); rm(&yw);
@@ -444,7 +467,7 @@ Test(cpu_unary, f16_rounds_once_from_f32) {
 }
 
 Test(cpu_unary, rejects_int_dtype) {
-    na_tensor x = MK(NA_DTYPE_I32, 4), y = MK(NA_DTYPE_I32, 4);
+    na_view x = MK(NA_DTYPE_I32, 4), y = MK(NA_DTYPE_I32, 4);
     na_clear_error();
     cr_assert_eq(B->unary(NA_UNARY_EXP, &x, &y, 0, 0), NA_EDTYPE);
     cr_assert(strstr(na_last_error(), "cpu_unary"), "%s", na_last_error());
@@ -462,7 +485,7 @@ static na_broadcast bc2(int64_t r, int64_t c, int64_t ar, int64_t ac, int64_t br
 Test(cpu_binary, broadcast_row_vector) {
     na_dtype dts[] = {NA_DTYPE_F32, NA_DTYPE_F64, NA_DTYPE_F16};
     for (int k = 0; k < 3; k++) {
-        na_tensor a = MK(dts[k], 2, 3), b = MK(dts[k], 3), o = MK(dts[k], 2, 3);
+        na_view a = MK(dts[k], 2, 3), b = MK(dts[k], 3), o = MK(dts[k], 2, 3);
         for (int i = 0; i < 6; i++) set(&a, i, i + 1);
         for (int i = 0; i < 3; i++) set(&b, i, 10 * (i + 1));
         na_broadcast bc = bc2(2, 3, 3, 1, 0, 1);
@@ -484,7 +507,7 @@ Test(cpu_binary, broadcast_row_vector) {
 }
 
 Test(cpu_binary, broadcast_outer_and_long_rows) {
-    na_tensor a = MK(NA_DTYPE_F32, 2, 1), b = MK(NA_DTYPE_F32, 1, 3), o = MK(NA_DTYPE_F32, 2, 3);
+    na_view a = MK(NA_DTYPE_F32, 2, 1), b = MK(NA_DTYPE_F32, 1, 3), o = MK(NA_DTYPE_F32, 2, 3);
     set(&a, 0, 2); set(&a, 1, 3);
     for (int i = 0; i < 3; i++) set(&b, i, i + 1);
     na_broadcast bc = bc2(2, 3, 1, 0, 0, 1);
@@ -493,14 +516,14 @@ Test(cpu_binary, broadcast_outer_and_long_rows) {
     expect_close_arr(&o, want, 0, 0, "[2,1]*[1,3]");
     /* scalar (0-d) op long vector, both orders, > one chunk */
     int n = 5000;
-    na_tensor s = MK(NA_DTYPE_F32, 1), v = MK(NA_DTYPE_F32, n), out = MK(NA_DTYPE_F32, n);
+    na_view s = MK(NA_DTYPE_F32, 1), v = MK(NA_DTYPE_F32, n), out = MK(NA_DTYPE_F32, n);
     set(&s, 0, 4);
     fill_rand(&v, -1, 1);
     na_broadcast b1 = {.ndim = 1, .shape = {n}, .a_stride = {1}, .b_stride = {0}};
     cr_assert_eq(B->binary(NA_BINARY_SUB, &v, &s, &out, &b1), NA_OK);
     for (int i = 0; i < n; i++) cr_assert_eq(get(&out, i), (float)(get(&v, i) - 4));
     /* [3, 1, 2] + [1, 4, 2] -> [3, 4, 2] */
-    na_tensor x = MK(NA_DTYPE_F64, 3, 1, 2), y = MK(NA_DTYPE_F64, 1, 4, 2), z = MK(NA_DTYPE_F64, 3, 4, 2);
+    na_view x = MK(NA_DTYPE_F64, 3, 1, 2), y = MK(NA_DTYPE_F64, 1, 4, 2), z = MK(NA_DTYPE_F64, 3, 4, 2);
     fill_rand(&x, -1, 1);
     fill_rand(&y, -1, 1);
     na_broadcast b3 = {.ndim = 3, .shape = {3, 4, 2}, .a_stride = {2, 0, 1}, .b_stride = {0, 2, 1}};
@@ -515,11 +538,11 @@ Test(cpu_binary, broadcast_outer_and_long_rows) {
 /* ---- reductions --------------------------------------------------------------------------- */
 
 Test(cpu_reduce, sum_mean_max_middle_and_last_axis) {
-    na_tensor x = MK(NA_DTYPE_F32, 2, 3, 4);
+    na_view x = MK(NA_DTYPE_F32, 2, 3, 4);
     fill_rand(&x, -5, 5);
     set(&x, 0 * 12 + 1 * 4 + 2, 100);   /* max of [0, :, 2] at r = 1 */
     set(&x, 0 * 12 + 2 * 4 + 2, 100);   /* a tie later: first one wins */
-    na_tensor o = MK(NA_DTYPE_F32, 2, 4), idx = MK(NA_DTYPE_I32, 2, 4);
+    na_view o = MK(NA_DTYPE_F32, 2, 4), idx = MK(NA_DTYPE_I32, 2, 4);
     for (int op = 0; op < NA_REDUCE_COUNT; op++) {
         cr_assert_eq(B->reduce(op, &x, &o, &idx, 2, 3, 4), NA_OK);
         for (int a = 0; a < 2; a++)
@@ -538,7 +561,7 @@ Test(cpu_reduce, sum_mean_max_middle_and_last_axis) {
     }
     cr_assert_eq(get(&idx, 2), 1);
     /* the last axis (inner == 1) */
-    na_tensor o2 = MK(NA_DTYPE_F32, 6), i2 = MK(NA_DTYPE_I32, 6);
+    na_view o2 = MK(NA_DTYPE_F32, 6), i2 = MK(NA_DTYPE_I32, 6);
     cr_assert_eq(B->reduce(NA_REDUCE_MAX, &x, &o2, &i2, 6, 4, 1), NA_OK);
     for (int r = 0; r < 6; r++) {
         double m = -INFINITY;
@@ -561,7 +584,7 @@ Test(cpu_reduce, sum_mean_max_middle_and_last_axis) {
 
 Test(cpu_reduce, long_sums_accurate_and_f16_to_f32) {
     int64_t n = 1 << 21;
-    na_tensor x = MK(NA_DTYPE_F32, n), o = MK(NA_DTYPE_F32, 1);
+    na_view x = MK(NA_DTYPE_F32, n), o = MK(NA_DTYPE_F32, 1);
     double want = 0;
     for (int64_t i = 0; i < n; i++) {
         float v = (float)(0.1 + urand());
@@ -576,7 +599,7 @@ Test(cpu_reduce, long_sums_accurate_and_f16_to_f32) {
     cr_assert_eq(B->reduce(NA_REDUCE_SUM, &x, &o, NULL, 1, n / 2, 2), NA_OK);
     cr_assert(fabs(get(&o, 0) + get(&o, 1) - want) / want < 1e-6);
     /* f16 input, f32 output, and f64 */
-    na_tensor h = MK(NA_DTYPE_F16, 3000), of = MK(NA_DTYPE_F32, 1), d = MK(NA_DTYPE_F64, 3000),
+    na_view h = MK(NA_DTYPE_F16, 3000), of = MK(NA_DTYPE_F32, 1), d = MK(NA_DTYPE_F64, 3000),
               od = MK(NA_DTYPE_F64, 1);
     double hs = 0;
     for (int i = 0; i < 3000; i++) {
@@ -593,7 +616,7 @@ Test(cpu_reduce, long_sums_accurate_and_f16_to_f32) {
 }
 
 Test(cpu_reduce, max_propagates_nan_and_scatter_grad) {
-    na_tensor x = MK(NA_DTYPE_F32, 2, 4), o = MK(NA_DTYPE_F32, 2), idx = MK(NA_DTYPE_I32, 2);
+    na_view x = MK(NA_DTYPE_F32, 2, 4), o = MK(NA_DTYPE_F32, 2), idx = MK(NA_DTYPE_I32, 2);
     float v[8] = {1, NAN, 5, NAN, 3, 3, 2, 1};
     memcpy(x.data, v, sizeof v);
     cr_assert_eq(B->reduce(NA_REDUCE_MAX, &x, &o, &idx, 2, 4, 1), NA_OK);
@@ -601,7 +624,7 @@ Test(cpu_reduce, max_propagates_nan_and_scatter_grad) {
     cr_assert_eq(get(&idx, 0), 1);
     cr_assert_eq(get(&o, 1), 3);
     cr_assert_eq(get(&idx, 1), 0);
-    na_tensor gy = MK(NA_DTYPE_F32, 2), gx = MK(NA_DTYPE_F32, 2, 4);
+    na_view gy = MK(NA_DTYPE_F32, 2), gx = MK(NA_DTYPE_F32, 2, 4);
     set(&gy, 0, 7); set(&gy, 1, -2);
     fill_rand(&gx, 5, 6); /* must be zeroed by the kernel */
     cr_assert_eq(B->scatter_max_grad(&gy, &idx, &gx, 2, 4, 1), NA_OK);
@@ -614,7 +637,7 @@ Test(cpu_reduce, max_propagates_nan_and_scatter_grad) {
 
 Test(cpu_softmax, rows_sum_to_one_and_backward) {
     int rows = 5, cols = 1300;
-    na_tensor x = MK(NA_DTYPE_F32, rows, cols), y = MK(NA_DTYPE_F32, rows, cols),
+    na_view x = MK(NA_DTYPE_F32, rows, cols), y = MK(NA_DTYPE_F32, rows, cols),
               ly = MK(NA_DTYPE_F32, rows, cols);
     fill_rand(&x, -8, 8);
     set(&x, 3, 80); /* large values: the max shift matters */
@@ -636,10 +659,10 @@ Test(cpu_softmax, rows_sum_to_one_and_backward) {
         cr_assert(fabs(sl - 1) < 1e-5);
     }
     /* backward vs the formula in double */
-    na_tensor gy = MK(NA_DTYPE_F32, rows, cols), gx = MK(NA_DTYPE_F32, rows, cols);
+    na_view gy = MK(NA_DTYPE_F32, rows, cols), gx = MK(NA_DTYPE_F32, rows, cols);
     fill_rand(&gy, -1, 1);
     for (int lg = 0; lg < 2; lg++) {
-        na_tensor *yy = lg ? &ly : &y;
+        na_view *yy = lg ? &ly : &y;
         cr_assert_eq(B->softmax_backward(yy, &gy, &gx, rows, cols, lg), NA_OK);
         for (int r = 0; r < rows; r++) {
             double dot = 0, sg = 0;
@@ -657,9 +680,9 @@ Test(cpu_softmax, rows_sum_to_one_and_backward) {
         }
     }
     /* f16 in, f32 out: equals the f32 softmax of the widened input */
-    na_tensor h = MK(NA_DTYPE_F16, rows, cols), hy = MK(NA_DTYPE_F32, rows, cols);
+    na_view h = MK(NA_DTYPE_F16, rows, cols), hy = MK(NA_DTYPE_F32, rows, cols);
     for (int64_t i = 0; i < x.numel; i++) set(&h, i, get(&x, i));
-    na_tensor hf = widened(&h), hfy = MK(NA_DTYPE_F32, rows, cols);
+    na_view hf = widened(&h), hfy = MK(NA_DTYPE_F32, rows, cols);
     cr_assert_eq(B->softmax(&h, &hy, rows, cols, false), NA_OK);
     cr_assert_eq(B->softmax(&hf, &hfy, rows, cols, false), NA_OK);
     expect_same_bits(&hy, &hfy, "softmax f16->f32");
@@ -675,7 +698,7 @@ Test(cpu_cross_entropy, hand_computed_with_and_without_smoothing) {
     na_dtype dts[] = {NA_DTYPE_F32, NA_DTYPE_F64, NA_DTYPE_F16, NA_DTYPE_BF16};
     for (int k = 0; k < 4; k++) {
         na_dtype ldt = dts[k] == NA_DTYPE_F64 ? NA_DTYPE_F64 : NA_DTYPE_F32;
-        na_tensor x = MK(dts[k], 2, 3), y = MK(NA_DTYPE_I32, 2), loss = MK(ldt, 2),
+        na_view x = MK(dts[k], 2, 3), y = MK(NA_DTYPE_I32, 2), loss = MK(ldt, 2),
                   lse = MK(ldt, 2), g = MK(ldt, 2), gx = MK(dts[k], 2, 3);
         for (int i = 0; i < 6; i++) set(&x, i, lv[i]);
         memcpy(y.data, lab, sizeof lab);
@@ -712,7 +735,7 @@ Test(cpu_cross_entropy, hand_computed_with_and_without_smoothing) {
 
 Test(cpu_cross_entropy, backward_matches_finite_differences_f64) {
     int n = 3, c = 7;
-    na_tensor x = MK(NA_DTYPE_F64, n, c), y = MK(NA_DTYPE_I32, n), loss = MK(NA_DTYPE_F64, n),
+    na_view x = MK(NA_DTYPE_F64, n, c), y = MK(NA_DTYPE_I32, n), loss = MK(NA_DTYPE_F64, n),
               lse = MK(NA_DTYPE_F64, n), g = MK(NA_DTYPE_F64, n), gx = MK(NA_DTYPE_F64, n, c);
     fill_rand(&x, -3, 3);
     int32_t lab[3] = {0, 6, 3};
@@ -743,9 +766,9 @@ Test(cpu_cross_entropy, backward_matches_finite_differences_f64) {
 
 /* C = alpha op(A) op(B) + beta C (+bias, relu) in double, element access through get() */
 static void naive_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha,
-                       const na_tensor *a, int64_t lda, int64_t oa, const na_tensor *b,
+                       const na_view *a, int64_t lda, int64_t oa, const na_view *b,
                        int64_t ldb, int64_t ob, double beta, const double *c0, int64_t ldc,
-                       const na_tensor *bias, bool relu, double *out) {
+                       const na_view *bias, bool relu, double *out) {
     for (int64_t i = 0; i < m; i++)
         for (int64_t j = 0; j < n; j++) {
             double s = 0;
@@ -763,7 +786,7 @@ static void check_gemm(na_dtype dt, int64_t m, int64_t n, int64_t k, bool ta, bo
                        int64_t batch, float alpha, float beta, bool bias, bool relu) {
     int64_t lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 1, ldc = n + 2; /* padded rows */
     int64_t sa = (ta ? k : m) * lda + 5, sb = (tb ? n : k) * ldb, sc = m * ldc + 7;
-    na_tensor a = MK(dt, batch * sa), b = MK(dt, batch * sb), c = MK(dt, batch * sc),
+    na_view a = MK(dt, batch * sa), b = MK(dt, batch * sb), c = MK(dt, batch * sc),
               bi = MK(dt, n);
     fill_rand(&a, -1, 1);
     fill_rand(&b, -1, 1);
@@ -820,7 +843,7 @@ Test(cpu_gemm, builtin_vs_naive_odd_and_blocked_sizes) {
             int64_t m = sizes[s][0], n = sizes[s][1], k = sizes[s][2];
             if (s == 4 && t != 0 && t != 3) continue; /* the big one: two combos */
             int64_t lda = ta ? m : k, ldb = tb ? k : n;
-            na_tensor a = MK(NA_DTYPE_F32, m * k), b = MK(NA_DTYPE_F32, k * n),
+            na_view a = MK(NA_DTYPE_F32, m * k), b = MK(NA_DTYPE_F32, k * n),
                       c = MK(NA_DTYPE_F32, m * n), ad = MK(NA_DTYPE_F64, m * k),
                       bd = MK(NA_DTYPE_F64, k * n), cd = MK(NA_DTYPE_F64, m * n);
             fill_rand(&a, -1, 1);
@@ -863,13 +886,13 @@ Test(cpu_gemm, half_paths_round_once) {
             bool ta = t & 1, tb = t & 2;
             int64_t m = 9, n = 10, k = 33, batch = 2;
             int64_t lda = ta ? m : k, ldb = tb ? k : n;
-            na_tensor a = MK(dts[q], batch, m * k), b = MK(dts[q], batch, k * n),
+            na_view a = MK(dts[q], batch, m * k), b = MK(dts[q], batch, k * n),
                       c = MK(dts[q], batch, m * n), bi = MK(dts[q], n);
             fill_rand(&a, -2, 2);
             fill_rand(&b, -2, 2);
             fill_rand(&c, -2, 2);
             fill_rand(&bi, -1, 1);
-            na_tensor af = widened(&a), bf = widened(&b), cf = widened(&c), bif = widened(&bi);
+            na_view af = widened(&a), bf = widened(&b), cf = widened(&c), bif = widened(&bi);
             na_gemm_args g = {.dtype = dts[q], .a = a.data, .b = b.data, .bias = bi.data,
                               .c = c.data, .ta = ta, .tb = tb, .relu = true, .m = m, .n = n,
                               .k = k, .lda = lda, .ldb = ldb, .ldc = n, .batch = batch,
@@ -879,7 +902,7 @@ Test(cpu_gemm, half_paths_round_once) {
             g.dtype = NA_DTYPE_F32;
             g.a = af.data; g.b = bf.data; g.c = cf.data; g.bias = bif.data;
             cr_assert_eq(B->gemm(&g), NA_OK);
-            na_tensor want = rounded(dts[q], &cf);
+            na_view want = rounded(dts[q], &cf);
             expect_same_bits(&c, &want, "half gemm");
             /* and close to the double-precision product */
             rm(&a); rm(&b); rm(&c); rm(&bi); rm(&af); rm(&bf); rm(&cf); rm(&bif); rm(&want);
@@ -898,8 +921,8 @@ static na_conv_geom conv_geom(int64_t n, int64_t ci, int64_t h, int64_t w, int64
 }
 
 /* direct convolution and its adjoints, in double */
-static void naive_conv(const na_conv_geom *g, const na_tensor *x, const na_tensor *w,
-                       const na_tensor *bias, double *y) {
+static void naive_conv(const na_conv_geom *g, const na_view *x, const na_view *w,
+                       const na_view *bias, double *y) {
     int64_t cg = g->c_in / g->groups, cog = g->c_out / g->groups;
     for (int64_t n = 0; n < g->n; n++)
         for (int64_t co = 0; co < g->c_out; co++)
@@ -920,8 +943,8 @@ static void naive_conv(const na_conv_geom *g, const na_tensor *x, const na_tenso
                 }
 }
 
-static void naive_conv_adjoints(const na_conv_geom *g, const na_tensor *x, const na_tensor *w,
-                                const na_tensor *gy, double *gx, double *gw) {
+static void naive_conv_adjoints(const na_conv_geom *g, const na_view *x, const na_view *w,
+                                const na_view *gy, double *gx, double *gw) {
     int64_t cg = g->c_in / g->groups, cog = g->c_out / g->groups;
     memset(gx, 0, (size_t)(g->n * g->c_in * g->h * g->w) * sizeof(double));
     memset(gw, 0, (size_t)(g->c_out * cg * g->kh * g->kw) * sizeof(double));
@@ -947,7 +970,7 @@ static void naive_conv_adjoints(const na_conv_geom *g, const na_tensor *x, const
 
 static void check_conv(na_dtype dt, na_conv_geom g, bool bias, double tol) {
     int64_t cg = g.c_in / g.groups;
-    na_tensor x = MK(dt, g.n, g.c_in, g.h, g.w), w = MK(dt, g.c_out, cg, g.kh, g.kw),
+    na_view x = MK(dt, g.n, g.c_in, g.h, g.w), w = MK(dt, g.c_out, cg, g.kh, g.kw),
               b = MK(dt, g.c_out), y = MK(dt, g.n, g.c_out, g.oh, g.ow),
               gy = MK(dt, g.n, g.c_out, g.oh, g.ow), gx = MK(dt, g.n, g.c_in, g.h, g.w),
               gw = MK(dt, g.c_out, cg, g.kh, g.kw);
@@ -1006,14 +1029,14 @@ Test(cpu_conv, half_rounds_once) {
     na_conv_geom g = conv_geom(2, 4, 8, 8, 6, 3, 1, 1, 1, 2);
     na_dtype dts[] = {NA_DTYPE_F16, NA_DTYPE_BF16};
     for (int q = 0; q < 2; q++) {
-        na_tensor x = MK(dts[q], 2, 4, 8, 8), w = MK(dts[q], 6, 2, 3, 3), b = MK(dts[q], 6),
+        na_view x = MK(dts[q], 2, 4, 8, 8), w = MK(dts[q], 6, 2, 3, 3), b = MK(dts[q], 6),
                   y = MK(dts[q], 2, 6, 8, 8), gy = MK(dts[q], 2, 6, 8, 8),
                   gx = MK(dts[q], 2, 4, 8, 8), gw = MK(dts[q], 6, 2, 3, 3);
         fill_rand(&x, -1, 1);
         fill_rand(&w, -1, 1);
         fill_rand(&b, -1, 1);
         fill_rand(&gy, -1, 1);
-        na_tensor xf = widened(&x), wf = widened(&w), bf = widened(&b), gyf = widened(&gy),
+        na_view xf = widened(&x), wf = widened(&w), bf = widened(&b), gyf = widened(&gy),
                   yf = MK(NA_DTYPE_F32, 2, 6, 8, 8), gxf = MK(NA_DTYPE_F32, 2, 4, 8, 8),
                   gwf = MK(NA_DTYPE_F32, 6, 2, 3, 3);
         cr_assert_eq(B->conv2d(&g, &x, &w, &b, &y), NA_OK);
@@ -1022,7 +1045,7 @@ Test(cpu_conv, half_rounds_once) {
         cr_assert_eq(B->conv2d_backward_data(&g, &gyf, &wf, &gxf), NA_OK);
         cr_assert_eq(B->conv2d_backward_weight(&g, &x, &gy, &gw), NA_OK);
         cr_assert_eq(B->conv2d_backward_weight(&g, &xf, &gyf, &gwf), NA_OK);
-        na_tensor r1 = rounded(dts[q], &yf), r2 = rounded(dts[q], &gxf), r3 = rounded(dts[q], &gwf);
+        na_view r1 = rounded(dts[q], &yf), r2 = rounded(dts[q], &gxf), r3 = rounded(dts[q], &gwf);
         expect_same_bits(&y, &r1, "conv half y");
         expect_same_bits(&gx, &r2, "conv half gx");
         expect_same_bits(&gw, &r3, "conv half gw");
@@ -1035,7 +1058,7 @@ Test(cpu_conv, half_rounds_once) {
 
 Test(cpu_pool, max_pool_forward_backward) {
     na_conv_geom g = conv_geom(2, 3, 7, 6, 3, 3, 2, 1, 1, 1);
-    na_tensor x = MK(NA_DTYPE_F32, 2, 3, 7, 6), y = MK(NA_DTYPE_F32, 2, 3, g.oh, g.ow),
+    na_view x = MK(NA_DTYPE_F32, 2, 3, 7, 6), y = MK(NA_DTYPE_F32, 2, 3, g.oh, g.ow),
               idx = MK(NA_DTYPE_I32, 2, 3, g.oh, g.ow), gy = MK(NA_DTYPE_F32, 2, 3, g.oh, g.ow),
               gx = MK(NA_DTYPE_F32, 2, 3, 7, 6);
     fill_rand(&x, -3, -1); /* all negative: a padded zero must not win */
@@ -1064,7 +1087,7 @@ Test(cpu_pool, max_pool_forward_backward) {
             }
     expect_close_arr(&gx, gxw, 1e-6, 0, "max_pool backward");
     /* f16 / f64 give the same indices */
-    na_tensor xh = MK(NA_DTYPE_F64, 2, 3, 7, 6), yh = MK(NA_DTYPE_F64, 2, 3, g.oh, g.ow),
+    na_view xh = MK(NA_DTYPE_F64, 2, 3, 7, 6), yh = MK(NA_DTYPE_F64, 2, 3, g.oh, g.ow),
               ih = MK(NA_DTYPE_I32, 2, 3, g.oh, g.ow);
     for (int64_t i = 0; i < x.numel; i++) set(&xh, i, get(&x, i));
     cr_assert_eq(B->max_pool2d(&g, &xh, &yh, &ih), NA_OK);
@@ -1077,7 +1100,7 @@ Test(cpu_pool, avg_pool_count_include_pad) {
     for (int cip = 0; cip < 2; cip++) {
         na_conv_geom g = conv_geom(1, 2, 5, 5, 2, 3, 2, 1, 1, 1);
         g.count_include_pad = cip;
-        na_tensor x = MK(NA_DTYPE_F64, 1, 2, 5, 5), y = MK(NA_DTYPE_F64, 1, 2, g.oh, g.ow),
+        na_view x = MK(NA_DTYPE_F64, 1, 2, 5, 5), y = MK(NA_DTYPE_F64, 1, 2, g.oh, g.ow),
                   gy = MK(NA_DTYPE_F64, 1, 2, g.oh, g.ow), gx = MK(NA_DTYPE_F64, 1, 2, 5, 5);
         fill_rand(&x, -1, 1);
         fill_rand(&gy, -1, 1);
@@ -1118,7 +1141,7 @@ Test(cpu_pool, avg_pool_count_include_pad) {
 
 Test(cpu_batchnorm, train_running_stats_hand_numbers) {
     /* N = 2, C = 1, S = 2: x = {1, 2, 3, 6}: mean 3, biased var 3.5, unbiased 14/3 */
-    na_tensor x = MK(NA_DTYPE_F32, 2, 1, 2), y = MK(NA_DTYPE_F32, 2, 1, 2), gam = MK(NA_DTYPE_F32, 1),
+    na_view x = MK(NA_DTYPE_F32, 2, 1, 2), y = MK(NA_DTYPE_F32, 2, 1, 2), gam = MK(NA_DTYPE_F32, 1),
               bet = MK(NA_DTYPE_F32, 1), rm_ = MK(NA_DTYPE_F32, 1), rv = MK(NA_DTYPE_F32, 1),
               sm = MK(NA_DTYPE_F32, 1), si = MK(NA_DTYPE_F32, 1);
     double xv[4] = {1, 2, 3, 6};
@@ -1143,7 +1166,7 @@ Test(cpu_batchnorm, train_running_stats_hand_numbers) {
 /* y and grads of batch norm in double by hand, for [N, C, S] */
 static void check_bn(na_dtype dt, int64_t n, int64_t c, int64_t s, double tol) {
     na_dtype pdt = dt == NA_DTYPE_F64 ? NA_DTYPE_F64 : NA_DTYPE_F32;
-    na_tensor x = MK(dt, n, c, s), y = MK(dt, n, c, s), gy = MK(dt, n, c, s), gx = MK(dt, n, c, s),
+    na_view x = MK(dt, n, c, s), y = MK(dt, n, c, s), gy = MK(dt, n, c, s), gx = MK(dt, n, c, s),
               gam = MK(pdt, c), bet = MK(pdt, c), rm_ = MK(pdt, c), rv = MK(pdt, c),
               sm = MK(pdt, c), si = MK(pdt, c), gg = MK(pdt, c), gb = MK(pdt, c);
     fill_rand(&x, -2, 3);
@@ -1193,7 +1216,7 @@ static void check_bn(na_dtype dt, int64_t n, int64_t c, int64_t s, double tol) {
     }
     /* eval forward and eval backward */
     cr_assert_eq(B->batch_norm_eval(&x, &gam, &bet, &rm_, &rv, &y, n, c, s, 1e-5), NA_OK);
-    na_tensor eis = MK(pdt, c);
+    na_view eis = MK(pdt, c);
     for (int64_t ch = 0; ch < c; ch++) set(&eis, ch, 1 / sqrt(get(&rv, ch) + 1e-5));
     cr_assert_eq(B->batch_norm_backward(&x, &gy, &gam, &rm_, &eis, &gx, &gg, NULL, n, c, s, false),
                  NA_OK);
@@ -1222,7 +1245,7 @@ Test(cpu_batchnorm, train_eval_backward_vs_hand_loops) {
 
 Test(cpu_batchnorm, half_input_f32_params) {
     int64_t n = 4, c = 2, s = 30;
-    na_tensor x = MK(NA_DTYPE_F16, n, c, s), y = MK(NA_DTYPE_F16, n, c, s),
+    na_view x = MK(NA_DTYPE_F16, n, c, s), y = MK(NA_DTYPE_F16, n, c, s),
               xf, yf = MK(NA_DTYPE_F32, n, c, s), gam = MK(NA_DTYPE_F32, c),
               bet = MK(NA_DTYPE_F32, c), sm = MK(NA_DTYPE_F32, c), si = MK(NA_DTYPE_F32, c);
     fill_rand(&x, -2, 2);
@@ -1233,7 +1256,7 @@ Test(cpu_batchnorm, half_input_f32_params) {
                  NA_OK);
     cr_assert_eq(B->batch_norm_train(&xf, &gam, &bet, NULL, NULL, &yf, &sm, &si, n, c, s, 0.1, 1e-5),
                  NA_OK);
-    na_tensor want = rounded(NA_DTYPE_F16, &yf);
+    na_view want = rounded(NA_DTYPE_F16, &yf);
     expect_same_bits(&y, &want, "bn f16");
     rm(&x); rm(&y); rm(&xf); rm(&yf); rm(&gam); rm(&bet); rm(&sm); rm(&si); rm(&want);
 }

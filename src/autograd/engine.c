@@ -130,7 +130,7 @@ static int accumulate(na_tensor *t, na_tensor *g) {
         t->grad = t->persistent ? na_tensor_new(t->dtype, t->device, t->ndim, t->shape)
                                 : na_empty(t->dtype, t->device, t->ndim, t->shape);
         if (!t->grad) return na_last_status();
-        return na_be(t)->copy(t->grad, g);
+        return na_be(t)->copy(&t->grad->view, &g->view);
     }
     na_broadcast bc = {.ndim = g->ndim};
     for (int i = 0; i < g->ndim; i++) {
@@ -138,7 +138,7 @@ static int accumulate(na_tensor *t, na_tensor *g) {
         bc.a_stride[i] = t->grad->stride[i];
         bc.b_stride[i] = g->stride[i];
     }
-    return na_be(t)->binary(NA_BINARY_ADD, t->grad, g, t->grad, &bc);
+    return na_be(t)->binary(NA_BINARY_ADD, &t->grad->view, &g->view, &t->grad->view, &bc);
 }
 
 int na_backward(na_tensor *root, na_tensor *grad) {

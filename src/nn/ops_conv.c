@@ -57,7 +57,8 @@ na_tensor *na_conv2d(na_tensor *x, na_tensor *w, na_tensor *b, const na_conv2d_o
     x = na_contiguous(ins[0]), w = na_contiguous(ins[1]), b = b ? na_contiguous(ins[2]) : NULL;
     if (!x || !w || (ins[2] && !b)) return NULL;
     na_tensor *y = na_empty(x->dtype, x->device, NA_SHAPE(g.n, g.c_out, g.oh, g.ow));
-    if (!y || na_be(x)->conv2d(&g, x, w, b, y) != NA_OK) return NULL;
+    if (!y || na_be(x)->conv2d(&g, &x->view, &w->view, NA_VIEW_OF(b), &y->view) != NA_OK)
+        return NULL;
     na_tensor *in[3] = {x, w, b};
     na_node *n = na_graph_record(NA_OP_CONV2D, y, 3, in);
     if (n && !(n->extra = geom_copy(&g))) return NULL;
@@ -72,11 +73,11 @@ int na_bw_CONV2D(na_node *n, na_tensor *gout, na_tensor **gin) {
     int rc;
     if (na_node_needs_grad(n, 0)) {
         if (!(gin[0] = na_empty_like(x))) return na_last_status();
-        if ((rc = be->conv2d_backward_data(g, gy, w, gin[0]))) return rc;
+        if ((rc = be->conv2d_backward_data(g, &gy->view, &w->view, &gin[0]->view))) return rc;
     }
     if (na_node_needs_grad(n, 1)) {
         if (!(gin[1] = na_empty_like(w))) return na_last_status();
-        if ((rc = be->conv2d_backward_weight(g, x, gy, gin[1]))) return rc;
+        if ((rc = be->conv2d_backward_weight(g, &x->view, &gy->view, &gin[1]->view))) return rc;
     }
     if (na_node_needs_grad(n, 2)) { /* gb = sum of gy over N, H, W */
         na_tensor *r = na_reshape(gy, 3, (const int64_t[]){g->n, g->c_out, -1});
@@ -121,7 +122,8 @@ static na_tensor *pool(const char *fn, na_op op, na_tensor *x, const na_pool2d_o
                                                        y ? y->shape : NULL) : NULL;
     if (!y || (op == NA_OP_MAX_POOL2D && !idx)) return NULL;
     const na_backend *be = na_be(x);
-    int rc = op == NA_OP_MAX_POOL2D ? be->max_pool2d(&g, x, y, idx) : be->avg_pool2d(&g, x, y);
+    int rc = op == NA_OP_MAX_POOL2D ? be->max_pool2d(&g, &x->view, &y->view, &idx->view)
+                                    : be->avg_pool2d(&g, &x->view, &y->view);
     if (rc) return NULL;
     na_node *n = na_graph_record(op, y, 1, &x);
     if (n) {
@@ -142,14 +144,14 @@ int na_bw_MAX_POOL2D(na_node *n, na_tensor *gout, na_tensor **gin) {
     na_tensor *gy = na_contiguous(gout), *gx = gy ? na_empty_like(n->inputs[0]) : NULL;
     if (!gx) return na_last_status();
     gin[0] = gx;
-    return na_be(gx)->max_pool2d_backward(n->extra, gy, n->saved[0], gx);
+    return na_be(gx)->max_pool2d_backward(n->extra, &gy->view, &n->saved[0]->view, &gx->view);
 }
 
 int na_bw_AVG_POOL2D(na_node *n, na_tensor *gout, na_tensor **gin) {
     na_tensor *gy = na_contiguous(gout), *gx = gy ? na_empty_like(n->inputs[0]) : NULL;
     if (!gx) return na_last_status();
     gin[0] = gx;
-    return na_be(gx)->avg_pool2d_backward(n->extra, gy, gx);
+    return na_be(gx)->avg_pool2d_backward(n->extra, &gy->view, &gx->view);
 }
 
 static na_tensor *global_pool(const char *fn, na_tensor *x, bool max) {
@@ -222,10 +224,13 @@ na_tensor *na_batch_norm(na_tensor *x, na_tensor *running_mean, na_tensor *runni
     na_tensor *mean = na_empty(pdt, x->device, NA_SHAPE(c));
     na_tensor *invstd = na_empty(pdt, x->device, NA_SHAPE(c));
     if (!y || !mean || !invstd) return NULL;
-    int rc = training ? be->batch_norm_train(x, weight, bias, running_mean, running_var, y, mean,
-                                             invstd, nb, c, sp, momentum, eps)
-                      : be->batch_norm_eval(x, weight, bias, running_mean, running_var, y, nb,
-                                            c, sp, eps);
+    int rc = training ? be->batch_norm_train(&x->view, NA_VIEW_OF(weight), NA_VIEW_OF(bias),
+                                             NA_VIEW_OF(running_mean), NA_VIEW_OF(running_var),
+                                             &y->view, &mean->view, &invstd->view, nb, c, sp,
+                                             momentum, eps)
+                      : be->batch_norm_eval(&x->view, NA_VIEW_OF(weight), NA_VIEW_OF(bias),
+                                            &running_mean->view, &running_var->view, &y->view,
+                                            nb, c, sp, eps);
     if (rc) return NULL;
     na_tensor *in[3] = {x, weight, bias};
     na_node *n = na_graph_record(NA_OP_BATCH_NORM, y, 3, in);
@@ -233,7 +238,8 @@ na_tensor *na_batch_norm(na_tensor *x, na_tensor *running_mean, na_tensor *runni
         na_no_grad_begin();
         na_tensor *v = na_rsqrt(na_add_scalar(running_var, eps));
         na_no_grad_end();
-        if (!v || be->copy(invstd, v) != NA_OK || be->copy(mean, running_mean) != NA_OK) return NULL;
+        if (!v || be->copy(&invstd->view, &v->view) != NA_OK ||
+            be->copy(&mean->view, &running_mean->view) != NA_OK) return NULL;
     }
     if (n) {
         n->saved[0] = mean;
@@ -256,6 +262,8 @@ int na_bw_BATCH_NORM(na_node *n, na_tensor *gout, na_tensor **gin) {
     if (!gx && !gw && !gb) return NA_OK;
     /* the kernel always computes gx; give it a scratch buffer when x needs none */
     if (!gx && !(gx = na_empty_like(x))) return na_last_status();
-    return na_be(x)->batch_norm_backward(x, gy, w, n->saved[0], n->saved[1], gx, gw, gb, n->i[0],
-                                         n->i[1], n->i[2], n->i[3] != 0);
+    return na_be(x)->batch_norm_backward(&x->view, &gy->view, NA_VIEW_OF(w), &n->saved[0]->view,
+                                         &n->saved[1]->view, &gx->view, NA_VIEW_OF(gw),
+                                         NA_VIEW_OF(gb), n->i[0], n->i[1], n->i[2],
+                                         n->i[3] != 0);
 }
