@@ -1,10 +1,13 @@
 /* tests/test_cpu_kernels.c — the CPU backend's kernels, called directly through na_cpu_backend.
  *
  * Views are built here by hand (stack structs over malloc'ed data, contiguous strides), so
- * these tests do not depend on the front-end. References are independent loops in double
- * precision (naive GEMM, direct convolution, the adjoint loops of convolution and pooling,
- * two-pass batch statistics); f16/bf16 results are checked bit for bit against the round-to-
- * nearest-even of the f32 computation on the widened inputs, which is the backend contract.
+ * these tests do not depend on the front-end. GEMM and convolution are checked against their
+ * specification (kernels/cpu/cpu_reference.c): run in f64 for the fixed cases, and in each
+ * dtype, within the rounding-error bound of a sum, on random shapes (section "the
+ * specification"). Other references are independent loops in double precision (the adjoint
+ * loops of pooling, two-pass batch statistics); f16/bf16 results are checked bit for bit
+ * against the round-to-nearest-even of the f32 computation on the widened inputs, which is
+ * the backend contract.
  */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -764,24 +767,6 @@ Test(cpu_cross_entropy, backward_matches_finite_differences_f64) {
 
 /* ---- gemm --------------------------------------------------------------------------------- */
 
-/* C = alpha op(A) op(B) + beta C (+bias, relu) in double, element access through get() */
-static void naive_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha,
-                       const na_view *a, int64_t lda, int64_t oa, const na_view *b,
-                       int64_t ldb, int64_t ob, double beta, const double *c0, int64_t ldc,
-                       const na_view *bias, bool relu, double *out) {
-    for (int64_t i = 0; i < m; i++)
-        for (int64_t j = 0; j < n; j++) {
-            double s = 0;
-            for (int64_t p = 0; p < k; p++)
-                s += get(a, oa + (ta ? p * lda + i : i * lda + p)) *
-                     get(b, ob + (tb ? j * ldb + p : p * ldb + j));
-            double v = alpha * s + (beta != 0 ? beta * c0[i * ldc + j] : 0);
-            if (bias) v += get(bias, j);
-            if (relu) v = v > 0 ? v : 0;
-            out[i * ldc + j] = v;
-        }
-}
-
 static void check_gemm(na_dtype dt, int64_t m, int64_t n, int64_t k, bool ta, bool tb,
                        int64_t batch, float alpha, float beta, bool bias, bool relu) {
     int64_t lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 1, ldc = n + 2; /* padded rows */
@@ -792,24 +777,25 @@ static void check_gemm(na_dtype dt, int64_t m, int64_t n, int64_t k, bool ta, bo
     fill_rand(&b, -1, 1);
     fill_rand(&c, -1, 1);
     fill_rand(&bi, -1, 1);
-    double *c0 = malloc((size_t)c.numel * sizeof(double)), *want = malloc((size_t)c.numel * sizeof(double));
-    for (int64_t i = 0; i < c.numel; i++) c0[i] = want[i] = get(&c, i);
+    /* the want: the specification on f64 copies (the padding of C stays as it was) */
+    na_view a64 = rounded(NA_DTYPE_F64, &a), b64 = rounded(NA_DTYPE_F64, &b),
+            want = rounded(NA_DTYPE_F64, &c), bi64 = rounded(NA_DTYPE_F64, &bi);
     na_gemm_args g = {.dtype = dt, .a = a.data, .b = b.data, .bias = bias ? bi.data : NULL,
                       .c = c.data, .ta = ta, .tb = tb, .relu = relu, .m = m, .n = n, .k = k,
                       .lda = lda, .ldb = ldb, .ldc = ldc, .batch = batch, .stride_a = sa,
                       .stride_b = sb, .stride_c = sc, .alpha = alpha, .beta = beta};
     cr_assert_eq(B->gemm(&g), NA_OK, "%s", na_last_error());
-    for (int64_t q = 0; q < batch; q++)
-        naive_gemm(ta, tb, m, n, k, alpha, &a, lda, q * sa, &b, ldb, q * sb, beta, c0 + q * sc,
-                   ldc, bias ? &bi : NULL, relu, want + q * sc);
+    na_gemm_args r = g;
+    r.dtype = NA_DTYPE_F64, r.a = a64.data, r.b = b64.data, r.c = want.data;
+    r.bias = bias ? bi64.data : NULL;
+    cr_assert_eq(na_cpu_ref_gemm(&r), NA_OK);
     /* padding between rows and batches is untouched */
     double tol = dt == NA_DTYPE_F64 ? 1e-12 : 1e-5 * sqrt((double)k) + 1e-6;
     char what[96];
     snprintf(what, sizeof what, "gemm dt=%d %lldx%lldx%lld ta=%d tb=%d", (int)dt, (long long)m,
              (long long)n, (long long)k, ta, tb);
-    expect_close_arr(&c, want, tol, tol, what);
-    free(c0); free(want);
-    rm(&a); rm(&b); rm(&c); rm(&bi);
+    expect_close_arr(&c, want.data, tol, tol, what);
+    rm(&a); rm(&b); rm(&c); rm(&bi); rm(&a64); rm(&b64); rm(&want); rm(&bi64);
 }
 
 Test(cpu_gemm, all_transposes_batched_bias_relu) {
@@ -835,7 +821,7 @@ Test(cpu_gemm, beta_zero_ignores_garbage_in_c) {
     for (int i = 0; i < 4; i++) cr_assert_eq(c2[i], a[i]);
 }
 
-Test(cpu_gemm, builtin_vs_naive_odd_and_blocked_sizes) {
+Test(cpu_gemm, builtin_vs_reference_odd_and_blocked_sizes) {
     int64_t sizes[][3] = {{37, 53, 29}, {1, 1, 1}, {6, 8, 1}, {7, 17, 300}, {150, 1100, 260}};
     for (int s = 0; s < 5; s++)
         for (int t = 0; t < 4; t++) {
@@ -852,9 +838,11 @@ Test(cpu_gemm, builtin_vs_naive_odd_and_blocked_sizes) {
             for (int64_t i = 0; i < m * k; i++) set(&ad, i, get(&a, i));
             for (int64_t i = 0; i < k * n; i++) set(&bd, i, get(&b, i));
             for (int64_t i = 0; i < m * n; i++) set(&cd, i, get(&c, i));
-            double *c0 = malloc((size_t)(m * n) * sizeof(double)), *want = malloc((size_t)(m * n) * sizeof(double));
-            for (int64_t i = 0; i < m * n; i++) c0[i] = get(&c, i);
-            naive_gemm(ta, tb, m, n, k, 0.75, &a, lda, 0, &b, ldb, 0, -0.5, c0, n, NULL, false, want);
+            na_view want = rounded(NA_DTYPE_F64, &c);
+            na_gemm_args r = {.dtype = NA_DTYPE_F64, .a = ad.data, .b = bd.data, .c = want.data,
+                              .ta = ta, .tb = tb, .m = m, .n = n, .k = k, .lda = lda,
+                              .ldb = ldb, .ldc = n, .batch = 1, .alpha = 0.75f, .beta = -0.5f};
+            cr_assert_eq(na_cpu_ref_gemm(&r), NA_OK);
             cr_assert_eq(na_cpu_sgemm_builtin(ta, tb, m, n, k, 0.75f, a.data, lda, b.data, ldb,
                                               -0.5f, c.data, n), NA_OK);
             cr_assert_eq(na_cpu_dgemm_builtin(ta, tb, m, n, k, 0.75, ad.data, lda, bd.data, ldb,
@@ -862,10 +850,9 @@ Test(cpu_gemm, builtin_vs_naive_odd_and_blocked_sizes) {
             char what[80];
             snprintf(what, sizeof what, "builtin sgemm %lldx%lldx%lld t%d", (long long)m,
                      (long long)n, (long long)k, t);
-            expect_close_arr(&c, want, 1e-5 * sqrt((double)k), 1e-5, what);
-            expect_close_arr(&cd, want, 1e-12, 1e-12, what);
-            free(c0); free(want);
-            rm(&a); rm(&b); rm(&c); rm(&ad); rm(&bd); rm(&cd);
+            expect_close_arr(&c, want.data, 1e-5 * sqrt((double)k), 1e-5, what);
+            expect_close_arr(&cd, want.data, 1e-12, 1e-12, what);
+            rm(&a); rm(&b); rm(&c); rm(&ad); rm(&bd); rm(&cd); rm(&want);
         }
 }
 
@@ -920,54 +907,6 @@ static na_conv_geom conv_geom(int64_t n, int64_t ci, int64_t h, int64_t w, int64
     return g;
 }
 
-/* direct convolution and its adjoints, in double */
-static void naive_conv(const na_conv_geom *g, const na_view *x, const na_view *w,
-                       const na_view *bias, double *y) {
-    int64_t cg = g->c_in / g->groups, cog = g->c_out / g->groups;
-    for (int64_t n = 0; n < g->n; n++)
-        for (int64_t co = 0; co < g->c_out; co++)
-            for (int64_t oy = 0; oy < g->oh; oy++)
-                for (int64_t ox = 0; ox < g->ow; ox++) {
-                    double s = bias ? get(bias, co) : 0;
-                    int64_t gi = co / cog;
-                    for (int64_t c = 0; c < cg; c++)
-                        for (int i = 0; i < g->kh; i++)
-                            for (int j = 0; j < g->kw; j++) {
-                                int64_t iy = oy * g->sh - g->ph + i * g->dh;
-                                int64_t ix = ox * g->sw - g->pw + j * g->dw;
-                                if (iy < 0 || iy >= g->h || ix < 0 || ix >= g->w) continue;
-                                s += get(x, ((n * g->c_in + gi * cg + c) * g->h + iy) * g->w + ix) *
-                                     get(w, ((co * cg + c) * g->kh + i) * g->kw + j);
-                            }
-                    y[((n * g->c_out + co) * g->oh + oy) * g->ow + ox] = s;
-                }
-}
-
-static void naive_conv_adjoints(const na_conv_geom *g, const na_view *x, const na_view *w,
-                                const na_view *gy, double *gx, double *gw) {
-    int64_t cg = g->c_in / g->groups, cog = g->c_out / g->groups;
-    memset(gx, 0, (size_t)(g->n * g->c_in * g->h * g->w) * sizeof(double));
-    memset(gw, 0, (size_t)(g->c_out * cg * g->kh * g->kw) * sizeof(double));
-    for (int64_t n = 0; n < g->n; n++)
-        for (int64_t co = 0; co < g->c_out; co++)
-            for (int64_t oy = 0; oy < g->oh; oy++)
-                for (int64_t ox = 0; ox < g->ow; ox++) {
-                    double gv = get(gy, ((n * g->c_out + co) * g->oh + oy) * g->ow + ox);
-                    int64_t gi = co / cog;
-                    for (int64_t c = 0; c < cg; c++)
-                        for (int i = 0; i < g->kh; i++)
-                            for (int j = 0; j < g->kw; j++) {
-                                int64_t iy = oy * g->sh - g->ph + i * g->dh;
-                                int64_t ix = ox * g->sw - g->pw + j * g->dw;
-                                if (iy < 0 || iy >= g->h || ix < 0 || ix >= g->w) continue;
-                                int64_t xi = ((n * g->c_in + gi * cg + c) * g->h + iy) * g->w + ix;
-                                int64_t wi = ((co * cg + c) * g->kh + i) * g->kw + j;
-                                gx[xi] += gv * get(w, wi);
-                                gw[wi] += gv * get(x, xi);
-                            }
-                }
-}
-
 static void check_conv(na_dtype dt, na_conv_geom g, bool bias, double tol) {
     int64_t cg = g.c_in / g.groups;
     na_view x = MK(dt, g.n, g.c_in, g.h, g.w), w = MK(dt, g.c_out, cg, g.kh, g.kw),
@@ -980,24 +919,28 @@ static void check_conv(na_dtype dt, na_conv_geom g, bool bias, double tol) {
     fill_rand(&gy, -1, 1);
     fill_rand(&gx, 9, 10); /* overwritten */
     fill_rand(&gw, 9, 10);
-    double *yw = malloc((size_t)y.numel * sizeof(double)), *gxw = malloc((size_t)x.numel * sizeof(double)),
-           *gww = malloc((size_t)w.numel * sizeof(double));
-    naive_conv(&g, &x, &w, bias ? &b : NULL, yw);
-    naive_conv_adjoints(&g, &x, &w, &gy, gxw, gww);
+    /* the want: the specification on f64 copies */
+    na_view x64 = rounded(NA_DTYPE_F64, &x), w64 = rounded(NA_DTYPE_F64, &w),
+            b64 = rounded(NA_DTYPE_F64, &b), gy64 = rounded(NA_DTYPE_F64, &gy),
+            yw = rounded(NA_DTYPE_F64, &y), gxw = rounded(NA_DTYPE_F64, &gx),
+            gww = rounded(NA_DTYPE_F64, &gw);
+    cr_assert_eq(na_cpu_ref_conv2d(&g, &x64, &w64, bias ? &b64 : NULL, &yw), NA_OK);
+    cr_assert_eq(na_cpu_ref_conv2d_backward_data(&g, &gy64, &w64, &gxw), NA_OK);
+    cr_assert_eq(na_cpu_ref_conv2d_backward_weight(&g, &x64, &gy64, &gww), NA_OK);
     cr_assert_eq(B->conv2d(&g, &x, &w, bias ? &b : NULL, &y), NA_OK, "%s", na_last_error());
     cr_assert_eq(B->conv2d_backward_data(&g, &gy, &w, &gx), NA_OK);
     cr_assert_eq(B->conv2d_backward_weight(&g, &x, &gy, &gw), NA_OK);
     char what[128];
     snprintf(what, sizeof what, "conv dt=%d k%dx%d s%d p%d d%d g%d", (int)dt, g.kh, g.kw, g.sh,
              g.ph, g.dh, g.groups);
-    expect_close_arr(&y, yw, tol, tol, what);
-    expect_close_arr(&gx, gxw, tol, tol, what);
-    expect_close_arr(&gw, gww, tol, tol, what);
-    free(yw); free(gxw); free(gww);
+    expect_close_arr(&y, yw.data, tol, tol, what);
+    expect_close_arr(&gx, gxw.data, tol, tol, what);
+    expect_close_arr(&gw, gww.data, tol, tol, what);
     rm(&x); rm(&w); rm(&b); rm(&y); rm(&gy); rm(&gx); rm(&gw);
+    rm(&x64); rm(&w64); rm(&b64); rm(&gy64); rm(&yw); rm(&gxw); rm(&gww);
 }
 
-Test(cpu_conv, versus_direct_loops) {
+Test(cpu_conv, versus_reference_in_f64) {
     na_dtype dts[] = {NA_DTYPE_F64, NA_DTYPE_F32};
     for (int k = 0; k < 2; k++) {
         double tol = k ? 2e-5 : 1e-12;
@@ -1052,6 +995,222 @@ Test(cpu_conv, half_rounds_once) {
         rm(&x); rm(&w); rm(&b); rm(&y); rm(&gy); rm(&gx); rm(&gw); rm(&xf); rm(&wf); rm(&bf);
         rm(&gyf); rm(&yf); rm(&gxf); rm(&gwf); rm(&r1); rm(&r2); rm(&r3);
     }
+}
+
+/* ---- the specification ------------------------------------------------------------------
+ * The fast paths (OpenBLAS, the blocked GEMM, im2col convolution in blocks of images) against
+ * the plain loops of kernels/cpu/cpu_reference.c, in the same dtype, on random shapes. Both
+ * sum the same products in the compute type (f32; f64 for f64) in different orders, so each
+ * is within k*u*S of the exact sum (S: the sum of the products' magnitudes, k: their count,
+ * u: the unit roundoff) and then rounded once to the output dtype. */
+
+static int64_t irand(int64_t lo, int64_t hi) { /* [lo, hi] */
+    return lo + (int64_t)(urand() * (double)(hi - lo + 1));
+}
+
+static double unit_roundoff(na_dtype dt) {
+    switch (dt) {
+    case NA_DTYPE_F64: return 0x1p-53;
+    case NA_DTYPE_F16: return 0x1p-11;
+    case NA_DTYPE_BF16: return 0x1p-8;
+    default: return 0x1p-24;
+    }
+}
+
+/* |x| elementwise, same dtype */
+static na_view absolute(const na_view *t) {
+    na_view r = mk(t->dtype, t->ndim, t->shape);
+    for (int64_t i = 0; i < t->numel; i++) set(&r, i, fabs(get(t, i)));
+    return r;
+}
+
+/* fast and ref agree within the bound; mag is S per element (the specification run on the
+ * magnitudes), terms the number of products (plus the added bias/beta terms) */
+static void expect_within_sum_bound(const na_view *fast, const na_view *ref, const na_view *mag,
+                                    int64_t terms, const char *what) {
+    double u_acc = fast->dtype == NA_DTYPE_F64 ? 0x1p-53 : 0x1p-24;
+    double u_out = unit_roundoff(fast->dtype);
+    double tiny = fast->dtype == NA_DTYPE_F16 ? 0x1p-24 : 0; /* f16's smallest subnormal */
+    for (int64_t i = 0; i < ref->numel; i++) {
+        double f = get(fast, i), r = get(ref, i);
+        double tol = 2.1 * (double)terms * u_acc * get(mag, i) + 2.1 * u_out * fabs(r) + tiny;
+        cr_assert(fabs(f - r) <= tol, "%s [%lld]: fast %.10g, specification %.10g (bound %.3g)",
+                  what, (long long)i, f, r, tol);
+    }
+}
+
+static const na_dtype float_dtypes[] = {NA_DTYPE_F64, NA_DTYPE_F32, NA_DTYPE_F16, NA_DTYPE_BF16};
+
+/* One random GEMM: shapes, transposes, padded leading dimensions, batch strides, alpha,
+ * beta (0: C is garbage and must not be read), bias, relu; the backend's gemm and the built-in
+ * blocked GEMM against the specification. */
+static void random_gemm_case(na_dtype dt, bool big) {
+    int64_t m = big ? irand(100, 150) : irand(1, 20), n = big ? irand(40, 300) : irand(1, 20);
+    int64_t k = big ? irand(250, 520) : irand(0, 40), batch = big ? 1 : irand(1, 3);
+    bool ta = urand() < 0.5, tb = urand() < 0.5, bias = urand() < 0.5, relu = urand() < 0.3;
+    int64_t lda = (ta ? m : k) + irand(0, 3), ldb = (tb ? k : n) + irand(0, 3);
+    int64_t ldc = n + irand(0, 3);
+    int64_t sa = (ta ? k : m) * lda + irand(0, 5), sb = (tb ? n : k) * ldb + irand(0, 5);
+    int64_t sc = m * ldc + irand(0, 5);
+    float alphas[] = {1.0f, -0.75f, 0.0f}, betas[] = {0.0f, 1.0f, 0.5f};
+    float alpha = alphas[irand(0, 2)], beta = betas[irand(0, 2)];
+    if (urand() < 0.5) alpha = 1.0f; /* alpha 0 is rare in practice: not too often here */
+    na_view a = MK(dt, batch * sa), b = MK(dt, batch * sb), c = MK(dt, batch * sc),
+            bi = MK(dt, n);
+    fill_rand(&a, -1, 1);
+    fill_rand(&b, -1, 1);
+    fill_rand(&bi, -1, 1);
+    if (beta == 0) for (int64_t i = 0; i < c.numel; i++) set(&c, i, NAN);
+    else fill_rand(&c, -1, 1);
+    na_gemm_args g = {.dtype = dt, .a = a.data, .b = b.data, .bias = bias ? bi.data : NULL,
+                      .ta = ta, .tb = tb, .relu = relu, .m = m, .n = n, .k = k, .lda = lda,
+                      .ldb = ldb, .ldc = ldc, .batch = batch, .stride_a = sa, .stride_b = sb,
+                      .stride_c = sc, .alpha = alpha, .beta = beta};
+    /* the specification, and on magnitudes (no relu) the scale of the bound */
+    na_view ref = rounded(dt, &c), mag = absolute(&c), aa = absolute(&a), ab = absolute(&b),
+            abi = absolute(&bi);
+    na_gemm_args r = g;
+    r.c = ref.data;
+    cr_assert_eq(na_cpu_ref_gemm(&r), NA_OK);
+    r = g;
+    r.a = aa.data, r.b = ab.data, r.bias = bias ? abi.data : NULL, r.c = mag.data;
+    r.alpha = fabsf(alpha), r.beta = fabsf(beta), r.relu = false;
+    cr_assert_eq(na_cpu_ref_gemm(&r), NA_OK);
+    char what[160];
+    for (int builtin = 0; builtin < 2; builtin++) {
+        na_view fast = rounded(dt, &c);
+        g.c = fast.data;
+        na_cpu_gemm_force_builtin = builtin;
+        int rc = B->gemm(&g);
+        na_cpu_gemm_force_builtin = false;
+        cr_assert_eq(rc, NA_OK, "%s", na_last_error());
+        snprintf(what, sizeof what, "%s gemm %s m%lld n%lld k%lld ta%d tb%d batch%lld alpha%g "
+                 "beta%g bias%d relu%d", builtin ? "built-in" : "backend", na_dtype_name(dt),
+                 (long long)m, (long long)n, (long long)k, ta, tb, (long long)batch, alpha, beta,
+                 bias, relu);
+        if (beta == 0) /* garbage C outside the outputs stays; NaN == NaN here */
+            for (int64_t i = 0; i < c.numel; i++)
+                if (isnan(get(&ref, i)))
+                    cr_assert(isnan(get(&fast, i)), "%s [%lld] written", what, (long long)i);
+        na_view fast_ok = rounded(dt, &fast), ref_ok = rounded(dt, &ref),
+                mag_ok = rounded(dt, &mag);
+        for (int64_t i = 0; i < c.numel; i++) /* compare the outputs only */
+            if (isnan(get(&ref, i))) set(&fast_ok, i, 0), set(&ref_ok, i, 0), set(&mag_ok, i, 0);
+        expect_within_sum_bound(&fast_ok, &ref_ok, &mag_ok, k + 2, what);
+        rm(&fast); rm(&fast_ok); rm(&ref_ok); rm(&mag_ok);
+    }
+    rm(&a); rm(&b); rm(&c); rm(&bi); rm(&ref); rm(&mag); rm(&aa); rm(&ab); rm(&abi);
+}
+
+Test(cpu_reference, gemm_fast_paths_meet_the_specification) {
+    for (int t = 0; t < 160; t++) random_gemm_case(float_dtypes[t % 4], false);
+    /* across the blocked GEMM's panels (MC 132, KC 256) */
+    for (int t = 0; t < 4; t++) random_gemm_case(float_dtypes[t], true);
+}
+
+/* One random convolution: groups, stride, padding (up to past the kernel's reach), dilation,
+ * bias, non-square everything, images per block; forward and both adjoints, with the
+ * backend's GEMM and the built-in one, against the specification. */
+static void random_conv_case(na_dtype dt) {
+    na_conv_geom g = {.n = irand(1, 3), .groups = (int)irand(1, 3), .kh = (int)irand(1, 4),
+                      .kw = (int)irand(1, 4), .sh = (int)irand(1, 3), .sw = (int)irand(1, 3),
+                      .ph = (int)irand(0, 3), .pw = (int)irand(0, 3), .dh = (int)irand(1, 3),
+                      .dw = (int)irand(1, 3)};
+    g.c_in = g.groups * irand(1, 3);
+    g.c_out = g.groups * irand(1, 3);
+    g.h = irand(1, 10);
+    g.w = irand(1, 10);
+    g.oh = (g.h + 2 * g.ph - g.dh * (g.kh - 1) - 1) / g.sh + 1;
+    g.ow = (g.w + 2 * g.pw - g.dw * (g.kw - 1) - 1) / g.sw + 1;
+    if (g.oh < 1 || g.ow < 1) return; /* the kernel does not fit: not a convolution */
+    bool bias = urand() < 0.5;
+    int64_t cg = g.c_in / g.groups, cog = g.c_out / g.groups;
+    na_view x = MK(dt, g.n, g.c_in, g.h, g.w), w = MK(dt, g.c_out, cg, g.kh, g.kw),
+            b = MK(dt, g.c_out), gy = MK(dt, g.n, g.c_out, g.oh, g.ow);
+    fill_rand(&x, -1, 1);
+    fill_rand(&w, -1, 1);
+    fill_rand(&b, -1, 1);
+    fill_rand(&gy, -1, 1);
+    na_view ax = absolute(&x), aw = absolute(&w), ab = absolute(&b), agy = absolute(&gy);
+    na_view y[3], gx[3], gw[3]; /* the specification, its magnitudes, the fast path */
+    for (int s = 0; s < 3; s++) {
+        y[s] = MK(dt, g.n, g.c_out, g.oh, g.ow);
+        gx[s] = MK(dt, g.n, g.c_in, g.h, g.w);
+        gw[s] = MK(dt, g.c_out, cg, g.kh, g.kw);
+    }
+    cr_assert_eq(na_cpu_ref_conv2d(&g, &x, &w, bias ? &b : NULL, &y[0]), NA_OK);
+    cr_assert_eq(na_cpu_ref_conv2d_backward_data(&g, &gy, &w, &gx[0]), NA_OK);
+    cr_assert_eq(na_cpu_ref_conv2d_backward_weight(&g, &x, &gy, &gw[0]), NA_OK);
+    cr_assert_eq(na_cpu_ref_conv2d(&g, &ax, &aw, bias ? &ab : NULL, &y[1]), NA_OK);
+    cr_assert_eq(na_cpu_ref_conv2d_backward_data(&g, &agy, &aw, &gx[1]), NA_OK);
+    cr_assert_eq(na_cpu_ref_conv2d_backward_weight(&g, &ax, &agy, &gw[1]), NA_OK);
+    int64_t keep = na_cpu_conv_block_budget;
+    for (int variant = 0; variant < 3; variant++) {
+        /* 0: as shipped; 1: the built-in GEMM; 2: one image per block */
+        na_cpu_gemm_force_builtin = variant == 1;
+        if (variant == 2) na_cpu_conv_block_budget = 1;
+        fill_rand(&y[2], 9, 10); /* every output is overwritten */
+        fill_rand(&gx[2], 9, 10);
+        fill_rand(&gw[2], 9, 10);
+        int rc = B->conv2d(&g, &x, &w, bias ? &b : NULL, &y[2]);
+        if (!rc) rc = B->conv2d_backward_data(&g, &gy, &w, &gx[2]);
+        if (!rc) rc = B->conv2d_backward_weight(&g, &x, &gy, &gw[2]);
+        na_cpu_gemm_force_builtin = false;
+        na_cpu_conv_block_budget = keep;
+        cr_assert_eq(rc, NA_OK, "%s", na_last_error());
+        char what[200];
+        snprintf(what, sizeof what, "conv %s variant %d n%lld c%lld->%lld %lldx%lld k%dx%d "
+                 "s%dx%d p%dx%d d%dx%d g%d bias%d", na_dtype_name(dt), variant, (long long)g.n,
+                 (long long)g.c_in, (long long)g.c_out, (long long)g.h, (long long)g.w, g.kh,
+                 g.kw, g.sh, g.sw, g.ph, g.pw, g.dh, g.dw, g.groups, bias);
+        expect_within_sum_bound(&y[2], &y[0], &y[1], cg * g.kh * g.kw + 1, what);
+        expect_within_sum_bound(&gx[2], &gx[0], &gx[1], cog * g.kh * g.kw, what);
+        expect_within_sum_bound(&gw[2], &gw[0], &gw[1], g.n * g.oh * g.ow, what);
+    }
+    for (int s = 0; s < 3; s++) rm(&y[s]), rm(&gx[s]), rm(&gw[s]);
+    rm(&x); rm(&w); rm(&b); rm(&gy); rm(&ax); rm(&aw); rm(&ab); rm(&agy);
+}
+
+Test(cpu_reference, conv_fast_paths_meet_the_specification) {
+    for (int t = 0; t < 400; t++) random_conv_case(float_dtypes[t % 4]);
+}
+
+/* The specification itself, on numbers worked by hand. */
+Test(cpu_reference, hand_worked_gemm_and_conv) {
+    /* [1 2; 3 4]^T @ [5 6; 7 8] * 2 + 1*C + bias, relu: A^T = [1 3; 2 4] */
+    float a[4] = {1, 2, 3, 4}, b[4] = {5, 6, 7, 8}, c[4] = {1, -200, 0, 0}, bias[2] = {0.5f, 1};
+    na_gemm_args g = {.dtype = NA_DTYPE_F32, .a = a, .b = b, .c = c, .bias = bias, .ta = true,
+                      .relu = true, .m = 2, .n = 2, .k = 2, .lda = 2, .ldb = 2, .ldc = 2,
+                      .batch = 1, .alpha = 2, .beta = 1};
+    cr_assert_eq(na_cpu_ref_gemm(&g), NA_OK);
+    /* A^T B = [26 30; 38 44] */
+    float want[4] = {2 * 26 + 1 + 0.5f, 0 /* 60 - 200 + 1 < 0 */, 2 * 38 + 0.5f, 2 * 44 + 1};
+    for (int i = 0; i < 4; i++) cr_assert_eq(c[i], want[i], "c[%d] = %g", i, c[i]);
+
+    /* 1 image, 1 channel 3x3, kernel 2x2 with stride 2, padding 1, dilation 1:
+     * outputs (0,0) (0,1) (1,0) (1,1) read x at rows -1..0 / 1..2 and cols -1..0 / 1..2 */
+    na_conv_geom cg = {.n = 1, .c_in = 1, .h = 3, .w = 3, .c_out = 1, .oh = 2, .ow = 2,
+                       .kh = 2, .kw = 2, .sh = 2, .sw = 2, .ph = 1, .pw = 1, .dh = 1, .dw = 1,
+                       .groups = 1};
+    na_view x = MK(NA_DTYPE_F64, 1, 1, 3, 3), w = MK(NA_DTYPE_F64, 1, 1, 2, 2),
+            y = MK(NA_DTYPE_F64, 1, 1, 2, 2), gx = MK(NA_DTYPE_F64, 1, 1, 3, 3),
+            gw = MK(NA_DTYPE_F64, 1, 1, 2, 2);
+    for (int i = 0; i < 9; i++) set(&x, i, i + 1); /* 1..9 */
+    for (int i = 0; i < 4; i++) set(&w, i, 10 * (i + 1)); /* 10 20 / 30 40 */
+    cr_assert_eq(na_cpu_ref_conv2d(&cg, &x, &w, NULL, &y), NA_OK);
+    double wy[4] = {40 * 1, 30 * 2 + 40 * 3, 20 * 4 + 40 * 7, 10 * 5 + 20 * 6 + 30 * 8 + 40 * 9};
+    for (int i = 0; i < 4; i++) cr_assert_eq(get(&y, i), wy[i], "y[%d] = %g", i, get(&y, i));
+    /* adjoints with gy = 1: gx counts the taps reading each cell, gw sums the cells each tap
+     * reads */
+    na_view gy = MK(NA_DTYPE_F64, 1, 1, 2, 2);
+    for (int i = 0; i < 4; i++) set(&gy, i, 1);
+    cr_assert_eq(na_cpu_ref_conv2d_backward_data(&cg, &gy, &w, &gx), NA_OK);
+    double wgx[9] = {40, 30, 40, 20, 10, 20, 40, 30, 40};
+    for (int i = 0; i < 9; i++) cr_assert_eq(get(&gx, i), wgx[i], "gx[%d] = %g", i, get(&gx, i));
+    cr_assert_eq(na_cpu_ref_conv2d_backward_weight(&cg, &x, &gy, &gw), NA_OK);
+    double wgw[4] = {5, 6 + 4, 8 + 2, 9 + 7 + 3 + 1};
+    for (int i = 0; i < 4; i++) cr_assert_eq(get(&gw, i), wgw[i], "gw[%d] = %g", i, get(&gw, i));
+    rm(&x); rm(&w); rm(&y); rm(&gx); rm(&gw); rm(&gy);
 }
 
 /* ---- pooling ------------------------------------------------------------------------------ */

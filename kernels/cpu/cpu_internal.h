@@ -254,6 +254,18 @@ extern bool na_cpu_gemm_force_builtin;
 /* Test hook: elements of scratch one convolution block (images per GEMM) may use. */
 extern int64_t na_cpu_conv_block_budget;
 
+/* ---- the specification (cpu_reference.c) ------------------------------------------------
+ * Plain loops that define what the gemm and conv2d kernels compute (same arguments, same
+ * numerics: f32 accumulation, f64 for f64, one rounding); the fast paths are tested against
+ * them. Never on the hot path. */
+int na_cpu_ref_gemm(const na_gemm_args *g);
+int na_cpu_ref_conv2d(const na_conv_geom *g, const na_view *x, const na_view *w,
+                      const na_view *bias, na_view *y);
+int na_cpu_ref_conv2d_backward_data(const na_conv_geom *g, const na_view *gy, const na_view *w,
+                                    na_view *gx);
+int na_cpu_ref_conv2d_backward_weight(const na_conv_geom *g, const na_view *x,
+                                      const na_view *gy, na_view *gw);
+
 /* ---- memory and kernels (one group per file) -------------------------------------------- */
 
 void *na_cpu_alloc(size_t bytes);
