@@ -122,10 +122,11 @@ typedef struct {
 /* ---- the kernel list ---------------------------------------------------------------------
  * Every kernel of a backend, once: NA_BACKEND_KERNELS(X, OPT) calls X(name, params) for a
  * kernel every backend implements and OPT(name, params) for an optional one, which a backend
- * may leave NULL (front-ends check with NA_BACKEND_NEED). Every kernel returns int (NA_OK or a
- * negative na_status). The list generates the na_backend fields below, each backend's
- * declarations (na_cpu_<name> in cpu/cpu_internal.h, na_cuda_<name> in cuda/cuda_common.cuh)
- * and each backend's table, so adding a kernel is: one line here, one definition per backend.
+ * may leave NULL (a backend without them expands OPT to nothing when it builds its table;
+ * front-ends check with NA_BACKEND_NEED). Every kernel returns int (NA_OK or a negative
+ * na_status). The list generates the na_backend fields below, each backend's declarations
+ * (na_cpu_<name> in cpu/cpu_internal.h, na_cuda_<name> in cuda/cuda_common.cuh) and each
+ * backend's table, so adding a kernel is: one line here, one definition per backend.
  * Views are on the backend's device; pointers to const are read, the others written. */
 #define NA_BACKEND_KERNELS(X, OPT)                                                          \
     /* ---- fills ---- */                                                                   \
