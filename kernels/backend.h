@@ -5,8 +5,8 @@
  * agree with it within per-dtype tolerances (tests/test_cuda_parity.c).
  *
  * Contract for every kernel:
- *  - tensors are on the backend's device, contiguous (C order) unless a comment says
- *    otherwise, and their shapes/dtypes were checked by the front-end in src/;
+ *  - its views (nanoamp/view.h) are on the backend's device, contiguous (C order) unless a
+ *    comment says otherwise, and their shapes/dtypes were checked by the front-end in src/;
  *  - f16/bf16 are computed as a GPU computes: widened to f32, f32 math and accumulation,
  *    one round-to-nearest-even on store (kernels/common/half.h). f64 computes in f64;
  *  - the per-element math comes from kernels/common/elementwise.h, shared by both backends;
@@ -22,7 +22,8 @@
 #include <stdint.h>
 
 #include "na_config.h"
-#include "nanoamp/tensor.h"
+#include "nanoamp/error.h"
+#include "nanoamp/view.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -96,16 +97,16 @@ typedef struct {
  * "no momentum history yet", so buf = g). */
 typedef struct {
     int n;
-    na_tensor *const *params;          /* updated in place; any float dtype */
-    const na_tensor *const *grads;     /* any float dtype */
-    na_tensor *const *steps;           /* f32 0-dim */
-    na_tensor *const *exp_avg;         /* Adam first moment; SGD momentum buffer (NULL when
-                                          momentum is 0) */
-    na_tensor *const *exp_avg_sq;      /* Adam second moment (NULL for SGD) */
-    na_tensor *const *max_exp_avg_sq;  /* Adam amsgrad's running max of exp_avg_sq, or NULL */
-    na_tensor *const *copies;          /* may be NULL; entries may be NULL */
-    const na_tensor *found_inf;        /* may be NULL */
-    const na_tensor *inv_scale;        /* may be NULL */
+    na_view *const *params;          /* updated in place; any float dtype */
+    const na_view *const *grads;     /* any float dtype */
+    na_view *const *steps;           /* f32 0-dim */
+    na_view *const *exp_avg;         /* Adam first moment; SGD momentum buffer (NULL when
+                                        momentum is 0) */
+    na_view *const *exp_avg_sq;      /* Adam second moment (NULL for SGD) */
+    na_view *const *max_exp_avg_sq;  /* Adam amsgrad's running max of exp_avg_sq, or NULL */
+    na_view *const *copies;          /* may be NULL; entries may be NULL */
+    const na_view *found_inf;        /* may be NULL */
+    const na_view *inv_scale;        /* may be NULL */
 } na_optim_tensors;
 
 /* Hyper-parameters of one call (one parameter group). */
@@ -118,6 +119,133 @@ typedef struct {
     bool decoupled_weight_decay; /* AdamW: p *= 1 - lr*wd; Adam: g += wd*p */
 } na_optim_hparams;
 
+/* ---- the kernel list ---------------------------------------------------------------------
+ * Every kernel of a backend, once: NA_BACKEND_KERNELS(X, OPT) calls X(name, params) for a
+ * kernel every backend implements and OPT(name, params) for an optional one, which a backend
+ * may leave NULL (a backend without them expands OPT to nothing when it builds its table;
+ * front-ends check with NA_BACKEND_NEED). Every kernel returns int (NA_OK or a negative
+ * na_status). The list generates the na_backend fields below, each backend's declarations
+ * (na_cpu_<name> in cpu/cpu_internal.h, na_cuda_<name> in cuda/cuda_common.cuh) and each
+ * backend's table, so adding a kernel is: one line here, one definition per backend.
+ * Views are on the backend's device; pointers to const are read, the others written. */
+#define NA_BACKEND_KERNELS(X, OPT)                                                          \
+    /* ---- fills ---- */                                                                   \
+    X(fill, (na_view *t, double value))                                                     \
+    X(arange, (na_view *t, double start, double step))                                      \
+    X(fill_uniform, (na_view *t, double lo, double hi, uint64_t seed, uint64_t offset))     \
+    X(fill_normal, (na_view *t, double mean, double std, uint64_t seed, uint64_t offset))   \
+    /* mask[i] = (uniform(seed, offset, i) >= p) ? 1/(1-p) : 0, in mask's dtype */          \
+    X(dropout_mask, (na_view *mask, double p, uint64_t seed, uint64_t offset))              \
+    /* dst = src with dtype conversion; same shape; src may be strided (any view), dst is   \
+     * contiguous. */                                                                       \
+    X(copy, (na_view *dst, const na_view *src))                                             \
+                                                                                            \
+    /* ---- elementwise ---- */                                                             \
+    X(unary, (na_unary_op op, const na_view *x, na_view *y, double a, double b))            \
+    /* gx = gy * dy/dx, given x, y = f(x) (both available; each op uses what it needs) */   \
+    X(unary_backward, (na_unary_op op, const na_view *x, const na_view *y,                  \
+                       const na_view *gy, na_view *gx, double a, double b))                 \
+    /* out = a (op) b under broadcasting; a, b, out share out's dtype */                    \
+    X(binary, (na_binary_op op, const na_view *a, const na_view *b, na_view *out,           \
+               const na_broadcast *bc))                                                     \
+                                                                                            \
+    /* ---- reductions of x viewed as [outer, r, inner] into out [outer, inner]; `out` may  \
+     * have a different float dtype than x (f32 results of f16 inputs). MAX also writes the \
+     * index of the first max into `idx` (i32 [outer, inner]) when idx != NULL. ---- */     \
+    X(reduce, (na_reduce_op op, const na_view *x, na_view *out, na_view *idx,               \
+               int64_t outer, int64_t r, int64_t inner))                                    \
+    /* argmax over [outer, r, inner] -> idx i32 [outer, inner] */                           \
+    X(argmax, (const na_view *x, na_view *idx, int64_t outer, int64_t r, int64_t inner))    \
+    /* gx (zeroed here) [outer, r, inner]: gx[o, idx[o,i], i] = gy[o, i] */                 \
+    X(scatter_max_grad, (const na_view *gy, const na_view *idx, na_view *gx,                \
+                         int64_t outer, int64_t r, int64_t inner))                          \
+                                                                                            \
+    /* ---- softmax / log-softmax over the last axis of [rows, cols]; y may be wider than   \
+     * x ---- */                                                                            \
+    X(softmax, (const na_view *x, na_view *y, int64_t rows, int64_t cols, bool log))        \
+    /* from the output y: softmax gx = y*(gy - sum(gy*y)); log: gx = gy - exp(y)*sum(gy) */ \
+    X(softmax_backward, (const na_view *y, const na_view *gy, na_view *gx,                  \
+                         int64_t rows, int64_t cols, bool log))                             \
+    /* Fused log-softmax + NLL with label smoothing e: per-row loss (f32 [N]) and the row's \
+     * logsumexp (f32 [N], saved for backward). Labels are i32 [N] in [0, C): the front-end \
+     * checks them on the CPU; a CUDA kernel writes NaN for a row whose label is out of     \
+     * range. */                                                                            \
+    X(cross_entropy, (const na_view *logits, const na_view *labels, na_view *loss,          \
+                      na_view *lse, double smoothing))                                      \
+    /* gx[n,c] = g[n] * (softmax[n,c] - ((1-e)*[c==label] + e/C)); g is f32 [N] */          \
+    X(cross_entropy_backward, (const na_view *logits, const na_view *labels,                \
+                               const na_view *lse, const na_view *g, na_view *gx,           \
+                               double smoothing))                                           \
+                                                                                            \
+    X(gemm, (const na_gemm_args *args))                                                     \
+                                                                                            \
+    /* ---- convolution (NCHW); bias may be NULL ---- */                                    \
+    X(conv2d, (const na_conv_geom *g, const na_view *x, const na_view *w,                   \
+               const na_view *bias, na_view *y))                                            \
+    X(conv2d_backward_data, (const na_conv_geom *g, const na_view *gy, const na_view *w,    \
+                             na_view *gx))                                                  \
+    X(conv2d_backward_weight, (const na_conv_geom *g, const na_view *x, const na_view *gy,  \
+                               na_view *gw))                                                \
+                                                                                            \
+    /* ---- pooling (NCHW); max pooling saves the flat index (i32) of each window's first   \
+     * max ---- */                                                                          \
+    X(max_pool2d, (const na_conv_geom *g, const na_view *x, na_view *y, na_view *idx))      \
+    X(max_pool2d_backward, (const na_conv_geom *g, const na_view *gy, const na_view *idx,   \
+                            na_view *gx))                                                   \
+    X(avg_pool2d, (const na_conv_geom *g, const na_view *x, na_view *y))                    \
+    X(avg_pool2d_backward, (const na_conv_geom *g, const na_view *gy, na_view *gx))         \
+                                                                                            \
+    /* ---- batch norm over x [N, C, S] (S = H*W, 1 for BatchNorm1d). gamma/beta/running    \
+     * stats and saved stats are f32 [C] (f64 for f64 x); x and y share a float dtype.      \
+     * Training: batch mean and biased variance normalize; save_mean/save_invstd are        \
+     * written; if running_mean != NULL: running = (1-momentum)*running + momentum*stat     \
+     * with the unbiased variance. gamma/beta may be NULL (affine off). ---- */             \
+    X(batch_norm_train, (const na_view *x, const na_view *gamma, const na_view *beta,       \
+                         na_view *running_mean, na_view *running_var, na_view *y,           \
+                         na_view *save_mean, na_view *save_invstd, int64_t n, int64_t c,    \
+                         int64_t s, double momentum, double eps))                           \
+    X(batch_norm_eval, (const na_view *x, const na_view *gamma, const na_view *beta,        \
+                        const na_view *running_mean, const na_view *running_var,            \
+                        na_view *y, int64_t n, int64_t c, int64_t s, double eps))           \
+    /* training backward: gx = (gy - mean(gy) - xhat*mean(gy*xhat)) * invstd * gamma;       \
+     * ggamma = sum(gy*xhat), gbeta = sum(gy) (each may be NULL). For eval-mode backward    \
+     * the front-end passes the running stats as mean/invstd and train=false:               \
+     * gx = gy*invstd*gamma. */                                                             \
+    X(batch_norm_backward, (const na_view *x, const na_view *gy, const na_view *gamma,      \
+                            const na_view *mean, const na_view *invstd, na_view *gx,        \
+                            na_view *ggamma, na_view *gbeta, int64_t n, int64_t c,          \
+                            int64_t s, bool train))                                         \
+                                                                                            \
+    /* ---- optimizers (src/optim; per-element math: kernels/common/optim.h) ----           \
+     * SGD (PyTorch's rule): g' = g*inv_scale + wd*p; buf = steps==0 ? g' :                 \
+     * momentum*buf + (1-dampening)*g'; d = nesterov ? g' + momentum*buf : buf (g' when     \
+     * momentum is 0); p -= lr*d. */                                                        \
+    OPT(sgd_step, (const na_optim_tensors *t, const na_optim_hparams *h))                   \
+    /* Adam / AdamW (PyTorch's rule, eps outside the sqrt, bias corrections from steps). */ \
+    OPT(adam_step, (const na_optim_tensors *t, const na_optim_hparams *h))                  \
+    /* norm = sqrt(sum of x^2 over every element of xs[0..n)), f32 accumulation, into the   \
+     * f32 0-dim `norm`. If coef != NULL (f32 0-dim) also coef = na_clip_coef(norm,         \
+     * max_norm): min(1, max_norm / (norm + 1e-6)), or 1 when norm is not finite. */        \
+    OPT(l2norm, (int n, const na_view *const *xs, na_view *norm, na_view *coef,             \
+                 double max_norm))                                                          \
+                                                                                            \
+    /* ---- amp: loss scaling (src/amp; per-element math and the exact rules in             \
+     * kernels/common/amp.h). Neither synchronizes: scale, found_inf and counters stay on   \
+     * the device, so a training step's skip-or-step decision needs no host round trip.     \
+     * One fused pass over n views (any float dtypes, contiguous; in[i] and out[i] have the \
+     * same numel and may be the same memory): out[i] = in[i] * inv_scale, computed in f32  \
+     * and rounded once to out[i]'s dtype, where inv_scale = na_amp_inv_scale(*scale) (f32  \
+     * 0-dim scale). If any element of any in[i] is inf or NaN, *found_inf (f32 0-dim, may  \
+     * be NULL) is set to 1; it is never cleared here. ---- */                              \
+    OPT(amp_unscale, (int n, const na_view *const *in, na_view *const *out,                 \
+                      const na_view *scale, na_view *found_inf))                            \
+    /* One scaler update (na_amp_update): found = any *found_infs[k] != 0 (f32 0-dim each); \
+     * scale (f32 0-dim) and counters (i32 [NA_AMP_CTR_COUNT]) are updated in place by the  \
+     * rule of `kind` (NA_AMP_KIND_*) with hp[NA_AMP_HP_COUNT] (host memory, read at the    \
+     * call). */                                                                            \
+    OPT(amp_update_scale, (int kind, const double *hp, na_view *scale, na_view *counters,   \
+                           int n_found, const na_view *const *found_infs))
+
 typedef struct na_backend {
     const char *name;
 
@@ -129,122 +257,18 @@ typedef struct na_backend {
     int (*memcpy_d2d)(void *dst, const void *src, size_t bytes);
     int (*synchronize)(void);
 
-    /* fills */
-    int (*fill)(na_tensor *t, double value);
-    int (*arange)(na_tensor *t, double start, double step);
-    int (*fill_uniform)(na_tensor *t, double lo, double hi, uint64_t seed, uint64_t offset);
-    int (*fill_normal)(na_tensor *t, double mean, double std, uint64_t seed, uint64_t offset);
-    /* mask[i] = (uniform(seed, offset, i) >= p) ? 1/(1-p) : 0, in mask's dtype */
-    int (*dropout_mask)(na_tensor *mask, double p, uint64_t seed, uint64_t offset);
-
-    /* dst = src with dtype conversion; same shape; src may be strided (any view), dst is
-     * contiguous. */
-    int (*copy)(na_tensor *dst, const na_tensor *src);
-
-    /* elementwise */
-    int (*unary)(na_unary_op op, const na_tensor *x, na_tensor *y, double a, double b);
-    /* gx = gy * dy/dx, given x, y = f(x) (both available; each op uses what it needs) */
-    int (*unary_backward)(na_unary_op op, const na_tensor *x, const na_tensor *y,
-                          const na_tensor *gy, na_tensor *gx, double a, double b);
-    /* out = a (op) b under broadcasting; a, b, out share out's dtype */
-    int (*binary)(na_binary_op op, const na_tensor *a, const na_tensor *b, na_tensor *out,
-                  const na_broadcast *bc);
-
-    /* reductions of x viewed as [outer, r, inner] into out [outer, inner]; `out` may have a
-     * different float dtype than x (f32 results of f16 inputs). MAX also writes the index
-     * of the first max into `idx` (i32 [outer, inner]) when idx != NULL. */
-    int (*reduce)(na_reduce_op op, const na_tensor *x, na_tensor *out, na_tensor *idx,
-                  int64_t outer, int64_t r, int64_t inner);
-    /* argmax over [outer, r, inner] -> idx i32 [outer, inner] */
-    int (*argmax)(const na_tensor *x, na_tensor *idx, int64_t outer, int64_t r, int64_t inner);
-    /* gx (zeroed here) [outer, r, inner]: gx[o, idx[o,i], i] = gy[o, i] */
-    int (*scatter_max_grad)(const na_tensor *gy, const na_tensor *idx, na_tensor *gx,
-                            int64_t outer, int64_t r, int64_t inner);
-
-    /* softmax / log-softmax over the last axis of [rows, cols]; y may be wider than x */
-    int (*softmax)(const na_tensor *x, na_tensor *y, int64_t rows, int64_t cols, bool log);
-    /* from the output y: softmax gx = y*(gy - sum(gy*y)); log: gx = gy - exp(y)*sum(gy) */
-    int (*softmax_backward)(const na_tensor *y, const na_tensor *gy, na_tensor *gx,
-                            int64_t rows, int64_t cols, bool log);
-    /* Fused log-softmax + NLL with label smoothing e: per-row loss (f32 [N]) and the row's
-     * logsumexp (f32 [N], saved for backward). Labels are i32 [N] in [0, C): the front-end
-     * checks them on the CPU; a CUDA kernel writes NaN for a row whose label is out of range. */
-    int (*cross_entropy)(const na_tensor *logits, const na_tensor *labels, na_tensor *loss,
-                         na_tensor *lse, double smoothing);
-    /* gx[n,c] = g[n] * (softmax[n,c] - ((1-e)*[c==label] + e/C)); g is f32 [N] */
-    int (*cross_entropy_backward)(const na_tensor *logits, const na_tensor *labels,
-                                  const na_tensor *lse, const na_tensor *g, na_tensor *gx,
-                                  double smoothing);
-
-    int (*gemm)(const na_gemm_args *args);
-
-    /* convolution (NCHW); bias may be NULL */
-    int (*conv2d)(const na_conv_geom *g, const na_tensor *x, const na_tensor *w,
-                  const na_tensor *bias, na_tensor *y);
-    int (*conv2d_backward_data)(const na_conv_geom *g, const na_tensor *gy,
-                                const na_tensor *w, na_tensor *gx);
-    int (*conv2d_backward_weight)(const na_conv_geom *g, const na_tensor *x,
-                                  const na_tensor *gy, na_tensor *gw);
-
-    /* pooling (NCHW); max pooling saves the flat index (i32) of each window's first max */
-    int (*max_pool2d)(const na_conv_geom *g, const na_tensor *x, na_tensor *y, na_tensor *idx);
-    int (*max_pool2d_backward)(const na_conv_geom *g, const na_tensor *gy,
-                               const na_tensor *idx, na_tensor *gx);
-    int (*avg_pool2d)(const na_conv_geom *g, const na_tensor *x, na_tensor *y);
-    int (*avg_pool2d_backward)(const na_conv_geom *g, const na_tensor *gy, na_tensor *gx);
-
-    /* Batch norm over x [N, C, S] (S = H*W, 1 for BatchNorm1d). gamma/beta/running stats
-     * and saved stats are f32 [C] (f64 for f64 x); x and y share a float dtype.
-     * Training: batch mean and biased variance normalize; save_mean/save_invstd are written;
-     * if running_mean != NULL: running = (1-momentum)*running + momentum*stat with the
-     * unbiased variance. gamma/beta may be NULL (affine off). */
-    int (*batch_norm_train)(const na_tensor *x, const na_tensor *gamma, const na_tensor *beta,
-                            na_tensor *running_mean, na_tensor *running_var, na_tensor *y,
-                            na_tensor *save_mean, na_tensor *save_invstd, int64_t n,
-                            int64_t c, int64_t s, double momentum, double eps);
-    int (*batch_norm_eval)(const na_tensor *x, const na_tensor *gamma, const na_tensor *beta,
-                           const na_tensor *running_mean, const na_tensor *running_var,
-                           na_tensor *y, int64_t n, int64_t c, int64_t s, double eps);
-    /* training backward: gx = (gy - mean(gy) - xhat*mean(gy*xhat)) * invstd * gamma;
-     * ggamma = sum(gy*xhat), gbeta = sum(gy) (each may be NULL). For eval-mode backward the
-     * front-end passes the running stats as mean/invstd and train=false: gx = gy*invstd*gamma. */
-    int (*batch_norm_backward)(const na_tensor *x, const na_tensor *gy, const na_tensor *gamma,
-                               const na_tensor *mean, const na_tensor *invstd, na_tensor *gx,
-                               na_tensor *ggamma, na_tensor *gbeta, int64_t n, int64_t c,
-                               int64_t s, bool train);
-
-    /* ---- optimizers (appended for layers and optimizers; src/optim) ---------------------
-     * Any of these may be NULL: the front-end then fails with "<kernel> is not implemented
-     * on <backend>". Per-element math: kernels/common/optim.h. */
-    /* SGD (PyTorch's rule): g' = g*inv_scale + wd*p; buf = steps==0 ? g' :
-     * momentum*buf + (1-dampening)*g'; d = nesterov ? g' + momentum*buf : buf (g' when
-     * momentum is 0); p -= lr*d. */
-    int (*sgd_step)(const na_optim_tensors *t, const na_optim_hparams *h);
-    /* Adam / AdamW (PyTorch's rule, eps outside the sqrt, bias corrections from steps). */
-    int (*adam_step)(const na_optim_tensors *t, const na_optim_hparams *h);
-    /* norm = sqrt(sum of x^2 over every element of xs[0..n)), f32 accumulation, into the f32
-     * 0-dim `norm`. If coef != NULL (f32 0-dim) also coef = na_clip_coef(norm, max_norm):
-     * min(1, max_norm / (norm + 1e-6)), or 1 when norm is not finite. */
-    int (*l2norm)(int n, const na_tensor *const *xs, na_tensor *norm, na_tensor *coef,
-                  double max_norm);
-
-    /* ---- amp: loss scaling (appended for src/amp; per-element math and the exact rules in
-     * kernels/common/amp.h). Either may be NULL: src/amp then fails with "<kernel> is not
-     * implemented on <backend>". Neither synchronizes: scale, found_inf and counters stay on
-     * the device, so a training step's skip-or-step decision needs no host round trip. */
-    /* One fused pass over n tensors (any float dtypes, contiguous; in[i] and out[i] have the
-     * same numel and may be the same tensor): out[i] = in[i] * inv_scale, computed in f32 and
-     * rounded once to out[i]'s dtype, where inv_scale = na_amp_inv_scale(*scale) (f32 0-dim
-     * scale). If any element of any in[i] is inf or NaN, *found_inf (f32 0-dim, may be NULL)
-     * is set to 1; it is never cleared here. */
-    int (*amp_unscale)(int n, const na_tensor *const *in, na_tensor *const *out,
-                       const na_tensor *scale, na_tensor *found_inf);
-    /* One scaler update (na_amp_update): found = any *found_infs[k] != 0 (f32 0-dim each);
-     * scale (f32 0-dim) and counters (i32 [NA_AMP_CTR_COUNT]) are updated in place by the rule
-     * of `kind` (NA_AMP_KIND_*) with hp[NA_AMP_HP_COUNT] (host memory, read at the call). */
-    int (*amp_update_scale)(int kind, const double *hp, na_tensor *scale, na_tensor *counters,
-                            int n_found, const na_tensor *const *found_infs);
+    /* the kernels of NA_BACKEND_KERNELS, one function pointer each */
+#define NA_BACKEND_FIELD_(kernel, params) int (*kernel) params;
+    NA_BACKEND_KERNELS(NA_BACKEND_FIELD_, NA_BACKEND_FIELD_)
+#undef NA_BACKEND_FIELD_
 } na_backend;
+
+/* NA_OK when backend `be` has the optional kernel `kernel`, else NA_ENOTSUP with
+ * "<kernel> is not implemented on <backend> (an optional kernel)"; the caller adds its name. */
+#define NA_BACKEND_NEED(be, kernel)                                                         \
+    ((be)->kernel ? NA_OK                                                                   \
+                  : na_set_error(NA_ENOTSUP, "%s is not implemented on %s (an optional "    \
+                                 "kernel)", #kernel, (be)->name))
 
 /* The backend of a device, or NULL with an error naming the device when it is not built in
  * (or, for CUDA, when no device is present). */

@@ -28,8 +28,9 @@ Test(amp_device, unscale_matches_the_cpu) {
         for (int dout = 0; dout < 3; dout++)
             for (int bad = 0; bad < 2; bad++) {
                 na_manual_seed(5);
-                const na_tensor *in_c[4], *in_g[4];
+                const na_view *in_c[4], *in_g[4];
                 na_tensor *out_c[4], *out_g[4];
+                na_view *vout_c[4], *vout_g[4];
                 for (int i = 0; i < 4; i++) {
                     na_tensor *x =
                         TH_OK(na_randn(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(sizes[i]), 0, 3000));
@@ -38,18 +39,19 @@ Test(amp_device, unscale_matches_the_cpu) {
                         na_tensor *v = TH_OK(na_slice(x, 100, 101));
                         TH_RC(na_fill_(v, INFINITY));
                     }
-                    in_c[i] = x;
-                    in_g[i] = to(x, NA_DEVICE_CUDA);
+                    in_c[i] = &x->view;
+                    in_g[i] = &to(x, NA_DEVICE_CUDA)->view;
                     out_c[i] = TH_OK(na_empty(dts[dout], NA_DEVICE_CPU, NA_SHAPE(sizes[i])));
                     out_g[i] = TH_OK(na_empty(dts[dout], NA_DEVICE_CUDA, NA_SHAPE(sizes[i])));
+                    vout_c[i] = &out_c[i]->view, vout_g[i] = &out_g[i]->view;
                 }
                 na_tensor *sc =
                     TH_OK(na_scalar(NA_DTYPE_F32, NA_DEVICE_CPU, 3.0)); /* 1/3 inexact */
                 na_tensor *sg = to(sc, NA_DEVICE_CUDA);
                 na_tensor *fc = TH_OK(na_zeros(NA_DTYPE_F32, NA_DEVICE_CPU, 0, NULL));
                 na_tensor *fg = TH_OK(na_zeros(NA_DTYPE_F32, NA_DEVICE_CUDA, 0, NULL));
-                TH_RC(cpu->amp_unscale(4, in_c, out_c, sc, fc));
-                TH_RC(gpu->amp_unscale(4, in_g, out_g, sg, fg));
+                TH_RC(cpu->amp_unscale(4, in_c, vout_c, &sc->view, &fc->view));
+                TH_RC(gpu->amp_unscale(4, in_g, vout_g, &sg->view, &fg->view));
                 cr_assert_eq(na_item(fg), na_item(fc));
                 cr_assert_eq(na_item(fg), bad ? 1.0 : 0.0);
                 for (int i = 0; i < 4; i++) {
@@ -81,10 +83,10 @@ Test(amp_device, update_rules_match_the_cpu) {
         for (size_t i = 0; i < sizeof seq; i++) {
             na_tensor *f1 = TH_OK(na_full(NA_DTYPE_F32, NA_DEVICE_CPU, 0, NULL, 0));
             na_tensor *f2 = TH_OK(na_full(NA_DTYPE_F32, NA_DEVICE_CPU, 0, NULL, seq[i]));
-            const na_tensor *fcs[2] = {f1, f2};
-            const na_tensor *fgs[2] = {to(f1, NA_DEVICE_CUDA), to(f2, NA_DEVICE_CUDA)};
-            TH_RC(cpu->amp_update_scale(kind, hp, sc, cc, 2, fcs));
-            TH_RC(gpu->amp_update_scale(kind, hp, sg, cg, 2, fgs));
+            const na_view *fcs[2] = {&f1->view, &f2->view};
+            const na_view *fgs[2] = {&to(f1, NA_DEVICE_CUDA)->view, &to(f2, NA_DEVICE_CUDA)->view};
+            TH_RC(cpu->amp_update_scale(kind, hp, &sc->view, &cc->view, 2, fcs));
+            TH_RC(gpu->amp_update_scale(kind, hp, &sg->view, &cg->view, 2, fgs));
             cr_assert_eq(na_item(sg), na_item(sc), "kind %d update %zu: scale %g vs %g", kind, i,
                          na_item(sg), na_item(sc));
             for (int k = 0; k < 4; k++)

@@ -782,8 +782,9 @@ Test(amp_scaler, unscale_kernel_sizes_and_flags) {
                 na_tensor *out =
                     din == dout ? in : TH_OK(na_empty(dts[dout], NA_DEVICE_CPU, NA_SHAPE(n)));
                 na_tensor *flag = TH_OK(na_zeros(NA_DTYPE_F32, NA_DEVICE_CPU, 0, NULL));
-                const na_tensor *ins[1] = {in};
-                TH_RC(be->amp_unscale(1, ins, &out, scale, flag));
+                const na_view *ins[1] = {&in->view};
+                TH_RC(be->amp_unscale(1, ins, (na_view *[]){&out->view}, &scale->view,
+                                      &flag->view));
                 cr_assert_eq(na_item(flag), 0.0);
                 cr_assert_eq(na_get(out, 0), 1.0);
                 cr_assert_eq(na_get(out, n - 1), 1.0);
@@ -796,13 +797,15 @@ Test(amp_scaler, unscale_kernel_sizes_and_flags) {
                     TH_RC(na_copy_(dst, TH_OK(na_reshape(one, NA_SHAPE(1)))));
                     na_tensor *o2 = TH_OK(na_empty(dts[dout], NA_DEVICE_CPU, NA_SHAPE(n)));
                     TH_RC(na_fill_(flag, 0.0));
-                    const na_tensor *b1[1] = {bad};
-                    TH_RC(be->amp_unscale(1, b1, &o2, scale, flag));
+                    const na_view *b1[1] = {&bad->view};
+                    TH_RC(be->amp_unscale(1, b1, (na_view *[]){&o2->view}, &scale->view,
+                                          &flag->view));
                     cr_assert_eq(na_item(flag), 1.0, "size %lld, %s at %lld", (long long)n,
                                  k == 1 ? "NaN" : "inf", (long long)where[k]);
                     cr_assert(!isfinite(na_get(o2, where[k])), "the multiply happens anyway");
                     /* a clean pass afterwards leaves the flag set */
-                    TH_RC(be->amp_unscale(1, ins, &out, scale, flag));
+                    TH_RC(be->amp_unscale(1, ins, (na_view *[]){&out->view}, &scale->view,
+                                          &flag->view));
                     cr_assert_eq(na_item(flag), 1.0);
                 }
                 na_step_end();
@@ -816,8 +819,8 @@ Test(amp_scaler, unscale_kernel_f16_into_f32_exact) {
     na_tensor *m = TH_OK(na_empty(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(3)));
     na_tensor *scale = TH_OK(na_scalar(NA_DTYPE_F32, NA_DEVICE_CPU, 1024));
     na_tensor *flag = TH_OK(na_zeros(NA_DTYPE_F32, NA_DEVICE_CPU, 0, NULL));
-    const na_tensor *in[1] = {g};
-    TH_RC(be->amp_unscale(1, in, &m, scale, flag));
+    const na_view *in[1] = {&g->view};
+    TH_RC(be->amp_unscale(1, in, (na_view *[]){&m->view}, &scale->view, &flag->view));
     th_expect(m, TH_V(th_round_f16(102.4) / 1024, -3.0, 65504.0 / 1024), 3, 0, 0, "unscaled");
     cr_assert_eq(na_item(flag), 0.0);
 }

@@ -1,10 +1,13 @@
 /* tests/test_cpu_kernels.c — the CPU backend's kernels, called directly through na_cpu_backend.
  *
- * Tensors are built here by hand (stack structs over malloc'ed data, contiguous strides), so
- * these tests do not depend on the front-end. References are independent loops in double
- * precision (naive GEMM, direct convolution, the adjoint loops of convolution and pooling,
- * two-pass batch statistics); f16/bf16 results are checked bit for bit against the round-to-
- * nearest-even of the f32 computation on the widened inputs, which is the backend contract.
+ * Views are built here by hand (stack structs over malloc'ed data, contiguous strides), so
+ * these tests do not depend on the front-end. GEMM and convolution are checked against their
+ * specification (kernels/cpu/cpu_reference.c): run in f64 for the fixed cases, and in each
+ * dtype, within the rounding-error bound of a sum, on random shapes (section "the
+ * specification"). Other references are independent loops in double precision (the adjoint
+ * loops of pooling, two-pass batch statistics); f16/bf16 results are checked bit for bit
+ * against the round-to-nearest-even of the f32 computation on the widened inputs, which is
+ * the backend contract.
  */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -18,6 +21,7 @@
 #include "common/philox.h"
 #include "cpu/cpu_internal.h"
 #include "nanoamp/error.h"
+#include "nanoamp/tensor.h" /* NA_SHAPE */
 
 static const na_backend *B = &na_cpu_backend;
 
@@ -32,8 +36,8 @@ static size_t esize(na_dtype dt) {
     }
 }
 
-static na_tensor mk(na_dtype dt, int ndim, const int64_t *shape) {
-    na_tensor t;
+static na_view mk(na_dtype dt, int ndim, const int64_t *shape) {
+    na_view t;
     memset(&t, 0, sizeof t);
     t.dtype = dt;
     t.device = NA_DEVICE_CPU;
@@ -51,12 +55,12 @@ static na_tensor mk(na_dtype dt, int ndim, const int64_t *shape) {
 }
 #define MK(dt, ...) mk(dt, NA_SHAPE(__VA_ARGS__))
 
-static void rm(na_tensor *t) {
+static void rm(na_view *t) {
     free(t->data);
     t->data = NULL;
 }
 
-static double get(const na_tensor *t, int64_t i) {
+static double get(const na_view *t, int64_t i) {
     switch (t->dtype) {
     case NA_DTYPE_F64: return ((double *)t->data)[i];
     case NA_DTYPE_F32: return ((float *)t->data)[i];
@@ -67,7 +71,7 @@ static double get(const na_tensor *t, int64_t i) {
     }
 }
 
-static void set(na_tensor *t, int64_t i, double v) {
+static void set(na_view *t, int64_t i, double v) {
     switch (t->dtype) {
     case NA_DTYPE_F64: ((double *)t->data)[i] = v; break;
     case NA_DTYPE_F32: ((float *)t->data)[i] = (float)v; break;
@@ -83,12 +87,12 @@ static double urand(void) { /* [0, 1) */
     rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
     return (double)(rng_state >> 11) * 0x1p-53;
 }
-static void fill_rand(na_tensor *t, double lo, double hi) {
+static void fill_rand(na_view *t, double lo, double hi) {
     for (int64_t i = 0; i < t->numel; i++) set(t, i, lo + (hi - lo) * urand());
 }
 
 /* |got - want| <= atol + rtol*|want| for each element, NaN only where want is NaN */
-static void expect_close_arr(const na_tensor *t, const double *want, double atol, double rtol,
+static void expect_close_arr(const na_view *t, const double *want, double atol, double rtol,
                              const char *what) {
     for (int64_t i = 0; i < t->numel; i++) {
         double g = get(t, i), w = want[i];
@@ -102,7 +106,7 @@ static void expect_close_arr(const na_tensor *t, const double *want, double atol
 }
 
 /* bitwise equality of two tensors of the same dtype */
-static void expect_same_bits(const na_tensor *a, const na_tensor *b, const char *what) {
+static void expect_same_bits(const na_view *a, const na_view *b, const char *what) {
     cr_assert_eq(a->dtype, b->dtype);
     cr_assert_eq(a->numel, b->numel);
     size_t es = esize(a->dtype);
@@ -112,17 +116,39 @@ static void expect_same_bits(const na_tensor *a, const na_tensor *b, const char 
 }
 
 /* f32 copy of t (widened values) */
-static na_tensor widened(const na_tensor *t) {
-    na_tensor w = mk(NA_DTYPE_F32, t->ndim, t->shape);
+static na_view widened(const na_view *t) {
+    na_view w = mk(NA_DTYPE_F32, t->ndim, t->shape);
     for (int64_t i = 0; i < t->numel; i++) set(&w, i, get(t, i));
     return w;
 }
 
 /* t rounded (RNE) from an f32 tensor */
-static na_tensor rounded(na_dtype dt, const na_tensor *f) {
-    na_tensor r = mk(dt, f->ndim, f->shape);
+static na_view rounded(na_dtype dt, const na_view *f) {
+    na_view r = mk(dt, f->ndim, f->shape);
     for (int64_t i = 0; i < f->numel; i++) set(&r, i, get(f, i));
     return r;
+}
+
+/* ---- the table ---------------------------------------------------------------------------- */
+
+/* Every kernel of the list is in the CPU table: the reference backend is complete, optional
+ * kernels included. */
+Test(cpu_backend, table_has_every_listed_kernel) {
+#define EXPECT_KERNEL_(kernel, params) cr_assert_not_null(B->kernel, "cpu lacks " #kernel);
+    NA_BACKEND_KERNELS(EXPECT_KERNEL_, EXPECT_KERNEL_)
+#undef EXPECT_KERNEL_
+    cr_assert_str_eq(B->name, "cpu");
+}
+
+/* An optional kernel a backend leaves NULL is reported by name, not called. */
+Test(cpu_backend, missing_optional_kernel_is_named) {
+    na_backend partial = na_cpu_backend;
+    cr_assert_eq(NA_BACKEND_NEED(&partial, sgd_step), NA_OK);
+    partial.sgd_step = NULL;
+    na_clear_error();
+    cr_assert_eq(NA_BACKEND_NEED(&partial, sgd_step), NA_ENOTSUP);
+    cr_assert(strstr(na_last_error(), "sgd_step is not implemented on cpu"), "%s",
+              na_last_error());
 }
 
 /* ---- memory ------------------------------------------------------------------------------- */
@@ -160,21 +186,21 @@ Test(cpu_fill, fill_and_arange_all_dtypes) {
     na_dtype dts[] = {NA_DTYPE_F64, NA_DTYPE_F32, NA_DTYPE_F16, NA_DTYPE_BF16, NA_DTYPE_I32,
                       NA_DTYPE_U8};
     for (int k = 0; k < 6; k++) {
-        na_tensor t = MK(dts[k], 3, 5);
+        na_view t = MK(dts[k], 3, 5);
         cr_assert_eq(B->fill(&t, 7.0), NA_OK);
         for (int i = 0; i < 15; i++) cr_assert_eq(get(&t, i), 7.0);
         cr_assert_eq(B->arange(&t, 2.0, 3.0), NA_OK);
         for (int i = 0; i < 15; i++) cr_assert_eq(get(&t, i), 2.0 + 3.0 * i);
         rm(&t);
     }
-    na_tensor h = MK(NA_DTYPE_F16, 1);
+    na_view h = MK(NA_DTYPE_F16, 1);
     B->fill(&h, 0.1);
     cr_assert_eq(((uint16_t *)h.data)[0], na_f32_to_f16_bits(0.1f));
     rm(&h);
 }
 
 Test(cpu_fill, uniform_normal_reproducible) {
-    na_tensor a = MK(NA_DTYPE_F32, 10001), b = MK(NA_DTYPE_F32, 10001), c = MK(NA_DTYPE_F32, 10001);
+    na_view a = MK(NA_DTYPE_F32, 10001), b = MK(NA_DTYPE_F32, 10001), c = MK(NA_DTYPE_F32, 10001);
     cr_assert_eq(B->fill_uniform(&a, -2.0, 3.0, 42, 7), NA_OK);
     B->fill_uniform(&b, -2.0, 3.0, 42, 7);
     B->fill_uniform(&c, -2.0, 3.0, 42, 8);
@@ -192,7 +218,7 @@ Test(cpu_fill, uniform_normal_reproducible) {
     cr_assert(fabs(mean - 0.5) < 0.05, "mean %g", mean);
 
     /* f16 uniform is the RNE of the f32 value (but below hi); f64 uses the same draws */
-    na_tensor h = MK(NA_DTYPE_F16, 10001), d = MK(NA_DTYPE_F64, 10001);
+    na_view h = MK(NA_DTYPE_F16, 10001), d = MK(NA_DTYPE_F64, 10001);
     B->fill_uniform(&h, -2.0, 3.0, 42, 7);
     B->fill_uniform(&d, -2.0, 3.0, 42, 7);
     for (int i = 0; i < 10001; i++) {
@@ -204,7 +230,7 @@ Test(cpu_fill, uniform_normal_reproducible) {
 
     /* [lo, hi) holds after rounding: f16/bf16 round draws near 1 up to 1.0 unless handled,
      * and in f32 1 + (1 - 2^-24) rounds to 2 */
-    na_tensor h16 = MK(NA_DTYPE_F16, 1 << 16), hb = MK(NA_DTYPE_BF16, 1 << 16),
+    na_view h16 = MK(NA_DTYPE_F16, 1 << 16), hb = MK(NA_DTYPE_BF16, 1 << 16),
               f2 = MK(NA_DTYPE_F32, 1 << 16);
     B->fill_uniform(&h16, 0.0, 1.0, 5, 0);
     B->fill_uniform(&hb, 0.0, 1.0, 5, 0);
@@ -233,7 +259,7 @@ Test(cpu_fill, uniform_normal_reproducible) {
 }
 
 Test(cpu_fill, dropout_mask) {
-    na_tensor m = MK(NA_DTYPE_F32, 20000);
+    na_view m = MK(NA_DTYPE_F32, 20000);
     cr_assert_eq(B->dropout_mask(&m, 0.25, 3, 11), NA_OK);
     int zeros = 0;
     for (int i = 0; i < 20000; i++) {
@@ -243,7 +269,7 @@ Test(cpu_fill, dropout_mask) {
         zeros += v == 0;
     }
     cr_assert(fabs(zeros / 20000.0 - 0.25) < 0.02);
-    na_tensor h = MK(NA_DTYPE_BF16, 100);
+    na_view h = MK(NA_DTYPE_BF16, 100);
     B->dropout_mask(&h, 0.5, 3, 11);
     for (int i = 0; i < 100; i++) cr_assert(get(&h, i) == 0 || get(&h, i) == 2.0);
     rm(&m);
@@ -251,7 +277,7 @@ Test(cpu_fill, dropout_mask) {
 }
 
 Test(cpu_fill, random_fill_rejects_int) {
-    na_tensor t = MK(NA_DTYPE_I32, 4);
+    na_view t = MK(NA_DTYPE_I32, 4);
     cr_assert_eq(B->fill_uniform(&t, 0, 1, 1, 1), NA_EDTYPE);
     cr_assert(strstr(na_last_error(), "cpu_fill_uniform"));
     rm(&t);
@@ -260,12 +286,12 @@ Test(cpu_fill, random_fill_rejects_int) {
 /* ---- copy --------------------------------------------------------------------------------- */
 
 Test(cpu_copy, transposed_strided_source) {
-    na_tensor a = MK(NA_DTYPE_F32, 3, 4); /* viewed as its transpose [4, 3] */
+    na_view a = MK(NA_DTYPE_F32, 3, 4); /* viewed as its transpose [4, 3] */
     for (int i = 0; i < 12; i++) set(&a, i, i);
-    na_tensor v = a;
+    na_view v = a;
     v.shape[0] = 4; v.shape[1] = 3;
     v.stride[0] = 1; v.stride[1] = 4;
-    na_tensor d = MK(NA_DTYPE_F32, 4, 3), h = MK(NA_DTYPE_F16, 4, 3), w = MK(NA_DTYPE_F64, 4, 3);
+    na_view d = MK(NA_DTYPE_F32, 4, 3), h = MK(NA_DTYPE_F16, 4, 3), w = MK(NA_DTYPE_F64, 4, 3);
     cr_assert_eq(B->copy(&d, &v), NA_OK);
     cr_assert_eq(B->copy(&h, &v), NA_OK);
     cr_assert_eq(B->copy(&w, &v), NA_OK);
@@ -276,14 +302,14 @@ Test(cpu_copy, transposed_strided_source) {
             cr_assert_eq(get(&w, r * 3 + c), c * 4 + r);
         }
     /* a 3-d permuted view with a broadcast (stride 0) dim */
-    na_tensor b = MK(NA_DTYPE_F32, 2, 3);
+    na_view b = MK(NA_DTYPE_F32, 2, 3);
     for (int i = 0; i < 6; i++) set(&b, i, i + 1);
-    na_tensor bv = b;
+    na_view bv = b;
     bv.ndim = 3;
     bv.shape[0] = 3; bv.shape[1] = 4; bv.shape[2] = 2;
     bv.stride[0] = 1; bv.stride[1] = 0; bv.stride[2] = 3;
     bv.numel = 24;
-    na_tensor out = MK(NA_DTYPE_F32, 3, 4, 2);
+    na_view out = MK(NA_DTYPE_F32, 3, 4, 2);
     cr_assert_eq(B->copy(&out, &bv), NA_OK);
     for (int i = 0; i < 3; i++)
         for (int j = 0; j < 4; j++)
@@ -293,7 +319,7 @@ Test(cpu_copy, transposed_strided_source) {
 
 Test(cpu_copy, conversions_round_to_nearest_even) {
     int n = 4096;
-    na_tensor f = MK(NA_DTYPE_F32, n), h = MK(NA_DTYPE_F16, n), b = MK(NA_DTYPE_BF16, n),
+    na_view f = MK(NA_DTYPE_F32, n), h = MK(NA_DTYPE_F16, n), b = MK(NA_DTYPE_BF16, n),
               back = MK(NA_DTYPE_F32, n);
     for (int i = 0; i < n; i++) ((float *)f.data)[i] = (float)((urand() - 0.5) * 1e5 * urand());
     ((float *)f.data)[0] = 1.0f + 0x1p-11f; /* a tie: rounds to even (1.0) */
@@ -318,7 +344,7 @@ Test(cpu_copy, conversions_round_to_nearest_even) {
     }
 
     /* integers */
-    na_tensor i32 = MK(NA_DTYPE_I32, 5), u8 = MK(NA_DTYPE_U8, 5), fl = MK(NA_DTYPE_F32, 5),
+    na_view i32 = MK(NA_DTYPE_I32, 5), u8 = MK(NA_DTYPE_U8, 5), fl = MK(NA_DTYPE_F32, 5),
               d = MK(NA_DTYPE_F64, 5);
     int32_t iv[5] = {-3, 0, 7, 255, 16777217};
     memcpy(i32.data, iv, sizeof iv);
@@ -393,7 +419,7 @@ static void run_unary_case(na_dtype dt, double atol, double rtol) {
         double b = 0.75;
         bool pos = op == NA_UNARY_LOG || op == NA_UNARY_SQRT || op == NA_UNARY_RSQRT ||
                    op == NA_UNARY_POW;
-        na_tensor x = MK(dt, n), y = MK(dt, n), gy = MK(dt, n), gx = MK(dt, n);
+        na_view x = MK(dt, n), y = MK(dt, n), gy = MK(dt, n), gx = MK(dt, n);
         fill_rand(&x, pos ? 0.1 : -3, 3);
         fill_rand(&gy, -1, 1);
         double *want = malloc(n * sizeof(double)), *gwant = malloc(n * sizeof(double));
@@ -422,21 +448,21 @@ Test(cpu_unary, f16_rounds_once_from_f32) {
     na_dtype dts[] = {NA_DTYPE_F16, NA_DTYPE_BF16};
     for (int k = 0; k < 2; k++)
         for (int op = 0; op < NA_UNARY_COUNT; op++) {
-            na_tensor x = MK(dts[k], 2500), y = MK(dts[k], 2500);
+            na_view x = MK(dts[k], 2500), y = MK(dts[k], 2500);
             fill_rand(&x, 0.1, 4);
-            na_tensor xf = widened(&x), yf = MK(NA_DTYPE_F32, 2500);
+            na_view xf = widened(&x), yf = MK(NA_DTYPE_F32, 2500);
             cr_assert_eq(B->unary(op, &x, &y, 1.5, 2.0), NA_OK);
             cr_assert_eq(B->unary(op, &xf, &yf, 1.5, 2.0), NA_OK);
-            na_tensor want = rounded(dts[k], &yf);
+            na_view want = rounded(dts[k], &yf);
             expect_same_bits(&y, &want, "f16 unary");
             /* the backward too */
-            na_tensor gy = MK(dts[k], 2500), gx = MK(dts[k], 2500), gyf, gxf = MK(NA_DTYPE_F32, 2500);
+            na_view gy = MK(dts[k], 2500), gx = MK(dts[k], 2500), gyf, gxf = MK(NA_DTYPE_F32, 2500);
             fill_rand(&gy, -1, 1);
             gyf = widened(&gy);
-            na_tensor yw = widened(&y);
+            na_view yw = widened(&y);
             cr_assert_eq(B->unary_backward(op, &x, &y, &gy, &gx, 1.5, 2.0), NA_OK);
             cr_assert_eq(B->unary_backward(op, &xf, &yw, &gyf, &gxf, 1.5, 2.0), NA_OK);
-            na_tensor gwant = rounded(dts[k], &gxf);
+            na_view gwant = rounded(dts[k], &gxf);
             expect_same_bits(&gx, &gwant, "f16 unary grad");
             rm(&x); rm(&y); rm(&xf); rm(&yf); rm(&want); rm(&gy); rm(&gx); rm(&gyf); rm(&gxf);
             rm(&gwant); rm(&yw);
@@ -444,7 +470,7 @@ Test(cpu_unary, f16_rounds_once_from_f32) {
 }
 
 Test(cpu_unary, rejects_int_dtype) {
-    na_tensor x = MK(NA_DTYPE_I32, 4), y = MK(NA_DTYPE_I32, 4);
+    na_view x = MK(NA_DTYPE_I32, 4), y = MK(NA_DTYPE_I32, 4);
     na_clear_error();
     cr_assert_eq(B->unary(NA_UNARY_EXP, &x, &y, 0, 0), NA_EDTYPE);
     cr_assert(strstr(na_last_error(), "cpu_unary"), "%s", na_last_error());
@@ -462,7 +488,7 @@ static na_broadcast bc2(int64_t r, int64_t c, int64_t ar, int64_t ac, int64_t br
 Test(cpu_binary, broadcast_row_vector) {
     na_dtype dts[] = {NA_DTYPE_F32, NA_DTYPE_F64, NA_DTYPE_F16};
     for (int k = 0; k < 3; k++) {
-        na_tensor a = MK(dts[k], 2, 3), b = MK(dts[k], 3), o = MK(dts[k], 2, 3);
+        na_view a = MK(dts[k], 2, 3), b = MK(dts[k], 3), o = MK(dts[k], 2, 3);
         for (int i = 0; i < 6; i++) set(&a, i, i + 1);
         for (int i = 0; i < 3; i++) set(&b, i, 10 * (i + 1));
         na_broadcast bc = bc2(2, 3, 3, 1, 0, 1);
@@ -484,7 +510,7 @@ Test(cpu_binary, broadcast_row_vector) {
 }
 
 Test(cpu_binary, broadcast_outer_and_long_rows) {
-    na_tensor a = MK(NA_DTYPE_F32, 2, 1), b = MK(NA_DTYPE_F32, 1, 3), o = MK(NA_DTYPE_F32, 2, 3);
+    na_view a = MK(NA_DTYPE_F32, 2, 1), b = MK(NA_DTYPE_F32, 1, 3), o = MK(NA_DTYPE_F32, 2, 3);
     set(&a, 0, 2); set(&a, 1, 3);
     for (int i = 0; i < 3; i++) set(&b, i, i + 1);
     na_broadcast bc = bc2(2, 3, 1, 0, 0, 1);
@@ -493,14 +519,14 @@ Test(cpu_binary, broadcast_outer_and_long_rows) {
     expect_close_arr(&o, want, 0, 0, "[2,1]*[1,3]");
     /* scalar (0-d) op long vector, both orders, > one chunk */
     int n = 5000;
-    na_tensor s = MK(NA_DTYPE_F32, 1), v = MK(NA_DTYPE_F32, n), out = MK(NA_DTYPE_F32, n);
+    na_view s = MK(NA_DTYPE_F32, 1), v = MK(NA_DTYPE_F32, n), out = MK(NA_DTYPE_F32, n);
     set(&s, 0, 4);
     fill_rand(&v, -1, 1);
     na_broadcast b1 = {.ndim = 1, .shape = {n}, .a_stride = {1}, .b_stride = {0}};
     cr_assert_eq(B->binary(NA_BINARY_SUB, &v, &s, &out, &b1), NA_OK);
     for (int i = 0; i < n; i++) cr_assert_eq(get(&out, i), (float)(get(&v, i) - 4));
     /* [3, 1, 2] + [1, 4, 2] -> [3, 4, 2] */
-    na_tensor x = MK(NA_DTYPE_F64, 3, 1, 2), y = MK(NA_DTYPE_F64, 1, 4, 2), z = MK(NA_DTYPE_F64, 3, 4, 2);
+    na_view x = MK(NA_DTYPE_F64, 3, 1, 2), y = MK(NA_DTYPE_F64, 1, 4, 2), z = MK(NA_DTYPE_F64, 3, 4, 2);
     fill_rand(&x, -1, 1);
     fill_rand(&y, -1, 1);
     na_broadcast b3 = {.ndim = 3, .shape = {3, 4, 2}, .a_stride = {2, 0, 1}, .b_stride = {0, 2, 1}};
@@ -515,11 +541,11 @@ Test(cpu_binary, broadcast_outer_and_long_rows) {
 /* ---- reductions --------------------------------------------------------------------------- */
 
 Test(cpu_reduce, sum_mean_max_middle_and_last_axis) {
-    na_tensor x = MK(NA_DTYPE_F32, 2, 3, 4);
+    na_view x = MK(NA_DTYPE_F32, 2, 3, 4);
     fill_rand(&x, -5, 5);
     set(&x, 0 * 12 + 1 * 4 + 2, 100);   /* max of [0, :, 2] at r = 1 */
     set(&x, 0 * 12 + 2 * 4 + 2, 100);   /* a tie later: first one wins */
-    na_tensor o = MK(NA_DTYPE_F32, 2, 4), idx = MK(NA_DTYPE_I32, 2, 4);
+    na_view o = MK(NA_DTYPE_F32, 2, 4), idx = MK(NA_DTYPE_I32, 2, 4);
     for (int op = 0; op < NA_REDUCE_COUNT; op++) {
         cr_assert_eq(B->reduce(op, &x, &o, &idx, 2, 3, 4), NA_OK);
         for (int a = 0; a < 2; a++)
@@ -538,7 +564,7 @@ Test(cpu_reduce, sum_mean_max_middle_and_last_axis) {
     }
     cr_assert_eq(get(&idx, 2), 1);
     /* the last axis (inner == 1) */
-    na_tensor o2 = MK(NA_DTYPE_F32, 6), i2 = MK(NA_DTYPE_I32, 6);
+    na_view o2 = MK(NA_DTYPE_F32, 6), i2 = MK(NA_DTYPE_I32, 6);
     cr_assert_eq(B->reduce(NA_REDUCE_MAX, &x, &o2, &i2, 6, 4, 1), NA_OK);
     for (int r = 0; r < 6; r++) {
         double m = -INFINITY;
@@ -561,7 +587,7 @@ Test(cpu_reduce, sum_mean_max_middle_and_last_axis) {
 
 Test(cpu_reduce, long_sums_accurate_and_f16_to_f32) {
     int64_t n = 1 << 21;
-    na_tensor x = MK(NA_DTYPE_F32, n), o = MK(NA_DTYPE_F32, 1);
+    na_view x = MK(NA_DTYPE_F32, n), o = MK(NA_DTYPE_F32, 1);
     double want = 0;
     for (int64_t i = 0; i < n; i++) {
         float v = (float)(0.1 + urand());
@@ -576,7 +602,7 @@ Test(cpu_reduce, long_sums_accurate_and_f16_to_f32) {
     cr_assert_eq(B->reduce(NA_REDUCE_SUM, &x, &o, NULL, 1, n / 2, 2), NA_OK);
     cr_assert(fabs(get(&o, 0) + get(&o, 1) - want) / want < 1e-6);
     /* f16 input, f32 output, and f64 */
-    na_tensor h = MK(NA_DTYPE_F16, 3000), of = MK(NA_DTYPE_F32, 1), d = MK(NA_DTYPE_F64, 3000),
+    na_view h = MK(NA_DTYPE_F16, 3000), of = MK(NA_DTYPE_F32, 1), d = MK(NA_DTYPE_F64, 3000),
               od = MK(NA_DTYPE_F64, 1);
     double hs = 0;
     for (int i = 0; i < 3000; i++) {
@@ -593,7 +619,7 @@ Test(cpu_reduce, long_sums_accurate_and_f16_to_f32) {
 }
 
 Test(cpu_reduce, max_propagates_nan_and_scatter_grad) {
-    na_tensor x = MK(NA_DTYPE_F32, 2, 4), o = MK(NA_DTYPE_F32, 2), idx = MK(NA_DTYPE_I32, 2);
+    na_view x = MK(NA_DTYPE_F32, 2, 4), o = MK(NA_DTYPE_F32, 2), idx = MK(NA_DTYPE_I32, 2);
     float v[8] = {1, NAN, 5, NAN, 3, 3, 2, 1};
     memcpy(x.data, v, sizeof v);
     cr_assert_eq(B->reduce(NA_REDUCE_MAX, &x, &o, &idx, 2, 4, 1), NA_OK);
@@ -601,7 +627,7 @@ Test(cpu_reduce, max_propagates_nan_and_scatter_grad) {
     cr_assert_eq(get(&idx, 0), 1);
     cr_assert_eq(get(&o, 1), 3);
     cr_assert_eq(get(&idx, 1), 0);
-    na_tensor gy = MK(NA_DTYPE_F32, 2), gx = MK(NA_DTYPE_F32, 2, 4);
+    na_view gy = MK(NA_DTYPE_F32, 2), gx = MK(NA_DTYPE_F32, 2, 4);
     set(&gy, 0, 7); set(&gy, 1, -2);
     fill_rand(&gx, 5, 6); /* must be zeroed by the kernel */
     cr_assert_eq(B->scatter_max_grad(&gy, &idx, &gx, 2, 4, 1), NA_OK);
@@ -614,7 +640,7 @@ Test(cpu_reduce, max_propagates_nan_and_scatter_grad) {
 
 Test(cpu_softmax, rows_sum_to_one_and_backward) {
     int rows = 5, cols = 1300;
-    na_tensor x = MK(NA_DTYPE_F32, rows, cols), y = MK(NA_DTYPE_F32, rows, cols),
+    na_view x = MK(NA_DTYPE_F32, rows, cols), y = MK(NA_DTYPE_F32, rows, cols),
               ly = MK(NA_DTYPE_F32, rows, cols);
     fill_rand(&x, -8, 8);
     set(&x, 3, 80); /* large values: the max shift matters */
@@ -636,10 +662,10 @@ Test(cpu_softmax, rows_sum_to_one_and_backward) {
         cr_assert(fabs(sl - 1) < 1e-5);
     }
     /* backward vs the formula in double */
-    na_tensor gy = MK(NA_DTYPE_F32, rows, cols), gx = MK(NA_DTYPE_F32, rows, cols);
+    na_view gy = MK(NA_DTYPE_F32, rows, cols), gx = MK(NA_DTYPE_F32, rows, cols);
     fill_rand(&gy, -1, 1);
     for (int lg = 0; lg < 2; lg++) {
-        na_tensor *yy = lg ? &ly : &y;
+        na_view *yy = lg ? &ly : &y;
         cr_assert_eq(B->softmax_backward(yy, &gy, &gx, rows, cols, lg), NA_OK);
         for (int r = 0; r < rows; r++) {
             double dot = 0, sg = 0;
@@ -657,9 +683,9 @@ Test(cpu_softmax, rows_sum_to_one_and_backward) {
         }
     }
     /* f16 in, f32 out: equals the f32 softmax of the widened input */
-    na_tensor h = MK(NA_DTYPE_F16, rows, cols), hy = MK(NA_DTYPE_F32, rows, cols);
+    na_view h = MK(NA_DTYPE_F16, rows, cols), hy = MK(NA_DTYPE_F32, rows, cols);
     for (int64_t i = 0; i < x.numel; i++) set(&h, i, get(&x, i));
-    na_tensor hf = widened(&h), hfy = MK(NA_DTYPE_F32, rows, cols);
+    na_view hf = widened(&h), hfy = MK(NA_DTYPE_F32, rows, cols);
     cr_assert_eq(B->softmax(&h, &hy, rows, cols, false), NA_OK);
     cr_assert_eq(B->softmax(&hf, &hfy, rows, cols, false), NA_OK);
     expect_same_bits(&hy, &hfy, "softmax f16->f32");
@@ -675,7 +701,7 @@ Test(cpu_cross_entropy, hand_computed_with_and_without_smoothing) {
     na_dtype dts[] = {NA_DTYPE_F32, NA_DTYPE_F64, NA_DTYPE_F16, NA_DTYPE_BF16};
     for (int k = 0; k < 4; k++) {
         na_dtype ldt = dts[k] == NA_DTYPE_F64 ? NA_DTYPE_F64 : NA_DTYPE_F32;
-        na_tensor x = MK(dts[k], 2, 3), y = MK(NA_DTYPE_I32, 2), loss = MK(ldt, 2),
+        na_view x = MK(dts[k], 2, 3), y = MK(NA_DTYPE_I32, 2), loss = MK(ldt, 2),
                   lse = MK(ldt, 2), g = MK(ldt, 2), gx = MK(dts[k], 2, 3);
         for (int i = 0; i < 6; i++) set(&x, i, lv[i]);
         memcpy(y.data, lab, sizeof lab);
@@ -712,7 +738,7 @@ Test(cpu_cross_entropy, hand_computed_with_and_without_smoothing) {
 
 Test(cpu_cross_entropy, backward_matches_finite_differences_f64) {
     int n = 3, c = 7;
-    na_tensor x = MK(NA_DTYPE_F64, n, c), y = MK(NA_DTYPE_I32, n), loss = MK(NA_DTYPE_F64, n),
+    na_view x = MK(NA_DTYPE_F64, n, c), y = MK(NA_DTYPE_I32, n), loss = MK(NA_DTYPE_F64, n),
               lse = MK(NA_DTYPE_F64, n), g = MK(NA_DTYPE_F64, n), gx = MK(NA_DTYPE_F64, n, c);
     fill_rand(&x, -3, 3);
     int32_t lab[3] = {0, 6, 3};
@@ -741,52 +767,35 @@ Test(cpu_cross_entropy, backward_matches_finite_differences_f64) {
 
 /* ---- gemm --------------------------------------------------------------------------------- */
 
-/* C = alpha op(A) op(B) + beta C (+bias, relu) in double, element access through get() */
-static void naive_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha,
-                       const na_tensor *a, int64_t lda, int64_t oa, const na_tensor *b,
-                       int64_t ldb, int64_t ob, double beta, const double *c0, int64_t ldc,
-                       const na_tensor *bias, bool relu, double *out) {
-    for (int64_t i = 0; i < m; i++)
-        for (int64_t j = 0; j < n; j++) {
-            double s = 0;
-            for (int64_t p = 0; p < k; p++)
-                s += get(a, oa + (ta ? p * lda + i : i * lda + p)) *
-                     get(b, ob + (tb ? j * ldb + p : p * ldb + j));
-            double v = alpha * s + (beta != 0 ? beta * c0[i * ldc + j] : 0);
-            if (bias) v += get(bias, j);
-            if (relu) v = v > 0 ? v : 0;
-            out[i * ldc + j] = v;
-        }
-}
-
 static void check_gemm(na_dtype dt, int64_t m, int64_t n, int64_t k, bool ta, bool tb,
                        int64_t batch, float alpha, float beta, bool bias, bool relu) {
     int64_t lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 1, ldc = n + 2; /* padded rows */
     int64_t sa = (ta ? k : m) * lda + 5, sb = (tb ? n : k) * ldb, sc = m * ldc + 7;
-    na_tensor a = MK(dt, batch * sa), b = MK(dt, batch * sb), c = MK(dt, batch * sc),
+    na_view a = MK(dt, batch * sa), b = MK(dt, batch * sb), c = MK(dt, batch * sc),
               bi = MK(dt, n);
     fill_rand(&a, -1, 1);
     fill_rand(&b, -1, 1);
     fill_rand(&c, -1, 1);
     fill_rand(&bi, -1, 1);
-    double *c0 = malloc((size_t)c.numel * sizeof(double)), *want = malloc((size_t)c.numel * sizeof(double));
-    for (int64_t i = 0; i < c.numel; i++) c0[i] = want[i] = get(&c, i);
+    /* the want: the specification on f64 copies (the padding of C stays as it was) */
+    na_view a64 = rounded(NA_DTYPE_F64, &a), b64 = rounded(NA_DTYPE_F64, &b),
+            want = rounded(NA_DTYPE_F64, &c), bi64 = rounded(NA_DTYPE_F64, &bi);
     na_gemm_args g = {.dtype = dt, .a = a.data, .b = b.data, .bias = bias ? bi.data : NULL,
                       .c = c.data, .ta = ta, .tb = tb, .relu = relu, .m = m, .n = n, .k = k,
                       .lda = lda, .ldb = ldb, .ldc = ldc, .batch = batch, .stride_a = sa,
                       .stride_b = sb, .stride_c = sc, .alpha = alpha, .beta = beta};
     cr_assert_eq(B->gemm(&g), NA_OK, "%s", na_last_error());
-    for (int64_t q = 0; q < batch; q++)
-        naive_gemm(ta, tb, m, n, k, alpha, &a, lda, q * sa, &b, ldb, q * sb, beta, c0 + q * sc,
-                   ldc, bias ? &bi : NULL, relu, want + q * sc);
+    na_gemm_args r = g;
+    r.dtype = NA_DTYPE_F64, r.a = a64.data, r.b = b64.data, r.c = want.data;
+    r.bias = bias ? bi64.data : NULL;
+    cr_assert_eq(na_cpu_ref_gemm(&r), NA_OK);
     /* padding between rows and batches is untouched */
     double tol = dt == NA_DTYPE_F64 ? 1e-12 : 1e-5 * sqrt((double)k) + 1e-6;
     char what[96];
     snprintf(what, sizeof what, "gemm dt=%d %lldx%lldx%lld ta=%d tb=%d", (int)dt, (long long)m,
              (long long)n, (long long)k, ta, tb);
-    expect_close_arr(&c, want, tol, tol, what);
-    free(c0); free(want);
-    rm(&a); rm(&b); rm(&c); rm(&bi);
+    expect_close_arr(&c, want.data, tol, tol, what);
+    rm(&a); rm(&b); rm(&c); rm(&bi); rm(&a64); rm(&b64); rm(&want); rm(&bi64);
 }
 
 Test(cpu_gemm, all_transposes_batched_bias_relu) {
@@ -812,7 +821,7 @@ Test(cpu_gemm, beta_zero_ignores_garbage_in_c) {
     for (int i = 0; i < 4; i++) cr_assert_eq(c2[i], a[i]);
 }
 
-Test(cpu_gemm, builtin_vs_naive_odd_and_blocked_sizes) {
+Test(cpu_gemm, builtin_vs_reference_odd_and_blocked_sizes) {
     int64_t sizes[][3] = {{37, 53, 29}, {1, 1, 1}, {6, 8, 1}, {7, 17, 300}, {150, 1100, 260}};
     for (int s = 0; s < 5; s++)
         for (int t = 0; t < 4; t++) {
@@ -820,7 +829,7 @@ Test(cpu_gemm, builtin_vs_naive_odd_and_blocked_sizes) {
             int64_t m = sizes[s][0], n = sizes[s][1], k = sizes[s][2];
             if (s == 4 && t != 0 && t != 3) continue; /* the big one: two combos */
             int64_t lda = ta ? m : k, ldb = tb ? k : n;
-            na_tensor a = MK(NA_DTYPE_F32, m * k), b = MK(NA_DTYPE_F32, k * n),
+            na_view a = MK(NA_DTYPE_F32, m * k), b = MK(NA_DTYPE_F32, k * n),
                       c = MK(NA_DTYPE_F32, m * n), ad = MK(NA_DTYPE_F64, m * k),
                       bd = MK(NA_DTYPE_F64, k * n), cd = MK(NA_DTYPE_F64, m * n);
             fill_rand(&a, -1, 1);
@@ -829,9 +838,11 @@ Test(cpu_gemm, builtin_vs_naive_odd_and_blocked_sizes) {
             for (int64_t i = 0; i < m * k; i++) set(&ad, i, get(&a, i));
             for (int64_t i = 0; i < k * n; i++) set(&bd, i, get(&b, i));
             for (int64_t i = 0; i < m * n; i++) set(&cd, i, get(&c, i));
-            double *c0 = malloc((size_t)(m * n) * sizeof(double)), *want = malloc((size_t)(m * n) * sizeof(double));
-            for (int64_t i = 0; i < m * n; i++) c0[i] = get(&c, i);
-            naive_gemm(ta, tb, m, n, k, 0.75, &a, lda, 0, &b, ldb, 0, -0.5, c0, n, NULL, false, want);
+            na_view want = rounded(NA_DTYPE_F64, &c);
+            na_gemm_args r = {.dtype = NA_DTYPE_F64, .a = ad.data, .b = bd.data, .c = want.data,
+                              .ta = ta, .tb = tb, .m = m, .n = n, .k = k, .lda = lda,
+                              .ldb = ldb, .ldc = n, .batch = 1, .alpha = 0.75f, .beta = -0.5f};
+            cr_assert_eq(na_cpu_ref_gemm(&r), NA_OK);
             cr_assert_eq(na_cpu_sgemm_builtin(ta, tb, m, n, k, 0.75f, a.data, lda, b.data, ldb,
                                               -0.5f, c.data, n), NA_OK);
             cr_assert_eq(na_cpu_dgemm_builtin(ta, tb, m, n, k, 0.75, ad.data, lda, bd.data, ldb,
@@ -839,10 +850,9 @@ Test(cpu_gemm, builtin_vs_naive_odd_and_blocked_sizes) {
             char what[80];
             snprintf(what, sizeof what, "builtin sgemm %lldx%lldx%lld t%d", (long long)m,
                      (long long)n, (long long)k, t);
-            expect_close_arr(&c, want, 1e-5 * sqrt((double)k), 1e-5, what);
-            expect_close_arr(&cd, want, 1e-12, 1e-12, what);
-            free(c0); free(want);
-            rm(&a); rm(&b); rm(&c); rm(&ad); rm(&bd); rm(&cd);
+            expect_close_arr(&c, want.data, 1e-5 * sqrt((double)k), 1e-5, what);
+            expect_close_arr(&cd, want.data, 1e-12, 1e-12, what);
+            rm(&a); rm(&b); rm(&c); rm(&ad); rm(&bd); rm(&cd); rm(&want);
         }
 }
 
@@ -863,13 +873,13 @@ Test(cpu_gemm, half_paths_round_once) {
             bool ta = t & 1, tb = t & 2;
             int64_t m = 9, n = 10, k = 33, batch = 2;
             int64_t lda = ta ? m : k, ldb = tb ? k : n;
-            na_tensor a = MK(dts[q], batch, m * k), b = MK(dts[q], batch, k * n),
+            na_view a = MK(dts[q], batch, m * k), b = MK(dts[q], batch, k * n),
                       c = MK(dts[q], batch, m * n), bi = MK(dts[q], n);
             fill_rand(&a, -2, 2);
             fill_rand(&b, -2, 2);
             fill_rand(&c, -2, 2);
             fill_rand(&bi, -1, 1);
-            na_tensor af = widened(&a), bf = widened(&b), cf = widened(&c), bif = widened(&bi);
+            na_view af = widened(&a), bf = widened(&b), cf = widened(&c), bif = widened(&bi);
             na_gemm_args g = {.dtype = dts[q], .a = a.data, .b = b.data, .bias = bi.data,
                               .c = c.data, .ta = ta, .tb = tb, .relu = true, .m = m, .n = n,
                               .k = k, .lda = lda, .ldb = ldb, .ldc = n, .batch = batch,
@@ -879,7 +889,7 @@ Test(cpu_gemm, half_paths_round_once) {
             g.dtype = NA_DTYPE_F32;
             g.a = af.data; g.b = bf.data; g.c = cf.data; g.bias = bif.data;
             cr_assert_eq(B->gemm(&g), NA_OK);
-            na_tensor want = rounded(dts[q], &cf);
+            na_view want = rounded(dts[q], &cf);
             expect_same_bits(&c, &want, "half gemm");
             /* and close to the double-precision product */
             rm(&a); rm(&b); rm(&c); rm(&bi); rm(&af); rm(&bf); rm(&cf); rm(&bif); rm(&want);
@@ -897,57 +907,9 @@ static na_conv_geom conv_geom(int64_t n, int64_t ci, int64_t h, int64_t w, int64
     return g;
 }
 
-/* direct convolution and its adjoints, in double */
-static void naive_conv(const na_conv_geom *g, const na_tensor *x, const na_tensor *w,
-                       const na_tensor *bias, double *y) {
-    int64_t cg = g->c_in / g->groups, cog = g->c_out / g->groups;
-    for (int64_t n = 0; n < g->n; n++)
-        for (int64_t co = 0; co < g->c_out; co++)
-            for (int64_t oy = 0; oy < g->oh; oy++)
-                for (int64_t ox = 0; ox < g->ow; ox++) {
-                    double s = bias ? get(bias, co) : 0;
-                    int64_t gi = co / cog;
-                    for (int64_t c = 0; c < cg; c++)
-                        for (int i = 0; i < g->kh; i++)
-                            for (int j = 0; j < g->kw; j++) {
-                                int64_t iy = oy * g->sh - g->ph + i * g->dh;
-                                int64_t ix = ox * g->sw - g->pw + j * g->dw;
-                                if (iy < 0 || iy >= g->h || ix < 0 || ix >= g->w) continue;
-                                s += get(x, ((n * g->c_in + gi * cg + c) * g->h + iy) * g->w + ix) *
-                                     get(w, ((co * cg + c) * g->kh + i) * g->kw + j);
-                            }
-                    y[((n * g->c_out + co) * g->oh + oy) * g->ow + ox] = s;
-                }
-}
-
-static void naive_conv_adjoints(const na_conv_geom *g, const na_tensor *x, const na_tensor *w,
-                                const na_tensor *gy, double *gx, double *gw) {
-    int64_t cg = g->c_in / g->groups, cog = g->c_out / g->groups;
-    memset(gx, 0, (size_t)(g->n * g->c_in * g->h * g->w) * sizeof(double));
-    memset(gw, 0, (size_t)(g->c_out * cg * g->kh * g->kw) * sizeof(double));
-    for (int64_t n = 0; n < g->n; n++)
-        for (int64_t co = 0; co < g->c_out; co++)
-            for (int64_t oy = 0; oy < g->oh; oy++)
-                for (int64_t ox = 0; ox < g->ow; ox++) {
-                    double gv = get(gy, ((n * g->c_out + co) * g->oh + oy) * g->ow + ox);
-                    int64_t gi = co / cog;
-                    for (int64_t c = 0; c < cg; c++)
-                        for (int i = 0; i < g->kh; i++)
-                            for (int j = 0; j < g->kw; j++) {
-                                int64_t iy = oy * g->sh - g->ph + i * g->dh;
-                                int64_t ix = ox * g->sw - g->pw + j * g->dw;
-                                if (iy < 0 || iy >= g->h || ix < 0 || ix >= g->w) continue;
-                                int64_t xi = ((n * g->c_in + gi * cg + c) * g->h + iy) * g->w + ix;
-                                int64_t wi = ((co * cg + c) * g->kh + i) * g->kw + j;
-                                gx[xi] += gv * get(w, wi);
-                                gw[wi] += gv * get(x, xi);
-                            }
-                }
-}
-
 static void check_conv(na_dtype dt, na_conv_geom g, bool bias, double tol) {
     int64_t cg = g.c_in / g.groups;
-    na_tensor x = MK(dt, g.n, g.c_in, g.h, g.w), w = MK(dt, g.c_out, cg, g.kh, g.kw),
+    na_view x = MK(dt, g.n, g.c_in, g.h, g.w), w = MK(dt, g.c_out, cg, g.kh, g.kw),
               b = MK(dt, g.c_out), y = MK(dt, g.n, g.c_out, g.oh, g.ow),
               gy = MK(dt, g.n, g.c_out, g.oh, g.ow), gx = MK(dt, g.n, g.c_in, g.h, g.w),
               gw = MK(dt, g.c_out, cg, g.kh, g.kw);
@@ -957,24 +919,28 @@ static void check_conv(na_dtype dt, na_conv_geom g, bool bias, double tol) {
     fill_rand(&gy, -1, 1);
     fill_rand(&gx, 9, 10); /* overwritten */
     fill_rand(&gw, 9, 10);
-    double *yw = malloc((size_t)y.numel * sizeof(double)), *gxw = malloc((size_t)x.numel * sizeof(double)),
-           *gww = malloc((size_t)w.numel * sizeof(double));
-    naive_conv(&g, &x, &w, bias ? &b : NULL, yw);
-    naive_conv_adjoints(&g, &x, &w, &gy, gxw, gww);
+    /* the want: the specification on f64 copies */
+    na_view x64 = rounded(NA_DTYPE_F64, &x), w64 = rounded(NA_DTYPE_F64, &w),
+            b64 = rounded(NA_DTYPE_F64, &b), gy64 = rounded(NA_DTYPE_F64, &gy),
+            yw = rounded(NA_DTYPE_F64, &y), gxw = rounded(NA_DTYPE_F64, &gx),
+            gww = rounded(NA_DTYPE_F64, &gw);
+    cr_assert_eq(na_cpu_ref_conv2d(&g, &x64, &w64, bias ? &b64 : NULL, &yw), NA_OK);
+    cr_assert_eq(na_cpu_ref_conv2d_backward_data(&g, &gy64, &w64, &gxw), NA_OK);
+    cr_assert_eq(na_cpu_ref_conv2d_backward_weight(&g, &x64, &gy64, &gww), NA_OK);
     cr_assert_eq(B->conv2d(&g, &x, &w, bias ? &b : NULL, &y), NA_OK, "%s", na_last_error());
     cr_assert_eq(B->conv2d_backward_data(&g, &gy, &w, &gx), NA_OK);
     cr_assert_eq(B->conv2d_backward_weight(&g, &x, &gy, &gw), NA_OK);
     char what[128];
     snprintf(what, sizeof what, "conv dt=%d k%dx%d s%d p%d d%d g%d", (int)dt, g.kh, g.kw, g.sh,
              g.ph, g.dh, g.groups);
-    expect_close_arr(&y, yw, tol, tol, what);
-    expect_close_arr(&gx, gxw, tol, tol, what);
-    expect_close_arr(&gw, gww, tol, tol, what);
-    free(yw); free(gxw); free(gww);
+    expect_close_arr(&y, yw.data, tol, tol, what);
+    expect_close_arr(&gx, gxw.data, tol, tol, what);
+    expect_close_arr(&gw, gww.data, tol, tol, what);
     rm(&x); rm(&w); rm(&b); rm(&y); rm(&gy); rm(&gx); rm(&gw);
+    rm(&x64); rm(&w64); rm(&b64); rm(&gy64); rm(&yw); rm(&gxw); rm(&gww);
 }
 
-Test(cpu_conv, versus_direct_loops) {
+Test(cpu_conv, versus_reference_in_f64) {
     na_dtype dts[] = {NA_DTYPE_F64, NA_DTYPE_F32};
     for (int k = 0; k < 2; k++) {
         double tol = k ? 2e-5 : 1e-12;
@@ -1006,14 +972,14 @@ Test(cpu_conv, half_rounds_once) {
     na_conv_geom g = conv_geom(2, 4, 8, 8, 6, 3, 1, 1, 1, 2);
     na_dtype dts[] = {NA_DTYPE_F16, NA_DTYPE_BF16};
     for (int q = 0; q < 2; q++) {
-        na_tensor x = MK(dts[q], 2, 4, 8, 8), w = MK(dts[q], 6, 2, 3, 3), b = MK(dts[q], 6),
+        na_view x = MK(dts[q], 2, 4, 8, 8), w = MK(dts[q], 6, 2, 3, 3), b = MK(dts[q], 6),
                   y = MK(dts[q], 2, 6, 8, 8), gy = MK(dts[q], 2, 6, 8, 8),
                   gx = MK(dts[q], 2, 4, 8, 8), gw = MK(dts[q], 6, 2, 3, 3);
         fill_rand(&x, -1, 1);
         fill_rand(&w, -1, 1);
         fill_rand(&b, -1, 1);
         fill_rand(&gy, -1, 1);
-        na_tensor xf = widened(&x), wf = widened(&w), bf = widened(&b), gyf = widened(&gy),
+        na_view xf = widened(&x), wf = widened(&w), bf = widened(&b), gyf = widened(&gy),
                   yf = MK(NA_DTYPE_F32, 2, 6, 8, 8), gxf = MK(NA_DTYPE_F32, 2, 4, 8, 8),
                   gwf = MK(NA_DTYPE_F32, 6, 2, 3, 3);
         cr_assert_eq(B->conv2d(&g, &x, &w, &b, &y), NA_OK);
@@ -1022,7 +988,7 @@ Test(cpu_conv, half_rounds_once) {
         cr_assert_eq(B->conv2d_backward_data(&g, &gyf, &wf, &gxf), NA_OK);
         cr_assert_eq(B->conv2d_backward_weight(&g, &x, &gy, &gw), NA_OK);
         cr_assert_eq(B->conv2d_backward_weight(&g, &xf, &gyf, &gwf), NA_OK);
-        na_tensor r1 = rounded(dts[q], &yf), r2 = rounded(dts[q], &gxf), r3 = rounded(dts[q], &gwf);
+        na_view r1 = rounded(dts[q], &yf), r2 = rounded(dts[q], &gxf), r3 = rounded(dts[q], &gwf);
         expect_same_bits(&y, &r1, "conv half y");
         expect_same_bits(&gx, &r2, "conv half gx");
         expect_same_bits(&gw, &r3, "conv half gw");
@@ -1031,11 +997,227 @@ Test(cpu_conv, half_rounds_once) {
     }
 }
 
+/* ---- the specification ------------------------------------------------------------------
+ * The fast paths (OpenBLAS, the blocked GEMM, im2col convolution in blocks of images) against
+ * the plain loops of kernels/cpu/cpu_reference.c, in the same dtype, on random shapes. Both
+ * sum the same products in the compute type (f32; f64 for f64) in different orders, so each
+ * is within k*u*S of the exact sum (S: the sum of the products' magnitudes, k: their count,
+ * u: the unit roundoff) and then rounded once to the output dtype. */
+
+static int64_t irand(int64_t lo, int64_t hi) { /* [lo, hi] */
+    return lo + (int64_t)(urand() * (double)(hi - lo + 1));
+}
+
+static double unit_roundoff(na_dtype dt) {
+    switch (dt) {
+    case NA_DTYPE_F64: return 0x1p-53;
+    case NA_DTYPE_F16: return 0x1p-11;
+    case NA_DTYPE_BF16: return 0x1p-8;
+    default: return 0x1p-24;
+    }
+}
+
+/* |x| elementwise, same dtype */
+static na_view absolute(const na_view *t) {
+    na_view r = mk(t->dtype, t->ndim, t->shape);
+    for (int64_t i = 0; i < t->numel; i++) set(&r, i, fabs(get(t, i)));
+    return r;
+}
+
+/* fast and ref agree within the bound; mag is S per element (the specification run on the
+ * magnitudes), terms the number of products (plus the added bias/beta terms) */
+static void expect_within_sum_bound(const na_view *fast, const na_view *ref, const na_view *mag,
+                                    int64_t terms, const char *what) {
+    double u_acc = fast->dtype == NA_DTYPE_F64 ? 0x1p-53 : 0x1p-24;
+    double u_out = unit_roundoff(fast->dtype);
+    double tiny = fast->dtype == NA_DTYPE_F16 ? 0x1p-24 : 0; /* f16's smallest subnormal */
+    for (int64_t i = 0; i < ref->numel; i++) {
+        double f = get(fast, i), r = get(ref, i);
+        double tol = 2.1 * (double)terms * u_acc * get(mag, i) + 2.1 * u_out * fabs(r) + tiny;
+        cr_assert(fabs(f - r) <= tol, "%s [%lld]: fast %.10g, specification %.10g (bound %.3g)",
+                  what, (long long)i, f, r, tol);
+    }
+}
+
+static const na_dtype float_dtypes[] = {NA_DTYPE_F64, NA_DTYPE_F32, NA_DTYPE_F16, NA_DTYPE_BF16};
+
+/* One random GEMM: shapes, transposes, padded leading dimensions, batch strides, alpha,
+ * beta (0: C is garbage and must not be read), bias, relu; the backend's gemm and the built-in
+ * blocked GEMM against the specification. */
+static void random_gemm_case(na_dtype dt, bool big) {
+    int64_t m = big ? irand(100, 150) : irand(1, 20), n = big ? irand(40, 300) : irand(1, 20);
+    int64_t k = big ? irand(250, 520) : irand(0, 40), batch = big ? 1 : irand(1, 3);
+    bool ta = urand() < 0.5, tb = urand() < 0.5, bias = urand() < 0.5, relu = urand() < 0.3;
+    int64_t lda = (ta ? m : k) + irand(0, 3), ldb = (tb ? k : n) + irand(0, 3);
+    int64_t ldc = n + irand(0, 3);
+    int64_t sa = (ta ? k : m) * lda + irand(0, 5), sb = (tb ? n : k) * ldb + irand(0, 5);
+    int64_t sc = m * ldc + irand(0, 5);
+    float alphas[] = {1.0f, -0.75f, 0.0f}, betas[] = {0.0f, 1.0f, 0.5f};
+    float alpha = alphas[irand(0, 2)], beta = betas[irand(0, 2)];
+    if (urand() < 0.5) alpha = 1.0f; /* alpha 0 is rare in practice: not too often here */
+    na_view a = MK(dt, batch * sa), b = MK(dt, batch * sb), c = MK(dt, batch * sc),
+            bi = MK(dt, n);
+    fill_rand(&a, -1, 1);
+    fill_rand(&b, -1, 1);
+    fill_rand(&bi, -1, 1);
+    if (beta == 0) for (int64_t i = 0; i < c.numel; i++) set(&c, i, NAN);
+    else fill_rand(&c, -1, 1);
+    na_gemm_args g = {.dtype = dt, .a = a.data, .b = b.data, .bias = bias ? bi.data : NULL,
+                      .ta = ta, .tb = tb, .relu = relu, .m = m, .n = n, .k = k, .lda = lda,
+                      .ldb = ldb, .ldc = ldc, .batch = batch, .stride_a = sa, .stride_b = sb,
+                      .stride_c = sc, .alpha = alpha, .beta = beta};
+    /* the specification, and on magnitudes (no relu) the scale of the bound */
+    na_view ref = rounded(dt, &c), mag = absolute(&c), aa = absolute(&a), ab = absolute(&b),
+            abi = absolute(&bi);
+    na_gemm_args r = g;
+    r.c = ref.data;
+    cr_assert_eq(na_cpu_ref_gemm(&r), NA_OK);
+    r = g;
+    r.a = aa.data, r.b = ab.data, r.bias = bias ? abi.data : NULL, r.c = mag.data;
+    r.alpha = fabsf(alpha), r.beta = fabsf(beta), r.relu = false;
+    cr_assert_eq(na_cpu_ref_gemm(&r), NA_OK);
+    char what[160];
+    for (int builtin = 0; builtin < 2; builtin++) {
+        na_view fast = rounded(dt, &c);
+        g.c = fast.data;
+        na_cpu_gemm_force_builtin = builtin;
+        int rc = B->gemm(&g);
+        na_cpu_gemm_force_builtin = false;
+        cr_assert_eq(rc, NA_OK, "%s", na_last_error());
+        snprintf(what, sizeof what, "%s gemm %s m%lld n%lld k%lld ta%d tb%d batch%lld alpha%g "
+                 "beta%g bias%d relu%d", builtin ? "built-in" : "backend", na_dtype_name(dt),
+                 (long long)m, (long long)n, (long long)k, ta, tb, (long long)batch, alpha, beta,
+                 bias, relu);
+        if (beta == 0) /* garbage C outside the outputs stays; NaN == NaN here */
+            for (int64_t i = 0; i < c.numel; i++)
+                if (isnan(get(&ref, i)))
+                    cr_assert(isnan(get(&fast, i)), "%s [%lld] written", what, (long long)i);
+        na_view fast_ok = rounded(dt, &fast), ref_ok = rounded(dt, &ref),
+                mag_ok = rounded(dt, &mag);
+        for (int64_t i = 0; i < c.numel; i++) /* compare the outputs only */
+            if (isnan(get(&ref, i))) set(&fast_ok, i, 0), set(&ref_ok, i, 0), set(&mag_ok, i, 0);
+        expect_within_sum_bound(&fast_ok, &ref_ok, &mag_ok, k + 2, what);
+        rm(&fast); rm(&fast_ok); rm(&ref_ok); rm(&mag_ok);
+    }
+    rm(&a); rm(&b); rm(&c); rm(&bi); rm(&ref); rm(&mag); rm(&aa); rm(&ab); rm(&abi);
+}
+
+Test(cpu_reference, gemm_fast_paths_meet_the_specification) {
+    for (int t = 0; t < 160; t++) random_gemm_case(float_dtypes[t % 4], false);
+    /* across the blocked GEMM's panels (MC 132, KC 256) */
+    for (int t = 0; t < 4; t++) random_gemm_case(float_dtypes[t], true);
+}
+
+/* One random convolution: groups, stride, padding (up to past the kernel's reach), dilation,
+ * bias, non-square everything, images per block; forward and both adjoints, with the
+ * backend's GEMM and the built-in one, against the specification. */
+static void random_conv_case(na_dtype dt) {
+    na_conv_geom g = {.n = irand(1, 3), .groups = (int)irand(1, 3), .kh = (int)irand(1, 4),
+                      .kw = (int)irand(1, 4), .sh = (int)irand(1, 3), .sw = (int)irand(1, 3),
+                      .ph = (int)irand(0, 3), .pw = (int)irand(0, 3), .dh = (int)irand(1, 3),
+                      .dw = (int)irand(1, 3)};
+    g.c_in = g.groups * irand(1, 3);
+    g.c_out = g.groups * irand(1, 3);
+    g.h = irand(1, 10);
+    g.w = irand(1, 10);
+    g.oh = (g.h + 2 * g.ph - g.dh * (g.kh - 1) - 1) / g.sh + 1;
+    g.ow = (g.w + 2 * g.pw - g.dw * (g.kw - 1) - 1) / g.sw + 1;
+    if (g.oh < 1 || g.ow < 1) return; /* the kernel does not fit: not a convolution */
+    bool bias = urand() < 0.5;
+    int64_t cg = g.c_in / g.groups, cog = g.c_out / g.groups;
+    na_view x = MK(dt, g.n, g.c_in, g.h, g.w), w = MK(dt, g.c_out, cg, g.kh, g.kw),
+            b = MK(dt, g.c_out), gy = MK(dt, g.n, g.c_out, g.oh, g.ow);
+    fill_rand(&x, -1, 1);
+    fill_rand(&w, -1, 1);
+    fill_rand(&b, -1, 1);
+    fill_rand(&gy, -1, 1);
+    na_view ax = absolute(&x), aw = absolute(&w), ab = absolute(&b), agy = absolute(&gy);
+    na_view y[3], gx[3], gw[3]; /* the specification, its magnitudes, the fast path */
+    for (int s = 0; s < 3; s++) {
+        y[s] = MK(dt, g.n, g.c_out, g.oh, g.ow);
+        gx[s] = MK(dt, g.n, g.c_in, g.h, g.w);
+        gw[s] = MK(dt, g.c_out, cg, g.kh, g.kw);
+    }
+    cr_assert_eq(na_cpu_ref_conv2d(&g, &x, &w, bias ? &b : NULL, &y[0]), NA_OK);
+    cr_assert_eq(na_cpu_ref_conv2d_backward_data(&g, &gy, &w, &gx[0]), NA_OK);
+    cr_assert_eq(na_cpu_ref_conv2d_backward_weight(&g, &x, &gy, &gw[0]), NA_OK);
+    cr_assert_eq(na_cpu_ref_conv2d(&g, &ax, &aw, bias ? &ab : NULL, &y[1]), NA_OK);
+    cr_assert_eq(na_cpu_ref_conv2d_backward_data(&g, &agy, &aw, &gx[1]), NA_OK);
+    cr_assert_eq(na_cpu_ref_conv2d_backward_weight(&g, &ax, &agy, &gw[1]), NA_OK);
+    int64_t keep = na_cpu_conv_block_budget;
+    for (int variant = 0; variant < 3; variant++) {
+        /* 0: as shipped; 1: the built-in GEMM; 2: one image per block */
+        na_cpu_gemm_force_builtin = variant == 1;
+        if (variant == 2) na_cpu_conv_block_budget = 1;
+        fill_rand(&y[2], 9, 10); /* every output is overwritten */
+        fill_rand(&gx[2], 9, 10);
+        fill_rand(&gw[2], 9, 10);
+        int rc = B->conv2d(&g, &x, &w, bias ? &b : NULL, &y[2]);
+        if (!rc) rc = B->conv2d_backward_data(&g, &gy, &w, &gx[2]);
+        if (!rc) rc = B->conv2d_backward_weight(&g, &x, &gy, &gw[2]);
+        na_cpu_gemm_force_builtin = false;
+        na_cpu_conv_block_budget = keep;
+        cr_assert_eq(rc, NA_OK, "%s", na_last_error());
+        char what[200];
+        snprintf(what, sizeof what, "conv %s variant %d n%lld c%lld->%lld %lldx%lld k%dx%d "
+                 "s%dx%d p%dx%d d%dx%d g%d bias%d", na_dtype_name(dt), variant, (long long)g.n,
+                 (long long)g.c_in, (long long)g.c_out, (long long)g.h, (long long)g.w, g.kh,
+                 g.kw, g.sh, g.sw, g.ph, g.pw, g.dh, g.dw, g.groups, bias);
+        expect_within_sum_bound(&y[2], &y[0], &y[1], cg * g.kh * g.kw + 1, what);
+        expect_within_sum_bound(&gx[2], &gx[0], &gx[1], cog * g.kh * g.kw, what);
+        expect_within_sum_bound(&gw[2], &gw[0], &gw[1], g.n * g.oh * g.ow, what);
+    }
+    for (int s = 0; s < 3; s++) rm(&y[s]), rm(&gx[s]), rm(&gw[s]);
+    rm(&x); rm(&w); rm(&b); rm(&gy); rm(&ax); rm(&aw); rm(&ab); rm(&agy);
+}
+
+Test(cpu_reference, conv_fast_paths_meet_the_specification) {
+    for (int t = 0; t < 400; t++) random_conv_case(float_dtypes[t % 4]);
+}
+
+/* The specification itself, on numbers worked by hand. */
+Test(cpu_reference, hand_worked_gemm_and_conv) {
+    /* [1 2; 3 4]^T @ [5 6; 7 8] * 2 + 1*C + bias, relu: A^T = [1 3; 2 4] */
+    float a[4] = {1, 2, 3, 4}, b[4] = {5, 6, 7, 8}, c[4] = {1, -200, 0, 0}, bias[2] = {0.5f, 1};
+    na_gemm_args g = {.dtype = NA_DTYPE_F32, .a = a, .b = b, .c = c, .bias = bias, .ta = true,
+                      .relu = true, .m = 2, .n = 2, .k = 2, .lda = 2, .ldb = 2, .ldc = 2,
+                      .batch = 1, .alpha = 2, .beta = 1};
+    cr_assert_eq(na_cpu_ref_gemm(&g), NA_OK);
+    /* A^T B = [26 30; 38 44] */
+    float want[4] = {2 * 26 + 1 + 0.5f, 0 /* 60 - 200 + 1 < 0 */, 2 * 38 + 0.5f, 2 * 44 + 1};
+    for (int i = 0; i < 4; i++) cr_assert_eq(c[i], want[i], "c[%d] = %g", i, c[i]);
+
+    /* 1 image, 1 channel 3x3, kernel 2x2 with stride 2, padding 1, dilation 1:
+     * outputs (0,0) (0,1) (1,0) (1,1) read x at rows -1..0 / 1..2 and cols -1..0 / 1..2 */
+    na_conv_geom cg = {.n = 1, .c_in = 1, .h = 3, .w = 3, .c_out = 1, .oh = 2, .ow = 2,
+                       .kh = 2, .kw = 2, .sh = 2, .sw = 2, .ph = 1, .pw = 1, .dh = 1, .dw = 1,
+                       .groups = 1};
+    na_view x = MK(NA_DTYPE_F64, 1, 1, 3, 3), w = MK(NA_DTYPE_F64, 1, 1, 2, 2),
+            y = MK(NA_DTYPE_F64, 1, 1, 2, 2), gx = MK(NA_DTYPE_F64, 1, 1, 3, 3),
+            gw = MK(NA_DTYPE_F64, 1, 1, 2, 2);
+    for (int i = 0; i < 9; i++) set(&x, i, i + 1); /* 1..9 */
+    for (int i = 0; i < 4; i++) set(&w, i, 10 * (i + 1)); /* 10 20 / 30 40 */
+    cr_assert_eq(na_cpu_ref_conv2d(&cg, &x, &w, NULL, &y), NA_OK);
+    double wy[4] = {40 * 1, 30 * 2 + 40 * 3, 20 * 4 + 40 * 7, 10 * 5 + 20 * 6 + 30 * 8 + 40 * 9};
+    for (int i = 0; i < 4; i++) cr_assert_eq(get(&y, i), wy[i], "y[%d] = %g", i, get(&y, i));
+    /* adjoints with gy = 1: gx counts the taps reading each cell, gw sums the cells each tap
+     * reads */
+    na_view gy = MK(NA_DTYPE_F64, 1, 1, 2, 2);
+    for (int i = 0; i < 4; i++) set(&gy, i, 1);
+    cr_assert_eq(na_cpu_ref_conv2d_backward_data(&cg, &gy, &w, &gx), NA_OK);
+    double wgx[9] = {40, 30, 40, 20, 10, 20, 40, 30, 40};
+    for (int i = 0; i < 9; i++) cr_assert_eq(get(&gx, i), wgx[i], "gx[%d] = %g", i, get(&gx, i));
+    cr_assert_eq(na_cpu_ref_conv2d_backward_weight(&cg, &x, &gy, &gw), NA_OK);
+    double wgw[4] = {5, 6 + 4, 8 + 2, 9 + 7 + 3 + 1};
+    for (int i = 0; i < 4; i++) cr_assert_eq(get(&gw, i), wgw[i], "gw[%d] = %g", i, get(&gw, i));
+    rm(&x); rm(&w); rm(&y); rm(&gx); rm(&gw); rm(&gy);
+}
+
 /* ---- pooling ------------------------------------------------------------------------------ */
 
 Test(cpu_pool, max_pool_forward_backward) {
     na_conv_geom g = conv_geom(2, 3, 7, 6, 3, 3, 2, 1, 1, 1);
-    na_tensor x = MK(NA_DTYPE_F32, 2, 3, 7, 6), y = MK(NA_DTYPE_F32, 2, 3, g.oh, g.ow),
+    na_view x = MK(NA_DTYPE_F32, 2, 3, 7, 6), y = MK(NA_DTYPE_F32, 2, 3, g.oh, g.ow),
               idx = MK(NA_DTYPE_I32, 2, 3, g.oh, g.ow), gy = MK(NA_DTYPE_F32, 2, 3, g.oh, g.ow),
               gx = MK(NA_DTYPE_F32, 2, 3, 7, 6);
     fill_rand(&x, -3, -1); /* all negative: a padded zero must not win */
@@ -1064,7 +1246,7 @@ Test(cpu_pool, max_pool_forward_backward) {
             }
     expect_close_arr(&gx, gxw, 1e-6, 0, "max_pool backward");
     /* f16 / f64 give the same indices */
-    na_tensor xh = MK(NA_DTYPE_F64, 2, 3, 7, 6), yh = MK(NA_DTYPE_F64, 2, 3, g.oh, g.ow),
+    na_view xh = MK(NA_DTYPE_F64, 2, 3, 7, 6), yh = MK(NA_DTYPE_F64, 2, 3, g.oh, g.ow),
               ih = MK(NA_DTYPE_I32, 2, 3, g.oh, g.ow);
     for (int64_t i = 0; i < x.numel; i++) set(&xh, i, get(&x, i));
     cr_assert_eq(B->max_pool2d(&g, &xh, &yh, &ih), NA_OK);
@@ -1077,7 +1259,7 @@ Test(cpu_pool, avg_pool_count_include_pad) {
     for (int cip = 0; cip < 2; cip++) {
         na_conv_geom g = conv_geom(1, 2, 5, 5, 2, 3, 2, 1, 1, 1);
         g.count_include_pad = cip;
-        na_tensor x = MK(NA_DTYPE_F64, 1, 2, 5, 5), y = MK(NA_DTYPE_F64, 1, 2, g.oh, g.ow),
+        na_view x = MK(NA_DTYPE_F64, 1, 2, 5, 5), y = MK(NA_DTYPE_F64, 1, 2, g.oh, g.ow),
                   gy = MK(NA_DTYPE_F64, 1, 2, g.oh, g.ow), gx = MK(NA_DTYPE_F64, 1, 2, 5, 5);
         fill_rand(&x, -1, 1);
         fill_rand(&gy, -1, 1);
@@ -1118,7 +1300,7 @@ Test(cpu_pool, avg_pool_count_include_pad) {
 
 Test(cpu_batchnorm, train_running_stats_hand_numbers) {
     /* N = 2, C = 1, S = 2: x = {1, 2, 3, 6}: mean 3, biased var 3.5, unbiased 14/3 */
-    na_tensor x = MK(NA_DTYPE_F32, 2, 1, 2), y = MK(NA_DTYPE_F32, 2, 1, 2), gam = MK(NA_DTYPE_F32, 1),
+    na_view x = MK(NA_DTYPE_F32, 2, 1, 2), y = MK(NA_DTYPE_F32, 2, 1, 2), gam = MK(NA_DTYPE_F32, 1),
               bet = MK(NA_DTYPE_F32, 1), rm_ = MK(NA_DTYPE_F32, 1), rv = MK(NA_DTYPE_F32, 1),
               sm = MK(NA_DTYPE_F32, 1), si = MK(NA_DTYPE_F32, 1);
     double xv[4] = {1, 2, 3, 6};
@@ -1143,7 +1325,7 @@ Test(cpu_batchnorm, train_running_stats_hand_numbers) {
 /* y and grads of batch norm in double by hand, for [N, C, S] */
 static void check_bn(na_dtype dt, int64_t n, int64_t c, int64_t s, double tol) {
     na_dtype pdt = dt == NA_DTYPE_F64 ? NA_DTYPE_F64 : NA_DTYPE_F32;
-    na_tensor x = MK(dt, n, c, s), y = MK(dt, n, c, s), gy = MK(dt, n, c, s), gx = MK(dt, n, c, s),
+    na_view x = MK(dt, n, c, s), y = MK(dt, n, c, s), gy = MK(dt, n, c, s), gx = MK(dt, n, c, s),
               gam = MK(pdt, c), bet = MK(pdt, c), rm_ = MK(pdt, c), rv = MK(pdt, c),
               sm = MK(pdt, c), si = MK(pdt, c), gg = MK(pdt, c), gb = MK(pdt, c);
     fill_rand(&x, -2, 3);
@@ -1193,7 +1375,7 @@ static void check_bn(na_dtype dt, int64_t n, int64_t c, int64_t s, double tol) {
     }
     /* eval forward and eval backward */
     cr_assert_eq(B->batch_norm_eval(&x, &gam, &bet, &rm_, &rv, &y, n, c, s, 1e-5), NA_OK);
-    na_tensor eis = MK(pdt, c);
+    na_view eis = MK(pdt, c);
     for (int64_t ch = 0; ch < c; ch++) set(&eis, ch, 1 / sqrt(get(&rv, ch) + 1e-5));
     cr_assert_eq(B->batch_norm_backward(&x, &gy, &gam, &rm_, &eis, &gx, &gg, NULL, n, c, s, false),
                  NA_OK);
@@ -1222,7 +1404,7 @@ Test(cpu_batchnorm, train_eval_backward_vs_hand_loops) {
 
 Test(cpu_batchnorm, half_input_f32_params) {
     int64_t n = 4, c = 2, s = 30;
-    na_tensor x = MK(NA_DTYPE_F16, n, c, s), y = MK(NA_DTYPE_F16, n, c, s),
+    na_view x = MK(NA_DTYPE_F16, n, c, s), y = MK(NA_DTYPE_F16, n, c, s),
               xf, yf = MK(NA_DTYPE_F32, n, c, s), gam = MK(NA_DTYPE_F32, c),
               bet = MK(NA_DTYPE_F32, c), sm = MK(NA_DTYPE_F32, c), si = MK(NA_DTYPE_F32, c);
     fill_rand(&x, -2, 2);
@@ -1233,7 +1415,7 @@ Test(cpu_batchnorm, half_input_f32_params) {
                  NA_OK);
     cr_assert_eq(B->batch_norm_train(&xf, &gam, &bet, NULL, NULL, &yf, &sm, &si, n, c, s, 0.1, 1e-5),
                  NA_OK);
-    na_tensor want = rounded(NA_DTYPE_F16, &yf);
+    na_view want = rounded(NA_DTYPE_F16, &yf);
     expect_same_bits(&y, &want, "bn f16");
     rm(&x); rm(&y); rm(&xf); rm(&yf); rm(&gam); rm(&bet); rm(&sm); rm(&si); rm(&want);
 }

@@ -788,12 +788,12 @@ ParameterizedTest(op_param *p, cuda_ops, parity, .timeout = 300) {
  * Kernel parity: the backend functions called directly, outputs poisoned with NaN
  * ================================================================================================ */
 
-/* One tensor on each backend (headers built here, memory from the backend's alloc). */
+/* One view on each backend (headers built here, memory from the backend's alloc). */
 typedef struct {
-    na_tensor c, g;
+    na_view c, g;
 } rt;
 
-static void rt_header(na_tensor *t, na_device dev, na_dtype dt, int ndim, const int64_t *shape) {
+static void rt_header(na_view *t, na_device dev, na_dtype dt, int ndim, const int64_t *shape) {
     memset(t, 0, sizeof *t);
     t->dtype = dt;
     t->device = dev;
@@ -854,7 +854,7 @@ static void rt_free(rt *t) {
     free(t);
 }
 
-static double *rt_values(const na_tensor *t) {
+static double *rt_values(const na_view *t) {
     const na_backend *be = na_backend_get(t->device);
     void *b = malloc((size_t)(t->numel ? t->numel : 1) * 8);
     cr_assert_not_null(b);
@@ -948,7 +948,7 @@ Test(cuda_kernels, copy_convert_strided) {
             rt *src = RTR(sdt, ints ? -300 : -3, ints ? 300 : 3, 33, 65);
             rt *dst = RT(ddt, NULL, 65, 33);
             rt view = *src;
-            na_tensor *vs[2] = {&view.c, &view.g};
+            na_view *vs[2] = {&view.c, &view.g};
             for (int k = 0; k < 2; k++) {
                 vs[k]->shape[0] = 65; vs[k]->shape[1] = 33;
                 vs[k]->stride[0] = 1; vs[k]->stride[1] = 65;
@@ -1477,14 +1477,14 @@ static void optim_case(bool adam, const na_optim_hparams *h, bool scaled, double
     rt *fi = rt_scalar(NA_DTYPE_F32, found), *is = rt_scalar(NA_DTYPE_F32, 0.25);
     for (int side = 0; side < 2; side++) {
         const na_backend *be = side ? gpu : cpu;
-        na_tensor *P[N_OPT_PARAMS], *G[N_OPT_PARAMS], *S[N_OPT_PARAMS], *M[N_OPT_PARAMS],
+        na_view *P[N_OPT_PARAMS], *G[N_OPT_PARAMS], *S[N_OPT_PARAMS], *M[N_OPT_PARAMS],
             *V[N_OPT_PARAMS], *VM[N_OPT_PARAMS], *C[N_OPT_PARAMS];
         for (int i = 0; i < N_OPT_PARAMS; i++) {
             P[i] = T(p[i]); G[i] = T(g[i]); S[i] = T(st[i]); M[i] = T(m[i]);
             V[i] = T(v[i]); VM[i] = T(vm[i]); C[i] = T(cp[i]);
         }
         na_optim_tensors t = {
-            .n = N_OPT_PARAMS, .params = P, .grads = (const na_tensor *const *)G, .steps = S,
+            .n = N_OPT_PARAMS, .params = P, .grads = (const na_view *const *)G, .steps = S,
             .exp_avg = (adam || h->momentum != 0) ? M : NULL, .exp_avg_sq = adam ? V : NULL,
             .max_exp_avg_sq = (adam && h->amsgrad) ? VM : NULL, .copies = C,
             .found_inf = T(fi), .inv_scale = scaled ? T(is) : NULL};
@@ -1548,7 +1548,7 @@ Test(cuda_kernels, l2norm_and_amp) {
         rt *norm = rt_scalar(NA_DTYPE_F32, NAN), *coef = rt_scalar(NA_DTYPE_F32, NAN);
         for (int side = 0; side < 2; side++) {
             const na_backend *be = side ? gpu : cpu;
-            const na_tensor *X[NT];
+            const na_view *X[NT];
             for (int i = 0; i < k; i++) X[i] = T(xs[i]);
             TRC(be->l2norm(k, X, T(norm), T(coef), 1.0));
         }
@@ -1571,8 +1571,8 @@ Test(cuda_kernels, l2norm_and_amp) {
         rt *scale = rt_scalar(NA_DTYPE_F32, 1024), *fi = rt_scalar(NA_DTYPE_F32, 0);
         for (int side = 0; side < 2; side++) {
             const na_backend *be = side ? gpu : cpu;
-            const na_tensor *I[NT];
-            na_tensor *O[NT];
+            const na_view *I[NT];
+            na_view *O[NT];
             for (int i = 0; i < NT; i++) {
                 I[i] = T(xs[i]);
                 O[i] = T(out[i]);
@@ -1599,7 +1599,7 @@ Test(cuda_kernels, l2norm_and_amp) {
             for (int rep = 0; rep < 4; rep++)
                 for (int side = 0; side < 2; side++) {
                     const na_backend *be = side ? gpu : cpu;
-                    const na_tensor *F[2] = {T(f0), T(f1)};
+                    const na_view *F[2] = {T(f0), T(f1)};
                     TRC(be->amp_update_scale(kind, hp, T(scale), T(ctr), 2, F));
                 }
             rt_cmp(scale, 0, "scale");

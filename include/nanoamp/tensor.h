@@ -28,24 +28,24 @@
 #include <stdint.h>
 
 #include "nanoamp/dtype.h"
+#include "nanoamp/view.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-#define NA_MAX_DIMS 6
-
 typedef struct na_node na_node;
 typedef struct na_tensor na_tensor;
 
 struct na_tensor {
-    na_dtype dtype;
-    na_device device;
-    int ndim;
-    int64_t shape[NA_MAX_DIMS];
-    int64_t stride[NA_MAX_DIMS]; /* in elements */
-    int64_t numel;
-    void *data;            /* first element; a device pointer for CUDA tensors */
+    /* dtype, device, ndim, shape, stride (in elements), numel, data (a device pointer for CUDA
+     * tensors): read as t->dtype, ...; &t->view is what backend kernels take (nanoamp/view.h). */
+    union {
+        na_view view;
+        struct {
+            NA_VIEW_MEMBERS
+        };
+    };
     na_tensor *base;       /* the tensor whose memory a view shares, or NULL */
     bool persistent;       /* freed by na_tensor_free, not by na_step_end */
     bool requires_grad;
@@ -53,6 +53,9 @@ struct na_tensor {
     na_node *grad_fn;      /* the graph node that produced this tensor; NULL for leaves */
     const char *name;      /* optional ("features.0.weight"), used in messages */
 };
+
+/* The kernel view of a tensor that may be NULL (then NULL). */
+#define NA_VIEW_OF(t) ((t) ? &(t)->view : NULL)
 
 /* NA_SHAPE(2, 3) expands to the (ndim, shape) pair the constructors take. */
 #define NA_SHAPE(...) \

@@ -4,11 +4,10 @@
  * free, but nothing here needs the host to look at them: the CUDA kernels do the same work
  * without a round trip. */
 #include "common/amp.h"
-#include "cpu/cpu_amp.h"
 #include "cpu/cpu_internal.h"
 
-int na_cpu_amp_unscale(int n, const na_tensor *const *in, na_tensor *const *out,
-                       const na_tensor *scale, na_tensor *found_inf) {
+int na_cpu_amp_unscale(int n, const na_view *const *in, na_view *const *out,
+                       const na_view *scale, na_view *found_inf) {
     const char *fn = "cpu_amp_unscale";
     if (scale->dtype != NA_DTYPE_F32 || (found_inf && found_inf->dtype != NA_DTYPE_F32))
         return na_set_error(NA_EDTYPE, "%s: scale and found_inf must be f32", fn);
@@ -16,8 +15,8 @@ int na_cpu_amp_unscale(int n, const na_tensor *const *in, na_tensor *const *out,
     bool nonfinite = false;
     float buf[NA_CPU_CHUNK];
     for (int i = 0; i < n; i++) {
-        const na_tensor *x = in[i];
-        na_tensor *y = out[i];
+        const na_view *x = in[i];
+        na_view *y = out[i];
         NA_CPU_CHECK_FLOAT(fn, x);
         NA_CPU_CHECK_FLOAT(fn, y);
         if (x->numel != y->numel)
@@ -34,8 +33,8 @@ int na_cpu_amp_unscale(int n, const na_tensor *const *in, na_tensor *const *out,
     return NA_OK;
 }
 
-int na_cpu_amp_update_scale(int kind, const double *hp, na_tensor *scale, na_tensor *counters,
-                            int n_found, const na_tensor *const *found_infs) {
+int na_cpu_amp_update_scale(int kind, const double *hp, na_view *scale, na_view *counters,
+                            int n_found, const na_view *const *found_infs) {
     const char *fn = "cpu_amp_update_scale";
     if (scale->dtype != NA_DTYPE_F32 || counters->dtype != NA_DTYPE_I32 ||
         counters->numel != NA_AMP_CTR_COUNT)

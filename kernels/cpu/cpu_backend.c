@@ -6,8 +6,6 @@
 #include <pthread.h>
 #include <stdlib.h>
 
-#include "cpu/cpu_amp.h" /* amp: loss scaling */
-#include "cpu/cpu_optim.h" /* optimizers */
 #include "cpu/cpu_internal.h"
 
 /* ---- memory ----------------------------------------------------------------------------- */
@@ -147,38 +145,7 @@ const na_backend na_cpu_backend = {
     .memcpy_d2h = na_cpu_memcpy,
     .memcpy_d2d = na_cpu_memcpy,
     .synchronize = na_cpu_synchronize,
-    .fill = na_cpu_fill,
-    .arange = na_cpu_arange,
-    .fill_uniform = na_cpu_fill_uniform,
-    .fill_normal = na_cpu_fill_normal,
-    .dropout_mask = na_cpu_dropout_mask,
-    .copy = na_cpu_copy,
-    .unary = na_cpu_unary,
-    .unary_backward = na_cpu_unary_backward,
-    .binary = na_cpu_binary,
-    .reduce = na_cpu_reduce,
-    .argmax = na_cpu_argmax,
-    .scatter_max_grad = na_cpu_scatter_max_grad,
-    .softmax = na_cpu_softmax,
-    .softmax_backward = na_cpu_softmax_backward,
-    .cross_entropy = na_cpu_cross_entropy,
-    .cross_entropy_backward = na_cpu_cross_entropy_backward,
-    .gemm = na_cpu_gemm,
-    .conv2d = na_cpu_conv2d,
-    .conv2d_backward_data = na_cpu_conv2d_backward_data,
-    .conv2d_backward_weight = na_cpu_conv2d_backward_weight,
-    .max_pool2d = na_cpu_max_pool2d,
-    .max_pool2d_backward = na_cpu_max_pool2d_backward,
-    .avg_pool2d = na_cpu_avg_pool2d,
-    .avg_pool2d_backward = na_cpu_avg_pool2d_backward,
-    .batch_norm_train = na_cpu_batch_norm_train,
-    .batch_norm_eval = na_cpu_batch_norm_eval,
-    .batch_norm_backward = na_cpu_batch_norm_backward,
-    /* amp: loss scaling */
-    .amp_unscale = na_cpu_amp_unscale,
-    .amp_update_scale = na_cpu_amp_update_scale,
-    /* optimizers */
-    .sgd_step = na_cpu_sgd_step,
-    .adam_step = na_cpu_adam_step,
-    .l2norm = na_cpu_l2norm,
+#define NA_CPU_ENTRY_(kernel, params) .kernel = na_cpu_##kernel,
+    NA_BACKEND_KERNELS(NA_CPU_ENTRY_, NA_CPU_ENTRY_)
+#undef NA_CPU_ENTRY_
 };

@@ -14,24 +14,24 @@
  */
 #include "cpu/cpu_internal.h"
 
-static double param(const na_tensor *t, int64_t i, double dflt) {
+static double param(const na_view *t, int64_t i, double dflt) {
     return t ? na_cpu_get(t->dtype, t->data, i) : dflt;
 }
 
-static void set_param(na_tensor *t, int64_t i, double v) {
+static void set_param(na_view *t, int64_t i, double v) {
     if (t) na_cpu_set(t->dtype, t->data, i, v);
 }
 
 #define NA_CPU_DEFINE_BN(T, SFX, SQRT)                                                      \
     /* sum over the channel's N rows of f(x) (and of f(x, gy) when gy is given) */          \
-    static T chan_sum_##SFX(const na_tensor *x, int64_t n, int64_t c, int64_t s, int64_t ch) { \
+    static T chan_sum_##SFX(const na_view *x, int64_t n, int64_t c, int64_t s, int64_t ch) { \
         na_cpu_psum_##SFX acc = {{0}, 0};                                                   \
         for (int64_t ni = 0; ni < n; ni++)                                                  \
             na_cpu_psum_add_##SFX(&acc, na_cpu_sum_any_##SFX(x->dtype, x->data,             \
                                                              (ni * c + ch) * s, s));        \
         return na_cpu_psum_total_##SFX(&acc);                                               \
     }                                                                                       \
-    static T chan_sqdev_##SFX(const na_tensor *x, int64_t n, int64_t c, int64_t s,          \
+    static T chan_sqdev_##SFX(const na_view *x, int64_t n, int64_t c, int64_t s,            \
                               int64_t ch, T mean) {                                         \
         T buf[NA_CPU_CHUNK], t[NA_CPU_CHUNK];                                               \
         na_cpu_psum_##SFX acc = {{0}, 0};                                                   \
@@ -45,7 +45,7 @@ static void set_param(na_tensor *t, int64_t i, double v) {
         return na_cpu_psum_total_##SFX(&acc);                                               \
     }                                                                                       \
     /* y = (x - mean) * scale + shift over the channel */                                   \
-    static void chan_affine_##SFX(const na_tensor *x, na_tensor *y, int64_t n, int64_t c,   \
+    static void chan_affine_##SFX(const na_view *x, na_view *y, int64_t n, int64_t c,       \
                                   int64_t s, int64_t ch, T mean, T scale, T shift) {        \
         T buf[NA_CPU_CHUNK], ob[NA_CPU_CHUNK];                                              \
         for (int64_t ni = 0; ni < n; ni++)                                                  \
@@ -58,9 +58,9 @@ static void set_param(na_tensor *t, int64_t i, double v) {
                 na_cpu_store_##SFX(y->dtype, y->data, off, cnt, out);                       \
             }                                                                               \
     }                                                                                       \
-    static void bn_train_##SFX(const na_tensor *x, const na_tensor *gamma,                  \
-                               const na_tensor *beta, na_tensor *rm, na_tensor *rv,         \
-                               na_tensor *y, na_tensor *sm, na_tensor *si, int64_t n,       \
+    static void bn_train_##SFX(const na_view *x, const na_view *gamma,                      \
+                               const na_view *beta, na_view *rm, na_view *rv,               \
+                               na_view *y, na_view *sm, na_view *si, int64_t n,             \
                                int64_t c, int64_t s, T momentum, T eps) {                   \
         int64_t M = n * s;                                                                  \
         for (int64_t ch = 0; ch < c; ch++) {                                                \
@@ -78,9 +78,9 @@ static void set_param(na_tensor *t, int64_t i, double v) {
             }                                                                               \
         }                                                                                   \
     }                                                                                       \
-    static void bn_eval_##SFX(const na_tensor *x, const na_tensor *gamma,                   \
-                              const na_tensor *beta, const na_tensor *rm,                   \
-                              const na_tensor *rv, na_tensor *y, int64_t n, int64_t c,      \
+    static void bn_eval_##SFX(const na_view *x, const na_view *gamma,                       \
+                              const na_view *beta, const na_view *rm,                       \
+                              const na_view *rv, na_view *y, int64_t n, int64_t c,          \
                               int64_t s, T eps) {                                           \
         for (int64_t ch = 0; ch < c; ch++) {                                                \
             T invstd = (T)1 / SQRT((T)param(rv, ch, 1) + eps);                              \
@@ -88,10 +88,10 @@ static void set_param(na_tensor *t, int64_t i, double v) {
             chan_affine_##SFX(x, y, n, c, s, ch, (T)param(rm, ch, 0), scale, shift);        \
         }                                                                                   \
     }                                                                                       \
-    static void bn_backward_##SFX(const na_tensor *x, const na_tensor *gy,                  \
-                                  const na_tensor *gamma, const na_tensor *mean_t,          \
-                                  const na_tensor *invstd_t, na_tensor *gx, na_tensor *gg,  \
-                                  na_tensor *gb, int64_t n, int64_t c, int64_t s, bool train) { \
+    static void bn_backward_##SFX(const na_view *x, const na_view *gy,                      \
+                                  const na_view *gamma, const na_view *mean_t,              \
+                                  const na_view *invstd_t, na_view *gx, na_view *gg,        \
+                                  na_view *gb, int64_t n, int64_t c, int64_t s, bool train) { \
         T xb[NA_CPU_CHUNK], gb_[NA_CPU_CHUNK], t[NA_CPU_CHUNK], ob[NA_CPU_CHUNK];           \
         int64_t M = n * s;                                                                  \
         bool need_sums = train || gg || gb;                                                 \
@@ -139,7 +139,7 @@ static void set_param(na_tensor *t, int64_t i, double v) {
 NA_CPU_DEFINE_BN(float, f, sqrtf)
 NA_CPU_DEFINE_BN(double, d, sqrt)
 
-static int check_extent(const char *fn, const na_tensor *x, int64_t n, int64_t c, int64_t s) {
+static int check_extent(const char *fn, const na_view *x, int64_t n, int64_t c, int64_t s) {
     if (n < 0 || c < 0 || s < 0 || n * c * s != x->numel)
         return na_set_error(NA_ESHAPE, "%s: [N, C, S] = [%lld, %lld, %lld] does not match x's "
                             "%lld elements", fn, (long long)n, (long long)c, (long long)s,
@@ -147,9 +147,9 @@ static int check_extent(const char *fn, const na_tensor *x, int64_t n, int64_t c
     return NA_OK;
 }
 
-int na_cpu_batch_norm_train(const na_tensor *x, const na_tensor *gamma, const na_tensor *beta,
-                            na_tensor *running_mean, na_tensor *running_var, na_tensor *y,
-                            na_tensor *save_mean, na_tensor *save_invstd, int64_t n, int64_t c,
+int na_cpu_batch_norm_train(const na_view *x, const na_view *gamma, const na_view *beta,
+                            na_view *running_mean, na_view *running_var, na_view *y,
+                            na_view *save_mean, na_view *save_invstd, int64_t n, int64_t c,
                             int64_t s, double momentum, double eps) {
     const char *fn = "cpu_batch_norm_train";
     NA_CPU_CHECK_FLOAT(fn, x);
@@ -172,9 +172,9 @@ int na_cpu_batch_norm_train(const na_tensor *x, const na_tensor *gamma, const na
     return NA_OK;
 }
 
-int na_cpu_batch_norm_eval(const na_tensor *x, const na_tensor *gamma, const na_tensor *beta,
-                           const na_tensor *running_mean, const na_tensor *running_var,
-                           na_tensor *y, int64_t n, int64_t c, int64_t s, double eps) {
+int na_cpu_batch_norm_eval(const na_view *x, const na_view *gamma, const na_view *beta,
+                           const na_view *running_mean, const na_view *running_var,
+                           na_view *y, int64_t n, int64_t c, int64_t s, double eps) {
     const char *fn = "cpu_batch_norm_eval";
     NA_CPU_CHECK_FLOAT(fn, x);
     NA_CPU_CHECK_FLOAT(fn, y);
@@ -191,9 +191,9 @@ int na_cpu_batch_norm_eval(const na_tensor *x, const na_tensor *gamma, const na_
     return NA_OK;
 }
 
-int na_cpu_batch_norm_backward(const na_tensor *x, const na_tensor *gy, const na_tensor *gamma,
-                               const na_tensor *mean, const na_tensor *invstd, na_tensor *gx,
-                               na_tensor *ggamma, na_tensor *gbeta, int64_t n, int64_t c,
+int na_cpu_batch_norm_backward(const na_view *x, const na_view *gy, const na_view *gamma,
+                               const na_view *mean, const na_view *invstd, na_view *gx,
+                               na_view *ggamma, na_view *gbeta, int64_t n, int64_t c,
                                int64_t s, bool train) {
     const char *fn = "cpu_batch_norm_backward";
     NA_CPU_CHECK_FLOAT(fn, x);

@@ -112,7 +112,7 @@ static int check_geom(const char *fn, const na_conv_geom *g, bool conv) {
                 }                                                                           \
     }                                                                                       \
     /* col (K x nb*P, image b in columns [b*P, (b+1)*P)) for group gi of images n0.. */     \
-    static void im2col_block_##SFX(const na_conv_geom *g, const na_tensor *x, int64_t n0,   \
+    static void im2col_block_##SFX(const na_conv_geom *g, const na_view *x, int64_t n0,     \
                                    int64_t nb, int64_t gi, T *xb, T *col) {                 \
         int64_t cg = g->c_in / g->groups, HW = g->h * g->w, P = g->oh * g->ow;              \
         for (int64_t b = 0; b < nb; b++) {                                                  \
@@ -122,7 +122,7 @@ static int check_geom(const char *fn, const na_conv_geom *g, bool conv) {
         }                                                                                   \
     }                                                                                       \
     /* blk (Cog x nb*P) = group gi's channels of images n0.. of t [N, C_out, P] */          \
-    static void gather_out_##SFX(const na_conv_geom *g, const na_tensor *t, int64_t n0,     \
+    static void gather_out_##SFX(const na_conv_geom *g, const na_view *t, int64_t n0,       \
                                  int64_t nb, int64_t gi, T *blk) {                          \
         int64_t cog = g->c_out / g->groups, P = g->oh * g->ow;                              \
         for (int64_t b = 0; b < nb; b++)                                                    \
@@ -132,8 +132,8 @@ static int check_geom(const char *fn, const na_conv_geom *g, bool conv) {
                                   blk + co * nb * P + b * P);                               \
     }                                                                                       \
                                                                                             \
-    static int conv2d_##SFX(const na_conv_geom *g, const na_tensor *x, const na_tensor *w,  \
-                            const na_tensor *bias, na_tensor *y) {                          \
+    static int conv2d_##SFX(const na_conv_geom *g, const na_view *x, const na_view *w,      \
+                            const na_view *bias, na_view *y) {                              \
         const char *fn = "cpu_conv2d";                                                      \
         int64_t G = g->groups, cg = g->c_in / G, cog = g->c_out / G;                        \
         int64_t K = cg * g->kh * g->kw, P = g->oh * g->ow, HW = g->h * g->w;                \
@@ -167,8 +167,8 @@ static int check_geom(const char *fn, const na_conv_geom *g, bool conv) {
         return NA_OK;                                                                       \
     }                                                                                       \
                                                                                             \
-    static int conv2d_bwd_data_##SFX(const na_conv_geom *g, const na_tensor *gy,            \
-                                     const na_tensor *w, na_tensor *gx) {                   \
+    static int conv2d_bwd_data_##SFX(const na_conv_geom *g, const na_view *gy,              \
+                                     const na_view *w, na_view *gx) {                       \
         const char *fn = "cpu_conv2d_backward_data";                                        \
         int64_t G = g->groups, cg = g->c_in / G, cog = g->c_out / G;                        \
         int64_t K = cg * g->kh * g->kw, P = g->oh * g->ow, HW = g->h * g->w;                \
@@ -198,8 +198,8 @@ static int check_geom(const char *fn, const na_conv_geom *g, bool conv) {
         return NA_OK;                                                                       \
     }                                                                                       \
                                                                                             \
-    static int conv2d_bwd_weight_##SFX(const na_conv_geom *g, const na_tensor *x,           \
-                                       const na_tensor *gy, na_tensor *gw) {                \
+    static int conv2d_bwd_weight_##SFX(const na_conv_geom *g, const na_view *x,             \
+                                       const na_view *gy, na_view *gw) {                    \
         const char *fn = "cpu_conv2d_backward_weight";                                      \
         int64_t G = g->groups, cg = g->c_in / G, cog = g->c_out / G;                        \
         int64_t K = cg * g->kh * g->kw, P = g->oh * g->ow, HW = g->h * g->w;                \
@@ -240,19 +240,19 @@ NA_CPU_DEFINE_CONV(double, d, na_cpu_dgemm)
         return d_ ? name##_d(g, __VA_ARGS__) : name##_f(g, __VA_ARGS__);                    \
     } while (0)
 
-int na_cpu_conv2d(const na_conv_geom *g, const na_tensor *x, const na_tensor *w,
-                  const na_tensor *bias, na_tensor *y) {
+int na_cpu_conv2d(const na_conv_geom *g, const na_view *x, const na_view *w,
+                  const na_view *bias, na_view *y) {
     NA_CPU_CHECK_FLOAT("cpu_conv2d", bias);
     NA_CPU_CONV_DISPATCH("cpu_conv2d", conv2d, x, w, y, x, w, bias, y);
 }
 
-int na_cpu_conv2d_backward_data(const na_conv_geom *g, const na_tensor *gy, const na_tensor *w,
-                                na_tensor *gx) {
+int na_cpu_conv2d_backward_data(const na_conv_geom *g, const na_view *gy, const na_view *w,
+                                na_view *gx) {
     NA_CPU_CONV_DISPATCH("cpu_conv2d_backward_data", conv2d_bwd_data, gy, w, gx, gy, w, gx);
 }
 
-int na_cpu_conv2d_backward_weight(const na_conv_geom *g, const na_tensor *x, const na_tensor *gy,
-                                  na_tensor *gw) {
+int na_cpu_conv2d_backward_weight(const na_conv_geom *g, const na_view *x, const na_view *gy,
+                                  na_view *gw) {
     NA_CPU_CONV_DISPATCH("cpu_conv2d_backward_weight", conv2d_bwd_weight, x, gy, gw, x, gy, gw);
 }
 
@@ -289,8 +289,8 @@ static void win_range(int64_t start, int64_t size, int64_t d, int k, int64_t *lo
     }
 
 #define NA_CPU_DEFINE_POOL(T, SFX)                                                          \
-    static int max_pool_##SFX(const na_conv_geom *g, const na_tensor *x, na_tensor *y,      \
-                              na_tensor *idx) {                                             \
+    static int max_pool_##SFX(const na_conv_geom *g, const na_view *x, na_view *y,          \
+                              na_view *idx) {                                               \
         const char *fn = "cpu_max_pool2d";                                                  \
         NA_CPU_POOL_LOCALS(g);                                                              \
         T *xb = na_cpu_scratch(NA_CPU_SCRATCH_0, (size_t)HW * sizeof(T), fn);               \
@@ -320,8 +320,8 @@ static void win_range(int64_t start, int64_t size, int64_t d, int k, int64_t *lo
         }                                                                                   \
         return NA_OK;                                                                       \
     }                                                                                       \
-    static int max_pool_bwd_##SFX(const na_conv_geom *g, const na_tensor *gy,               \
-                                  const na_tensor *idx, na_tensor *gx) {                    \
+    static int max_pool_bwd_##SFX(const na_conv_geom *g, const na_view *gy,                 \
+                                  const na_view *idx, na_view *gx) {                        \
         const char *fn = "cpu_max_pool2d_backward";                                         \
         NA_CPU_POOL_LOCALS(g);                                                              \
         T *gyb = na_cpu_scratch(NA_CPU_SCRATCH_0, (size_t)P * sizeof(T), fn);               \
@@ -349,7 +349,7 @@ static void win_range(int64_t start, int64_t size, int64_t d, int k, int64_t *lo
         win_range(x0 + g->pw, g->w + 2 * (int64_t)g->pw, g->dw, g->kw, &c, &d);             \
         return (T)((b - a) * (d - c));                                                      \
     }                                                                                       \
-    static int avg_pool_##SFX(const na_conv_geom *g, const na_tensor *x, na_tensor *y) {    \
+    static int avg_pool_##SFX(const na_conv_geom *g, const na_view *x, na_view *y) {        \
         const char *fn = "cpu_avg_pool2d";                                                  \
         NA_CPU_POOL_LOCALS(g);                                                              \
         T *xb = na_cpu_scratch(NA_CPU_SCRATCH_0, (size_t)HW * sizeof(T), fn);               \
@@ -371,7 +371,7 @@ static void win_range(int64_t start, int64_t size, int64_t d, int k, int64_t *lo
         }                                                                                   \
         return NA_OK;                                                                       \
     }                                                                                       \
-    static int avg_pool_bwd_##SFX(const na_conv_geom *g, const na_tensor *gy, na_tensor *gx) { \
+    static int avg_pool_bwd_##SFX(const na_conv_geom *g, const na_view *gy, na_view *gx) {  \
         const char *fn = "cpu_avg_pool2d_backward";                                         \
         NA_CPU_POOL_LOCALS(g);                                                              \
         T *gyb = na_cpu_scratch(NA_CPU_SCRATCH_0, (size_t)P * sizeof(T), fn);               \
@@ -409,23 +409,23 @@ NA_CPU_DEFINE_POOL(double, d)
         return d_ ? name##_d(g, __VA_ARGS__) : name##_f(g, __VA_ARGS__);                    \
     } while (0)
 
-int na_cpu_max_pool2d(const na_conv_geom *g, const na_tensor *x, na_tensor *y, na_tensor *idx) {
+int na_cpu_max_pool2d(const na_conv_geom *g, const na_view *x, na_view *y, na_view *idx) {
     if (idx && idx->dtype != NA_DTYPE_I32)
         return na_cpu_bad_dtype("cpu_max_pool2d", "idx", idx->dtype);
     NA_CPU_POOL_DISPATCH("cpu_max_pool2d", max_pool, x, y, x, y, idx);
 }
 
-int na_cpu_max_pool2d_backward(const na_conv_geom *g, const na_tensor *gy, const na_tensor *idx,
-                               na_tensor *gx) {
+int na_cpu_max_pool2d_backward(const na_conv_geom *g, const na_view *gy, const na_view *idx,
+                               na_view *gx) {
     if (idx->dtype != NA_DTYPE_I32)
         return na_cpu_bad_dtype("cpu_max_pool2d_backward", "idx", idx->dtype);
     NA_CPU_POOL_DISPATCH("cpu_max_pool2d_backward", max_pool_bwd, gy, gx, gy, idx, gx);
 }
 
-int na_cpu_avg_pool2d(const na_conv_geom *g, const na_tensor *x, na_tensor *y) {
+int na_cpu_avg_pool2d(const na_conv_geom *g, const na_view *x, na_view *y) {
     NA_CPU_POOL_DISPATCH("cpu_avg_pool2d", avg_pool, x, y, x, y);
 }
 
-int na_cpu_avg_pool2d_backward(const na_conv_geom *g, const na_tensor *gy, na_tensor *gx) {
+int na_cpu_avg_pool2d_backward(const na_conv_geom *g, const na_view *gy, na_view *gx) {
     NA_CPU_POOL_DISPATCH("cpu_avg_pool2d_backward", avg_pool_bwd, gy, gx, gy, gx);
 }

@@ -52,8 +52,8 @@
 NA_CPU_DEFINE_LOOPS(float, f)
 NA_CPU_DEFINE_LOOPS(double, d)
 
-static bool any_f64(const na_tensor *a, const na_tensor *b, const na_tensor *c,
-                    const na_tensor *d) {
+static bool any_f64(const na_view *a, const na_view *b, const na_view *c,
+                    const na_view *d) {
     return (a && a->dtype == NA_DTYPE_F64) || (b && b->dtype == NA_DTYPE_F64) ||
            (c && c->dtype == NA_DTYPE_F64) || (d && d->dtype == NA_DTYPE_F64);
 }
@@ -61,7 +61,7 @@ static bool any_f64(const na_tensor *a, const na_tensor *b, const na_tensor *c,
 /* ---- unary ------------------------------------------------------------------------------ */
 
 #define NA_CPU_DEFINE_UNARY(T, SFX)                                                         \
-    static void unary_##SFX(int op, const na_tensor *x, na_tensor *y, T a, T b) {           \
+    static void unary_##SFX(int op, const na_view *x, na_view *y, T a, T b) {               \
         T xb[NA_CPU_CHUNK], yb[NA_CPU_CHUNK];                                               \
         int64_t n = x->numel;                                                               \
         for (int64_t o = 0; o < n; o += NA_CPU_CHUNK) {                                     \
@@ -73,8 +73,8 @@ static bool any_f64(const na_tensor *a, const na_tensor *b, const na_tensor *c,
         }                                                                                   \
     }                                                                                       \
     /* a missing x or y (NULL) reads as NaN, so an op that needed it shows it */            \
-    static void unary_backward_##SFX(int op, const na_tensor *x, const na_tensor *y,        \
-                                     const na_tensor *gy, na_tensor *gx, T a, T b) {        \
+    static void unary_backward_##SFX(int op, const na_view *x, const na_view *y,            \
+                                     const na_view *gy, na_view *gx, T a, T b) {            \
         T xb[NA_CPU_CHUNK], yb[NA_CPU_CHUNK], gyb[NA_CPU_CHUNK], gxb[NA_CPU_CHUNK];         \
         int64_t n = gx->numel;                                                              \
         for (int64_t o = 0; o < n; o += NA_CPU_CHUNK) {                                     \
@@ -106,7 +106,7 @@ static int check_unary_op(const char *fn, na_unary_op op) {
     return NA_OK;
 }
 
-int na_cpu_unary(na_unary_op op, const na_tensor *x, na_tensor *y, double a, double b) {
+int na_cpu_unary(na_unary_op op, const na_view *x, na_view *y, double a, double b) {
     NA_CPU_CHECK_FLOAT("cpu_unary", x);
     NA_CPU_CHECK_FLOAT("cpu_unary", y);
     int st = check_unary_op("cpu_unary", op);
@@ -116,8 +116,8 @@ int na_cpu_unary(na_unary_op op, const na_tensor *x, na_tensor *y, double a, dou
     return NA_OK;
 }
 
-int na_cpu_unary_backward(na_unary_op op, const na_tensor *x, const na_tensor *y,
-                          const na_tensor *gy, na_tensor *gx, double a, double b) {
+int na_cpu_unary_backward(na_unary_op op, const na_view *x, const na_view *y,
+                          const na_view *gy, na_view *gx, double a, double b) {
     NA_CPU_CHECK_FLOAT("cpu_unary_backward", x);
     NA_CPU_CHECK_FLOAT("cpu_unary_backward", y);
     NA_CPU_CHECK_FLOAT("cpu_unary_backward", gy);
@@ -176,7 +176,7 @@ static void flatten_bc(const na_broadcast *bc, flat_bc *f) {
         for (int64_t j = 0; j < c; j++) buf[j] = (T)na_cpu_get(dt, p, off + j * st);        \
         return buf;                                                                         \
     }                                                                                       \
-    static void binary_##SFX(int op, const na_tensor *a, const na_tensor *b, na_tensor *out, \
+    static void binary_##SFX(int op, const na_view *a, const na_view *b, na_view *out,      \
                              const flat_bc *f) {                                            \
         T ab[NA_CPU_CHUNK], bb[NA_CPU_CHUNK], ob[NA_CPU_CHUNK];                             \
         int nd = f->nd;                                                                     \
@@ -208,7 +208,7 @@ static void flatten_bc(const na_broadcast *bc, flat_bc *f) {
 NA_CPU_DEFINE_GATHER(float, f)
 NA_CPU_DEFINE_GATHER(double, d)
 
-int na_cpu_binary(na_binary_op op, const na_tensor *a, const na_tensor *b, na_tensor *out,
+int na_cpu_binary(na_binary_op op, const na_view *a, const na_view *b, na_view *out,
                   const na_broadcast *bc) {
     NA_CPU_CHECK_FLOAT("cpu_binary", a);
     NA_CPU_CHECK_FLOAT("cpu_binary", b);

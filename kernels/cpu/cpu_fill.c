@@ -13,7 +13,7 @@
 #include "common/philox.h"
 #include "cpu/cpu_internal.h"
 
-int na_cpu_fill(na_tensor *t, double value) {
+int na_cpu_fill(na_view *t, double value) {
     int64_t n = t->numel;
     switch (t->dtype) {
     case NA_DTYPE_F64: {
@@ -41,7 +41,7 @@ int na_cpu_fill(na_tensor *t, double value) {
     return NA_OK;
 }
 
-int na_cpu_arange(na_tensor *t, double start, double step) {
+int na_cpu_arange(na_view *t, double start, double step) {
     if (!na_dtype_size(t->dtype)) return na_cpu_bad_dtype("cpu_arange", "t", t->dtype);
     for (int64_t i = 0; i < t->numel; i++) na_cpu_set(t->dtype, t->data, i, start + (double)i * step);
     return NA_OK;
@@ -69,7 +69,7 @@ int na_cpu_arange(na_tensor *t, double start, double step) {
         }                                                                                   \
     } while (0)
 
-int na_cpu_fill_uniform(na_tensor *t, double lo, double hi, uint64_t seed, uint64_t offset) {
+int na_cpu_fill_uniform(na_view *t, double lo, double hi, uint64_t seed, uint64_t offset) {
     NA_CPU_CHECK_FLOAT("cpu_fill_uniform", t);
     float lof = (float)lo, spanf = (float)(hi - lo);
     double span = hi - lo;
@@ -103,7 +103,7 @@ int na_cpu_fill_uniform(na_tensor *t, double lo, double hi, uint64_t seed, uint6
     return NA_OK;
 }
 
-int na_cpu_fill_normal(na_tensor *t, double mean, double std, uint64_t seed, uint64_t offset) {
+int na_cpu_fill_normal(na_view *t, double mean, double std, uint64_t seed, uint64_t offset) {
     float meanf = (float)mean, stdf = (float)std;
     NA_CPU_RANDOM_FILL("cpu_fill_normal", t,
                        meanf + stdf * na_philox_normal(seed, offset, i),
@@ -111,7 +111,7 @@ int na_cpu_fill_normal(na_tensor *t, double mean, double std, uint64_t seed, uin
     return NA_OK;
 }
 
-int na_cpu_dropout_mask(na_tensor *mask, double p, uint64_t seed, uint64_t offset) {
+int na_cpu_dropout_mask(na_view *mask, double p, uint64_t seed, uint64_t offset) {
     double scale = p < 1.0 ? 1.0 / (1.0 - p) : 0.0;
     float scalef = (float)scale;
     NA_CPU_RANDOM_FILL("cpu_dropout_mask", mask,
@@ -150,7 +150,7 @@ static int coalesce(int ndim, const int64_t *shape, const int64_t *stride, int64
  * (whenever f64 or i32 is involved, where float would lose bits). */
 typedef enum { COPY_BYTES, COPY_F, COPY_D } copy_kind;
 
-int na_cpu_copy(na_tensor *dst, const na_tensor *src) {
+int na_cpu_copy(na_view *dst, const na_view *src) {
     size_t esz = na_dtype_size(src->dtype);
     if (!esz) return na_cpu_bad_dtype("cpu_copy", "src", src->dtype);
     if (!na_dtype_size(dst->dtype)) return na_cpu_bad_dtype("cpu_copy", "dst", dst->dtype);

@@ -254,64 +254,28 @@ extern bool na_cpu_gemm_force_builtin;
 /* Test hook: elements of scratch one convolution block (images per GEMM) may use. */
 extern int64_t na_cpu_conv_block_budget;
 
-/* ---- kernels (one group per file) ------------------------------------------------------- */
+/* ---- the specification (cpu_reference.c) ------------------------------------------------
+ * Plain loops that define what the gemm and conv2d kernels compute (same arguments, same
+ * numerics: f32 accumulation, f64 for f64, one rounding); the fast paths are tested against
+ * them. Never on the hot path. */
+int na_cpu_ref_gemm(const na_gemm_args *g);
+int na_cpu_ref_conv2d(const na_conv_geom *g, const na_view *x, const na_view *w,
+                      const na_view *bias, na_view *y);
+int na_cpu_ref_conv2d_backward_data(const na_conv_geom *g, const na_view *gy, const na_view *w,
+                                    na_view *gx);
+int na_cpu_ref_conv2d_backward_weight(const na_conv_geom *g, const na_view *x,
+                                      const na_view *gy, na_view *gw);
+
+/* ---- memory and kernels (one group per file) -------------------------------------------- */
 
 void *na_cpu_alloc(size_t bytes);
 void na_cpu_free(void *p);
 int na_cpu_memcpy(void *dst, const void *src, size_t bytes);
 int na_cpu_synchronize(void);
 
-int na_cpu_fill(na_tensor *t, double value);
-int na_cpu_arange(na_tensor *t, double start, double step);
-int na_cpu_fill_uniform(na_tensor *t, double lo, double hi, uint64_t seed, uint64_t offset);
-int na_cpu_fill_normal(na_tensor *t, double mean, double std, uint64_t seed, uint64_t offset);
-int na_cpu_dropout_mask(na_tensor *mask, double p, uint64_t seed, uint64_t offset);
-int na_cpu_copy(na_tensor *dst, const na_tensor *src);
-
-int na_cpu_unary(na_unary_op op, const na_tensor *x, na_tensor *y, double a, double b);
-int na_cpu_unary_backward(na_unary_op op, const na_tensor *x, const na_tensor *y,
-                          const na_tensor *gy, na_tensor *gx, double a, double b);
-int na_cpu_binary(na_binary_op op, const na_tensor *a, const na_tensor *b, na_tensor *out,
-                  const na_broadcast *bc);
-
-int na_cpu_reduce(na_reduce_op op, const na_tensor *x, na_tensor *out, na_tensor *idx,
-                  int64_t outer, int64_t r, int64_t inner);
-int na_cpu_argmax(const na_tensor *x, na_tensor *idx, int64_t outer, int64_t r, int64_t inner);
-int na_cpu_scatter_max_grad(const na_tensor *gy, const na_tensor *idx, na_tensor *gx,
-                            int64_t outer, int64_t r, int64_t inner);
-int na_cpu_softmax(const na_tensor *x, na_tensor *y, int64_t rows, int64_t cols, bool log);
-int na_cpu_softmax_backward(const na_tensor *y, const na_tensor *gy, na_tensor *gx,
-                            int64_t rows, int64_t cols, bool log);
-int na_cpu_cross_entropy(const na_tensor *logits, const na_tensor *labels, na_tensor *loss,
-                         na_tensor *lse, double smoothing);
-int na_cpu_cross_entropy_backward(const na_tensor *logits, const na_tensor *labels,
-                                  const na_tensor *lse, const na_tensor *g, na_tensor *gx,
-                                  double smoothing);
-
-int na_cpu_gemm(const na_gemm_args *args);
-
-int na_cpu_conv2d(const na_conv_geom *g, const na_tensor *x, const na_tensor *w,
-                  const na_tensor *bias, na_tensor *y);
-int na_cpu_conv2d_backward_data(const na_conv_geom *g, const na_tensor *gy, const na_tensor *w,
-                                na_tensor *gx);
-int na_cpu_conv2d_backward_weight(const na_conv_geom *g, const na_tensor *x, const na_tensor *gy,
-                                  na_tensor *gw);
-int na_cpu_max_pool2d(const na_conv_geom *g, const na_tensor *x, na_tensor *y, na_tensor *idx);
-int na_cpu_max_pool2d_backward(const na_conv_geom *g, const na_tensor *gy, const na_tensor *idx,
-                               na_tensor *gx);
-int na_cpu_avg_pool2d(const na_conv_geom *g, const na_tensor *x, na_tensor *y);
-int na_cpu_avg_pool2d_backward(const na_conv_geom *g, const na_tensor *gy, na_tensor *gx);
-
-int na_cpu_batch_norm_train(const na_tensor *x, const na_tensor *gamma, const na_tensor *beta,
-                            na_tensor *running_mean, na_tensor *running_var, na_tensor *y,
-                            na_tensor *save_mean, na_tensor *save_invstd, int64_t n, int64_t c,
-                            int64_t s, double momentum, double eps);
-int na_cpu_batch_norm_eval(const na_tensor *x, const na_tensor *gamma, const na_tensor *beta,
-                           const na_tensor *running_mean, const na_tensor *running_var,
-                           na_tensor *y, int64_t n, int64_t c, int64_t s, double eps);
-int na_cpu_batch_norm_backward(const na_tensor *x, const na_tensor *gy, const na_tensor *gamma,
-                               const na_tensor *mean, const na_tensor *invstd, na_tensor *gx,
-                               na_tensor *ggamma, na_tensor *gbeta, int64_t n, int64_t c,
-                               int64_t s, bool train);
+/* na_cpu_<name> for every kernel of NA_BACKEND_KERNELS (kernels/backend.h) */
+#define NA_CPU_DECLARE_(kernel, params) int na_cpu_##kernel params;
+NA_BACKEND_KERNELS(NA_CPU_DECLARE_, NA_CPU_DECLARE_)
+#undef NA_CPU_DECLARE_
 
 #endif

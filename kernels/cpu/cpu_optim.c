@@ -7,18 +7,17 @@
  */
 #include "common/optim.h"
 #include "cpu/cpu_internal.h"
-#include "cpu/cpu_optim.h"
 
 typedef enum { RULE_SGD, RULE_ADAM } rule;
 
-static float scalar(const na_tensor *t, float dflt) { return t ? *(const float *)t->data : dflt; }
+static float scalar(const na_view *t, float dflt) { return t ? *(const float *)t->data : dflt; }
 
 static int step_one(rule r, const na_optim_tensors *t, const na_optim_hparams *h, int i,
                     float inv_scale) {
     const char *fn = r == RULE_SGD ? "cpu_sgd_step" : "cpu_adam_step";
-    na_tensor *p = t->params[i];
-    const na_tensor *g = t->grads[i];
-    na_tensor *copy = t->copies ? t->copies[i] : NULL;
+    na_view *p = t->params[i];
+    const na_view *g = t->grads[i];
+    na_view *copy = t->copies ? t->copies[i] : NULL;
     NA_CPU_CHECK_FLOAT(fn, p);
     NA_CPU_CHECK_FLOAT(fn, g);
     NA_CPU_CHECK_FLOAT(fn, copy);
@@ -73,12 +72,12 @@ int na_cpu_adam_step(const na_optim_tensors *t, const na_optim_hparams *h) {
     return optim_step(RULE_ADAM, t, h);
 }
 
-int na_cpu_l2norm(int n, const na_tensor *const *xs, na_tensor *norm, na_tensor *coef,
+int na_cpu_l2norm(int n, const na_view *const *xs, na_view *norm, na_view *coef,
                   double max_norm) {
     na_cpu_psum_f acc = {{0}, 0}; /* pairwise over chunks: f32 accumulation stays accurate */
     float buf[NA_CPU_CHUNK];
     for (int i = 0; i < n; i++) {
-        const na_tensor *x = xs[i];
+        const na_view *x = xs[i];
         NA_CPU_CHECK_FLOAT("cpu_l2norm", x);
         for (int64_t off = 0; off < x->numel; off += NA_CPU_CHUNK) {
             int64_t c = x->numel - off < NA_CPU_CHUNK ? x->numel - off : NA_CPU_CHUNK;

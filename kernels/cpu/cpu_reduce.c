@@ -9,13 +9,13 @@
 
 #define NA_CPU_BLOCK_ROWS 256
 
-static bool is_f64(const na_tensor *t) { return t && t->dtype == NA_DTYPE_F64; }
+static bool is_f64(const na_view *t) { return t && t->dtype == NA_DTYPE_F64; }
 
 /* v takes over from best (max with NaN propagation) */
 #define NA_CPU_MAX_TAKES(v, best) ((v) > (best) || ((v) != (v) && (best) == (best)))
 
 #define NA_CPU_DEFINE_REDUCE(T, SFX)                                                        \
-    static void sum_##SFX(const na_tensor *x, na_tensor *out, int64_t outer, int64_t r,     \
+    static void sum_##SFX(const na_view *x, na_view *out, int64_t outer, int64_t r,         \
                           int64_t inner, bool mean) {                                       \
         T tot[NA_CPU_CHUNK], blk[NA_CPU_CHUNK], buf[NA_CPU_CHUNK];                          \
         T rt = (T)r;                                                                        \
@@ -48,7 +48,7 @@ static bool is_f64(const na_tensor *t) { return t && t->dtype == NA_DTYPE_F64; }
         }                                                                                   \
     }                                                                                       \
     /* out and idx may each be NULL; r >= 1 */                                              \
-    static void max_##SFX(const na_tensor *x, na_tensor *out, na_tensor *idx,               \
+    static void max_##SFX(const na_view *x, na_view *out, na_view *idx,                     \
                           int64_t outer, int64_t r, int64_t inner) {                        \
         T best[NA_CPU_CHUNK], buf[NA_CPU_CHUNK];                                            \
         int32_t bi[NA_CPU_CHUNK];                                                           \
@@ -91,7 +91,7 @@ static bool is_f64(const na_tensor *t) { return t && t->dtype == NA_DTYPE_F64; }
 NA_CPU_DEFINE_REDUCE(float, f)
 NA_CPU_DEFINE_REDUCE(double, d)
 
-int na_cpu_reduce(na_reduce_op op, const na_tensor *x, na_tensor *out, na_tensor *idx,
+int na_cpu_reduce(na_reduce_op op, const na_view *x, na_view *out, na_view *idx,
                   int64_t outer, int64_t r, int64_t inner) {
     NA_CPU_CHECK_FLOAT("cpu_reduce", x);
     NA_CPU_CHECK_FLOAT("cpu_reduce", out);
@@ -124,7 +124,7 @@ int na_cpu_reduce(na_reduce_op op, const na_tensor *x, na_tensor *out, na_tensor
     }
 }
 
-int na_cpu_argmax(const na_tensor *x, na_tensor *idx, int64_t outer, int64_t r, int64_t inner) {
+int na_cpu_argmax(const na_view *x, na_view *idx, int64_t outer, int64_t r, int64_t inner) {
     NA_CPU_CHECK_FLOAT("cpu_argmax", x);
     if (idx->dtype != NA_DTYPE_I32) return na_cpu_bad_dtype("cpu_argmax", "idx", idx->dtype);
     if (r <= 0 || r > INT32_MAX)
@@ -135,7 +135,7 @@ int na_cpu_argmax(const na_tensor *x, na_tensor *idx, int64_t outer, int64_t r, 
     return NA_OK;
 }
 
-int na_cpu_scatter_max_grad(const na_tensor *gy, const na_tensor *idx, na_tensor *gx,
+int na_cpu_scatter_max_grad(const na_view *gy, const na_view *idx, na_view *gx,
                             int64_t outer, int64_t r, int64_t inner) {
     NA_CPU_CHECK_FLOAT("cpu_scatter_max_grad", gy);
     NA_CPU_CHECK_FLOAT("cpu_scatter_max_grad", gx);
@@ -169,7 +169,7 @@ int na_cpu_scatter_max_grad(const na_tensor *gy, const na_tensor *idx, na_tensor
         for (int64_t i = 1; i < n; i++) m = v[i] > m ? v[i] : m;                            \
         return m;                                                                           \
     }                                                                                       \
-    static int softmax_##SFX(const na_tensor *x, na_tensor *y, int64_t rows, int64_t cols,  \
+    static int softmax_##SFX(const na_view *x, na_view *y, int64_t rows, int64_t cols,      \
                              bool take_log) {                                               \
         T *row = na_cpu_scratch(NA_CPU_SCRATCH_0, (size_t)cols * sizeof(T), "cpu_softmax"); \
         T *e = na_cpu_scratch(NA_CPU_SCRATCH_1, (size_t)cols * sizeof(T), "cpu_softmax");   \
@@ -189,7 +189,7 @@ int na_cpu_scatter_max_grad(const na_tensor *gy, const na_tensor *idx, na_tensor
         }                                                                                   \
         return NA_OK;                                                                       \
     }                                                                                       \
-    static int softmax_backward_##SFX(const na_tensor *y, const na_tensor *gy, na_tensor *gx, \
+    static int softmax_backward_##SFX(const na_view *y, const na_view *gy, na_view *gx,     \
                                       int64_t rows, int64_t cols, bool take_log) {          \
         const char *fn = "cpu_softmax_backward";                                            \
         T *yr = na_cpu_scratch(NA_CPU_SCRATCH_0, (size_t)cols * sizeof(T), fn);             \
@@ -215,7 +215,7 @@ int na_cpu_scatter_max_grad(const na_tensor *gy, const na_tensor *idx, na_tensor
 NA_CPU_DEFINE_SOFTMAX(float, f, expf, logf)
 NA_CPU_DEFINE_SOFTMAX(double, d, exp, log)
 
-int na_cpu_softmax(const na_tensor *x, na_tensor *y, int64_t rows, int64_t cols, bool log) {
+int na_cpu_softmax(const na_view *x, na_view *y, int64_t rows, int64_t cols, bool log) {
     NA_CPU_CHECK_FLOAT("cpu_softmax", x);
     NA_CPU_CHECK_FLOAT("cpu_softmax", y);
     if (rows <= 0 || cols <= 0) return NA_OK;
@@ -223,7 +223,7 @@ int na_cpu_softmax(const na_tensor *x, na_tensor *y, int64_t rows, int64_t cols,
                                   : softmax_f(x, y, rows, cols, log);
 }
 
-int na_cpu_softmax_backward(const na_tensor *y, const na_tensor *gy, na_tensor *gx,
+int na_cpu_softmax_backward(const na_view *y, const na_view *gy, na_view *gx,
                             int64_t rows, int64_t cols, bool log) {
     NA_CPU_CHECK_FLOAT("cpu_softmax_backward", y);
     NA_CPU_CHECK_FLOAT("cpu_softmax_backward", gy);
@@ -239,8 +239,8 @@ int na_cpu_softmax_backward(const na_tensor *y, const na_tensor *gy, na_tensor *
 /* loss_n = lse_n - ((1-e) x[n,label] + (e/C) sum_c x[n,c]), lse_n = m + log sum exp(x - m).
  * A label outside [0, C) gives NaN loss and lse (as the CUDA kernel does). */
 #define NA_CPU_DEFINE_CE(T, SFX, EXP, LOG)                                                  \
-    static int ce_##SFX(const na_tensor *logits, const na_tensor *labels, na_tensor *loss,  \
-                        na_tensor *lse, T e) {                                              \
+    static int ce_##SFX(const na_view *logits, const na_view *labels, na_view *loss,        \
+                        na_view *lse, T e) {                                                \
         int64_t rows = logits->shape[0], cols = logits->numel / (rows ? rows : 1);          \
         T *row = na_cpu_scratch(NA_CPU_SCRATCH_0, (size_t)cols * sizeof(T), "cpu_cross_entropy"); \
         T *ex = na_cpu_scratch(NA_CPU_SCRATCH_1, (size_t)cols * sizeof(T), "cpu_cross_entropy"); \
@@ -266,8 +266,8 @@ int na_cpu_softmax_backward(const na_tensor *y, const na_tensor *gy, na_tensor *
         }                                                                                   \
         return NA_OK;                                                                       \
     }                                                                                       \
-    static int ce_backward_##SFX(const na_tensor *logits, const na_tensor *labels,          \
-                                 const na_tensor *lse, const na_tensor *g, na_tensor *gx,   \
+    static int ce_backward_##SFX(const na_view *logits, const na_view *labels,              \
+                                 const na_view *lse, const na_view *g, na_view *gx,         \
                                  T e) {                                                     \
         int64_t rows = logits->shape[0], cols = logits->numel / (rows ? rows : 1);          \
         T *row = na_cpu_scratch(NA_CPU_SCRATCH_0, (size_t)cols * sizeof(T),                 \
@@ -296,8 +296,8 @@ int na_cpu_softmax_backward(const na_tensor *y, const na_tensor *gy, na_tensor *
 NA_CPU_DEFINE_CE(float, f, expf, logf)
 NA_CPU_DEFINE_CE(double, d, exp, log)
 
-int na_cpu_cross_entropy(const na_tensor *logits, const na_tensor *labels, na_tensor *loss,
-                         na_tensor *lse, double smoothing) {
+int na_cpu_cross_entropy(const na_view *logits, const na_view *labels, na_view *loss,
+                         na_view *lse, double smoothing) {
     NA_CPU_CHECK_FLOAT("cpu_cross_entropy", logits);
     NA_CPU_CHECK_FLOAT("cpu_cross_entropy", loss);
     NA_CPU_CHECK_FLOAT("cpu_cross_entropy", lse);
@@ -311,8 +311,8 @@ int na_cpu_cross_entropy(const na_tensor *logits, const na_tensor *labels, na_te
                           : ce_f(logits, labels, loss, lse, (float)smoothing);
 }
 
-int na_cpu_cross_entropy_backward(const na_tensor *logits, const na_tensor *labels,
-                                  const na_tensor *lse, const na_tensor *g, na_tensor *gx,
+int na_cpu_cross_entropy_backward(const na_view *logits, const na_view *labels,
+                                  const na_view *lse, const na_view *g, na_view *gx,
                                   double smoothing) {
     const char *fn = "cpu_cross_entropy_backward";
     NA_CPU_CHECK_FLOAT(fn, logits);

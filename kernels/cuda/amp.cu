@@ -30,8 +30,8 @@ __global__ void k_amp_unscale(mt_unscale a, const float *scale, float *found_inf
     if (nonfinite && found_inf) *found_inf = 1.0f;
 }
 
-int na_cuda_amp_unscale(int n, const na_tensor *const *in, na_tensor *const *out,
-                        const na_tensor *scale, na_tensor *found_inf) {
+int na_cuda_amp_unscale(int n, const na_view *const *in, na_view *const *out,
+                        const na_view *scale, na_view *found_inf) {
     if (scale->dtype != NA_DTYPE_F32 || (found_inf && found_inf->dtype != NA_DTYPE_F32))
         return na_set_error(NA_EDTYPE, "amp_unscale (cuda): scale and found_inf must be f32");
     cudaStream_t st = na_cuda_ctx.stream;
@@ -40,8 +40,8 @@ int na_cuda_amp_unscale(int n, const na_tensor *const *in, na_tensor *const *out
         mt_unscale a;
         memset(&a, 0, sizeof a);
         for (; i < n && a.c.n < NA_MT_MAX; i++) {
-            const na_tensor *x = in[i];
-            na_tensor *y = out[i];
+            const na_view *x = in[i];
+            na_view *y = out[i];
             if (!na_dtype_is_float(x->dtype) || !na_dtype_is_float(y->dtype))
                 return na_set_error(NA_EDTYPE, "amp_unscale (cuda): tensor %d is not a float tensor", i);
             if (x->numel != y->numel)
@@ -76,8 +76,8 @@ __global__ void k_amp_update(int kind, amp_update_args a, float *scale, int32_t 
     na_amp_update(kind, a.hp, scale, ctr, found);
 }
 
-int na_cuda_amp_update_scale(int kind, const double *hp, na_tensor *scale, na_tensor *counters,
-                             int n_found, const na_tensor *const *found_infs) {
+int na_cuda_amp_update_scale(int kind, const double *hp, na_view *scale, na_view *counters,
+                             int n_found, const na_view *const *found_infs) {
     if (scale->dtype != NA_DTYPE_F32 || counters->dtype != NA_DTYPE_I32 ||
         counters->numel != NA_AMP_CTR_COUNT)
         return na_set_error(NA_EINVAL, "amp_update_scale (cuda): expected an f32 scale and i32 "

@@ -180,8 +180,7 @@ void *na_cuda_scratch(size_t bytes) {
 }
 
 /* ---- the table -------------------------------------------------------------------------- */
-/* Filled by name at initialisation, so entries appended to na_backend later stay NULL
- * ("not implemented on cuda") until a kernel is written for them. */
+/* Filled at initialisation from the kernel list (kernels/backend.h). */
 static na_backend na_cuda_backend_table;
 
 static void fill_table(na_backend *b) {
@@ -193,38 +192,9 @@ static void fill_table(na_backend *b) {
     b->memcpy_d2h = cuda_memcpy_d2h;
     b->memcpy_d2d = cuda_memcpy_d2d;
     b->synchronize = cuda_synchronize;
-    b->fill = na_cuda_fill;
-    b->arange = na_cuda_arange;
-    b->fill_uniform = na_cuda_fill_uniform;
-    b->fill_normal = na_cuda_fill_normal;
-    b->dropout_mask = na_cuda_dropout_mask;
-    b->copy = na_cuda_copy;
-    b->unary = na_cuda_unary;
-    b->unary_backward = na_cuda_unary_backward;
-    b->binary = na_cuda_binary;
-    b->reduce = na_cuda_reduce;
-    b->argmax = na_cuda_argmax;
-    b->scatter_max_grad = na_cuda_scatter_max_grad;
-    b->softmax = na_cuda_softmax;
-    b->softmax_backward = na_cuda_softmax_backward;
-    b->cross_entropy = na_cuda_cross_entropy;
-    b->cross_entropy_backward = na_cuda_cross_entropy_backward;
-    b->gemm = na_cuda_gemm;
-    b->conv2d = na_cuda_conv2d;
-    b->conv2d_backward_data = na_cuda_conv2d_backward_data;
-    b->conv2d_backward_weight = na_cuda_conv2d_backward_weight;
-    b->max_pool2d = na_cuda_max_pool2d;
-    b->max_pool2d_backward = na_cuda_max_pool2d_backward;
-    b->avg_pool2d = na_cuda_avg_pool2d;
-    b->avg_pool2d_backward = na_cuda_avg_pool2d_backward;
-    b->batch_norm_train = na_cuda_batch_norm_train;
-    b->batch_norm_eval = na_cuda_batch_norm_eval;
-    b->batch_norm_backward = na_cuda_batch_norm_backward;
-    b->sgd_step = na_cuda_sgd_step;
-    b->adam_step = na_cuda_adam_step;
-    b->l2norm = na_cuda_l2norm;
-    b->amp_unscale = na_cuda_amp_unscale;
-    b->amp_update_scale = na_cuda_amp_update_scale;
+#define NA_CUDA_ENTRY_(kernel, params) b->kernel = na_cuda_##kernel;
+    NA_BACKEND_KERNELS(NA_CUDA_ENTRY_, NA_CUDA_ENTRY_)
+#undef NA_CUDA_ENTRY_
 }
 
 /* ---- initialisation -------------------------------------------------------------------- */

@@ -125,9 +125,9 @@ static unsigned bn_blocks(int64_t c) {
 #define DT_OR0(t) ((t) ? (int)(t)->dtype : 0)
 #define DATA_OR0(t) ((t) ? (t)->data : NULL)
 
-int na_cuda_batch_norm_train(const na_tensor *x, const na_tensor *gamma, const na_tensor *beta,
-                             na_tensor *running_mean, na_tensor *running_var, na_tensor *y,
-                             na_tensor *save_mean, na_tensor *save_invstd, int64_t n, int64_t c,
+int na_cuda_batch_norm_train(const na_view *x, const na_view *gamma, const na_view *beta,
+                             na_view *running_mean, na_view *running_var, na_view *y,
+                             na_view *save_mean, na_view *save_invstd, int64_t n, int64_t c,
                              int64_t s, double momentum, double eps) {
     bn_geom g = {n, c, s, n * s};
     if (c == 0 || g.m == 0) return NA_OK;
@@ -147,9 +147,9 @@ int na_cuda_batch_norm_train(const na_tensor *x, const na_tensor *gamma, const n
     return NA_OK;
 }
 
-int na_cuda_batch_norm_eval(const na_tensor *x, const na_tensor *gamma, const na_tensor *beta,
-                            const na_tensor *running_mean, const na_tensor *running_var,
-                            na_tensor *y, int64_t n, int64_t c, int64_t s, double eps) {
+int na_cuda_batch_norm_eval(const na_view *x, const na_view *gamma, const na_view *beta,
+                            const na_view *running_mean, const na_view *running_var,
+                            na_view *y, int64_t n, int64_t c, int64_t s, double eps) {
     int64_t total = n * c * s;
     if (total == 0) return NA_OK;
     int pdt = gamma ? (int)gamma->dtype : DT_OR0(beta);
@@ -166,9 +166,9 @@ int na_cuda_batch_norm_eval(const na_tensor *x, const na_tensor *gamma, const na
     return NA_OK;
 }
 
-int na_cuda_batch_norm_backward(const na_tensor *x, const na_tensor *gy, const na_tensor *gamma,
-                                const na_tensor *mean, const na_tensor *invstd, na_tensor *gx,
-                                na_tensor *ggamma, na_tensor *gbeta, int64_t n, int64_t c,
+int na_cuda_batch_norm_backward(const na_view *x, const na_view *gy, const na_view *gamma,
+                                const na_view *mean, const na_view *invstd, na_view *gx,
+                                na_view *ggamma, na_view *gbeta, int64_t n, int64_t c,
                                 int64_t s, bool train) {
     bn_geom g = {n, c, s, n * s};
     if (c == 0) return NA_OK;

@@ -54,7 +54,7 @@ static bool bc_is_flat(const na_broadcast *bc, const int64_t *stride) {
     return true;
 }
 
-int na_cuda_binary(na_binary_op op, const na_tensor *a, const na_tensor *b, na_tensor *out,
+int na_cuda_binary(na_binary_op op, const na_view *a, const na_view *b, na_view *out,
                    const na_broadcast *bcp) {
     int64_t n = out->numel;
     if (n == 0) return NA_OK;

@@ -146,8 +146,8 @@ static size_t align256(size_t b) { return (b + 255) & ~(size_t)255; }
 
 static na_dtype acc_dtype(na_dtype dt) { return dt == NA_DTYPE_F64 ? NA_DTYPE_F64 : NA_DTYPE_F32; }
 
-static int fallback_forward(const conv_dims &d, const na_tensor *x, const na_tensor *w,
-                            na_tensor *y) {
+static int fallback_forward(const conv_dims &d, const na_view *x, const na_view *w,
+                            na_view *y) {
     na_dtype dt = x->dtype;
     size_t es = na_dtype_size(dt);
     int64_t nb = chunk_images(d, es);
@@ -181,8 +181,8 @@ static int fallback_forward(const conv_dims &d, const na_tensor *x, const na_ten
     return NA_OK;
 }
 
-static int fallback_backward_data(const conv_dims &d, const na_tensor *gy, const na_tensor *w,
-                                  na_tensor *gx) {
+static int fallback_backward_data(const conv_dims &d, const na_view *gy, const na_view *w,
+                                  na_view *gx) {
     na_dtype dt = gy->dtype, ct = acc_dtype(dt);
     size_t es = na_dtype_size(dt), cs = na_dtype_size(ct);
     int64_t nb = chunk_images(d, cs);
@@ -217,8 +217,8 @@ static int fallback_backward_data(const conv_dims &d, const na_tensor *gy, const
     return NA_OK;
 }
 
-static int fallback_backward_weight(const conv_dims &d, const na_tensor *x, const na_tensor *gy,
-                                    na_tensor *gw) {
+static int fallback_backward_weight(const conv_dims &d, const na_view *x, const na_view *gy,
+                                    na_view *gw) {
     na_dtype dt = x->dtype, ct = acc_dtype(dt);
     size_t es = na_dtype_size(dt), cs = na_dtype_size(ct);
     int64_t nb = chunk_images(d, es);
@@ -501,8 +501,8 @@ static int check_conv(const conv_dims &d, na_dtype dt, const char *who) {
     return NA_OK;
 }
 
-int na_cuda_conv2d(const na_conv_geom *g, const na_tensor *x, const na_tensor *w,
-                   const na_tensor *bias, na_tensor *y) {
+int na_cuda_conv2d(const na_conv_geom *g, const na_view *x, const na_view *w,
+                   const na_view *bias, na_view *y) {
     conv_dims d = conv_dims_of(g);
     NA_TRY(check_conv(d, x->dtype, "conv2d"));
     if (d.n * d.cout * d.ohw == 0) return NA_OK;
@@ -518,8 +518,8 @@ int na_cuda_conv2d(const na_conv_geom *g, const na_tensor *x, const na_tensor *w
     return NA_OK;
 }
 
-int na_cuda_conv2d_backward_data(const na_conv_geom *g, const na_tensor *gy, const na_tensor *w,
-                                 na_tensor *gx) {
+int na_cuda_conv2d_backward_data(const na_conv_geom *g, const na_view *gy, const na_view *w,
+                                 na_view *gx) {
     conv_dims d = conv_dims_of(g);
     NA_TRY(check_conv(d, gy->dtype, "conv2d_backward_data"));
     if (d.n * d.cin * d.h * d.w == 0) return NA_OK;
@@ -532,8 +532,8 @@ int na_cuda_conv2d_backward_data(const na_conv_geom *g, const na_tensor *gy, con
     return NA_OK;
 }
 
-int na_cuda_conv2d_backward_weight(const na_conv_geom *g, const na_tensor *x,
-                                   const na_tensor *gy, na_tensor *gw) {
+int na_cuda_conv2d_backward_weight(const na_conv_geom *g, const na_view *x,
+                                   const na_view *gy, na_view *gw) {
     conv_dims d = conv_dims_of(g);
     NA_TRY(check_conv(d, x->dtype, "conv2d_backward_weight"));
     if (d.cout * d.K == 0) return NA_OK;

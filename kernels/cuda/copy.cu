@@ -61,7 +61,7 @@ static int copy_impl(void *dst, na_dtype ddt, const void *src, na_dtype sdt, int
     });
 }
 
-int na_cuda_copy(na_tensor *dst, const na_tensor *src) {
+int na_cuda_copy(na_view *dst, const na_view *src) {
     if (dst->numel != src->numel)
         return na_set_error(NA_ESHAPE, "copy (cuda): dst has %lld elements, src %lld",
                             (long long)dst->numel, (long long)src->numel);

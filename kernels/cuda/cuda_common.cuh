@@ -313,7 +313,7 @@ static __device__ __forceinline__ int64_t na_strided_offset(const na_strided &g,
 }
 
 /* Contiguous (C order) ignoring the strides of size-1 dims. */
-static inline bool na_cuda_is_contiguous(const na_tensor *t) {
+static inline bool na_cuda_is_contiguous(const na_view *t) {
     int64_t expect = 1;
     for (int d = t->ndim - 1; d >= 0; d--) {
         if (t->shape[d] != 1 && t->stride[d] != expect) return false;
@@ -322,7 +322,7 @@ static inline bool na_cuda_is_contiguous(const na_tensor *t) {
     return true;
 }
 
-static inline na_strided na_strided_of(const na_tensor *t) {
+static inline na_strided na_strided_of(const na_view *t) {
     na_strided g;
     g.ndim = t->ndim;
     for (int d = 0; d < NA_MAX_DIMS; d++) {
@@ -409,61 +409,10 @@ int na_cuda_add_bias(void *y, na_dtype ydt, const void *bias, na_dtype bdt, int6
 /* dst (contiguous, dst_dt) = src (contiguous, src_dt), n elements */
 int na_cuda_convert(void *dst, na_dtype dst_dt, const void *src, na_dtype src_dt, int64_t n);
 
-/* backend entry points defined in the kernel files */
-int na_cuda_fill(na_tensor *t, double value);
-int na_cuda_arange(na_tensor *t, double start, double step);
-int na_cuda_fill_uniform(na_tensor *t, double lo, double hi, uint64_t seed, uint64_t offset);
-int na_cuda_fill_normal(na_tensor *t, double mean, double std, uint64_t seed, uint64_t offset);
-int na_cuda_dropout_mask(na_tensor *mask, double p, uint64_t seed, uint64_t offset);
-int na_cuda_copy(na_tensor *dst, const na_tensor *src);
-int na_cuda_unary(na_unary_op op, const na_tensor *x, na_tensor *y, double a, double b);
-int na_cuda_unary_backward(na_unary_op op, const na_tensor *x, const na_tensor *y,
-                           const na_tensor *gy, na_tensor *gx, double a, double b);
-int na_cuda_binary(na_binary_op op, const na_tensor *a, const na_tensor *b, na_tensor *out,
-                   const na_broadcast *bc);
-int na_cuda_reduce(na_reduce_op op, const na_tensor *x, na_tensor *out, na_tensor *idx,
-                   int64_t outer, int64_t r, int64_t inner);
-int na_cuda_argmax(const na_tensor *x, na_tensor *idx, int64_t outer, int64_t r, int64_t inner);
-int na_cuda_scatter_max_grad(const na_tensor *gy, const na_tensor *idx, na_tensor *gx,
-                             int64_t outer, int64_t r, int64_t inner);
-int na_cuda_softmax(const na_tensor *x, na_tensor *y, int64_t rows, int64_t cols, bool log);
-int na_cuda_softmax_backward(const na_tensor *y, const na_tensor *gy, na_tensor *gx,
-                             int64_t rows, int64_t cols, bool log);
-int na_cuda_cross_entropy(const na_tensor *logits, const na_tensor *labels, na_tensor *loss,
-                          na_tensor *lse, double smoothing);
-int na_cuda_cross_entropy_backward(const na_tensor *logits, const na_tensor *labels,
-                                   const na_tensor *lse, const na_tensor *g, na_tensor *gx,
-                                   double smoothing);
-int na_cuda_gemm(const na_gemm_args *args);
-int na_cuda_conv2d(const na_conv_geom *g, const na_tensor *x, const na_tensor *w,
-                   const na_tensor *bias, na_tensor *y);
-int na_cuda_conv2d_backward_data(const na_conv_geom *g, const na_tensor *gy, const na_tensor *w,
-                                 na_tensor *gx);
-int na_cuda_conv2d_backward_weight(const na_conv_geom *g, const na_tensor *x,
-                                   const na_tensor *gy, na_tensor *gw);
-int na_cuda_max_pool2d(const na_conv_geom *g, const na_tensor *x, na_tensor *y, na_tensor *idx);
-int na_cuda_max_pool2d_backward(const na_conv_geom *g, const na_tensor *gy, const na_tensor *idx,
-                                na_tensor *gx);
-int na_cuda_avg_pool2d(const na_conv_geom *g, const na_tensor *x, na_tensor *y);
-int na_cuda_avg_pool2d_backward(const na_conv_geom *g, const na_tensor *gy, na_tensor *gx);
-int na_cuda_batch_norm_train(const na_tensor *x, const na_tensor *gamma, const na_tensor *beta,
-                             na_tensor *running_mean, na_tensor *running_var, na_tensor *y,
-                             na_tensor *save_mean, na_tensor *save_invstd, int64_t n, int64_t c,
-                             int64_t s, double momentum, double eps);
-int na_cuda_batch_norm_eval(const na_tensor *x, const na_tensor *gamma, const na_tensor *beta,
-                            const na_tensor *running_mean, const na_tensor *running_var,
-                            na_tensor *y, int64_t n, int64_t c, int64_t s, double eps);
-int na_cuda_batch_norm_backward(const na_tensor *x, const na_tensor *gy, const na_tensor *gamma,
-                                const na_tensor *mean, const na_tensor *invstd, na_tensor *gx,
-                                na_tensor *ggamma, na_tensor *gbeta, int64_t n, int64_t c,
-                                int64_t s, bool train);
-int na_cuda_sgd_step(const na_optim_tensors *t, const na_optim_hparams *h);
-int na_cuda_adam_step(const na_optim_tensors *t, const na_optim_hparams *h);
-int na_cuda_l2norm(int n, const na_tensor *const *xs, na_tensor *norm, na_tensor *coef,
-                   double max_norm);
-int na_cuda_amp_unscale(int n, const na_tensor *const *in, na_tensor *const *out,
-                        const na_tensor *scale, na_tensor *found_inf);
-int na_cuda_amp_update_scale(int kind, const double *hp, na_tensor *scale, na_tensor *counters,
-                             int n_found, const na_tensor *const *found_infs);
+/* na_cuda_<name> for every kernel of NA_BACKEND_KERNELS (kernels/backend.h), defined in the
+ * kernel files */
+#define NA_CUDA_DECLARE_(kernel, params) int na_cuda_##kernel params;
+NA_BACKEND_KERNELS(NA_CUDA_DECLARE_, NA_CUDA_DECLARE_)
+#undef NA_CUDA_DECLARE_
 
 #endif

@@ -70,8 +70,8 @@ template <class F> static inline int dispatch_binary_op(int op, F &&f) {
     }
 }
 
-static inline bool any_f64(const na_tensor *a, const na_tensor *b, const na_tensor *c,
-                    const na_tensor *d) {
+static inline bool any_f64(const na_view *a, const na_view *b, const na_view *c,
+                    const na_view *d) {
     return (a && a->dtype == NA_DTYPE_F64) || (b && b->dtype == NA_DTYPE_F64) ||
            (c && c->dtype == NA_DTYPE_F64) || (d && d->dtype == NA_DTYPE_F64);
 }

@@ -17,7 +17,7 @@ __global__ void k_fill_strided(typename T::S *p, na_strided g, int64_t n, typena
     NA_GRID_STRIDE(i, n) p[na_strided_offset(g, i)] = v;
 }
 
-int na_cuda_fill(na_tensor *t, double value) {
+int na_cuda_fill(na_view *t, double value) {
     if (t->numel == 0) return NA_OK;
     return na_dispatch_all(t->dtype, "fill", [&](auto tag) -> int {
         typedef typename decltype(tag)::T T;
@@ -41,7 +41,7 @@ __global__ void k_arange(typename T::S *p, int64_t n, double start, double step)
     NA_GRID_STRIDE(i, n) p[i] = T::from_double(__dadd_rn(start, __dmul_rn((double)i, step)));
 }
 
-int na_cuda_arange(na_tensor *t, double start, double step) {
+int na_cuda_arange(na_view *t, double start, double step) {
     if (t->numel == 0) return NA_OK;
     return na_dispatch_all(t->dtype, "arange", [&](auto tag) -> int {
         typedef typename decltype(tag)::T T;
@@ -100,7 +100,7 @@ __global__ void k_random_d(double *p, int64_t n, uint64_t seed, uint64_t offset,
 
 /* a, b: the f64 parameters (lo, hi-lo | mean, std | p, scale); af, bf their f32 forms */
 template <int KIND>
-static int launch_random(na_tensor *t, uint64_t seed, uint64_t offset, double a, double b,
+static int launch_random(na_view *t, uint64_t seed, uint64_t offset, double a, double b,
                          float af, float bf, const char *who, double hi = 0) {
     if (t->numel == 0) return NA_OK;
     unsigned grid = na_grid(t->numel, NA_BLOCK);
@@ -119,17 +119,17 @@ static int launch_random(na_tensor *t, uint64_t seed, uint64_t offset, double a,
     });
 }
 
-int na_cuda_fill_uniform(na_tensor *t, double lo, double hi, uint64_t seed, uint64_t offset) {
+int na_cuda_fill_uniform(na_view *t, double lo, double hi, uint64_t seed, uint64_t offset) {
     return launch_random<RNG_UNIFORM>(t, seed, offset, lo, hi - lo, (float)lo, (float)(hi - lo),
                                       "fill_uniform", hi);
 }
 
-int na_cuda_fill_normal(na_tensor *t, double mean, double std, uint64_t seed, uint64_t offset) {
+int na_cuda_fill_normal(na_view *t, double mean, double std, uint64_t seed, uint64_t offset) {
     return launch_random<RNG_NORMAL>(t, seed, offset, mean, std, (float)mean, (float)std,
                                      "fill_normal");
 }
 
-int na_cuda_dropout_mask(na_tensor *mask, double p, uint64_t seed, uint64_t offset) {
+int na_cuda_dropout_mask(na_view *mask, double p, uint64_t seed, uint64_t offset) {
     double scale = p < 1.0 ? 1.0 / (1.0 - p) : 0.0;
     return launch_random<RNG_DROPOUT>(mask, seed, offset, p, scale, (float)p, (float)scale,
                                       "dropout_mask");

@@ -63,7 +63,7 @@ __global__ void k_steps_inc(mt_steps s, const float *found_inf) {
     if (t < s.n) *s.step[t] += 1.0f;
 }
 
-static int check_f32_scalar(const na_tensor *t, const char *who, const char *what) {
+static int check_f32_scalar(const na_view *t, const char *who, const char *what) {
     if (t && (t->dtype != NA_DTYPE_F32 || t->numel != 1))
         return na_set_error(NA_EDTYPE, "%s (cuda): %s must be an f32 scalar", who, what);
     return NA_OK;
@@ -87,9 +87,9 @@ static int optim_step(const na_optim_tensors *t, const na_optim_hparams *h) {
         mt_steps s;
         memset(&s, 0, sizeof s);
         for (; i < t->n && a.c.n < NA_MT_MAX; i++) {
-            na_tensor *p = t->params[i];
-            const na_tensor *g = t->grads[i];
-            na_tensor *cp = t->copies ? t->copies[i] : NULL;
+            na_view *p = t->params[i];
+            const na_view *g = t->grads[i];
+            na_view *cp = t->copies ? t->copies[i] : NULL;
             if (!na_dtype_is_float(p->dtype) || !na_dtype_is_float(g->dtype) ||
                 (cp && !na_dtype_is_float(cp->dtype)))
                 return na_set_error(NA_EDTYPE, "%s (cuda): parameter %d: float tensors expected", who, i);
@@ -177,7 +177,7 @@ __global__ void k_l2_final(const float *partials, int64_t n, float *norm, float 
     }
 }
 
-int na_cuda_l2norm(int n, const na_tensor *const *xs, na_tensor *norm, na_tensor *coef,
+int na_cuda_l2norm(int n, const na_view *const *xs, na_view *norm, na_view *coef,
                    double max_norm) {
     NA_TRY(check_f32_scalar(norm, "l2norm", "norm"));
     NA_TRY(check_f32_scalar(coef, "l2norm", "coef"));

@@ -142,7 +142,7 @@ __global__ void k_pool_bwd(const void *gy, int gydt, const int32_t *idx, void *g
     }
 }
 
-int na_cuda_max_pool2d(const na_conv_geom *g, const na_tensor *x, na_tensor *y, na_tensor *idx) {
+int na_cuda_max_pool2d(const na_conv_geom *g, const na_view *x, na_view *y, na_view *idx) {
     pool_geom p = pool_geom_of(g);
     int64_t total = g->n * p.c * p.oh * p.ow;
     if (total == 0) return NA_OK;
@@ -158,8 +158,8 @@ int na_cuda_max_pool2d(const na_conv_geom *g, const na_tensor *x, na_tensor *y, 
     return NA_OK;
 }
 
-int na_cuda_max_pool2d_backward(const na_conv_geom *g, const na_tensor *gy, const na_tensor *idx,
-                                na_tensor *gx) {
+int na_cuda_max_pool2d_backward(const na_conv_geom *g, const na_view *gy, const na_view *idx,
+                                na_view *gx) {
     pool_geom p = pool_geom_of(g);
     int64_t total = g->n * p.c * p.h * p.w;
     if (total == 0) return NA_OK;
@@ -175,7 +175,7 @@ int na_cuda_max_pool2d_backward(const na_conv_geom *g, const na_tensor *gy, cons
     return NA_OK;
 }
 
-int na_cuda_avg_pool2d(const na_conv_geom *g, const na_tensor *x, na_tensor *y) {
+int na_cuda_avg_pool2d(const na_conv_geom *g, const na_view *x, na_view *y) {
     pool_geom p = pool_geom_of(g);
     int64_t total = g->n * p.c * p.oh * p.ow;
     if (total == 0) return NA_OK;
@@ -190,7 +190,7 @@ int na_cuda_avg_pool2d(const na_conv_geom *g, const na_tensor *x, na_tensor *y) 
     return NA_OK;
 }
 
-int na_cuda_avg_pool2d_backward(const na_conv_geom *g, const na_tensor *gy, na_tensor *gx) {
+int na_cuda_avg_pool2d_backward(const na_conv_geom *g, const na_view *gy, na_view *gx) {
     pool_geom p = pool_geom_of(g);
     int64_t total = g->n * p.c * p.h * p.w;
     if (total == 0) return NA_OK;

@@ -136,7 +136,7 @@ __global__ void k_reduce_cols(const void *x, int xdt, void *out, int odt, int32_
 }
 
 template <typename C, int OP>
-static int reduce_launch(const na_tensor *x, na_tensor *out, na_tensor *idx, int64_t outer,
+static int reduce_launch(const na_view *x, na_view *out, na_view *idx, int64_t outer,
                          int64_t r, int64_t inner) {
     cudaStream_t st = na_cuda_ctx.stream;
     void *op = out ? out->data : NULL;
@@ -186,14 +186,14 @@ static int reduce_launch(const na_tensor *x, na_tensor *out, na_tensor *idx, int
     return NA_OK;
 }
 
-static int check_float(const na_tensor *t, const char *who) {
+static int check_float(const na_view *t, const char *who) {
     if (!na_dtype_is_float(t->dtype))
         return na_set_error(NA_EDTYPE, "%s (cuda): unsupported dtype %s", who,
                             na_dtype_name(t->dtype));
     return NA_OK;
 }
 
-int na_cuda_reduce(na_reduce_op op, const na_tensor *x, na_tensor *out, na_tensor *idx,
+int na_cuda_reduce(na_reduce_op op, const na_view *x, na_view *out, na_view *idx,
                    int64_t outer, int64_t r, int64_t inner) {
     NA_TRY(check_float(x, "reduce"));
     if (out) NA_TRY(check_float(out, "reduce"));
@@ -212,7 +212,7 @@ int na_cuda_reduce(na_reduce_op op, const na_tensor *x, na_tensor *out, na_tenso
     }
 }
 
-int na_cuda_argmax(const na_tensor *x, na_tensor *idx, int64_t outer, int64_t r, int64_t inner) {
+int na_cuda_argmax(const na_view *x, na_view *idx, int64_t outer, int64_t r, int64_t inner) {
     NA_TRY(check_float(x, "argmax"));
     if (x->dtype == NA_DTYPE_F64)
         return reduce_launch<double, NA_REDUCE_MAX>(x, NULL, idx, outer, r, inner);
@@ -234,7 +234,7 @@ __global__ void k_scatter_max_grad(const void *gy, int gydt, const int32_t *idx,
     }
 }
 
-int na_cuda_scatter_max_grad(const na_tensor *gy, const na_tensor *idx, na_tensor *gx,
+int na_cuda_scatter_max_grad(const na_view *gy, const na_view *idx, na_view *gx,
                              int64_t outer, int64_t r, int64_t inner) {
     int64_t n = outer * r * inner;
     if (n == 0) return NA_OK;

@@ -54,7 +54,7 @@ __global__ void k_softmax(const void *x, int xdt, void *y, int ydt, int64_t rows
     }
 }
 
-int na_cuda_softmax(const na_tensor *x, na_tensor *y, int64_t rows, int64_t cols, bool log) {
+int na_cuda_softmax(const na_view *x, na_view *y, int64_t rows, int64_t cols, bool log) {
     if (rows * cols == 0) return NA_OK;
     dim3 block;
     unsigned grid;
@@ -93,7 +93,7 @@ __global__ void k_softmax_bwd(const void *y, int ydt, const void *gy, int gydt, 
     }
 }
 
-int na_cuda_softmax_backward(const na_tensor *y, const na_tensor *gy, na_tensor *gx,
+int na_cuda_softmax_backward(const na_view *y, const na_view *gy, na_view *gx,
                              int64_t rows, int64_t cols, bool log) {
     if (rows * cols == 0) return NA_OK;
     dim3 block;
@@ -154,8 +154,8 @@ __global__ void k_cross_entropy(const void *x, int xdt, const int32_t *labels, v
     }
 }
 
-int na_cuda_cross_entropy(const na_tensor *logits, const na_tensor *labels, na_tensor *loss,
-                          na_tensor *lse, double smoothing) {
+int na_cuda_cross_entropy(const na_view *logits, const na_view *labels, na_view *loss,
+                          na_view *lse, double smoothing) {
     int64_t rows = logits->shape[0];
     int64_t cols = logits->ndim > 1 ? logits->numel / (rows ? rows : 1) : 1;
     if (rows == 0) return NA_OK;
@@ -198,8 +198,8 @@ __global__ void k_cross_entropy_bwd(const void *x, int xdt, const int32_t *label
     }
 }
 
-int na_cuda_cross_entropy_backward(const na_tensor *logits, const na_tensor *labels,
-                                   const na_tensor *lse, const na_tensor *g, na_tensor *gx,
+int na_cuda_cross_entropy_backward(const na_view *logits, const na_view *labels,
+                                   const na_view *lse, const na_view *g, na_view *gx,
                                    double smoothing) {
     int64_t rows = logits->shape[0];
     int64_t n = logits->numel;

@@ -16,7 +16,7 @@ __global__ void k_unary_any(int op, const void *x, int xdt, void *y, int ydt, in
     NA_GRID_STRIDE(i, n) na_st(y, ydt, i, unary_rt(op, na_ld<C>(x, xdt, i), a, b));
 }
 
-int na_cuda_unary(na_unary_op op, const na_tensor *x, na_tensor *y, double a, double b) {
+int na_cuda_unary(na_unary_op op, const na_view *x, na_view *y, double a, double b) {
     int64_t n = y->numel;
     if (n == 0) return NA_OK;
     unsigned grid = na_grid(n, NA_BLOCK);

@@ -28,8 +28,8 @@ __global__ void k_unary_bwd_any(int op, const void *x, int xdt, const void *y, i
     }
 }
 
-int na_cuda_unary_backward(na_unary_op op, const na_tensor *x, const na_tensor *y,
-                           const na_tensor *gy, na_tensor *gx, double a, double b) {
+int na_cuda_unary_backward(na_unary_op op, const na_view *x, const na_view *y,
+                           const na_view *gy, na_view *gx, double a, double b) {
     int64_t n = gx->numel;
     if (n == 0) return NA_OK;
     unsigned grid = na_grid(n, NA_BLOCK);

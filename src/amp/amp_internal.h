@@ -15,19 +15,13 @@ _Static_assert((int)NA_SCALER_GRAD == NA_AMP_KIND_GRAD_SCALER &&
                    (int)NA_SCALER_APEX == NA_AMP_KIND_APEX,
                "na_scaler_kind and kernels/common/amp.h disagree");
 
-/* NA_OK when backend `be` has the amp kernel `field`, else NA_ENOTSUP naming both. */
-#define NA_AMP_NEED_KERNEL(fn, be, field)                                                      \
-    ((be)->field ? NA_OK                                                                       \
-                 : na_set_error(NA_ENOTSUP, "%s: %s is not implemented on %s (the amp kernels " \
-                                "are optional in a backend)", fn, #field, (be)->name))
-
 /* ---- the scaler, for the fp16 optimizer ---------------------------------------------------- */
 /* out[i] = in[i] * (1/scale) with the inf/NaN check into found_inf (zeroed first), one fused
  * pass (any float dtypes: f16 model gradients into f32 master gradients). */
-int na_grad_scaler_unscale_into_(na_grad_scaler *gs, int n, const na_tensor *const *in,
-                                 na_tensor *const *out, na_tensor *found_inf);
+int na_grad_scaler_unscale_into_(na_grad_scaler *gs, int n, const na_view *const *in,
+                                 na_view *const *out, na_tensor *found_inf);
 /* One update from the given flags (the scaler's own per-optimizer bookkeeping untouched). */
-int na_grad_scaler_update_from_(na_grad_scaler *gs, int n_found, const na_tensor *const *flags);
+int na_grad_scaler_update_from_(na_grad_scaler *gs, int n_found, const na_view *const *flags);
 /* Moves the scaler's state to dev (no-op when already there). */
 int na_grad_scaler_to_device_(na_grad_scaler *gs, na_device dev);
 na_device na_grad_scaler_device_(const na_grad_scaler *gs);

@@ -240,8 +240,8 @@ int na_fp16_optimizer_update_master_grads(na_fp16_optimizer *fo) {
     const char *fn = "na_fp16_optimizer_update_master_grads";
     if (!fo) return na_set_error(NA_EINVAL, "%s: NULL fp16 optimizer", fn);
     if (!fo->found_inf) return na_set_error(NA_ESTATE, "%s: no parameters were added", fn);
-    na_tensor **in = na_arena_host_alloc((size_t)fo->n * sizeof *in);
-    na_tensor **out = in ? na_arena_host_alloc((size_t)fo->n * sizeof *out) : NULL;
+    na_view **in = na_arena_host_alloc((size_t)fo->n * sizeof *in);
+    na_view **out = in ? na_arena_host_alloc((size_t)fo->n * sizeof *out) : NULL;
     if (!out) return na_last_status();
     int count = 0, rc = NA_OK;
     for (int64_t i = 0; i < fo->n && !rc; i++) {
@@ -251,10 +251,10 @@ int na_fp16_optimizer_update_master_grads(na_fp16_optimizer *fo) {
             if (p->flat_view) rc = na_fill_(p->master_grad, 0.0);
             continue;
         }
-        in[count] = g;
-        out[count++] = p->master == p->model ? g : p->master_grad;
+        in[count] = &g->view;
+        out[count++] = p->master == p->model ? &g->view : &p->master_grad->view;
     }
-    if (!rc) rc = na_grad_scaler_unscale_into_(fo->scaler, count, (const na_tensor *const *)in,
+    if (!rc) rc = na_grad_scaler_unscale_into_(fo->scaler, count, (const na_view *const *)in,
                                                out, fo->found_inf);
     if (rc) return na_set_error(rc, "%s: %s", fn, na_last_error());
     fo->grads_fresh = true;
@@ -283,7 +283,7 @@ int na_fp16_optimizer_step(na_fp16_optimizer *fo) {
                             "na_fp16_optimizer_backward(fo, loss, true), or "
                             "na_fp16_optimizer_update_master_grads after backward(..., false)", fn);
     bool never_skips = na_grad_scaler_kind(fo->scaler) == NA_SCALER_STATIC;
-    const na_tensor *flag = fo->found_inf;
+    const na_view *flag = &fo->found_inf->view;
     int rc = na_grad_scaler_update_from_(fo->scaler, 1, &flag);
     if (rc) return na_set_error(rc, "%s: %s", fn, na_last_error());
     if (fo->verbose && !never_skips && na_fp16_optimizer_overflow(fo))

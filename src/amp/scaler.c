@@ -347,16 +347,16 @@ na_tensor *na_grad_scaler_scale(na_grad_scaler *gs, na_tensor *loss) {
     return l ? na_mul(l, gs->scale) : NULL;
 }
 
-int na_grad_scaler_unscale_into_(na_grad_scaler *gs, int n, const na_tensor *const *in,
-                                 na_tensor *const *out, na_tensor *found_inf) {
+int na_grad_scaler_unscale_into_(na_grad_scaler *gs, int n, const na_view *const *in,
+                                 na_view *const *out, na_tensor *found_inf) {
     const na_backend *be = na_backend_get(gs->device);
     if (!be) return na_last_status();
-    int rc = NA_AMP_NEED_KERNEL("na_grad_scaler", be, amp_unscale);
+    int rc = NA_BACKEND_NEED(be, amp_unscale);
     /* disabled: a scale of 1 (the copy and the inf/NaN check still happen) */
     const na_tensor *scale = gs->enabled ? gs->scale : na_scalar(NA_DTYPE_F32, gs->device, 1.0);
     if (!rc && !scale) rc = na_last_status();
-    if (!rc && found_inf) rc = be->fill(found_inf, 0.0);
-    if (!rc && n) rc = be->amp_unscale(n, in, out, scale, found_inf);
+    if (!rc && found_inf) rc = be->fill(&found_inf->view, 0.0);
+    if (!rc && n) rc = be->amp_unscale(n, in, out, &scale->view, NA_VIEW_OF(found_inf));
     return rc;
 }
 
@@ -373,7 +373,7 @@ int na_grad_scaler_unscale_(na_grad_scaler *gs, na_optim *opt) {
     if (r->st == STAGE_STEPPED)
         return na_set_error(NA_ESTATE, "%s: unscale_() is being called after step().", fn);
     int64_t np = na_optim_num_params(opt);
-    na_tensor **grads = na_arena_host_alloc((size_t)(np ? np : 1) * sizeof *grads);
+    na_view **grads = na_arena_host_alloc((size_t)(np ? np : 1) * sizeof *grads);
     if (!grads) return na_last_status();
     int count = 0;
     for (int64_t i = 0; i < np; i++) {
@@ -388,9 +388,9 @@ int na_grad_scaler_unscale_(na_grad_scaler *gs, na_optim *opt) {
             return na_set_error(NA_EDEVICE, "%s: gradient of parameter %" PRId64 " is %s; expected "
                                 "a contiguous float tensor on the scaler's device (%s)", fn, i,
                                 na_tensor_describe(g, d, sizeof d), na_device_name(gs->device));
-        grads[count++] = g;
+        grads[count++] = &g->view;
     }
-    int rc = na_grad_scaler_unscale_into_(gs, count, (const na_tensor *const *)grads, grads,
+    int rc = na_grad_scaler_unscale_into_(gs, count, (const na_view *const *)grads, grads,
                                           r->found_inf);
     if (rc) return na_set_error(rc, "%s: %s", fn, na_last_error());
     r->st = STAGE_UNSCALED;
@@ -416,7 +416,7 @@ int na_grad_scaler_step(na_grad_scaler *gs, na_optim *opt) {
     return NA_OK;
 }
 
-static int update(na_grad_scaler *gs, int n_found, const na_tensor *const *flags,
+static int update(na_grad_scaler *gs, int n_found, const na_view *const *flags,
                   double new_scale) {
     const char *fn = "na_grad_scaler_update";
     na_scaler_kind kind = na_grad_scaler_kind(gs);
@@ -426,11 +426,13 @@ static int update(na_grad_scaler *gs, int n_found, const na_tensor *const *flags
     if (rc) return rc; /* e.g. values set through the state list since the last scale() */
     const na_backend *be = na_backend_get(gs->device);
     if (!be) return na_last_status();
-    if ((rc = NA_AMP_NEED_KERNEL(fn, be, amp_update_scale))) return rc;
-    return be->amp_update_scale((int)kind, hp, gs->scale, gs->counters, n_found, flags);
+    if ((rc = NA_BACKEND_NEED(be, amp_update_scale)))
+        return na_set_error(rc, "%s: %s", fn, na_last_error());
+    return be->amp_update_scale((int)kind, hp, &gs->scale->view, &gs->counters->view, n_found,
+                                flags);
 }
 
-int na_grad_scaler_update_from_(na_grad_scaler *gs, int n_found, const na_tensor *const *flags) {
+int na_grad_scaler_update_from_(na_grad_scaler *gs, int n_found, const na_view *const *flags) {
     return gs->enabled ? update(gs, n_found, flags, 0.0) : NA_OK;
 }
 
@@ -439,12 +441,12 @@ static int update_common(const char *fn, na_grad_scaler *gs, double new_scale) {
     if (!gs->enabled) return NA_OK;
     int rc = check_scaled(fn, gs);
     if (rc) return rc;
-    const na_tensor **flags = na_arena_host_alloc((size_t)(gs->n_recs ? gs->n_recs : 1) *
+    const na_view **flags = na_arena_host_alloc((size_t)(gs->n_recs ? gs->n_recs : 1) *
                                                   sizeof *flags);
     if (!flags) return na_last_status();
     int n = 0;
     for (int i = 0; i < gs->n_recs; i++)
-        if (gs->recs[i].st != STAGE_READY) flags[n++] = gs->recs[i].found_inf;
+        if (gs->recs[i].st != STAGE_READY) flags[n++] = &gs->recs[i].found_inf->view;
     if (!n && !(new_scale > 0.0))
         return na_set_error(NA_ESTATE, "%s: No inf checks were recorded prior to update() (call "
                             "na_grad_scaler_step for each optimizer first).", fn);

@@ -131,7 +131,7 @@ static int add_same_shape(na_tensor *out, const na_tensor *a, const na_tensor *b
         bc.a_stride[i] = a->stride[i];
         bc.b_stride[i] = b->stride[i];
     }
-    return na_be(out)->binary(NA_BINARY_ADD, a, b, out, &bc);
+    return na_be(out)->binary(NA_BINARY_ADD, &a->view, &b->view, &out->view, &bc);
 }
 
 static int accumulate(na_tensor *t, na_tensor *g) {
@@ -159,7 +159,7 @@ static int accumulate(na_tensor *t, na_tensor *g) {
         t->grad = t->persistent ? na_tensor_new(t->dtype, t->device, t->ndim, t->shape)
                                 : na_empty(t->dtype, t->device, t->ndim, t->shape);
         if (!t->grad) return na_last_status();
-        return na_be(t)->copy(t->grad, g);
+        return na_be(t)->copy(&t->grad->view, &g->view);
     }
     return add_same_shape(t->grad, t->grad, g);
 }

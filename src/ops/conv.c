@@ -46,7 +46,8 @@ na_tensor *na_conv2d(na_tensor *x, na_tensor *w, na_tensor *b, const na_conv2d_o
     x = na_contiguous(ins[0]), w = na_contiguous(ins[1]), b = b ? na_contiguous(ins[2]) : NULL;
     if (!x || !w || (ins[2] && !b)) return NULL;
     na_tensor *y = na_empty(x->dtype, x->device, NA_SHAPE(g.n, g.c_out, g.oh, g.ow));
-    if (!y || na_be(x)->conv2d(&g, x, w, b, y) != NA_OK) return NULL;
+    if (!y || na_be(x)->conv2d(&g, &x->view, &w->view, NA_VIEW_OF(b), &y->view) != NA_OK)
+        return NULL;
     na_tensor *in[3] = {x, w, b};
     na_node *n = na_op_record(NA_OP_CONV2D, y, 3, in);
     if (n && !(n->extra = na_conv_geom_copy(&g))) return NULL;
@@ -61,11 +62,11 @@ int na_bw_CONV2D(na_node *n, na_tensor *gout, na_tensor **gin) {
     int rc;
     if (na_node_needs_grad(n, 0)) {
         if (!(gin[0] = na_empty_like(x))) return na_last_status();
-        if ((rc = be->conv2d_backward_data(g, gy, w, gin[0]))) return rc;
+        if ((rc = be->conv2d_backward_data(g, &gy->view, &w->view, &gin[0]->view))) return rc;
     }
     if (na_node_needs_grad(n, 1)) {
         if (!(gin[1] = na_empty_like(w))) return na_last_status();
-        if ((rc = be->conv2d_backward_weight(g, x, gy, gin[1]))) return rc;
+        if ((rc = be->conv2d_backward_weight(g, &x->view, &gy->view, &gin[1]->view))) return rc;
     }
     if (na_node_needs_grad(n, 2)) { /* gb = sum of gy over N, H, W */
         na_tensor *r = na_reshape(gy, 3, (const int64_t[]){g->n, g->c_out, -1});

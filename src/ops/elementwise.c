@@ -52,7 +52,7 @@ static na_tensor *binary(const char *fn, na_op op, na_binary_op bop, na_tensor *
     na_broadcast bc;
     if (!a || !b || !broadcast_geometry(fn, a, b, &bc)) return NULL;
     na_tensor *out = na_empty(dt, a->device, bc.ndim, bc.shape);
-    if (!out || na_be(out)->binary(bop, a, b, out, &bc) != NA_OK) return NULL;
+    if (!out || na_be(out)->binary(bop, &a->view, &b->view, &out->view, &bc) != NA_OK) return NULL;
     na_tensor *in[2] = {a, b};
     na_op_record(op, out, 2, in);
     return out;
@@ -109,7 +109,7 @@ static na_tensor *unary(const char *fn, na_op op, na_tensor *x, double a, double
     x = na_contiguous(ins[0]);
     if (!x) return NULL;
     na_tensor *out = na_empty_like(x);
-    if (!out || na_be(x)->unary(uop, x, out, a, b) != NA_OK) return NULL;
+    if (!out || na_be(x)->unary(uop, &x->view, &out->view, a, b) != NA_OK) return NULL;
     na_node *n = na_op_record(op, out, 1, &x);
     if (n) {
         n->i[0] = uop;
@@ -124,7 +124,8 @@ static int unary_backward(na_node *n, na_tensor *gout, na_tensor **gin) {
     na_tensor *gx = g ? na_empty_like(x) : NULL;
     if (!gx) return na_last_status();
     gin[0] = gx;
-    return na_be(x)->unary_backward((na_unary_op)n->i[0], x, n->out, g, gx, n->f[0], n->f[1]);
+    return na_be(x)->unary_backward((na_unary_op)n->i[0], &x->view, &n->out->view, &g->view,
+                                     &gx->view, n->f[0], n->f[1]);
 }
 
 /* The front-end na_<lower> of op ID and its backward; the kernel comes from the op table. */
@@ -162,12 +163,13 @@ na_tensor *na_dropout(na_tensor *x, double p, bool training) {
     na_tensor *mask = na_empty(x->dtype, x->device, x->ndim, x->shape);
     if (!mask) return NULL;
     const na_backend *be = na_be(x);
-    if (be->dropout_mask(mask, p, na_rng_seed(), na_rng_reserve((uint64_t)x->numel)) != NA_OK)
+    if (be->dropout_mask(&mask->view, p, na_rng_seed(), na_rng_reserve((uint64_t)x->numel)))
         return NULL;
     na_broadcast bc;
     if (!broadcast_geometry(fn, x, mask, &bc)) return NULL;
     na_tensor *out = na_empty_like(mask);
-    if (!out || be->binary(NA_BINARY_MUL, x, mask, out, &bc) != NA_OK) return NULL;
+    if (!out || be->binary(NA_BINARY_MUL, &x->view, &mask->view, &out->view, &bc) != NA_OK)
+        return NULL;
     na_node *n = na_op_record(NA_OP_DROPOUT, out, 1, &x);
     if (n) n->saved[0] = mask;
     return out;

@@ -17,7 +17,7 @@ static na_tensor *softmax(const char *fn, na_op op, na_tensor *x, bool log) {
     if (na_autocast_inputs(op, ins, 1) != NA_OK || !(x = na_contiguous(ins[0]))) return NULL;
     int64_t cols = x->shape[x->ndim - 1], rows = cols ? x->numel / cols : 0;
     na_tensor *y = na_empty_like(x);
-    if (!y || na_be(x)->softmax(x, y, rows, cols, log) != NA_OK) return NULL;
+    if (!y || na_be(x)->softmax(&x->view, &y->view, rows, cols, log) != NA_OK) return NULL;
     na_node *n = na_op_record(op, y, 1, &x);
     if (n) n->i[0] = rows, n->i[1] = cols;
     return y;
@@ -32,7 +32,7 @@ static int softmax_backward(na_node *n, na_tensor *gout, na_tensor **gin, bool l
     na_tensor *g = na_contiguous(gout), *gx = g ? na_empty_like(n->inputs[0]) : NULL;
     if (!gx) return na_last_status();
     gin[0] = gx;
-    return na_be(gx)->softmax_backward(n->out, g, gx, n->i[0], n->i[1], log);
+    return na_be(gx)->softmax_backward(&n->out->view, &g->view, &gx->view, n->i[0], n->i[1], log);
 }
 int na_bw_SOFTMAX(na_node *n, na_tensor *gout, na_tensor **gin) {
     return softmax_backward(n, gout, gin, false);
@@ -105,7 +105,8 @@ na_tensor *na_cross_entropy(na_tensor *logits, na_tensor *labels,
     na_tensor *per = na_empty(acc, x->device, NA_SHAPE(n_rows));
     na_tensor *lse = na_empty(acc, x->device, NA_SHAPE(n_rows));
     if (!per || !lse) return NULL;
-    if (na_be(x)->cross_entropy(x, lab, per, lse, o.label_smoothing) != NA_OK) return NULL;
+    if (na_be(x)->cross_entropy(&x->view, &lab->view, &per->view, &lse->view,
+                                o.label_smoothing) != NA_OK) return NULL;
     bool prev = na_grad_enabled();
     if (prev) na_no_grad_begin(); /* the reduction is part of this op's node */
     na_tensor *out = reduce_loss(per, o.reduction);
@@ -128,7 +129,8 @@ int na_bw_CROSS_ENTROPY(na_node *n, na_tensor *gout, na_tensor **gin) {
     na_tensor *gx = g ? na_empty_like(x) : NULL;
     if (!gx) return na_last_status();
     gin[0] = gx;
-    return na_be(x)->cross_entropy_backward(x, n->inputs[1], lse, g, gx, n->f[0]);
+    return na_be(x)->cross_entropy_backward(&x->view, &n->inputs[1]->view, &lse->view, &g->view,
+                                             &gx->view, n->f[0]);
 }
 
 /* ---- MSE -------------------------------------------------------------------------------- */

@@ -61,10 +61,13 @@ na_tensor *na_batch_norm(na_tensor *x, na_tensor *running_mean, na_tensor *runni
     na_tensor *mean = na_empty(pdt, x->device, NA_SHAPE(c));
     na_tensor *invstd = na_empty(pdt, x->device, NA_SHAPE(c));
     if (!y || !mean || !invstd) return NULL;
-    int rc = training ? be->batch_norm_train(x, weight, bias, running_mean, running_var, y, mean,
-                                             invstd, nb, c, sp, momentum, eps)
-                      : be->batch_norm_eval(x, weight, bias, running_mean, running_var, y, nb,
-                                            c, sp, eps);
+    int rc = training ? be->batch_norm_train(&x->view, NA_VIEW_OF(weight), NA_VIEW_OF(bias),
+                                             NA_VIEW_OF(running_mean), NA_VIEW_OF(running_var),
+                                             &y->view, &mean->view, &invstd->view, nb, c, sp,
+                                             momentum, eps)
+                      : be->batch_norm_eval(&x->view, NA_VIEW_OF(weight), NA_VIEW_OF(bias),
+                                            &running_mean->view, &running_var->view, &y->view,
+                                            nb, c, sp, eps);
     if (rc) return NULL;
     na_tensor *in[3] = {x, weight, bias};
     na_node *n = na_op_record(NA_OP_BATCH_NORM, y, 3, in);
@@ -72,7 +75,8 @@ na_tensor *na_batch_norm(na_tensor *x, na_tensor *running_mean, na_tensor *runni
         na_no_grad_begin();
         na_tensor *v = na_rsqrt(na_add_scalar(running_var, eps));
         na_no_grad_end();
-        if (!v || be->copy(invstd, v) != NA_OK || be->copy(mean, running_mean) != NA_OK) return NULL;
+        if (!v || be->copy(&invstd->view, &v->view) != NA_OK ||
+            be->copy(&mean->view, &running_mean->view) != NA_OK) return NULL;
     }
     if (n) {
         n->saved[0] = mean;
@@ -95,6 +99,8 @@ int na_bw_BATCH_NORM(na_node *n, na_tensor *gout, na_tensor **gin) {
     if (!gx && !gw && !gb) return NA_OK;
     /* the kernel always computes gx; give it a scratch buffer when x needs none */
     if (!gx && !(gx = na_empty_like(x))) return na_last_status();
-    return na_be(x)->batch_norm_backward(x, gy, w, n->saved[0], n->saved[1], gx, gw, gb, n->i[0],
-                                         n->i[1], n->i[2], n->i[3] != 0);
+    return na_be(x)->batch_norm_backward(&x->view, &gy->view, NA_VIEW_OF(w), &n->saved[0]->view,
+                                         &n->saved[1]->view, &gx->view, NA_VIEW_OF(gw),
+                                         NA_VIEW_OF(gb), n->i[0], n->i[1], n->i[2],
+                                         n->i[3] != 0);
 }

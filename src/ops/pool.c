@@ -37,7 +37,8 @@ static na_tensor *pool(const char *fn, na_op op, na_tensor *x, const na_pool2d_o
                                                        y ? y->shape : NULL) : NULL;
     if (!y || (op == NA_OP_MAX_POOL2D && !idx)) return NULL;
     const na_backend *be = na_be(x);
-    int rc = op == NA_OP_MAX_POOL2D ? be->max_pool2d(&g, x, y, idx) : be->avg_pool2d(&g, x, y);
+    int rc = op == NA_OP_MAX_POOL2D ? be->max_pool2d(&g, &x->view, &y->view, &idx->view)
+                                    : be->avg_pool2d(&g, &x->view, &y->view);
     if (rc) return NULL;
     na_node *n = na_op_record(op, y, 1, &x);
     if (n) {
@@ -58,14 +59,14 @@ int na_bw_MAX_POOL2D(na_node *n, na_tensor *gout, na_tensor **gin) {
     na_tensor *gy = na_contiguous(gout), *gx = gy ? na_empty_like(n->inputs[0]) : NULL;
     if (!gx) return na_last_status();
     gin[0] = gx;
-    return na_be(gx)->max_pool2d_backward(n->extra, gy, n->saved[0], gx);
+    return na_be(gx)->max_pool2d_backward(n->extra, &gy->view, &n->saved[0]->view, &gx->view);
 }
 
 int na_bw_AVG_POOL2D(na_node *n, na_tensor *gout, na_tensor **gin) {
     na_tensor *gy = na_contiguous(gout), *gx = gy ? na_empty_like(n->inputs[0]) : NULL;
     if (!gx) return na_last_status();
     gin[0] = gx;
-    return na_be(gx)->avg_pool2d_backward(n->extra, gy, gx);
+    return na_be(gx)->avg_pool2d_backward(n->extra, &gy->view, &gx->view);
 }
 
 static na_tensor *global_pool(const char *fn, na_tensor *x, bool max) {

@@ -34,7 +34,8 @@ static na_tensor *reduce(const char *fn, na_op op, na_reduce_op rop, na_tensor *
     na_tensor *out = na_empty(x->dtype, x->device, nd, shape);
     na_tensor *idx = rop == NA_REDUCE_MAX ? na_empty(NA_DTYPE_I32, x->device, nd, shape) : NULL;
     if (!out || (rop == NA_REDUCE_MAX && !idx)) return NULL;
-    if (na_be(x)->reduce(rop, x, out, idx, outer, r, inner) != NA_OK) return NULL;
+    if (na_be(x)->reduce(rop, &x->view, &out->view, NA_VIEW_OF(idx), outer, r, inner) != NA_OK)
+        return NULL;
     na_node *n = na_op_record(op, out, 1, &x);
     if (n) {
         n->i[0] = outer;
@@ -81,7 +82,8 @@ int na_bw_MAX(na_node *n, na_tensor *gout, na_tensor **gin) {
     na_tensor *gx = g ? na_empty(g->dtype, x->device, x->ndim, x->shape) : NULL;
     if (!gx) return na_last_status();
     gin[0] = gx;
-    return na_be(x)->scatter_max_grad(g, n->saved[0], gx, n->i[0], n->i[1], n->i[2]);
+    return na_be(x)->scatter_max_grad(&g->view, &n->saved[0]->view, &gx->view, n->i[0], n->i[1],
+                                         n->i[2]);
 }
 
 na_tensor *na_argmax(na_tensor *x, int dim, bool keepdim) {
@@ -96,7 +98,7 @@ na_tensor *na_argmax(na_tensor *x, int dim, bool keepdim) {
     }
     int nd = reduced_shape(x, dim, keepdim, shape);
     na_tensor *idx = na_empty(NA_DTYPE_I32, x->device, nd, shape);
-    if (!idx || na_be(x)->argmax(x, idx, outer, r, inner) != NA_OK) return NULL;
+    if (!idx || na_be(x)->argmax(&x->view, &idx->view, outer, r, inner) != NA_OK) return NULL;
     return idx; /* integer output: never part of the graph */
 }
 

@@ -80,7 +80,7 @@ na_tensor *na_expand_to(na_tensor *t, int ndim, const int64_t *shape) {
     }
     v->numel = na_shape_numel(ndim, shape);
     na_tensor *out = na_empty(t->dtype, t->device, ndim, shape);
-    return out && na_be(t)->copy(out, v) == NA_OK ? out : NULL;
+    return out && na_be(t)->copy(&out->view, &v->view) == NA_OK ? out : NULL;
 }
 
 /* ---- permute / transpose --------------------------------------------------------------- */
@@ -156,7 +156,7 @@ int na_bw_SLICE(na_node *n, na_tensor *gout, na_tensor **gin) {
     rows->shape[0] = gout->shape[0];
     rows->numel = gout->numel;
     rows->data = (char *)g->data + n->i[0] * g->stride[0] * (int64_t)na_dtype_size(g->dtype);
-    int rc = na_be(g)->copy(rows, gout);
+    int rc = na_be(g)->copy(&rows->view, &gout->view);
     gin[0] = g;
     return rc;
 }
@@ -167,7 +167,7 @@ na_tensor *na_contiguous(na_tensor *t) {
     if (!na_check_tensor("na_contiguous", t, "input")) return NULL;
     if (na_is_contiguous(t)) return t;
     na_tensor *out = na_empty(t->dtype, t->device, t->ndim, t->shape);
-    if (!out || na_be(t)->copy(out, t) != NA_OK) return NULL;
+    if (!out || na_be(t)->copy(&out->view, &t->view) != NA_OK) return NULL;
     na_op_record(NA_OP_CONTIGUOUS, out, 1, &t);
     return out;
 }
@@ -188,7 +188,7 @@ na_tensor *na_cast(na_tensor *x, na_dtype dt) {
     }
     if (dt == x->dtype) return x;
     na_tensor *out = na_empty(dt, x->device, x->ndim, x->shape);
-    if (!out || na_be(x)->copy(out, x) != NA_OK) return NULL;
+    if (!out || na_be(x)->copy(&out->view, &x->view) != NA_OK) return NULL;
     if (na_dtype_is_float(x->dtype) && na_dtype_is_float(dt)) na_op_record(NA_OP_CAST, out, 1, &x);
     return out;
 }

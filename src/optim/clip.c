@@ -11,11 +11,11 @@
 #include "src/tensor/tensor_internal.h"
 
 /* g *= coef (f32 0-dim, broadcast), in place through the backend's binary kernel. */
-static int scale_in_place(na_tensor *g, na_tensor *coef) {
+static int scale_in_place(na_view *g, na_tensor *coef) {
     if (g->dtype != coef->dtype && !(coef = na_cast(coef, g->dtype))) return na_last_status();
     na_broadcast bc = {.ndim = g->ndim};
     for (int i = 0; i < g->ndim; i++) bc.shape[i] = g->shape[i], bc.a_stride[i] = g->stride[i];
-    return na_be(g)->binary(NA_BINARY_MUL, g, coef, g, &bc);
+    return na_backend_get(g->device)->binary(NA_BINARY_MUL, g, &coef->view, g, &bc);
 }
 
 na_tensor *na_clip_grad_norm(na_tensor_list list, double max_norm) {
@@ -27,7 +27,7 @@ na_tensor *na_clip_grad_norm(na_tensor_list list, double max_norm) {
     }
     int64_t n = list.n;
     na_tensor *const *params = list.items;
-    const na_tensor **grads = na_arena_host_alloc((size_t)(n ? n : 1) * sizeof *grads);
+    const na_view **grads = na_arena_host_alloc((size_t)(n ? n : 1) * sizeof *grads);
     if (!grads) return NULL;
     int count = 0;
     na_device dev = NA_DEVICE_CPU;
@@ -46,15 +46,15 @@ na_tensor *na_clip_grad_norm(na_tensor_list list, double max_norm) {
                               "float tensor",
                               fn, i);
         dev = g->device;
-        grads[count++] = g;
+        grads[count++] = &g->view;
     }
     const na_backend *be = rc ? NULL : na_backend_get(dev);
-    if (be && (rc = NA_OPTIM_NEED_KERNEL(be, l2norm))) be = NULL;
+    if (be && (rc = NA_BACKEND_NEED(be, l2norm))) be = NULL;
     na_tensor *norm = be ? na_empty(NA_DTYPE_F32, dev, 0, NULL) : NULL;
     na_tensor *coef = norm ? na_empty(NA_DTYPE_F32, dev, 0, NULL) : NULL;
-    if (coef) rc = be->l2norm(count, grads, norm, coef, max_norm);
+    if (coef) rc = be->l2norm(count, grads, &norm->view, &coef->view, max_norm);
     na_no_grad_begin();
-    for (int i = 0; coef && !rc && i < count; i++) rc = scale_in_place((na_tensor *)grads[i], coef);
+    for (int i = 0; coef && !rc && i < count; i++) rc = scale_in_place((na_view *)grads[i], coef);
     na_no_grad_end();
     if (!coef || rc) {
         if (!rc) rc = na_last_status();

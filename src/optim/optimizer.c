@@ -37,8 +37,8 @@ struct na_optim {
     int64_t n;
     param_state *ps;
     /* the lists of one kernel call, n entries each, kept so a step allocates nothing */
-    const na_tensor **l_grads;
-    na_tensor **l_params, **l_steps, **l_m, **l_v, **l_vmax, **l_copies;
+    const na_view **l_grads;
+    na_view **l_params, **l_steps, **l_m, **l_v, **l_vmax, **l_copies;
 };
 
 static const char *kind_fn(na_optim_kind k) {
@@ -206,7 +206,7 @@ int na_optim_add_group(na_optim *o, na_tensor_list list) {
     int rc = grow((void **)&o->groups, sizeof(opt_group), o->n_groups + 1);
     if (!rc) rc = grow((void **)&o->ps, sizeof(param_state), total);
     if (!rc) rc = grow((void **)&o->l_grads, sizeof(void *), total);
-    na_tensor ***lists[] = {&o->l_params, &o->l_steps, &o->l_m, &o->l_v, &o->l_vmax, &o->l_copies};
+    na_view ***lists[] = {&o->l_params, &o->l_steps, &o->l_m, &o->l_v, &o->l_vmax, &o->l_copies};
     for (size_t k = 0; k < sizeof lists / sizeof *lists && !rc; k++)
         rc = grow((void **)lists[k], sizeof(void *), total);
     if (rc) return rc;
@@ -288,9 +288,10 @@ static int step_group(na_optim *o, const opt_group *g, na_device dev,
             return na_set_error(NA_EDEVICE, "%s: parameter %" PRId64 " is on %s but its state on "
                                 "%s: make the optimizer after moving the model", fn, i,
                                 na_device_name(dev), na_device_name(s->step->device));
-        o->l_params[count] = p, o->l_grads[count] = grad, o->l_steps[count] = s->step;
-        o->l_m[count] = s->exp_avg, o->l_v[count] = s->exp_avg_sq;
-        o->l_vmax[count] = s->max_exp_avg_sq, o->l_copies[count] = copy;
+        o->l_params[count] = &p->view, o->l_grads[count] = &grad->view;
+        o->l_steps[count] = &s->step->view;
+        o->l_m[count] = NA_VIEW_OF(s->exp_avg), o->l_v[count] = NA_VIEW_OF(s->exp_avg_sq);
+        o->l_vmax[count] = NA_VIEW_OF(s->max_exp_avg_sq), o->l_copies[count] = NA_VIEW_OF(copy);
         count++;
     }
     if (!count) return NA_OK;
@@ -302,14 +303,14 @@ static int step_group(na_optim *o, const opt_group *g, na_device dev,
     const na_backend *be = na_backend_get(dev);
     if (!be) return na_last_status();
     bool sgd = o->kind == NA_OPTIM_SGD;
-    rc = sgd ? NA_OPTIM_NEED_KERNEL(be, sgd_step) : NA_OPTIM_NEED_KERNEL(be, adam_step);
+    rc = sgd ? NA_BACKEND_NEED(be, sgd_step) : NA_BACKEND_NEED(be, adam_step);
     if (rc) return na_set_error(rc, "%s: %s", fn, na_last_error());
     na_optim_tensors t = {
         .n = count, .params = o->l_params, .grads = o->l_grads, .steps = o->l_steps,
         .exp_avg = uses_exp_avg(o) ? o->l_m : NULL, .exp_avg_sq = sgd ? NULL : o->l_v,
         .max_exp_avg_sq = o->cfg.amsgrad && !sgd ? o->l_vmax : NULL,
-        .copies = opts && opts->copies ? o->l_copies : NULL, .found_inf = found_inf,
-        .inv_scale = inv_scale};
+        .copies = opts && opts->copies ? o->l_copies : NULL, .found_inf = NA_VIEW_OF(found_inf),
+        .inv_scale = NA_VIEW_OF(inv_scale)};
     return sgd ? be->sgd_step(&t, h) : be->adam_step(&t, h);
 }
 

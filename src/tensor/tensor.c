@@ -153,7 +153,7 @@ na_tensor *na_arange(na_dtype dt, na_device dev, double start, double stop, doub
     na_tensor *t = na_empty(dt, dev, NA_SHAPE(n));
     if (!t) return NULL;
     const na_backend *be = na_be(t);
-    return be && be->arange(t, start, step) == NA_OK ? t : NULL;
+    return be && be->arange(&t->view, start, step) == NA_OK ? t : NULL;
 }
 
 static na_tensor *random_fill(const char *fn, na_dtype dt, na_device dev, int ndim,
@@ -167,8 +167,8 @@ static na_tensor *random_fill(const char *fn, na_dtype dt, na_device dev, int nd
     if (!t) return NULL;
     const na_backend *be = na_be(t);
     uint64_t seed = na_rng_seed(), offset = na_rng_reserve((uint64_t)t->numel);
-    int rc = normal ? be->fill_normal(t, p0, p1, seed, offset)
-                    : be->fill_uniform(t, p0, p1, seed, offset);
+    int rc = normal ? be->fill_normal(&t->view, p0, p1, seed, offset)
+                    : be->fill_uniform(&t->view, p0, p1, seed, offset);
     return rc == NA_OK ? t : NULL;
 }
 
@@ -208,7 +208,7 @@ na_tensor *na_tensor_new(na_dtype dt, na_device dev, int ndim, const int64_t *sh
     t->persistent = true;
     size_t bytes = (size_t)t->numel * na_dtype_size(dt);
     t->data = be->alloc(bytes ? bytes : 1);
-    if (!t->data || be->fill(t, 0.0) != NA_OK) {
+    if (!t->data || be->fill(&t->view, 0.0) != NA_OK) {
         if (t->data) be->free(t->data);
         free(t);
         return NULL;
@@ -239,7 +239,7 @@ int na_copy_to_host(const na_tensor *t, void *host) {
     if (na_is_contiguous(t)) return be->memcpy_d2h(host, t->data, bytes);
     na_tensor *c = na_empty(t->dtype, t->device, t->ndim, t->shape);
     if (!c) return na_last_status();
-    int rc = be->copy(c, t);
+    int rc = be->copy(&c->view, &t->view);
     return rc ? rc : be->memcpy_d2h(host, c->data, bytes);
 }
 
@@ -262,7 +262,7 @@ int na_copy_(na_tensor *dst, const na_tensor *src) {
         return na_set_error(NA_EINVAL, "na_copy_: the destination must be contiguous");
     if (dst->device == src->device) {
         const na_backend *be = na_be(dst);
-        return be ? be->copy(dst, src) : na_last_status();
+        return be ? be->copy(&dst->view, &src->view) : na_last_status();
     }
     /* across devices: make src contiguous in its dtype, move the bytes, convert on dst */
     const na_backend *sbe = na_be(src), *dbe = na_be(dst);
@@ -275,7 +275,7 @@ int na_copy_(na_tensor *dst, const na_tensor *src) {
     if (!na_is_contiguous(src)) {
         na_tensor *c = na_empty(src->dtype, src->device, src->ndim, src->shape);
         if (!c) return na_last_status();
-        if ((rc = sbe->copy(c, src))) return rc;
+        if ((rc = sbe->copy(&c->view, &src->view))) return rc;
         s = c;
     }
     if (src->device == NA_DEVICE_CPU)
@@ -283,13 +283,13 @@ int na_copy_(na_tensor *dst, const na_tensor *src) {
     else
         rc = sbe->memcpy_d2h(staged->data, s->data, bytes);
     if (rc) return rc;
-    return dbe->copy(dst, staged);
+    return dbe->copy(&dst->view, &staged->view);
 }
 
 int na_fill_(na_tensor *t, double value) {
     if (!na_is_contiguous(t)) return na_set_error(NA_EINVAL, "na_fill_: tensor must be contiguous");
     const na_backend *be = na_be(t);
-    return be ? be->fill(t, value) : na_last_status();
+    return be ? be->fill(&t->view, value) : na_last_status();
 }
 
 double na_get(const na_tensor *t, int64_t i) {
