@@ -56,8 +56,7 @@ static int check_save_path(const trainer_opts *o) {
     return fd < 0 ? -1 : 0;
 }
 
-/* Per-channel mean and std of a dataset's pixels scaled to [0, 1]. */
-static void channel_stats(const na_dataset *ds, float *mean, float *std) {
+void trainer_channel_stats(const na_dataset *ds, float *mean, float *std) {
     int64_t plane = (int64_t)ds->height * ds->width;
     for (int c = 0; c < ds->channels; c++) {
         double s = 0, s2 = 0;
@@ -83,7 +82,7 @@ int trainer_setup(const trainer_opts *o, trainer_job *job) {
         return -1;
     }
     if (check_shapes(o, job) || check_save_path(o)) return -1;
-    channel_stats(job->train, job->mean, job->std);
+    trainer_channel_stats(job->train, job->mean, job->std);
     job->batcher.mean = job->mean, job->batcher.std = job->std;
     return 0;
 }

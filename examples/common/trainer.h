@@ -104,4 +104,8 @@ int trainer_evaluate(na_module *net, const na_dataset *ds, const float *mean, co
  * JSON line. Returns the process exit code. */
 int trainer_run(const trainer_opts *o, trainer_job *job);
 
+/* Per-channel mean and std of a data set's pixels scaled to [0, 1] (the batcher's
+ * normalization). */
+void trainer_channel_stats(const na_dataset *ds, float *mean, float *std);
+
 #endif

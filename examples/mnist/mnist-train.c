@@ -10,7 +10,8 @@
  *
  * The models are examples/common/models.c's; the training step of each --amp mode is in
  * examples/common/amp_step.c (trainer_amp_loss, trainer_amp_step), shared with cifar-train,
- * na-bench and the tests; the loop around it is examples/common/trainer.c. */
+ * na-bench and the tests; the loop around it is examples/common/trainer.c. mnist-minimal.c
+ * writes the --model mlp --amp fp16 step out in the open, in one loop to copy. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>

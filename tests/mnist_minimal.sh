@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# mnist-minimal writes mnist-train's fp16 training step out in the open; both must end on the
+# same loss and test accuracy, to the printed digit, for the same data, seed and batch, so
+# that the copyable loop and the trainers' shared recipe (examples/common/amp_step.c) cannot
+# drift apart.
+set -euo pipefail
+minimal="$1" train="$2"
+data="${NANOAMP_TEST_MNIST:-/usr/share/datasets/fashion-mnist}"
+if [ ! -f "$data/train-images-idx3-ubyte.gz" ] && [ ! -f "$data/train-images-idx3-ubyte" ]; then
+    echo "no MNIST-format data in $data: skipping"; exit 77
+fi
+export NANOAMP_NO_BLAS_TUNE=1
+out=$("$minimal" "$data" 2048 1000)
+echo "mnist-minimal: $out"
+want=$("$train" --data "$data" --model mlp --amp fp16 --epochs 1 --batch 128 --seed 1 --limit 2048 \
+    --test-limit 1000 --json --quiet | tail -n 1 | python3 -c 'import json,sys
+d = json.load(sys.stdin)
+print("final loss %.6f, test accuracy %.4f, loss scale %g" % (d["final_loss"], d["test_acc"], d["final_scale"]))')
+echo "mnist-train:   $want"
+[ "$out" = "$want" ] || { echo "FAIL: the open loop and the trainer differ"; echo "0 passed, 1 failed"; exit 1; }
+echo "1 passed, 0 failed"
