@@ -549,15 +549,9 @@ static bool parse_tensor_info(na_json *j, ck_entry *e) {
                             break;
                         }
                         shape[nd++] = (int64_t)v;
-                        char d = na_json_peek(j);
-                        if (d == ',') {
-                            j->i++;
-                            continue;
-                        }
-                        if (d == ']') {
-                            j->i++;
-                            break;
-                        }
+                        int more = na_json_after_item(j, ']');
+                        if (more > 0) continue;
+                        if (more == 0) break;
                         ok = na_json_fail(j, "tensor '%s': expected ',' or ']' in the shape",
                                           e->name);
                         break;
@@ -590,15 +584,9 @@ static bool parse_tensor_info(na_json *j, ck_entry *e) {
         }
         free(key);
         if (!ok) return false;
-        char d = na_json_peek(j);
-        if (d == ',') {
-            j->i++;
-            continue;
-        }
-        if (d == '}') {
-            j->i++;
-            break;
-        }
+        int more = na_json_after_item(j, '}');
+        if (more > 0) continue;
+        if (more == 0) break;
         return na_json_fail(j, "expected ',' or '}' in the info of tensor '%s'", e->name);
     }
     if (!have_dtype) return na_json_fail(j, "tensor '%s': missing field 'dtype'", e->name);
@@ -631,15 +619,9 @@ static bool parse_metadata(na_json *j, na_checkpoint *ck) {
             return false;
         }
         if (meta_append(ck, k, v)) return na_json_fail(j, "out of memory");
-        char d = na_json_peek(j);
-        if (d == ',') {
-            j->i++;
-            continue;
-        }
-        if (d == '}') {
-            j->i++;
-            return true;
-        }
+        int more = na_json_after_item(j, '}');
+        if (more > 0) continue;
+        if (more == 0) return true;
         return na_json_fail(j, "expected ',' or '}' in __metadata__");
     }
 }
@@ -678,15 +660,9 @@ static bool parse_header(na_json *j, na_checkpoint *ck) {
                 e->name = key;
                 if (!parse_tensor_info(j, e)) return false;
             }
-            char d = na_json_peek(j);
-            if (d == ',') {
-                j->i++;
-                continue;
-            }
-            if (d == '}') {
-                j->i++;
-                break;
-            }
+            int more = na_json_after_item(j, '}');
+            if (more > 0) continue;
+            if (more == 0) break;
             return na_json_fail(j, "expected ',' or '}' after a top-level entry");
         }
     na_json_ws(j);

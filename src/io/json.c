@@ -62,6 +62,13 @@ char na_json_peek(na_json *j) {
     return j->i < j->n ? j->s[j->i] : 0;
 }
 
+int na_json_after_item(na_json *j, char close) {
+    char d = na_json_peek(j);
+    if (d != ',' && d != close) return -1;
+    j->i++;
+    return d == ',';
+}
+
 static const char *describe(na_json *j) {
     static _Thread_local char buf[32];
     if (j->i >= j->n) return "the end of the header";
@@ -299,15 +306,9 @@ bool na_json_skip(na_json *j, int depth) {
         }
         for (;;) {
             if (!na_json_skip(j, depth + 1)) return false;
-            char d = na_json_peek(j);
-            if (d == ',') {
-                j->i++;
-                continue;
-            }
-            if (d == ']') {
-                j->i++;
-                return true;
-            }
+            int more = na_json_after_item(j, ']');
+            if (more > 0) continue;
+            if (more == 0) return true;
             return na_json_fail(j, "expected ',' or ']' in an array, found %s", describe(j));
         }
     case '{':
@@ -319,15 +320,9 @@ bool na_json_skip(na_json *j, int depth) {
         for (;;) {
             if (!string_impl(j, NULL) || !na_json_expect(j, ':') || !na_json_skip(j, depth + 1))
                 return false;
-            char d = na_json_peek(j);
-            if (d == ',') {
-                j->i++;
-                continue;
-            }
-            if (d == '}') {
-                j->i++;
-                return true;
-            }
+            int more = na_json_after_item(j, '}');
+            if (more > 0) continue;
+            if (more == 0) return true;
             return na_json_fail(j, "expected ',' or '}' in an object, found %s", describe(j));
         }
     default:

@@ -28,6 +28,10 @@ void na_json_ws(na_json *j);
 bool na_json_expect(na_json *j, char c);
 /* Peeks the next non-whitespace byte; 0 at the end. */
 char na_json_peek(na_json *j);
+/* After an item of an array or object: consumes ',' (1: another item follows) or `close`
+ * (0: the container ended); -1 for anything else (nothing consumed; the caller says what it
+ * expected). */
+int na_json_after_item(na_json *j, char close);
 /* Parses a string into a fresh malloc'ed NUL-terminated buffer (the decoded UTF-8). A string
  * holding U+0000 is rejected (names are C strings). */
 bool na_json_string(na_json *j, char **out);
