@@ -19,6 +19,7 @@
 
 #include "nanoamp/data.h"
 #include "nanoamp/error.h"
+#include "src/data/splitmix.h"
 #include "tmpdir.h"
 
 /* ---- helpers ------------------------------------------------------------------------------ */
@@ -1007,12 +1008,7 @@ Test(batcher, rejects_bad_configurations) {
 /* ---- mutation smoke test ------------------------------------------------------------------ */
 
 static uint64_t mix_state;
-static uint64_t rnd(void) {
-    uint64_t z = (mix_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
+static uint64_t rnd(void) { return na_splitmix64_next(&mix_state); }
 
 Test(idx, random_header_mutations_fail_cleanly) {
     /* seeded mutations of the headers, truncations and extensions of both files, plain and

@@ -18,6 +18,7 @@
 #include "nanoamp/error.h"
 #include "nanoamp/io.h"
 #include "nanoamp/tensor.h"
+#include "src/data/splitmix.h"
 #include "tmpdir.h"
 
 /* ---- helpers ------------------------------------------------------------------------------ */
@@ -838,12 +839,7 @@ Test(checkpoint, device_tensors_round_trip) {
 /* ---- mutation smoke test ------------------------------------------------------------------ */
 
 static uint64_t mix_state;
-static uint64_t rnd(void) {
-    uint64_t z = (mix_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
+static uint64_t rnd(void) { return na_splitmix64_next(&mix_state); }
 
 Test(checkpoint, random_mutations_fail_cleanly) {
     /* a valid file with metadata and several dtypes, then 3000 seeded mutations: flipped bytes,
