@@ -2,11 +2,13 @@
  *
  *   error.h     status codes and na_last_error()
  *   dtype.h     f64, f32, f16, bf16, i32, u8; devices
+ *   view.h      the plain view of memory that backend kernels take (every tensor embeds one)
  *   tensor.h    tensors, the step arena, the generator
- *   ops.h       the op table and the differentiable ops
- *   autograd.h  backward, no-grad, gradcheck
- *   amp.h       autocast, loss scaling, master weights, monitoring
  *   state.h     tensor lists: parameter lists and the state protocol
+ *   ops.h       the op table and the differentiable ops
+ *   autocast.h  autocast regions, rules and the trace (included by amp.h)
+ *   autograd.h  backward, no-grad, gradcheck
+ *   amp.h       loss scaling, master weights, model conversion, monitoring
  *   nn.h        modules and layers
  *   optim.h     SGD, Adam, AdamW, schedules, clipping
  *   data.h      MNIST/CIFAR readers and batching
