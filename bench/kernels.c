@@ -2,10 +2,12 @@
  * (the training step is na-bench's job). Each case prints the minimum over --repeats timed
  * calls, in milliseconds, which is the figure least disturbed by other work on the machine.
  *
- *   na-kbench [--repeats N] [case...]     cases: convert (default: all)
+ *   na-kbench [--repeats N] [case...]     cases: convert, maxpool (default: all)
  *
  * convert: f32 <-> f16 / bf16 of 4.8M elements (one CNN activation set), through the
- *          portable half.h loops and through the CPU's instructions (cpu_convert.c). */
+ *          portable half.h loops and through the CPU's instructions (cpu_convert.c).
+ * maxpool: the MNIST CNN's two 2x2 max pools (batch 128), forward with indices, f32 and f16,
+ *          through the generic window loop and the 2x2 path (cpu_conv.c). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -63,11 +65,59 @@ static int bench_convert(void) {
     return 0;
 }
 
+static na_view bench_view(na_dtype dt, int ndim, const int64_t *shape) {
+    na_view v = {.dtype = dt, .device = NA_DEVICE_CPU, .ndim = ndim, .numel = 1};
+    for (int d = ndim - 1; d >= 0; d--) {
+        v.shape[d] = shape[d];
+        v.stride[d] = v.numel;
+        v.numel *= shape[d];
+    }
+    v.data = calloc((size_t)v.numel, na_dtype_size(dt));
+    return v;
+}
+
+static void bench_fill(na_view *v) { /* values in [-1, 1), a few ties */
+    for (int64_t i = 0; i < v->numel; i++)
+        na_cpu_set(v->dtype, v->data, i, (double)((i * 2654435761u) % 1000) / 500.0 - 1.0);
+}
+
+static int bench_maxpool(void) {
+    const int64_t shapes[2][4] = {{128, 32, 28, 28}, {128, 64, 14, 14}};
+    const na_dtype dts[2] = {NA_DTYPE_F32, NA_DTYPE_F16};
+    int rc = 0;
+    for (int s = 0; s < 2; s++)
+        for (int t = 0; t < 2; t++) {
+            const int64_t *xs = shapes[s];
+            int64_t ys[4] = {xs[0], xs[1], xs[2] / 2, xs[3] / 2};
+            na_conv_geom g = {.n = xs[0], .c_in = xs[1], .h = xs[2], .w = xs[3], .c_out = xs[1],
+                              .oh = ys[2], .ow = ys[3], .kh = 2, .kw = 2, .sh = 2, .sw = 2,
+                              .dh = 1, .dw = 1, .groups = 1};
+            na_view x = bench_view(dts[t], 4, xs), y = bench_view(dts[t], 4, ys),
+                    idx = bench_view(NA_DTYPE_I32, 4, ys);
+            if (!x.data || !y.data || !idx.data) return 1;
+            bench_fill(&x);
+            char name[64];
+            snprintf(name, sizeof name, "max_pool2d_%s_%lldx%lld", dts[t] == NA_DTYPE_F32 ? "f32" : "f16",
+                     (long long)xs[2], (long long)xs[3]);
+            for (int generic = 1; generic >= 0; generic--) {
+                na_cpu_pool_force_generic = generic;
+                const char *v = generic ? "generic" : "2x2";
+                double ms;
+                BENCH_MIN_MS(ms, rc |= na_cpu_max_pool2d(&g, &x, &y, &idx));
+                print_row(name, v, x.numel, ms);
+            }
+            na_cpu_pool_force_generic = false;
+            free(x.data), free(y.data), free(idx.data);
+        }
+    return rc != 0;
+}
+
 static const struct {
     const char *name;
     int (*run)(void);
 } cases[] = {
     {"convert", bench_convert},
+    {"maxpool", bench_maxpool},
 };
 
 int main(int argc, char **argv) {

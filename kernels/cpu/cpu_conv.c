@@ -288,11 +288,54 @@ static void win_range(int64_t start, int64_t size, int64_t d, int k, int64_t *lo
         }                                                                                   \
     }
 
+/* ---- the 2x2 stride-2 max pool of CNNs, written to vectorize --------------------------------
+ * Windows 2x2, stride 2, no padding or dilation, each inside the input. Same bits and indices
+ * as the generic loop below, which stays the specification (tests compare the two on random
+ * inputs with NaNs and ties): the first maximum in row-major window order wins, and the first
+ * NaN wins over any number. The backward needs no such path: its memset and one scatter per
+ * output already run at memory speed (a 2x2 select version measured 1.5-2x slower). */
+bool na_cpu_pool_force_generic = false;
+
+static bool is_pool_2x2(const na_conv_geom *g) {
+    return !na_cpu_pool_force_generic && g->kh == 2 && g->kw == 2 && g->sh == 2 && g->sw == 2 &&
+           g->ph == 0 && g->pw == 0 && g->dh == 1 && g->dw == 1 && 2 * g->oh <= g->h &&
+           2 * g->ow <= g->w && g->h * g->w <= INT32_MAX;
+}
+
+/* the generic loop's "v replaces best" (larger, or a NaN over a number) as selects */
+#define NA_CPU_POOL_TAKE(T, v, off)                                                         \
+    do {                                                                                    \
+        T v_ = (v);                                                                         \
+        int take_ = (v_ > best) | ((v_ != v_) & (best == best));                            \
+        best = take_ ? v_ : best;                                                           \
+        bi = take_ ? (off) : bi;                                                            \
+    } while (0)
+
+#define NA_CPU_DEFINE_POOL_2X2(T, SFX)                                                      \
+    /* one output row from input rows r0, r1; `at` is the flat index of r0[0] */            \
+    static void max_pool_2x2_row_##SFX(const T *restrict r0, const T *restrict r1,          \
+                                       int64_t ow, int32_t at, int32_t w, T *restrict y,    \
+                                       int32_t *restrict idx) {                             \
+        for (int64_t ox = 0; ox < ow; ox++) {                                               \
+            T best = r0[2 * ox];                                                            \
+            int32_t bi = 0;                                                                 \
+            NA_CPU_POOL_TAKE(T, r0[2 * ox + 1], 1);                                         \
+            NA_CPU_POOL_TAKE(T, r1[2 * ox], w);                                             \
+            NA_CPU_POOL_TAKE(T, r1[2 * ox + 1], w + 1);                                     \
+            y[ox] = best;                                                                   \
+            if (idx) idx[ox] = at + 2 * (int32_t)ox + bi;                                   \
+        }                                                                                   \
+    }
+
+NA_CPU_DEFINE_POOL_2X2(float, f)
+NA_CPU_DEFINE_POOL_2X2(double, d)
+
 #define NA_CPU_DEFINE_POOL(T, SFX)                                                          \
     static int max_pool_##SFX(const na_conv_geom *g, const na_view *x, na_view *y,          \
                               na_view *idx) {                                               \
         const char *fn = "cpu_max_pool2d";                                                  \
         NA_CPU_POOL_LOCALS(g);                                                              \
+        const bool pool_2x2 = is_pool_2x2(g);                                               \
         T *xb = na_cpu_scratch(NA_CPU_SCRATCH_0, (size_t)HW * sizeof(T), fn);               \
         T *yb = na_cpu_scratch(NA_CPU_SCRATCH_1, (size_t)P * sizeof(T), fn);                \
         if (!xb || !yb) return NA_ENOMEM;                                                   \
@@ -300,7 +343,12 @@ static void win_range(int64_t start, int64_t size, int64_t d, int k, int64_t *lo
             const T *xv = na_cpu_view_##SFX(x->dtype, x->data, pl * HW, HW, xb);            \
             T *yv = na_cpu_out_##SFX(y->dtype, y->data, pl * P, yb);                        \
             int32_t *iv = idx ? (int32_t *)idx->data + pl * P : NULL;                       \
-            NA_CPU_POOL_FOR_EACH_OUTPUT({                                                   \
+            if (pool_2x2) {                                                                 \
+                for (int64_t oy = 0; oy < OH; oy++)                                         \
+                    max_pool_2x2_row_##SFX(xv + 2 * oy * W, xv + (2 * oy + 1) * W, OW,      \
+                                           (int32_t)(2 * oy * W), (int32_t)W, yv + oy * OW, \
+                                           iv ? iv + oy * OW : NULL);                       \
+            } else NA_CPU_POOL_FOR_EACH_OUTPUT({                                            \
                 T best = -INFINITY;                                                         \
                 int64_t bi = -1;                                                            \
                 for (int64_t i = ilo; i < ihi; i++) {                                       \

@@ -250,6 +250,10 @@ int na_cpu_dgemm_builtin(bool ta, bool tb, int64_t m, int64_t n, int64_t k, doub
 /* Test hook: when true, na_cpu_sgemm/dgemm never use CBLAS. */
 extern bool na_cpu_gemm_force_builtin;
 
+/* Test hook: when true, max pooling always takes the generic window loop (the 2x2 stride-2
+ * path is checked against it). */
+extern bool na_cpu_pool_force_generic;
+
 /* Test hook: elements of scratch one convolution block (images per GEMM) may use. */
 extern int64_t na_cpu_conv_block_budget;
 
