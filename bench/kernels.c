@@ -2,12 +2,14 @@
  * (the training step is na-bench's job). Each case prints the minimum over --repeats timed
  * calls, in milliseconds, which is the figure least disturbed by other work on the machine.
  *
- *   na-kbench [--repeats N] [case...]     cases: convert, maxpool (default: all)
+ *   na-kbench [--repeats N] [case...]     cases: convert, maxpool, relu (default: all)
  *
  * convert: f32 <-> f16 / bf16 of 4.8M elements (one CNN activation set), through the
  *          portable half.h loops and through the CPU's instructions (cpu_convert.c).
  * maxpool: the MNIST CNN's two 2x2 max pools (batch 128), forward with indices, f32 and f16,
- *          through the generic window loop and the 2x2 path (cpu_conv.c). */
+ *          through the generic window loop and the 2x2 path (cpu_conv.c).
+ * relu:    ReLU forward and backward over the CNN's first activation (128x32x28x28), f32 and
+ *          f16 (the unary kernels of cpu_elementwise.c). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -76,9 +78,12 @@ static na_view bench_view(na_dtype dt, int ndim, const int64_t *shape) {
     return v;
 }
 
-static void bench_fill(na_view *v) { /* values in [-1, 1), a few ties */
-    for (int64_t i = 0; i < v->numel; i++)
-        na_cpu_set(v->dtype, v->data, i, (double)((i * 2654435761u) % 1000) / 500.0 - 1.0);
+static void bench_fill(na_view *v) { /* hashed values in [-1, 1): random signs, some ties */
+    for (int64_t i = 0; i < v->numel; i++) {
+        uint64_t z = ((uint64_t)i + 1) * 0x9E3779B97F4A7C15ull;
+        z = (z ^ (z >> 31)) * 0xBF58476D1CE4E5B9ull;
+        na_cpu_set(v->dtype, v->data, i, (double)((z >> 33) % 1000) / 500.0 - 1.0);
+    }
 }
 
 static int bench_maxpool(void) {
@@ -112,12 +117,37 @@ static int bench_maxpool(void) {
     return rc != 0;
 }
 
+static int bench_relu(void) {
+    const int64_t shape[4] = {128, 32, 28, 28};
+    const na_dtype dts[2] = {NA_DTYPE_F32, NA_DTYPE_F16};
+    int rc = 0;
+    for (int t = 0; t < 2; t++) {
+        na_view x = bench_view(dts[t], 4, shape), y = bench_view(dts[t], 4, shape),
+                gy = bench_view(dts[t], 4, shape), gx = bench_view(dts[t], 4, shape);
+        if (!x.data || !y.data || !gy.data || !gx.data) return 1;
+        bench_fill(&x);
+        bench_fill(&gy);
+        const char *dt = dts[t] == NA_DTYPE_F32 ? "f32" : "f16";
+        char name[64];
+        double ms;
+        BENCH_MIN_MS(ms, rc |= na_cpu_unary(NA_UNARY_RELU, &x, &y, 0, 0));
+        snprintf(name, sizeof name, "relu_%s", dt);
+        print_row(name, "", x.numel, ms);
+        BENCH_MIN_MS(ms, rc |= na_cpu_unary_backward(NA_UNARY_RELU, &x, &y, &gy, &gx, 0, 0));
+        snprintf(name, sizeof name, "relu_backward_%s", dt);
+        print_row(name, "", x.numel, ms);
+        free(x.data), free(y.data), free(gy.data), free(gx.data);
+    }
+    return rc != 0;
+}
+
 static const struct {
     const char *name;
     int (*run)(void);
 } cases[] = {
     {"convert", bench_convert},
     {"maxpool", bench_maxpool},
+    {"relu", bench_relu},
 };
 
 int main(int argc, char **argv) {
