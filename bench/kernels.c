@@ -102,8 +102,8 @@ static int bench_maxpool(void) {
             if (!x.data || !y.data || !idx.data) return 1;
             bench_fill(&x);
             char name[64];
-            snprintf(name, sizeof name, "max_pool2d_%s_%lldx%lld", dts[t] == NA_DTYPE_F32 ? "f32" : "f16",
-                     (long long)xs[2], (long long)xs[3]);
+            snprintf(name, sizeof name, "max_pool2d_%s_%lldx%lld",
+                     dts[t] == NA_DTYPE_F32 ? "f32" : "f16", (long long)xs[2], (long long)xs[3]);
             for (int generic = 1; generic >= 0; generic--) {
                 na_cpu_pool_force_generic = generic;
                 const char *v = generic ? "generic" : "2x2";

@@ -327,7 +327,8 @@ static inline void pool_take_sse2(__m128 v, __m128i off, __m128 *best, __m128i *
 static int64_t max_pool_2x2_vec_f(const float *r0, const float *r1, int64_t ow, int32_t at,
                                   int32_t w, float *y, int32_t *idx) {
     const __m128i first = _mm_set_epi32(6, 4, 2, 0); /* the windows' offsets in a row pair */
-    const __m128i right = _mm_set1_epi32(1), below = _mm_set1_epi32(w), diag = _mm_set1_epi32(w + 1);
+    const __m128i right = _mm_set1_epi32(1), below = _mm_set1_epi32(w);
+    const __m128i diag = _mm_set1_epi32(w + 1);
     int64_t ox = 0;
     for (; ox + 4 <= ow; ox += 4) {
         __m128 a0 = _mm_loadu_ps(r0 + 2 * ox), a1 = _mm_loadu_ps(r0 + 2 * ox + 4);

@@ -80,7 +80,8 @@ bool na_cpu_convert_is_fast(void) {
 }
 
 #ifdef NA_CPU_X86_FAST
-#define NA_CPU_CONVERT_(fast, soft, dst, src, n) (na_cpu_convert_is_fast() ? fast : soft)(dst, src, n)
+#define NA_CPU_CONVERT_(fast, soft, dst, src, n)                                            \
+    (na_cpu_convert_is_fast() ? fast : soft)(dst, src, n)
 #else
 #define NA_CPU_CONVERT_(fast, soft, dst, src, n) soft(dst, src, n)
 #endif
