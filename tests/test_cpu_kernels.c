@@ -1255,6 +1255,47 @@ Test(cpu_pool, max_pool_forward_backward) {
     rm(&x); rm(&y); rm(&idx); rm(&gy); rm(&gx); rm(&xh); rm(&yh); rm(&ih);
 }
 
+/* The 2x2 stride-2 path against the generic window loop (its specification), bit for bit:
+ * values from a small set so windows hold ties, signed zeros, infinities and NaNs of both
+ * signs (the first NaN in window order wins, so its sign shows which one did). */
+Test(cpu_pool, max_pool_2x2_same_bits_and_indices_as_generic) {
+    const double vals[] = {-1, 0, -0.0, 1, 2, 2, INFINITY, -INFINITY, NAN, -NAN};
+    const int64_t shapes[][4] = {{2, 3, 6, 8}, {1, 2, 7, 9}, {3, 1, 2, 2}, {1, 1, 5, 2},
+                                 {2, 2, 4, 15}}; /* vector blocks of 4 windows and tails */
+    const na_dtype dts[] = {NA_DTYPE_F32, NA_DTYPE_F64, NA_DTYPE_F16, NA_DTYPE_BF16};
+    int nan_windows = 0, later_ties = 0;
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (size_t t = 0; t < sizeof dts / sizeof dts[0]; t++) {
+            const int64_t *xs = shapes[s];
+            na_conv_geom g = conv_geom(xs[0], xs[1], xs[2], xs[3], xs[1], 2, 2, 0, 1, 1);
+            na_view x = MK(dts[t], xs[0], xs[1], xs[2], xs[3]);
+            na_view y[3], idx[2];
+            for (int k = 0; k < 3; k++) y[k] = MK(dts[t], xs[0], xs[1], g.oh, g.ow);
+            for (int k = 0; k < 2; k++) idx[k] = MK(NA_DTYPE_I32, xs[0], xs[1], g.oh, g.ow);
+            for (int64_t i = 0; i < x.numel; i++)
+                set(&x, i, vals[(int)(urand() * (sizeof vals / sizeof vals[0]))]);
+            na_cpu_pool_force_generic = true;
+            cr_assert_eq(B->max_pool2d(&g, &x, &y[0], &idx[0]), NA_OK);
+            na_cpu_pool_force_generic = false;
+            cr_assert_eq(B->max_pool2d(&g, &x, &y[1], &idx[1]), NA_OK);
+            cr_assert_eq(B->max_pool2d(&g, &x, &y[2], NULL), NA_OK);
+            expect_same_bits(&y[1], &y[0], "2x2 max_pool y");
+            expect_same_bits(&idx[1], &idx[0], "2x2 max_pool idx");
+            expect_same_bits(&y[2], &y[0], "2x2 max_pool y without idx");
+            int64_t HW = xs[2] * xs[3], P = g.oh * g.ow;
+            for (int64_t o = 0; o < y[0].numel; o++) { /* what the inputs exercised */
+                int64_t pl = o / P, p = o % P, at = pl * HW + (p / g.ow) * 2 * xs[3] + p % g.ow * 2;
+                nan_windows += isnan(get(&y[0], o));
+                later_ties += get(&idx[0], o) != at - pl * HW && get(&x, at) == get(&y[0], o);
+            }
+            for (int k = 0; k < 3; k++) rm(&y[k]);
+            for (int k = 0; k < 2; k++) rm(&idx[k]);
+            rm(&x);
+        }
+    cr_assert(nan_windows > 10 && later_ties == 0, "NaN windows %d, ties won late %d",
+              nan_windows, later_ties);
+}
+
 Test(cpu_pool, avg_pool_count_include_pad) {
     for (int cip = 0; cip < 2; cip++) {
         na_conv_geom g = conv_geom(1, 2, 5, 5, 2, 3, 2, 1, 1, 1);

@@ -12,6 +12,11 @@
 
 #include "common/half.h"
 #include "common/philox.h"
+#include "cpu/cpu_internal.h" /* na_cpu_f32_to_f16 and the other array conversions */
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h> /* _mm_getcsr / _mm_setcsr */
+#endif
 
 /* ---- helpers ------------------------------------------------------------------------------ */
 
@@ -264,6 +269,120 @@ Test(half, bf16_edges) {
     cr_assert_eq(na_round_bf16(0x1.01p+0f), 1.0f);
     cr_assert(isinf(na_round_bf16(FLT_MAX)));
     cr_assert(isnan(na_round_bf16(NAN)));
+}
+
+/* ---- the CPU backend's array conversions (kernels/cpu/cpu_convert.c) ----------------------
+ * Their instruction paths (F16C, AVX2) must give the half.h bits for every input, NaNs
+ * included (they rewrite NaN payloads as half.h does), so the CPU backend stays bit for bit
+ * with the CUDA one. All 2^32 f32 inputs go through in blocks against the scalar half.h
+ * functions; all 2^16 half inputs the other way; then a sample under FTZ, DAZ and a directed
+ * rounding mode in MXCSR, which neither path may depend on. */
+
+enum { CONV_BLOCK = 1 << 16 };
+
+static void f32_block(uint32_t hi, float *x) { /* x[j] has the bits hi << 16 | j */
+    uint32_t *u = (uint32_t *)(void *)x;
+    for (uint32_t j = 0; j < CONV_BLOCK; j++) u[j] = hi << 16 | j;
+}
+
+static bool cpu_has_fast_conversions(void) {
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+#else
+    return false;
+#endif
+}
+
+Test(half_cpu, fast_path_in_use_where_the_cpu_has_it) {
+    cr_assert_eq(na_cpu_convert_is_fast(), cpu_has_fast_conversions());
+    if (!na_cpu_convert_is_fast()) cr_log_warn("no AVX2+F16C: only the portable loops checked");
+    na_cpu_convert_force_soft = true;
+    cr_assert(!na_cpu_convert_is_fast());
+    na_cpu_convert_force_soft = false;
+}
+
+/* Every f32 bit pattern through `conv`, compared with `ref`: every pattern, not a sample. */
+static void all_f32_inputs(void (*conv)(uint16_t *, const float *, int64_t),
+                           uint16_t (*ref)(float), const char *what) {
+    static float x[CONV_BLOCK];
+    static uint16_t got[CONV_BLOCK];
+    uint64_t bad = 0;
+    uint32_t first_bad = 0;
+    for (uint32_t hi = 0; hi < 65536; hi++) {
+        f32_block(hi, x);
+        conv(got, x, CONV_BLOCK);
+        uint32_t miss = 0;
+        for (uint32_t j = 0; j < CONV_BLOCK; j++) miss += got[j] != ref(x[j]);
+        for (uint32_t j = 0; miss && !bad && j < CONV_BLOCK; j++)
+            if (got[j] != ref(x[j]) && !first_bad) first_bad = hi << 16 | j;
+        bad += miss;
+    }
+    cr_assert_eq(bad, 0, "%s: %llu of 2^32 inputs differ from half.h, first f32 bits %08x", what,
+                 (unsigned long long)bad, first_bad);
+}
+
+static uint16_t ref_f16(float f) { return na_f32_to_f16_bits(f); }
+static uint16_t ref_bf16(float f) { return na_f32_to_bf16_bits(f); }
+
+Test(half_cpu, f32_to_f16_every_input_as_half_h) {
+    all_f32_inputs(na_cpu_f32_to_f16, ref_f16, "f32 -> f16");
+}
+
+Test(half_cpu, f32_to_bf16_every_input_as_half_h) {
+    all_f32_inputs(na_cpu_f32_to_bf16, ref_bf16, "f32 -> bf16");
+}
+
+static void all_half_inputs(void) {
+    static uint16_t h[65536];
+    static float got[65536];
+    for (uint32_t i = 0; i < 65536; i++) h[i] = (uint16_t)i;
+    for (uint32_t off = 0; off < 8; off++) { /* unaligned starts and every tail length */
+        na_cpu_f16_to_f32(got + off, h + off, 65536 - off);
+        for (uint32_t i = off; i < 65536; i++)
+            cr_assert_eq(fbits(got[i]), fbits(na_f16_bits_to_f32(h[i])), "f16 %04x", i);
+        na_cpu_bf16_to_f32(got + off, h + off, 65536 - off);
+        for (uint32_t i = off; i < 65536; i++)
+            cr_assert_eq(fbits(got[i]), fbits(na_bf16_bits_to_f32(h[i])), "bf16 %04x", i);
+    }
+}
+
+Test(half_cpu, half_to_f32_every_input_as_half_h) { all_half_inputs(); }
+
+/* 16 low halves per high half (ties, their neighbours and extremes, for every sign, exponent
+ * and upper mantissa), then all half inputs, under the current MXCSR. */
+static void sample_under_mxcsr(void) {
+    static const uint16_t lows[16] = {0x0000, 0x0001, 0x0FFF, 0x1000, 0x1001, 0x1FFF, 0x2000,
+                                      0x3000, 0x7FFF, 0x8000, 0x8001, 0xBFFF, 0xC000, 0xF000,
+                                      0xFFFE, 0xFFFF};
+    enum { N = 65536 * 16 };
+    static float x[N];
+    static uint16_t got[N];
+    uint32_t *u = (uint32_t *)(void *)x;
+    for (uint32_t i = 0; i < N; i++) u[i] = (i >> 4) << 16 | lows[i & 15];
+    na_cpu_f32_to_f16(got, x, N);
+    for (uint32_t i = 0; i < N; i++)
+        cr_assert_eq(got[i], na_f32_to_f16_bits(x[i]), "f16 of %08x", u[i]);
+    na_cpu_f32_to_bf16(got, x, N);
+    for (uint32_t i = 0; i < N; i++)
+        cr_assert_eq(got[i], na_f32_to_bf16_bits(x[i]), "bf16 of %08x", u[i]);
+    all_half_inputs();
+}
+
+Test(half_cpu, independent_of_ftz_daz_and_rounding_mode) {
+#if defined(__x86_64__) || defined(__i386__)
+    const unsigned modes[] = {0x8040 | 0x6000, /* FTZ + DAZ, toward zero */
+                              0x8040 | 0x4000, /* FTZ + DAZ, up */
+                              0x2000};         /* down */
+    unsigned saved = _mm_getcsr();
+    for (size_t k = 0; k < sizeof modes / sizeof modes[0]; k++) {
+        _mm_setcsr((saved & ~0xE040u) | modes[k]);
+        sample_under_mxcsr();
+    }
+    _mm_setcsr(saved);
+#else
+    sample_under_mxcsr();
+#endif
 }
 
 /* ---- Philox ------------------------------------------------------------------------------- */

@@ -13,7 +13,10 @@
 #include "report.h"
 #include "trainer_internal.h"
 
-#define EVAL_BATCH 1000
+/* trainer_evaluate's batch when no training batch is at hand (the trainers' default --batch);
+ * trainer_run evaluates in its training batches, so evaluation needs no larger activations
+ * than training (a batch of 1000 doubled the CNN's peak RSS). */
+#define EVAL_BATCH_DEFAULT 128
 
 static double now_s(void) {
     struct timespec ts;
@@ -21,12 +24,14 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-int trainer_evaluate(na_module *net, const na_dataset *ds, const float *mean, const float *std,
-                     na_device dev, na_dtype input_dtype, double *accuracy, double *loss) {
-    na_batcher *b = na_batcher_new(ds, &(na_batcher_cfg){.batch_size = EVAL_BATCH, .mean = mean,
+static int evaluate_in_batches(na_module *net, const na_dataset *ds, const float *mean,
+                               const float *std, na_device dev, na_dtype input_dtype,
+                               int64_t batch, double *accuracy, double *loss) {
+    na_batcher *b = na_batcher_new(ds, &(na_batcher_cfg){.batch_size = batch, .mean = mean,
                                                          .std = std});
     float *x = b ? malloc(na_batcher_batch_bytes(b)) : NULL;
-    int32_t *y = malloc(sizeof(int32_t) * EVAL_BATCH), *pred = malloc(sizeof(int32_t) * EVAL_BATCH);
+    int32_t *y = malloc(sizeof(int32_t) * (size_t)batch);
+    int32_t *pred = malloc(sizeof(int32_t) * (size_t)batch);
     int rc = b ? NA_OK : na_last_status();
     if (!rc && (!x || !y || !pred)) rc = na_set_error(NA_ENOMEM, "evaluation: out of host memory");
     int64_t n, correct = 0, seen = 0;
@@ -56,6 +61,12 @@ int trainer_evaluate(na_module *net, const na_dataset *ds, const float *mean, co
     *accuracy = (double)correct / (double)seen;
     *loss = loss_sum / (double)seen;
     return NA_OK;
+}
+
+int trainer_evaluate(na_module *net, const na_dataset *ds, const float *mean, const float *std,
+                     na_device dev, na_dtype input_dtype, double *accuracy, double *loss) {
+    return evaluate_in_batches(net, ds, mean, std, dev, input_dtype, EVAL_BATCH_DEFAULT,
+                               accuracy, loss);
 }
 
 /* ---- the loop ------------------------------------------------------------------------------ */
@@ -184,8 +195,9 @@ static int train(run_state *r, int64_t start_epoch) {
         double t0 = now_s(), train_loss = NAN;
         bool trains = epoch < o->epochs; /* else: only evaluate what was resumed */
         if (trains && train_epoch(r, epoch, &train_loss)) return 1;
-        if (trainer_evaluate(job->net, job->test, job->batcher.mean, job->batcher.std, o->device,
-                             input_dtype, &r->res.test_acc, &r->res.test_loss)) {
+        if (evaluate_in_batches(job->net, job->test, job->batcher.mean, job->batcher.std,
+                                o->device, input_dtype, o->batch, &r->res.test_acc,
+                                &r->res.test_loss)) {
             fprintf(stderr, "%s: evaluation failed: %s\n", o->program, na_last_error());
             return 1;
         }

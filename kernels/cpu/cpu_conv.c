@@ -288,19 +288,106 @@ static void win_range(int64_t start, int64_t size, int64_t d, int k, int64_t *lo
         }                                                                                   \
     }
 
+/* ---- the 2x2 stride-2 max pool of CNNs, branch-free and vectorized --------------------------
+ * Windows 2x2, stride 2, no padding or dilation, each inside the input. Same bits and indices
+ * as the generic loop below, which stays the specification (tests compare the two on random
+ * inputs with NaNs and ties): the first maximum in row-major window order wins, and the first
+ * NaN wins over any number. The backward needs no such path: its memset and one scatter per
+ * output already run at memory speed (a 2x2 select version measured 1.5-2x slower). */
+bool na_cpu_pool_force_generic = false;
+
+static bool is_pool_2x2(const na_conv_geom *g) {
+    return !na_cpu_pool_force_generic && g->kh == 2 && g->kw == 2 && g->sh == 2 && g->sw == 2 &&
+           g->ph == 0 && g->pw == 0 && g->dh == 1 && g->dw == 1 && 2 * g->oh <= g->h &&
+           2 * g->ow <= g->w && g->h * g->w <= INT32_MAX;
+}
+
+/* the generic loop's "v replaces best" (larger, or a NaN over a number) as selects */
+#define NA_CPU_POOL_TAKE(T, v, off)                                                         \
+    do {                                                                                    \
+        T v_ = (v);                                                                         \
+        int take_ = (v_ > best) | ((v_ != v_) & (best == best));                            \
+        best = take_ ? v_ : best;                                                           \
+        bi = take_ ? (off) : bi;                                                            \
+    } while (0)
+
+#ifdef __SSE2__
+#include <emmintrin.h>
+/* NA_CPU_POOL_TAKE on four windows at once */
+static inline void pool_take_sse2(__m128 v, __m128i off, __m128 *best, __m128i *bi) {
+    __m128 nan_over_number = _mm_and_ps(_mm_cmpunord_ps(v, v), _mm_cmpord_ps(*best, *best));
+    __m128 take = _mm_or_ps(_mm_cmpgt_ps(v, *best), nan_over_number);
+    *best = _mm_or_ps(_mm_and_ps(take, v), _mm_andnot_ps(take, *best));
+    __m128i t = _mm_castps_si128(take);
+    *bi = _mm_or_si128(_mm_and_si128(t, off), _mm_andnot_si128(t, *bi));
+}
+
+/* f32 windows four at a time with SSE2 (every x86-64; the compiler does not vectorize the
+ * scalar loop below); returns how many outputs it wrote */
+static int64_t max_pool_2x2_vec_f(const float *r0, const float *r1, int64_t ow, int32_t at,
+                                  int32_t w, float *y, int32_t *idx) {
+    const __m128i first = _mm_set_epi32(6, 4, 2, 0); /* the windows' offsets in a row pair */
+    const __m128i right = _mm_set1_epi32(1), below = _mm_set1_epi32(w);
+    const __m128i diag = _mm_set1_epi32(w + 1);
+    int64_t ox = 0;
+    for (; ox + 4 <= ow; ox += 4) {
+        __m128 a0 = _mm_loadu_ps(r0 + 2 * ox), a1 = _mm_loadu_ps(r0 + 2 * ox + 4);
+        __m128 b0 = _mm_loadu_ps(r1 + 2 * ox), b1 = _mm_loadu_ps(r1 + 2 * ox + 4);
+        __m128 best = _mm_shuffle_ps(a0, a1, _MM_SHUFFLE(2, 0, 2, 0)); /* even columns */
+        __m128i bi = _mm_setzero_si128();
+        pool_take_sse2(_mm_shuffle_ps(a0, a1, _MM_SHUFFLE(3, 1, 3, 1)), right, &best, &bi);
+        pool_take_sse2(_mm_shuffle_ps(b0, b1, _MM_SHUFFLE(2, 0, 2, 0)), below, &best, &bi);
+        pool_take_sse2(_mm_shuffle_ps(b0, b1, _MM_SHUFFLE(3, 1, 3, 1)), diag, &best, &bi);
+        _mm_storeu_ps(y + ox, best);
+        __m128i base = _mm_add_epi32(_mm_set1_epi32(at + 2 * (int32_t)ox), first);
+        _mm_storeu_si128((__m128i *)(idx + ox), _mm_add_epi32(base, bi));
+    }
+    return ox;
+}
+#else
+#define max_pool_2x2_vec_f(r0, r1, ow, at, w, y, idx) 0
+#endif
+#define max_pool_2x2_vec_d(r0, r1, ow, at, w, y, idx) 0
+
+#define NA_CPU_DEFINE_POOL_2X2(T, SFX)                                                      \
+    /* one output row from input rows r0, r1; `at` is the flat index of r0[0] */            \
+    static void max_pool_2x2_row_##SFX(const T *r0, const T *r1, int64_t ow, int32_t at,    \
+                                       int32_t w, T *y, int32_t *idx) {                     \
+        for (int64_t ox = max_pool_2x2_vec_##SFX(r0, r1, ow, at, w, y, idx); ox < ow; ox++) { \
+            T best = r0[2 * ox];                                                            \
+            int32_t bi = 0;                                                                 \
+            NA_CPU_POOL_TAKE(T, r0[2 * ox + 1], 1);                                         \
+            NA_CPU_POOL_TAKE(T, r1[2 * ox], w);                                             \
+            NA_CPU_POOL_TAKE(T, r1[2 * ox + 1], w + 1);                                     \
+            y[ox] = best;                                                                   \
+            idx[ox] = at + 2 * (int32_t)ox + bi;                                            \
+        }                                                                                   \
+    }
+
+NA_CPU_DEFINE_POOL_2X2(float, f)
+NA_CPU_DEFINE_POOL_2X2(double, d)
+
 #define NA_CPU_DEFINE_POOL(T, SFX)                                                          \
     static int max_pool_##SFX(const na_conv_geom *g, const na_view *x, na_view *y,          \
                               na_view *idx) {                                               \
         const char *fn = "cpu_max_pool2d";                                                  \
         NA_CPU_POOL_LOCALS(g);                                                              \
+        const bool pool_2x2 = is_pool_2x2(g);                                               \
         T *xb = na_cpu_scratch(NA_CPU_SCRATCH_0, (size_t)HW * sizeof(T), fn);               \
         T *yb = na_cpu_scratch(NA_CPU_SCRATCH_1, (size_t)P * sizeof(T), fn);                \
-        if (!xb || !yb) return NA_ENOMEM;                                                   \
+        /* the 2x2 path writes a row's indices here when the caller wants none */           \
+        int32_t *ib = na_cpu_scratch(NA_CPU_SCRATCH_2, (size_t)OW * sizeof(int32_t), fn);   \
+        if (!xb || !yb || !ib) return NA_ENOMEM;                                            \
         for (int64_t pl = 0; pl < PLANES; pl++) {                                           \
             const T *xv = na_cpu_view_##SFX(x->dtype, x->data, pl * HW, HW, xb);            \
             T *yv = na_cpu_out_##SFX(y->dtype, y->data, pl * P, yb);                        \
             int32_t *iv = idx ? (int32_t *)idx->data + pl * P : NULL;                       \
-            NA_CPU_POOL_FOR_EACH_OUTPUT({                                                   \
+            if (pool_2x2) {                                                                 \
+                for (int64_t oy = 0; oy < OH; oy++)                                         \
+                    max_pool_2x2_row_##SFX(xv + 2 * oy * W, xv + (2 * oy + 1) * W, OW,      \
+                                           (int32_t)(2 * oy * W), (int32_t)W, yv + oy * OW, \
+                                           iv ? iv + oy * OW : ib);                         \
+            } else NA_CPU_POOL_FOR_EACH_OUTPUT({                                            \
                 T best = -INFINITY;                                                         \
                 int64_t bi = -1;                                                            \
                 for (int64_t i = ilo; i < ihi; i++) {                                       \

@@ -99,6 +99,17 @@ static inline void na_cpu_set(na_dtype dt, void *p, int64_t i, double v) {
     }
 }
 
+/* ---- whole-array half conversions (cpu_convert.c) -------------------------------------------
+ * Bit-identical to the common/half.h functions for every input (NaNs included), using F16C /
+ * AVX2 when the CPU has them (chosen at run time). */
+void na_cpu_f32_to_f16(uint16_t *dst, const float *src, int64_t n);
+void na_cpu_f16_to_f32(float *dst, const uint16_t *src, int64_t n);
+void na_cpu_f32_to_bf16(uint16_t *dst, const float *src, int64_t n);
+void na_cpu_bf16_to_f32(float *dst, const uint16_t *src, int64_t n);
+/* Whether the instruction paths are in use; test hook: na_cpu_convert_force_soft turns them off. */
+bool na_cpu_convert_is_fast(void);
+extern bool na_cpu_convert_force_soft;
+
 /* ---- contiguous chunk conversion ---------------------------------------------------------
  * na_cpu_load_f(dt, p, off, n, dst)   dst[0..n) = (float) p[off..off+n)
  * na_cpu_view_f(dt, p, off, n, buf)   the f32 values of p[off..off+n): p itself when it is f32,
@@ -113,14 +124,8 @@ static inline void na_cpu_load_f(na_dtype dt, const void *p, int64_t off, int64_
         const double *s = (const double *)p + off;
         for (int64_t i = 0; i < n; i++) dst[i] = (float)s[i];
     } break;
-    case NA_DTYPE_F16: {
-        const uint16_t *s = (const uint16_t *)p + off;
-        for (int64_t i = 0; i < n; i++) dst[i] = na_f16_bits_to_f32(s[i]);
-    } break;
-    case NA_DTYPE_BF16: {
-        const uint16_t *s = (const uint16_t *)p + off;
-        for (int64_t i = 0; i < n; i++) dst[i] = na_bf16_bits_to_f32(s[i]);
-    } break;
+    case NA_DTYPE_F16: na_cpu_f16_to_f32(dst, (const uint16_t *)p + off, n); break;
+    case NA_DTYPE_BF16: na_cpu_bf16_to_f32(dst, (const uint16_t *)p + off, n); break;
     case NA_DTYPE_I32: {
         const int32_t *s = (const int32_t *)p + off;
         for (int64_t i = 0; i < n; i++) dst[i] = (float)s[i];
@@ -169,14 +174,8 @@ static inline void na_cpu_store_f(na_dtype dt, void *p, int64_t off, int64_t n, 
         double *d = (double *)p + off;
         for (int64_t i = 0; i < n; i++) d[i] = src[i];
     } break;
-    case NA_DTYPE_F16: {
-        uint16_t *d = (uint16_t *)p + off;
-        for (int64_t i = 0; i < n; i++) d[i] = na_f32_to_f16_bits(src[i]);
-    } break;
-    case NA_DTYPE_BF16: {
-        uint16_t *d = (uint16_t *)p + off;
-        for (int64_t i = 0; i < n; i++) d[i] = na_f32_to_bf16_bits(src[i]);
-    } break;
+    case NA_DTYPE_F16: na_cpu_f32_to_f16((uint16_t *)p + off, src, n); break;
+    case NA_DTYPE_BF16: na_cpu_f32_to_bf16((uint16_t *)p + off, src, n); break;
     default:
         for (int64_t i = 0; i < n; i++) na_cpu_set(dt, p, off + i, src[i]);
         break;
@@ -250,6 +249,10 @@ int na_cpu_dgemm_builtin(bool ta, bool tb, int64_t m, int64_t n, int64_t k, doub
                          double *c, int64_t ldc);
 /* Test hook: when true, na_cpu_sgemm/dgemm never use CBLAS. */
 extern bool na_cpu_gemm_force_builtin;
+
+/* Test hook: when true, max pooling always takes the generic window loop (the 2x2 stride-2
+ * path is checked against it). */
+extern bool na_cpu_pool_force_generic;
 
 /* Test hook: elements of scratch one convolution block (images per GEMM) may use. */
 extern int64_t na_cpu_conv_block_budget;

@@ -1,0 +1,171 @@
+/* na-kbench — CPU kernel micro-benchmarks, for before/after numbers of one kernel at a time
+ * (the training step is na-bench's job). Each case prints the minimum over --repeats timed
+ * calls, in milliseconds, which is the figure least disturbed by other work on the machine.
+ *
+ *   na-kbench [--repeats N] [case...]     cases: convert, maxpool, relu (default: all)
+ *
+ * convert: f32 <-> f16 / bf16 of 4.8M elements (one CNN activation set), through the
+ *          portable half.h loops and through the CPU's instructions (cpu_convert.c).
+ * maxpool: the MNIST CNN's two 2x2 max pools (batch 128), forward with indices, f32 and f16,
+ *          through the generic window loop and the 2x2 path (cpu_conv.c).
+ * relu:    ReLU forward and backward over the CNN's first activation (128x32x28x28), f32 and
+ *          f16 (the unary kernels of cpu_elementwise.c). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench_util.h"
+#include "cpu/cpu_internal.h"
+
+static int repeats = 20;
+
+/* min over `repeats` runs of body, in ms */
+#define BENCH_MIN_MS(result, body)                                                          \
+    do {                                                                                    \
+        double best_ = 1e300;                                                               \
+        for (int r_ = 0; r_ < repeats; r_++) {                                              \
+            double t0_ = bench_now_s();                                                     \
+            body;                                                                           \
+            double dt_ = (bench_now_s() - t0_) * 1e3;                                       \
+            if (dt_ < best_) best_ = dt_;                                                   \
+        }                                                                                   \
+        (result) = best_;                                                                   \
+    } while (0)
+
+static void print_row(const char *kernel, const char *variant, int64_t n, double ms) {
+    bench_json j;
+    bench_json_begin(&j, stdout);
+    bench_json_str(&j, "bench", "kernel");
+    bench_json_str(&j, "kernel", kernel);
+    bench_json_str(&j, "variant", variant);
+    bench_json_int(&j, "n", n);
+    bench_json_num(&j, "min_ms", ms);
+    bench_json_end(&j);
+}
+
+static int bench_convert(void) {
+    const int64_t n = 128 * 16 * 48 * 48; /* ~4.7M */
+    float *f = malloc((size_t)n * sizeof *f), *back = malloc((size_t)n * sizeof *back);
+    uint16_t *h = malloc((size_t)n * sizeof *h);
+    if (!f || !h || !back) return 1;
+    for (int64_t i = 0; i < n; i++) f[i] = (float)((i * 2654435761u) % 20001) * 1e-3f - 10.0f;
+    for (int soft = 1; soft >= 0; soft--) {
+        na_cpu_convert_force_soft = soft;
+        const char *v = soft ? "portable" : (na_cpu_convert_is_fast() ? "f16c_avx2" : "portable");
+        double ms;
+        BENCH_MIN_MS(ms, na_cpu_f32_to_f16(h, f, n));
+        print_row("f32_to_f16", v, n, ms);
+        BENCH_MIN_MS(ms, na_cpu_f16_to_f32(back, h, n));
+        print_row("f16_to_f32", v, n, ms);
+        BENCH_MIN_MS(ms, na_cpu_f32_to_bf16(h, f, n));
+        print_row("f32_to_bf16", v, n, ms);
+        BENCH_MIN_MS(ms, na_cpu_bf16_to_f32(back, h, n));
+        print_row("bf16_to_f32", v, n, ms);
+    }
+    na_cpu_convert_force_soft = false;
+    free(f), free(h), free(back);
+    return 0;
+}
+
+static na_view bench_view(na_dtype dt, int ndim, const int64_t *shape) {
+    na_view v = {.dtype = dt, .device = NA_DEVICE_CPU, .ndim = ndim, .numel = 1};
+    for (int d = ndim - 1; d >= 0; d--) {
+        v.shape[d] = shape[d];
+        v.stride[d] = v.numel;
+        v.numel *= shape[d];
+    }
+    v.data = calloc((size_t)v.numel, na_dtype_size(dt));
+    return v;
+}
+
+static void bench_fill(na_view *v) { /* hashed values in [-1, 1): random signs, some ties */
+    for (int64_t i = 0; i < v->numel; i++) {
+        uint64_t z = ((uint64_t)i + 1) * 0x9E3779B97F4A7C15ull;
+        z = (z ^ (z >> 31)) * 0xBF58476D1CE4E5B9ull;
+        na_cpu_set(v->dtype, v->data, i, (double)((z >> 33) % 1000) / 500.0 - 1.0);
+    }
+}
+
+static int bench_maxpool(void) {
+    const int64_t shapes[2][4] = {{128, 32, 28, 28}, {128, 64, 14, 14}};
+    const na_dtype dts[2] = {NA_DTYPE_F32, NA_DTYPE_F16};
+    int rc = 0;
+    for (int s = 0; s < 2; s++)
+        for (int t = 0; t < 2; t++) {
+            const int64_t *xs = shapes[s];
+            int64_t ys[4] = {xs[0], xs[1], xs[2] / 2, xs[3] / 2};
+            na_conv_geom g = {.n = xs[0], .c_in = xs[1], .h = xs[2], .w = xs[3], .c_out = xs[1],
+                              .oh = ys[2], .ow = ys[3], .kh = 2, .kw = 2, .sh = 2, .sw = 2,
+                              .dh = 1, .dw = 1, .groups = 1};
+            na_view x = bench_view(dts[t], 4, xs), y = bench_view(dts[t], 4, ys),
+                    idx = bench_view(NA_DTYPE_I32, 4, ys);
+            if (!x.data || !y.data || !idx.data) return 1;
+            bench_fill(&x);
+            char name[64];
+            snprintf(name, sizeof name, "max_pool2d_%s_%lldx%lld",
+                     dts[t] == NA_DTYPE_F32 ? "f32" : "f16", (long long)xs[2], (long long)xs[3]);
+            for (int generic = 1; generic >= 0; generic--) {
+                na_cpu_pool_force_generic = generic;
+                const char *v = generic ? "generic" : "2x2";
+                double ms;
+                BENCH_MIN_MS(ms, rc |= na_cpu_max_pool2d(&g, &x, &y, &idx));
+                print_row(name, v, x.numel, ms);
+            }
+            na_cpu_pool_force_generic = false;
+            free(x.data), free(y.data), free(idx.data);
+        }
+    return rc != 0;
+}
+
+static int bench_relu(void) {
+    const int64_t shape[4] = {128, 32, 28, 28};
+    const na_dtype dts[2] = {NA_DTYPE_F32, NA_DTYPE_F16};
+    int rc = 0;
+    for (int t = 0; t < 2; t++) {
+        na_view x = bench_view(dts[t], 4, shape), y = bench_view(dts[t], 4, shape),
+                gy = bench_view(dts[t], 4, shape), gx = bench_view(dts[t], 4, shape);
+        if (!x.data || !y.data || !gy.data || !gx.data) return 1;
+        bench_fill(&x);
+        bench_fill(&gy);
+        const char *dt = dts[t] == NA_DTYPE_F32 ? "f32" : "f16";
+        char name[64];
+        double ms;
+        BENCH_MIN_MS(ms, rc |= na_cpu_unary(NA_UNARY_RELU, &x, &y, 0, 0));
+        snprintf(name, sizeof name, "relu_%s", dt);
+        print_row(name, "", x.numel, ms);
+        BENCH_MIN_MS(ms, rc |= na_cpu_unary_backward(NA_UNARY_RELU, &x, &y, &gy, &gx, 0, 0));
+        snprintf(name, sizeof name, "relu_backward_%s", dt);
+        print_row(name, "", x.numel, ms);
+        free(x.data), free(y.data), free(gy.data), free(gx.data);
+    }
+    return rc != 0;
+}
+
+static const struct {
+    const char *name;
+    int (*run)(void);
+} cases[] = {
+    {"convert", bench_convert},
+    {"maxpool", bench_maxpool},
+    {"relu", bench_relu},
+};
+
+int main(int argc, char **argv) {
+    int ran = 0, rc = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--repeats")) {
+            repeats = (int)bench_arg_i64(argc, argv, &i, 1);
+            continue;
+        }
+        size_t k = 0;
+        while (k < sizeof cases / sizeof cases[0] && strcmp(cases[k].name, argv[i])) k++;
+        if (k == sizeof cases / sizeof cases[0]) {
+            fprintf(stderr, "na-kbench: unknown case '%s'\n", argv[i]);
+            return 2;
+        }
+        rc |= cases[k].run();
+        ran = 1;
+    }
+    for (size_t k = 0; !ran && k < sizeof cases / sizeof cases[0]; k++) rc |= cases[k].run();
+    return rc;
+}

@@ -1,0 +1,100 @@
+/* kernels/cpu/cpu_convert.c — whole-array f16/bf16 <-> f32 conversions, fast where the CPU can.
+ *
+ * Every CPU kernel converts half data through these (na_cpu_load_f / na_cpu_store_f), so they
+ * decide the speed of f16/bf16 on the CPU. The result must stay bit-identical to the shared
+ * conversions in common/half.h (the CUDA backend uses them too; parity is compared bit for bit),
+ * and tests/test_half.c proves it over all 2^32 f32 and all 2^16 half inputs, NaNs included.
+ *
+ * On x86 with AVX2 + F16C (chosen at run time, so the build runs on any x86):
+ *   f32 -> f16: vcvtps2ph with round-to-nearest-even in the instruction (MXCSR is not read);
+ *               it keeps NaN payloads, so NaNs are rewritten to sign | 0x7E00 as half.h does.
+ *   f16 -> f32: vcvtph2ps (exact; a NaN keeps sign and payload and is made quiet, as half.h).
+ *   bf16:       the half.h bit formulas themselves, compiled for AVX2 so they vectorize.
+ *               AVX512_BF16's vcvtneps2bf16 is not used: it flushes f32 subnormals to zero and
+ *               keeps NaN payloads, where half.h rounds subnormals and returns 0x7FC0.
+ * Elsewhere, or with na_cpu_convert_force_soft set, plain loops over the half.h functions. */
+#include "cpu/cpu_internal.h"
+
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+#define NA_CPU_X86_FAST 1
+#include <immintrin.h>
+#endif
+
+bool na_cpu_convert_force_soft = false;
+
+/* ---- portable loops (the specification, inlined from half.h) ----------------------------- */
+
+static void f32_to_f16_soft(uint16_t *dst, const float *src, int64_t n) {
+    for (int64_t i = 0; i < n; i++) dst[i] = na_f32_to_f16_bits(src[i]);
+}
+static void f16_to_f32_soft(float *dst, const uint16_t *src, int64_t n) {
+    for (int64_t i = 0; i < n; i++) dst[i] = na_f16_bits_to_f32(src[i]);
+}
+static void f32_to_bf16_soft(uint16_t *dst, const float *src, int64_t n) {
+    for (int64_t i = 0; i < n; i++) dst[i] = na_f32_to_bf16_bits(src[i]);
+}
+static void bf16_to_f32_soft(float *dst, const uint16_t *src, int64_t n) {
+    for (int64_t i = 0; i < n; i++) dst[i] = na_bf16_bits_to_f32(src[i]);
+}
+
+#ifdef NA_CPU_X86_FAST
+#define NA_AVX2_F16C __attribute__((target("avx2,f16c")))
+
+NA_AVX2_F16C static void f32_to_f16_f16c(uint16_t *dst, const float *src, int64_t n) {
+    const __m128i abs_mask = _mm_set1_epi16(0x7FFF), inf = _mm_set1_epi16(0x7C00);
+    const __m128i sign_mask = _mm_set1_epi16((short)0x8000), qnan = _mm_set1_epi16(0x7E00);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT);
+        __m128i is_nan = _mm_cmpgt_epi16(_mm_and_si128(h, abs_mask), inf);
+        __m128i canon = _mm_or_si128(_mm_and_si128(h, sign_mask), qnan);
+        _mm_storeu_si128((__m128i *)(dst + i), _mm_blendv_epi8(h, canon, is_nan));
+    }
+    f32_to_f16_soft(dst + i, src + i, n - i);
+}
+
+NA_AVX2_F16C static void f16_to_f32_f16c(float *dst, const uint16_t *src, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
+    f16_to_f32_soft(dst + i, src + i, n - i);
+}
+
+/* The same loops as the soft ones; the target lets the compiler use 256-bit integer vectors. */
+NA_AVX2_F16C static void f32_to_bf16_avx2(uint16_t *dst, const float *src, int64_t n) {
+    for (int64_t i = 0; i < n; i++) dst[i] = na_f32_to_bf16_bits(src[i]);
+}
+NA_AVX2_F16C static void bf16_to_f32_avx2(float *dst, const uint16_t *src, int64_t n) {
+    for (int64_t i = 0; i < n; i++) dst[i] = na_bf16_bits_to_f32(src[i]);
+}
+#endif
+
+bool na_cpu_convert_is_fast(void) {
+#ifdef NA_CPU_X86_FAST
+    if (na_cpu_convert_force_soft) return false;
+    __builtin_cpu_init(); /* idempotent; needed when called before libgcc's constructor */
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+#else
+    return false;
+#endif
+}
+
+#ifdef NA_CPU_X86_FAST
+#define NA_CPU_CONVERT_(fast, soft, dst, src, n)                                            \
+    (na_cpu_convert_is_fast() ? fast : soft)(dst, src, n)
+#else
+#define NA_CPU_CONVERT_(fast, soft, dst, src, n) soft(dst, src, n)
+#endif
+
+void na_cpu_f32_to_f16(uint16_t *dst, const float *src, int64_t n) {
+    NA_CPU_CONVERT_(f32_to_f16_f16c, f32_to_f16_soft, dst, src, n);
+}
+void na_cpu_f16_to_f32(float *dst, const uint16_t *src, int64_t n) {
+    NA_CPU_CONVERT_(f16_to_f32_f16c, f16_to_f32_soft, dst, src, n);
+}
+void na_cpu_f32_to_bf16(uint16_t *dst, const float *src, int64_t n) {
+    NA_CPU_CONVERT_(f32_to_bf16_avx2, f32_to_bf16_soft, dst, src, n);
+}
+void na_cpu_bf16_to_f32(float *dst, const uint16_t *src, int64_t n) {
+    NA_CPU_CONVERT_(bf16_to_f32_avx2, bf16_to_f32_soft, dst, src, n);
+}
