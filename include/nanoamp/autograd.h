@@ -1,4 +1,6 @@
-/* nanoamp/autograd.h — reverse-mode automatic differentiation.
+/* nanoamp/autograd.h — reverse-mode automatic differentiation, and functions of your own
+ * (na_function: a forward, a backward and an autocast contract; implemented in the ops layer,
+ * src/ops/custom.c, since a call consults autocast like any op).
  *
  * Ops record a node when an input requires grad and grad mode is on. na_backward walks the
  * graph from `root` in reverse topological order and ACCUMULATES (+=) into the .grad of
@@ -112,8 +114,10 @@ typedef int (*na_function_forward)(na_function_ctx *ctx, na_tensor *const *input
 typedef int (*na_function_backward)(na_function_ctx *ctx, na_tensor *const *grad_outputs,
                                     na_tensor **grad_inputs);
 
+/* A function's definition: usually a static const (the graph keeps a pointer to it, and the
+ * trace its name, until the step ends). */
 typedef struct {
-    const char *name; /* in messages and the amp trace; must outlive the step */
+    const char *name; /* in messages and the amp trace */
     int n_inputs;     /* 0..NA_FUNCTION_MAX_INPUTS */
     int n_outputs;    /* 1..NA_FUNCTION_MAX_OUTPUTS */
     na_function_forward forward;
