@@ -360,7 +360,8 @@ static void expect_backward_error(na_function_backward bwd, int status, const ch
 }
 
 Test(custom_function, backward_errors_name_the_function) {
-    expect_backward_error(wrong_count_bwd, NA_EINVAL, "my_op returned 2 gradients for its 1 inputs");
+    expect_backward_error(wrong_count_bwd, NA_EINVAL,
+                          "my_op returned 2 gradients for its 1 inputs");
     g_bad_grad = TH_TENSOR(NA_DTYPE_F32, NA_SHAPE(3), 1, 1, 1);
     expect_backward_error(given_grad_bwd, NA_ESHAPE, "gradient [3] f32 cpu for input 0, which is "
                                                      "[2] f32 cpu");
@@ -391,7 +392,8 @@ Test(custom_function, forward_and_definition_errors) {
                     "0 tensors, asked for number 0");
     f = (na_function){.name = "two", .n_inputs = 1, .n_outputs = 2, .forward = null_output_fwd};
     na_tensor *o[2] = {x, x};
-    TH_EXPECT_STATUS(na_function_apply(&f, &x, o, NULL), NA_EINVAL, "forward of two left output 1 NULL");
+    TH_EXPECT_STATUS(na_function_apply(&f, &x, o, NULL), NA_EINVAL,
+                     "forward of two left output 1 NULL");
     cr_assert(!o[0] && !o[1], "outputs are NULL after a failure");
     TH_EXPECT_ERROR(na_function_apply1(&f, &x, NULL), NA_EINVAL, "two has 2 outputs");
     f = (na_function){.name = "none", .n_inputs = 1, .n_outputs = 0, .forward = identity_fwd};

@@ -135,8 +135,9 @@ static void trace_op(const na_graph_op *gop, const na_tensor *out, int n_inputs,
     while (n_pending && pending[n_pending - 1].generation != gen) n_pending--;
     int j = n_pending - 1;
     while (j >= 0 && pending[j].op != op) j--;
-    na_amp_trace_record r = {.op = op, .name = gop->name, .region = region, .enabled = na_autocast_enabled(),
-                             .out = out->dtype, .device = out->device, .rule = NA_AMP_AS_IS};
+    na_amp_trace_record r = {.op = op, .name = gop->name, .region = region,
+                             .enabled = na_autocast_enabled(), .out = out->dtype,
+                             .device = out->device, .rule = NA_AMP_AS_IS};
     int n = n_inputs < NA_AMP_TRACE_MAX_INPUTS ? n_inputs : NA_AMP_TRACE_MAX_INPUTS;
     r.n_inputs = n;
     for (int k = 0; k < n; k++) r.in[k] = inputs[k] ? inputs[k]->dtype : NA_DTYPE_COUNT;
