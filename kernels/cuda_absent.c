@@ -4,6 +4,8 @@
  * fail with NA_EDEVICE and say how to get a CUDA build; counters stay at zero. (The CUDA
  * build implements these in kernels/cuda/backend.cu.)
  */
+#include <stddef.h>
+
 #include "nanoamp/cuda.h"
 #include "nanoamp/error.h"
 
@@ -27,6 +29,8 @@ int na_cuda_set_tf32(bool enabled) {
 }
 
 int na_cuda_synchronize(void) { return na_set_error(NA_EDEVICE, "na_cuda_synchronize: " NOT_BUILT); }
+
+void *na_cuda_stream(void) { return NULL; }
 
 uint64_t na_cuda_sync_count(void) { return 0; }
 

@@ -79,6 +79,10 @@ uint64_t na_autocast_cache_casts(void);
  *   amp: linear        in f32,f32,f32      rule lower    compute f16   out f16   acc f32
  *   amp: batch_norm    in f16,f32,f32      rule as_is    compute f32   out f16
  *
+ * A custom function (na_function, nanoamp/autograd.h) is traced under its own name with the
+ * rule it declared: fp32 or lower for .cast_inputs (to f32, or to f16/bf16), as_is when it
+ * runs as called; the ops its forward calls are indented under it.
+ *
  * NANOAMP_AMP_TRACE=1 in the environment traces autocast regions to stderr from the start,
  * NANOAMP_AMP_TRACE=all every op. */
 typedef enum {
@@ -89,7 +93,8 @@ typedef enum {
 
 #define NA_AMP_TRACE_MAX_INPUTS 5
 typedef struct {
-    na_op op;
+    na_op op;           /* NA_OP_COUNT for a custom function (nanoamp/autograd.h) */
+    const char *name;   /* the op's name, or the custom function's; NULL: na_op_name(op) */
     int n_inputs;
     na_dtype in[NA_AMP_TRACE_MAX_INPUTS]; /* NA_DTYPE_COUNT for an absent (NULL) input */
     na_amp_rule rule;   /* the rule applied (as_is outside enabled regions) */

@@ -1,4 +1,6 @@
-/* nanoamp/autograd.h — reverse-mode automatic differentiation.
+/* nanoamp/autograd.h — reverse-mode automatic differentiation, and functions of your own
+ * (na_function: a forward, a backward and an autocast contract; implemented in the ops layer,
+ * src/ops/custom.c, since a call consults autocast like any op).
  *
  * Ops record a node when an input requires grad and grad mode is on. na_backward walks the
  * graph from `root` in reverse topological order and ACCUMULATES (+=) into the .grad of
@@ -14,6 +16,8 @@
  */
 #ifndef NANOAMP_AUTOGRAD_H
 #define NANOAMP_AUTOGRAD_H
+
+#include <stddef.h>
 
 #include "nanoamp/tensor.h"
 
@@ -51,6 +55,105 @@ typedef struct {
  * input, the element, the analytic and the numeric value. */
 int na_gradcheck(na_gradcheck_fn f, void *ctx, na_tensor **inputs, int n_inputs,
                  const na_gradcheck_opts *opts);
+
+/* ---- your own op: custom functions (PyTorch's autograd.Function) ----------------------------
+ * A function is a forward, a backward and how it behaves under autocast; na_function_apply
+ * runs it as one op of the graph. The forward computes its outputs from its inputs however it
+ * likes (ops, or raw loops and kernels on t->data); it runs in no-grad mode, so the ops it
+ * calls record nothing. It may save tensors and plain values in its context for backward. The
+ * backward receives one gradient per output and writes one per input. Everything a call makes
+ * (outputs, context, saved values, gradients) lives in the step arena: never free it.
+ * docs/custom-ops.md walks through a whole example (examples/custom_op).
+ *
+ *     static int fwd(na_function_ctx *c, na_tensor *const *in, na_tensor **out) {
+ *         na_function_save(c, in[0]);
+ *         out[0] = na_mul(in[0], in[0]);                  // y = x^2
+ *         return out[0] ? NA_OK : na_last_status();
+ *     }
+ *     static int bwd(na_function_ctx *c, na_tensor *const *gout, na_tensor **gin) {
+ *         na_tensor *x = na_function_saved(c, 0);
+ *         gin[0] = na_mul(gout[0], na_scale(x, 2.0));     // dy/dx = 2x
+ *         return gin[0] ? 1 : na_last_status();           // one gradient per input
+ *     }
+ *     static const na_function square = {.name = "square", .n_inputs = 1, .n_outputs = 1,
+ *                                         .forward = fwd, .backward = bwd};
+ *     na_tensor *y = na_function_apply1(&square, &x, NULL);
+ *
+ * Autocast (PyTorch's custom_fwd / custom_bwd). By default a function runs as called: inside
+ * an enabled autocast region its inputs arrive in whatever dtype they have (an f16 activation
+ * stays f16) and the ops its forward calls are autocast as usual. With .cast_inputs, inside
+ * an enabled region each float input other than f64 is cast to .forward_dtype and autocast is
+ * off while forward runs, so a forward written for f32 never sees f16 (outside enabled
+ * regions .cast_inputs does nothing). Either way backward runs under the autocast state its
+ * forward ran under. The amp trace shows a call under the function's name with its rule.
+ *
+ * Raw kernels. t->data is the first element (t->stride in elements; na_is_contiguous tells);
+ * t->device says where: a host pointer on the CPU, a device pointer on CUDA. Launch CUDA work
+ * on na_cuda_stream() (nanoamp/cuda.h), the stream every nanoamp kernel and copy runs on:
+ * then no synchronisation is needed, since the next op runs after it in stream order. Work on
+ * another stream must be ordered with that one by the user (an event, or cudaStreamSynchronize
+ * on both sides). Allocate outputs with na_empty (step arena) on the input's device.
+ */
+#define NA_FUNCTION_MAX_INPUTS 5  /* a graph node's inputs */
+#define NA_FUNCTION_MAX_OUTPUTS 8
+#define NA_FUNCTION_MAX_SAVED 8
+
+typedef struct na_function_ctx na_function_ctx;
+
+/* Fills outputs[0..n_outputs) with new tensors (or views of inputs); returns NA_OK or a
+ * negative status (with na_set_error). inputs[k] may be NULL when the caller passed NULL. */
+typedef int (*na_function_forward)(na_function_ctx *ctx, na_tensor *const *inputs,
+                                   na_tensor **outputs);
+/* grad_outputs[j] has outputs[j]'s shape, dtype and device, and is never NULL: an output
+ * that received no gradient (unused, or non-differentiable) gets zeros. Writes
+ * grad_inputs[k] with inputs[k]'s shape, dtype and device, or leaves it NULL (no gradient;
+ * always fine for an input that does not need one, see na_function_needs_input_grad).
+ * Returns the number of gradients it produced, which must be n_inputs (NULL ones count), or
+ * a negative status. Wrong count, shape, dtype or device fail na_backward with a message
+ * naming the function and the input. */
+typedef int (*na_function_backward)(na_function_ctx *ctx, na_tensor *const *grad_outputs,
+                                    na_tensor **grad_inputs);
+
+/* A function's definition: usually a static const (the graph keeps a pointer to it, and the
+ * trace its name, until the step ends). */
+typedef struct {
+    const char *name; /* in messages and the amp trace */
+    int n_inputs;     /* 0..NA_FUNCTION_MAX_INPUTS */
+    int n_outputs;    /* 1..NA_FUNCTION_MAX_OUTPUTS */
+    na_function_forward forward;
+    na_function_backward backward; /* NULL: no gradient (its outputs never require grad) */
+    bool cast_inputs;              /* false: run as called; true: run forward in forward_dtype */
+    na_dtype forward_dtype;        /* with cast_inputs: f32, f16 or bf16 */
+} na_function;
+
+/* Runs f on inputs (f->n_inputs of them, NULL entries allowed) and fills outputs
+ * (f->n_outputs). The outputs require grad, and backward reaches f->backward, when grad
+ * mode is on, f has a backward and some input requires grad. `arg` is handed to forward
+ * (na_function_arg), for parameters that are not tensors. Returns NA_OK or an error naming
+ * the function (outputs are then NULL). */
+int na_function_apply(const na_function *f, na_tensor *const *inputs, na_tensor **outputs,
+                      void *arg);
+/* The same for a function of one output: that output, or NULL with an error set. */
+na_tensor *na_function_apply1(const na_function *f, na_tensor *const *inputs, void *arg);
+
+/* ---- the context (forward and backward) ---- */
+/* Forward only: keeps t (an input, an output or any tensor) for backward, in order. */
+int na_function_save(na_function_ctx *ctx, na_tensor *t);
+/* The k-th saved tensor (NULL with an error when there is none). */
+na_tensor *na_function_saved(const na_function_ctx *ctx, int k);
+/* Plain values: a zeroed block of `size` bytes in the step arena, made at the first call;
+ * later calls (forward or backward) return the same block. NULL with an error when `size`
+ * exceeds the first call's. */
+void *na_function_data(na_function_ctx *ctx, size_t size);
+/* Forward only: the `arg` given to na_function_apply (backward must save what it needs). */
+void *na_function_arg(const na_function_ctx *ctx);
+/* Forward only: output k is not differentiable (an index, a mask): it never requires grad,
+ * and backward receives zeros for it. Integer outputs are never differentiable. */
+int na_function_mark_non_differentiable(na_function_ctx *ctx, int k);
+/* Whether input k needs a gradient: it requires grad, grad mode was on at the call and f
+ * has a backward. In backward, a function may skip the gradients nobody needs. */
+bool na_function_needs_input_grad(const na_function_ctx *ctx, int k);
+const na_function *na_function_of(const na_function_ctx *ctx);
 
 #ifdef __cplusplus
 }

@@ -18,6 +18,10 @@ int na_cuda_capability(int *major, int *minor);
 bool na_cuda_bf16_supported(void); /* sm_80 and newer */
 int na_cuda_set_tf32(bool enabled); /* TF32 for f32 matrix products; off by default */
 int na_cuda_synchronize(void);
+/* The CUDA stream (a cudaStream_t) every nanoamp kernel, copy and library call runs on: launch
+ * your own kernels on it and they are ordered with nanoamp's, with no synchronisation. NULL
+ * when there is no device. */
+void *na_cuda_stream(void);
 /* Device->host copies and explicit synchronizations made through the backend so far: a
  * training step's count of these is its number of host round trips. */
 uint64_t na_cuda_sync_count(void);

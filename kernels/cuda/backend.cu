@@ -327,6 +327,8 @@ int na_cuda_synchronize(void) {
     return cuda_synchronize();
 }
 
+void *na_cuda_stream(void) { return cuda_ready_quiet() ? (void *)na_cuda_ctx.stream : NULL; }
+
 uint64_t na_cuda_sync_count(void) { return na_cuda_ctx.sync_count; }
 uint64_t na_cuda_bytes_in_use(void) { return na_cuda_ctx.bytes_in_use; }
 uint64_t na_cuda_peak_bytes(void) { return na_cuda_ctx.peak_bytes; }

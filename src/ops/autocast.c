@@ -12,6 +12,7 @@
 typedef struct {
     bool enabled;
     na_dtype dtype;
+    bool in_backward; /* opened for a custom function's backward: holds while backward runs */
 } region;
 
 typedef struct {
@@ -45,8 +46,16 @@ static int begin(bool enabled, na_dtype dt) {
         cache_generation = na_arena_generation();
         na_autocast_trace_forget();
     }
-    stack[depth++] = (region){enabled, dt};
+    /* a region opened inside a custom backward's region holds there too */
+    bool in_backward = depth > 0 && stack[depth - 1].in_backward;
+    stack[depth++] = (region){enabled, dt, in_backward};
     return NA_OK;
+}
+
+int na_autocast_begin_backward(bool enabled, na_dtype dt) {
+    int rc = begin(enabled, dt);
+    if (!rc) stack[depth - 1].in_backward = true;
+    return rc;
 }
 
 int na_autocast_begin(na_dtype dt) {
@@ -101,9 +110,11 @@ int na_autocast_end(void) {
 }
 
 /* The ops a backward function calls compute in the forward's dtypes: no casting while the
- * engine runs backward, even inside an open region. */
+ * engine runs backward, even inside an open region, except in the region a custom function's
+ * backward reopens (its forward's autocast state). */
 bool na_autocast_enabled(void) {
-    return depth > 0 && stack[depth - 1].enabled && !na_graph_in_backward();
+    if (depth == 0 || !stack[depth - 1].enabled) return false;
+    return !na_graph_in_backward() || stack[depth - 1].in_backward;
 }
 na_dtype na_autocast_dtype(void) { return depth ? stack[depth - 1].dtype : NA_DTYPE_F16; }
 int na_autocast_depth(void) { return depth; }
@@ -188,6 +199,19 @@ static na_tensor *cached_cast(na_tensor *t, na_dtype dt) {
     return c;
 }
 
+/* Replaces each eligible input by its cast to target (what applying a rule means). */
+static int cast_eligible(const char *what, na_tensor **ins, int n, na_dtype target) {
+    for (int k = 0; k < n; k++) {
+        if (!eligible(ins[k]) || ins[k]->dtype == target) continue;
+        if (target == NA_DTYPE_BF16 && ins[k]->device == NA_DEVICE_CUDA && !bf16_on_cuda())
+            return na_set_error(NA_EDTYPE, "autocast: %s in a bf16 region on cuda: " NO_BF16_MSG
+                                " (%s)", what, na_cuda_device_name());
+        ins[k] = cached_cast(ins[k], target);
+        if (!ins[k]) return na_last_status();
+    }
+    return NA_OK;
+}
+
 int na_autocast_inputs(na_op op, na_tensor **ins, int n) {
     assert(na_op_defs[op].asks_autocast && "a FIXED op in NA_OP_MAP asked autocast");
     if (!na_autocast_enabled()) return NA_OK;
@@ -214,13 +238,17 @@ int na_autocast_inputs(na_op op, na_tensor **ins, int n) {
     }
     for (int k = 0; k < n && !any; k++) any = eligible(ins[k]);
     if (tracing) na_autocast_trace_decision(op, ins, n, rule, any ? target : NA_DTYPE_COUNT);
-    for (int k = 0; k < n; k++) {
-        if (!eligible(ins[k]) || ins[k]->dtype == target) continue;
-        if (target == NA_DTYPE_BF16 && ins[k]->device == NA_DEVICE_CUDA && !bf16_on_cuda())
-            return na_set_error(NA_EDTYPE, "autocast: %s in a bf16 region on cuda: " NO_BF16_MSG
-                                " (%s)", na_op_name(op), na_cuda_device_name());
-        ins[k] = cached_cast(ins[k], target);
-        if (!ins[k]) return na_last_status();
-    }
-    return NA_OK;
+    return cast_eligible(na_op_name(op), ins, n, target);
+}
+
+int na_autocast_function_inputs(const char *name, bool cast, na_dtype target, na_tensor **ins,
+                                int n) {
+    if (!na_autocast_enabled()) return NA_OK;
+    na_amp_rule rule = !cast ? NA_AMP_AS_IS : target == NA_DTYPE_F32 ? NA_AMP_FP32 : NA_AMP_LOWER;
+    bool any = false;
+    for (int k = 0; k < n && !any; k++) any = eligible(ins[k]);
+    if (na_autocast_trace_mode() != NA_AMP_TRACE_OFF)
+        na_autocast_trace_decision(NA_OP_CUSTOM, ins, n, rule,
+                                   cast && any ? target : NA_DTYPE_COUNT);
+    return cast ? cast_eligible(name, ins, n, target) : NA_OK;
 }

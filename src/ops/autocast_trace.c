@@ -85,7 +85,8 @@ const char *na_amp_trace_format(const na_amp_trace_record *r, char *buf, size_t 
         k += (size_t)snprintf(ins + k, sizeof ins - k, "%s%s", i ? "," : "", dt_name(r->in[i]));
     const char *rule = r->region && !r->enabled ? "off" : na_amp_rule_name(r->rule);
     char name[40];
-    snprintf(name, sizeof name, "%*s%s", 2 * r->nesting, "", na_op_name(r->op));
+    const char *op_name = r->name ? r->name : na_op_name(r->op);
+    snprintf(name, sizeof name, "%*s%s", 2 * r->nesting, "", op_name);
     const char *out = dt_name(r->out);
     int len = snprintf(buf, size, "%-15s in %-18s rule %-8s compute %-5s out %s", name, ins, rule,
                        dt_name(r->compute), out);
@@ -111,7 +112,8 @@ static na_dtype true_compute(na_op op, na_dtype data) {
  * cuDNN convolutions with an f32 compute type, the CPU widening to f32); NA_DTYPE_COUNT for
  * an op that sums nothing (the table's NOACC). */
 static na_dtype accumulation(na_op op, na_dtype compute) {
-    if (!na_op_defs[op].accumulates || !na_dtype_is_float(compute)) return NA_DTYPE_COUNT;
+    bool sums = op < NA_OP_COUNT && na_op_defs[op].accumulates; /* a custom function: unknown */
+    if (!sums || !na_dtype_is_float(compute)) return NA_DTYPE_COUNT;
     return compute == NA_DTYPE_F64 ? NA_DTYPE_F64 : NA_DTYPE_F32;
 }
 
@@ -125,7 +127,7 @@ static na_dtype first_float(int n, na_tensor *const *inputs, na_dtype fallback) 
 static void trace_op(const na_graph_op *gop, const na_tensor *out, int n_inputs,
                      na_tensor *const *inputs) {
     na_amp_trace_mode mode = current_trace_mode();
-    if (mode == NA_AMP_TRACE_OFF || !out) return;
+    if (mode == NA_AMP_TRACE_OFF || !out || gop->id == NA_OP_PLUMBING) return;
     bool region = na_autocast_depth() > 0;
     if (mode == NA_AMP_TRACE_REGIONS && !region) return;
     na_op op = (na_op)gop->id;
@@ -133,8 +135,9 @@ static void trace_op(const na_graph_op *gop, const na_tensor *out, int n_inputs,
     while (n_pending && pending[n_pending - 1].generation != gen) n_pending--;
     int j = n_pending - 1;
     while (j >= 0 && pending[j].op != op) j--;
-    na_amp_trace_record r = {.op = op, .region = region, .enabled = na_autocast_enabled(),
-                             .out = out->dtype, .device = out->device, .rule = NA_AMP_AS_IS};
+    na_amp_trace_record r = {.op = op, .name = gop->name, .region = region,
+                             .enabled = na_autocast_enabled(), .out = out->dtype,
+                             .device = out->device, .rule = NA_AMP_AS_IS};
     int n = n_inputs < NA_AMP_TRACE_MAX_INPUTS ? n_inputs : NA_AMP_TRACE_MAX_INPUTS;
     r.n_inputs = n;
     for (int k = 0; k < n; k++) r.in[k] = inputs[k] ? inputs[k]->dtype : NA_DTYPE_COUNT;

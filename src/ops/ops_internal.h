@@ -41,6 +41,20 @@ static inline na_node *na_op_record(na_op op, na_tensor *out, int n_inputs,
  * backward is running). Returns NA_OK or an error. */
 int na_autocast_inputs(na_op op, na_tensor **ins, int n);
 
+/* Custom functions (custom.c) are no rows of NA_OP_MAP: their graph op carries the user's
+ * name and NA_OP_CUSTOM as its id; the nodes that route their outputs' gradients carry
+ * NA_OP_PLUMBING, which the trace leaves out. */
+#define NA_OP_CUSTOM ((na_op)NA_OP_COUNT)
+#define NA_OP_PLUMBING (-1)
+
+/* Autocast for a custom function's call (PyTorch's custom_fwd): in an enabled region, traces
+ * the decision and, when `cast`, replaces each eligible input by its cast to target. */
+int na_autocast_function_inputs(const char *name, bool cast, na_dtype target, na_tensor **ins,
+                                int n);
+/* Opens a region that holds while backward runs: a custom function's backward runs under the
+ * autocast state its forward ran under (custom_bwd). Closed with na_autocast_end. */
+int na_autocast_begin_backward(bool enabled, na_dtype dt);
+
 /* The trace's half of an autocast decision: op's inputs as they came, the rule applied and
  * the dtype it computes in (NA_DTYPE_COUNT: no eligible input, the output's dtype tells). The
  * op's line is completed when its output is recorded. */
