@@ -9,7 +9,8 @@
  *    comment says otherwise, and their shapes/dtypes were checked by the front-end in src/;
  *  - f16/bf16 are computed as a GPU computes: widened to f32, f32 math and accumulation,
  *    one round-to-nearest-even on store (kernels/common/half.h). f64 computes in f64;
- *  - the per-element math comes from kernels/common/elementwise.h, shared by both backends;
+ *  - the per-element math comes from kernels/common/elementwise.h, shared by both backends
+ *    and generated, like the op enums below, from the lists in common/elementwise_ops.h;
  *  - a kernel returns NA_OK or a negative na_status with na_set_error() naming the call.
  *    CUDA kernels run asynchronously on the backend's stream; nothing here synchronizes
  *    except memcpy_d2h and synchronize.
@@ -21,6 +22,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/elementwise_ops.h"
 #include "na_config.h"
 #include "nanoamp/error.h"
 #include "nanoamp/view.h"
@@ -29,25 +31,20 @@
 extern "C" {
 #endif
 
+/* The elementwise kernels' ops, in the order of their lists (common/elementwise_ops.h). */
 typedef enum {
-    NA_UNARY_NEG,
-    NA_UNARY_SCALE,      /* x * a */
-    NA_UNARY_ADD_SCALAR, /* x + a */
-    NA_UNARY_EXP,
-    NA_UNARY_LOG,
-    NA_UNARY_SQRT,
-    NA_UNARY_RSQRT,
-    NA_UNARY_POW,   /* x ** a */
-    NA_UNARY_ABS,
-    NA_UNARY_CLAMP, /* min(max(x, a), b) */
-    NA_UNARY_RELU,
-    NA_UNARY_GELU,
-    NA_UNARY_SIGMOID,
-    NA_UNARY_TANH,
+#define NA_UNARY_ENUM_(NAME, ...) NA_UNARY_##NAME,
+    NA_UNARY_OPS(NA_UNARY_ENUM_)
+#undef NA_UNARY_ENUM_
     NA_UNARY_COUNT
 } na_unary_op;
 
-typedef enum { NA_BINARY_ADD, NA_BINARY_SUB, NA_BINARY_MUL, NA_BINARY_DIV, NA_BINARY_COUNT } na_binary_op;
+typedef enum {
+#define NA_BINARY_ENUM_(NAME, ...) NA_BINARY_##NAME,
+    NA_BINARY_OPS(NA_BINARY_ENUM_)
+#undef NA_BINARY_ENUM_
+    NA_BINARY_COUNT
+} na_binary_op;
 
 typedef enum { NA_REDUCE_SUM, NA_REDUCE_MEAN, NA_REDUCE_MAX, NA_REDUCE_COUNT } na_reduce_op;
 

@@ -1,6 +1,6 @@
-/* kernels/common/elementwise.h — the per-element math of every unary and binary op, written
- * once for both backends (host and device) and for both compute types (float for
- * f32/f16/bf16, double for f64).
+/* kernels/common/elementwise.h — the per-element math of every unary and binary op, for
+ * both backends (host and device) and both compute types (float for f32/f16/bf16, double
+ * for f64), generated from the lists in common/elementwise_ops.h.
  *
  * na_unary_f(op, x, a, b)           y = f(x) with the op's scalar parameters a, b
  * na_unary_grad_f(op, x, y, a, b)   dy/dx, from x and/or y = f(x)
@@ -15,62 +15,56 @@
 #include "common/hd.h"
 #include "backend.h"
 
-#define NA_SQRT1_2 0.70710678118654752440
-#define NA_INV_SQRT_2PI 0.39894228040143267794
+#define NA_EW_FORWARD_CASE_(name, forward, ...) case NA_UNARY_##name: return forward;
+#define NA_EW_GRAD_CASE_(name, forward, grad) case NA_UNARY_##name: return grad;
+#define NA_EW_BINARY_CASE_(name, forward) case NA_BINARY_##name: return forward;
 
-#define NA_DEFINE_ELEMENTWISE_(T, SFX, EXP, LOG, SQRT, POW, FABS, TANH, ERF)                \
-    static NA_HD T na_unary_##SFX(int op, T x, T a, T b) {                                  \
+/* One function body per compute type: the rows' T is a local typedef of NA_EW_T, and
+ * NA_EW_T and the NA_EW_ math names pick float's or double's (below). */
+#define NA_DEFINE_ELEMENTWISE_(SFX)                                                         \
+    static NA_HD NA_EW_T na_unary_##SFX(int op, NA_EW_T x, NA_EW_T a, NA_EW_T b) {          \
+        typedef NA_EW_T T;                                                                  \
         switch (op) {                                                                       \
-        case NA_UNARY_NEG: return -x;                                                       \
-        case NA_UNARY_SCALE: return x * a;                                                  \
-        case NA_UNARY_ADD_SCALAR: return x + a;                                             \
-        case NA_UNARY_EXP: return EXP(x);                                                   \
-        case NA_UNARY_LOG: return LOG(x);                                                   \
-        case NA_UNARY_SQRT: return SQRT(x);                                                 \
-        case NA_UNARY_RSQRT: return (T)1 / SQRT(x);                                         \
-        case NA_UNARY_POW: return POW(x, a);                                                \
-        case NA_UNARY_ABS: return FABS(x);                                                  \
-        case NA_UNARY_CLAMP: return x < a ? a : (x > b ? b : x);                            \
-        case NA_UNARY_RELU: return x > (T)0 ? x : (T)0;                                     \
-        case NA_UNARY_GELU: return (T)0.5 * x * ((T)1 + ERF(x * (T)NA_SQRT1_2));            \
-        case NA_UNARY_SIGMOID: return (T)1 / ((T)1 + EXP(-x));                              \
-        case NA_UNARY_TANH: return TANH(x);                                                 \
+        NA_UNARY_OPS(NA_EW_FORWARD_CASE_)                                                   \
         default: return (T)NAN;                                                             \
         }                                                                                   \
     }                                                                                       \
-    static NA_HD T na_unary_grad_##SFX(int op, T x, T y, T a, T b) {                        \
+    static NA_HD NA_EW_T na_unary_grad_##SFX(int op, NA_EW_T x, NA_EW_T y, NA_EW_T a,       \
+                                             NA_EW_T b) {                                   \
+        typedef NA_EW_T T;                                                                  \
         switch (op) {                                                                       \
-        case NA_UNARY_NEG: return (T)-1;                                                    \
-        case NA_UNARY_SCALE: return a;                                                      \
-        case NA_UNARY_ADD_SCALAR: return (T)1;                                              \
-        case NA_UNARY_EXP: return y;                                                        \
-        case NA_UNARY_LOG: return (T)1 / x;                                                 \
-        case NA_UNARY_SQRT: return (T)0.5 / y;                                              \
-        case NA_UNARY_RSQRT: return (T)-0.5 * y * y * y;                                    \
-        case NA_UNARY_POW: return a == (T)0 ? (T)0 : a * POW(x, a - (T)1);                  \
-        case NA_UNARY_ABS: return x > (T)0 ? (T)1 : (x < (T)0 ? (T)-1 : (T)0);              \
-        case NA_UNARY_CLAMP: return (x >= a && x <= b) ? (T)1 : (T)0;                       \
-        case NA_UNARY_RELU: return x > (T)0 ? (T)1 : (T)0;                                  \
-        case NA_UNARY_GELU:                                                                 \
-            return (T)0.5 * ((T)1 + ERF(x * (T)NA_SQRT1_2)) +                               \
-                   x * (T)NA_INV_SQRT_2PI * EXP((T)-0.5 * x * x);                           \
-        case NA_UNARY_SIGMOID: return y * ((T)1 - y);                                       \
-        case NA_UNARY_TANH: return (T)1 - y * y;                                            \
+        NA_UNARY_OPS(NA_EW_GRAD_CASE_)                                                      \
         default: return (T)NAN;                                                             \
         }                                                                                   \
     }                                                                                       \
-    static NA_HD T na_binary_##SFX(int op, T x, T y) {                                      \
+    static NA_HD NA_EW_T na_binary_##SFX(int op, NA_EW_T x, NA_EW_T y) {                    \
+        typedef NA_EW_T T;                                                                  \
         switch (op) {                                                                       \
-        case NA_BINARY_ADD: return x + y;                                                   \
-        case NA_BINARY_SUB: return x - y;                                                   \
-        case NA_BINARY_MUL: return x * y;                                                   \
-        case NA_BINARY_DIV: return x / y;                                                   \
+        NA_BINARY_OPS(NA_EW_BINARY_CASE_)                                                   \
         default: return (T)NAN;                                                             \
         }                                                                                   \
     }
 
-NA_DEFINE_ELEMENTWISE_(float, f, expf, logf, sqrtf, powf, fabsf, tanhf, erff)
-NA_DEFINE_ELEMENTWISE_(double, d, exp, log, sqrt, pow, fabs, tanh, erf)
+/* The compute type and math functions of each expansion: (float's, double's). */
+#define NA_EW_T NA_EW_PICK_(float, double)
+#define NA_EW_EXP NA_EW_PICK_(expf, exp)
+#define NA_EW_LOG NA_EW_PICK_(logf, log)
+#define NA_EW_LOG1P NA_EW_PICK_(log1pf, log1p)
+#define NA_EW_SQRT NA_EW_PICK_(sqrtf, sqrt)
+#define NA_EW_POW NA_EW_PICK_(powf, pow)
+#define NA_EW_FABS NA_EW_PICK_(fabsf, fabs)
+#define NA_EW_TANH NA_EW_PICK_(tanhf, tanh)
+#define NA_EW_ERF NA_EW_PICK_(erff, erf)
+
+#define NA_EW_PICK_(f, d) f
+NA_DEFINE_ELEMENTWISE_(f)
+#undef NA_EW_PICK_
+#define NA_EW_PICK_(f, d) d
+NA_DEFINE_ELEMENTWISE_(d)
+#undef NA_EW_PICK_
 
 #undef NA_DEFINE_ELEMENTWISE_
+#undef NA_EW_FORWARD_CASE_
+#undef NA_EW_GRAD_CASE_
+#undef NA_EW_BINARY_CASE_
 #endif

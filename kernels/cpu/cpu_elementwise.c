@@ -1,53 +1,61 @@
 /* kernels/cpu/cpu_elementwise.c — unary, unary backward and broadcast binary ops.
  *
  * The math is na_unary_*, na_unary_grad_*, na_binary_* from common/elementwise.h. The op
- * switch is hoisted out of the loops (one loop per op, the op a constant inside it) so the
- * compiler folds the switch and can vectorize. Compute type: double when any operand is f64,
- * else float; f16/bf16 operands are widened per chunk and the result rounded once.
+ * switch (one case per row of the lists in common/elementwise_ops.h) is hoisted out of the
+ * loops (one loop per op, the op a constant inside it) so the compiler folds the switch and
+ * can vectorize. Compute type: double when any operand is f64, else float; f16/bf16
+ * operands are widened per chunk and the result rounded once.
  */
 #include "common/elementwise.h"
 #include "cpu/cpu_internal.h"
 
-#define NA_CPU_UNARY_OPS(X)                                                                 \
-    X(NA_UNARY_NEG) X(NA_UNARY_SCALE) X(NA_UNARY_ADD_SCALAR) X(NA_UNARY_EXP) X(NA_UNARY_LOG) \
-    X(NA_UNARY_SQRT) X(NA_UNARY_RSQRT) X(NA_UNARY_POW) X(NA_UNARY_ABS) X(NA_UNARY_CLAMP)    \
-    X(NA_UNARY_RELU) X(NA_UNARY_GELU) X(NA_UNARY_SIGMOID) X(NA_UNARY_TANH)
-
-#define NA_CPU_BINARY_OPS(X) X(NA_BINARY_ADD) X(NA_BINARY_SUB) X(NA_BINARY_MUL) X(NA_BINARY_DIV)
-
 #define NA_CPU_DEFINE_LOOPS(T, SFX)                                                         \
     static void unary_loop_##SFX(int op, const T *x, T *y, int64_t n, T a, T b) {           \
         switch (op) {                                                                       \
-        NA_CPU_UNARY_OPS(UNARY_CASE_##SFX)                                                  \
+        NA_UNARY_OPS(UNARY_CASE_##SFX)                                                      \
         default: break;                                                                     \
         }                                                                                   \
     }                                                                                       \
     static void unary_grad_loop_##SFX(int op, const T *x, const T *y, const T *gy, T *gx,   \
                                       int64_t n, T a, T b) {                                \
         switch (op) {                                                                       \
-        NA_CPU_UNARY_OPS(GRAD_CASE_##SFX)                                                   \
+        NA_UNARY_OPS(GRAD_CASE_##SFX)                                                       \
         default: break;                                                                     \
         }                                                                                   \
     }                                                                                       \
     static void binary_loop_##SFX(int op, const T *a, const T *b, T *o, int64_t n) {        \
         switch (op) {                                                                       \
-        NA_CPU_BINARY_OPS(BINARY_CASE_##SFX)                                                \
+        NA_BINARY_OPS(BINARY_CASE_##SFX)                                                    \
         default: break;                                                                     \
         }                                                                                   \
     }
 
-#define UNARY_CASE_f(OP)                                                                    \
-    case OP: for (int64_t i = 0; i < n; i++) y[i] = na_unary_f(OP, x[i], a, b); break;
-#define UNARY_CASE_d(OP)                                                                    \
-    case OP: for (int64_t i = 0; i < n; i++) y[i] = na_unary_d(OP, x[i], a, b); break;
-#define GRAD_CASE_f(OP)                                                                     \
-    case OP: for (int64_t i = 0; i < n; i++) gx[i] = gy[i] * na_unary_grad_f(OP, x[i], y[i], a, b); break;
-#define GRAD_CASE_d(OP)                                                                     \
-    case OP: for (int64_t i = 0; i < n; i++) gx[i] = gy[i] * na_unary_grad_d(OP, x[i], y[i], a, b); break;
-#define BINARY_CASE_f(OP)                                                                   \
-    case OP: for (int64_t i = 0; i < n; i++) o[i] = na_binary_f(OP, a[i], b[i]); break;
-#define BINARY_CASE_d(OP)                                                                   \
-    case OP: for (int64_t i = 0; i < n; i++) o[i] = na_binary_d(OP, a[i], b[i]); break;
+#define UNARY_CASE_f(NAME, ...)                                                             \
+    case NA_UNARY_##NAME:                                                                   \
+        for (int64_t i = 0; i < n; i++) y[i] = na_unary_f(NA_UNARY_##NAME, x[i], a, b);     \
+        break;
+#define UNARY_CASE_d(NAME, ...)                                                             \
+    case NA_UNARY_##NAME:                                                                   \
+        for (int64_t i = 0; i < n; i++) y[i] = na_unary_d(NA_UNARY_##NAME, x[i], a, b);     \
+        break;
+#define GRAD_CASE_f(NAME, ...)                                                              \
+    case NA_UNARY_##NAME:                                                                   \
+        for (int64_t i = 0; i < n; i++)                                                     \
+            gx[i] = gy[i] * na_unary_grad_f(NA_UNARY_##NAME, x[i], y[i], a, b);             \
+        break;
+#define GRAD_CASE_d(NAME, ...)                                                              \
+    case NA_UNARY_##NAME:                                                                   \
+        for (int64_t i = 0; i < n; i++)                                                     \
+            gx[i] = gy[i] * na_unary_grad_d(NA_UNARY_##NAME, x[i], y[i], a, b);             \
+        break;
+#define BINARY_CASE_f(NAME, ...)                                                            \
+    case NA_BINARY_##NAME:                                                                  \
+        for (int64_t i = 0; i < n; i++) o[i] = na_binary_f(NA_BINARY_##NAME, a[i], b[i]);   \
+        break;
+#define BINARY_CASE_d(NAME, ...)                                                            \
+    case NA_BINARY_##NAME:                                                                  \
+        for (int64_t i = 0; i < n; i++) o[i] = na_binary_d(NA_BINARY_##NAME, a[i], b[i]);   \
+        break;
 
 NA_CPU_DEFINE_LOOPS(float, f)
 NA_CPU_DEFINE_LOOPS(double, d)

@@ -40,32 +40,23 @@ template <int OP> __device__ __forceinline__ double ew_binary(double x, double y
 
 template <int N> using op_c = std::integral_constant<int, N>;
 
+/* f(op_c<op>{}): the op as a compile-time constant, one case per row of the lists in
+ * common/elementwise_ops.h */
+#define NA_EW_UNARY_DISPATCH_(NAME, ...)                                                    \
+    case NA_UNARY_##NAME: return f(op_c<NA_UNARY_##NAME>{});
+#define NA_EW_BINARY_DISPATCH_(NAME, ...)                                                   \
+    case NA_BINARY_##NAME: return f(op_c<NA_BINARY_##NAME>{});
+
 template <class F> static inline int dispatch_unary_op(int op, F &&f) {
     switch (op) {
-    case NA_UNARY_NEG: return f(op_c<NA_UNARY_NEG>{});
-    case NA_UNARY_SCALE: return f(op_c<NA_UNARY_SCALE>{});
-    case NA_UNARY_ADD_SCALAR: return f(op_c<NA_UNARY_ADD_SCALAR>{});
-    case NA_UNARY_EXP: return f(op_c<NA_UNARY_EXP>{});
-    case NA_UNARY_LOG: return f(op_c<NA_UNARY_LOG>{});
-    case NA_UNARY_SQRT: return f(op_c<NA_UNARY_SQRT>{});
-    case NA_UNARY_RSQRT: return f(op_c<NA_UNARY_RSQRT>{});
-    case NA_UNARY_POW: return f(op_c<NA_UNARY_POW>{});
-    case NA_UNARY_ABS: return f(op_c<NA_UNARY_ABS>{});
-    case NA_UNARY_CLAMP: return f(op_c<NA_UNARY_CLAMP>{});
-    case NA_UNARY_RELU: return f(op_c<NA_UNARY_RELU>{});
-    case NA_UNARY_GELU: return f(op_c<NA_UNARY_GELU>{});
-    case NA_UNARY_SIGMOID: return f(op_c<NA_UNARY_SIGMOID>{});
-    case NA_UNARY_TANH: return f(op_c<NA_UNARY_TANH>{});
+    NA_UNARY_OPS(NA_EW_UNARY_DISPATCH_)
     default: return na_set_error(NA_EINVAL, "unary (cuda): invalid op %d", op);
     }
 }
 
 template <class F> static inline int dispatch_binary_op(int op, F &&f) {
     switch (op) {
-    case NA_BINARY_ADD: return f(op_c<NA_BINARY_ADD>{});
-    case NA_BINARY_SUB: return f(op_c<NA_BINARY_SUB>{});
-    case NA_BINARY_MUL: return f(op_c<NA_BINARY_MUL>{});
-    case NA_BINARY_DIV: return f(op_c<NA_BINARY_DIV>{});
+    NA_BINARY_OPS(NA_EW_BINARY_DISPATCH_)
     default: return na_set_error(NA_EINVAL, "binary (cuda): invalid op %d", op);
     }
 }
