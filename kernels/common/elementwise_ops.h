@@ -14,8 +14,7 @@
  *
  * Adding a unary op: (1) a row here; (2) its row in NA_OP_MAP (include/nanoamp/ops.h),
  * naming it in the unary column, and (3) its declaration there; (4) its NA_UNARY_OP_ line
- * in src/ops/elementwise.c; (5) its case in tests/op_cases.c; (6) its double reference in
- * tests/test_cpu_kernels.c (ref_unary, ref_grad); (7) its rule line in
+ * in src/ops/elementwise.c; (5) its case in tests/op_cases.c; (6) its rule line in
  * docs/mixed-precision.md (test_amp_lessons checks the table). Every suite fails until
  * each is there.
  */
