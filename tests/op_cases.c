@@ -87,6 +87,11 @@ const oc_case oc_cases[NA_OP_COUNT] = {
     [NA_OP_TANH] = UNARY(NA_AMP_AS_IS, .unary = na_tanh,
         REFS({"tanh", .in = {OC_V(0, 0.5, -1)}, .rounded = true,
               .out = OC_V(0, 0.46211715726000974, -0.7615941559557649)})),
+    /* softplus: PyTorch's fp32 list; softplus(-x) = softplus(x) - x */
+    [NA_OP_SOFTPLUS] = UNARY(NA_AMP_FP32, .unary = na_softplus,
+        REFS({"softplus", .in = {OC_V(0, 1, -1, 2, 100)}, .rounded = true,
+              .out = OC_V(0.6931471805599453, 1.3132616875182228, 0.31326168751822286,
+                          2.1269280110429727, 100)})),
 
     /* ---- ops with checks of their own ---- */
     [NA_OP_MATMUL] = CUSTOM(NA_AMP_LOWER, .forward = fw_matmul, .gradcheck = gc_matmul,

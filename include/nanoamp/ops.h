@@ -67,6 +67,7 @@ typedef enum {
     X(GELU,          "gelu",          AS_IS, ASKS,  GELU,       NOACC, true)          \
     X(SIGMOID,       "sigmoid",       AS_IS, ASKS,  SIGMOID,    NOACC, true)          \
     X(TANH,          "tanh",          AS_IS, ASKS,  TANH,       NOACC, true)          \
+    X(SOFTPLUS,      "softplus",      FP32,  ASKS,  SOFTPLUS,   NOACC, true)          \
     X(MATMUL,        "matmul",        LOWER, ASKS,  NONE,       ACC,   true)          \
     X(LINEAR,        "linear",        LOWER, ASKS,  NONE,       ACC,   true)          \
     X(SUM,           "sum",           FP32,  ASKS,  NONE,       ACC,   true)          \
@@ -120,6 +121,7 @@ na_tensor *na_relu(na_tensor *x);
 na_tensor *na_gelu(na_tensor *x);                 /* exact (erf) form, as PyTorch's default */
 na_tensor *na_sigmoid(na_tensor *x);
 na_tensor *na_tanh(na_tensor *x);
+na_tensor *na_softplus(na_tensor *x);             /* log(1 + exp(x)) */
 
 /* ---- matrix products (f32 accumulation whatever the dtype) -------------------------- */
 /* [M,K]@[K,N] -> [M,N]; batched [..,M,K]@[..,K,N] with broadcast batch dims; 1-d operands

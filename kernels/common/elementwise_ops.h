@@ -40,7 +40,9 @@
       (T)0.5 * ((T)1 + NA_EW_ERF(x * (T)NA_SQRT1_2)) +                                      \
           x * (T)NA_INV_SQRT_2PI * NA_EW_EXP((T)-0.5 * x * x))                              \
     X(SIGMOID, (T)1 / ((T)1 + NA_EW_EXP(-x)), y * ((T)1 - y))                               \
-    X(TANH, NA_EW_TANH(x), (T)1 - y * y)
+    X(TANH, NA_EW_TANH(x), (T)1 - y * y)                                                    \
+    X(SOFTPLUS, x > (T)20 ? x : NA_EW_LOG1P(NA_EW_EXP(x)), /* PyTorch's threshold */        \
+      (T)1 / ((T)1 + NA_EW_EXP(-x)))
 
 #define NA_BINARY_OPS(X)                                                                    \
     X(ADD, x + y)                                                                           \

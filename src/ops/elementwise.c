@@ -148,6 +148,7 @@ NA_UNARY_OP_(relu, RELU, (na_tensor * x), 0, 0)
 NA_UNARY_OP_(gelu, GELU, (na_tensor * x), 0, 0)
 NA_UNARY_OP_(sigmoid, SIGMOID, (na_tensor * x), 0, 0)
 NA_UNARY_OP_(tanh, TANH, (na_tensor * x), 0, 0)
+NA_UNARY_OP_(softplus, SOFTPLUS, (na_tensor * x), 0, 0)
 #undef NA_UNARY_OP_
 
 /* ---- dropout --------------------------------------------------------------------------- */
