@@ -157,7 +157,9 @@ typedef struct {
 
 static na_tensor *f_elementwise(na_tensor **in, void *vctx) {
     elementwise_ctx *e = vctx;
-    na_tensor *x[2] = {e->transpose ? na_transpose(in[0], 0, 1) : in[0], in[1]};
+    /* a unary op's check passes one input: in[1] exists only for a binary op */
+    na_tensor *x[2] = {e->transpose ? na_transpose(in[0], 0, 1) : in[0],
+                       e->c->binary ? in[1] : NULL};
     return oc_call(e->c, x, e->args);
 }
 
