@@ -18,4 +18,8 @@ d = json.load(sys.stdin)
 print("final loss %.6f, test accuracy %.4f, loss scale %g" % (d["final_loss"], d["test_acc"], d["final_scale"]))')
 echo "mnist-train:   $want"
 [ "$out" = "$want" ] || { echo "FAIL: the open loop and the trainer differ"; echo "0 passed, 1 failed"; exit 1; }
-echo "1 passed, 0 failed"
+# a limit that is not a number, or too many arguments: exit 2 with a message, no training
+for bad in "$data abc" "$data 10 10 10"; do
+    if "$minimal" $bad >/dev/null 2>&1; then echo "FAIL: '$bad' accepted"; echo "1 passed, 1 failed"; exit 1; fi
+done
+echo "2 passed, 0 failed"

@@ -39,9 +39,10 @@ static double accuracy(na_module *net, const na_dataset *ds, const float *mean, 
 }
 
 int main(int argc, char **argv) {
-    if (argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
-        printf("usage: %s [DATA_DIR [TRAIN_LIMIT [TEST_LIMIT]]]\n", argv[0]);
-        return 0;
+    bool help = argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"));
+    if (help || argc > 4) {
+        fprintf(help ? stdout : stderr, "usage: %s [DATA_DIR [TRAIN_LIMIT [TEST_LIMIT]]]\n", argv[0]);
+        return help ? 0 : 2;
     }
     const char *dir = argc > 1 ? argv[1] : "/usr/share/datasets/fashion-mnist";
     na_dataset *train = na_mnist_load(dir, true), *test = train ? na_mnist_load(dir, false) : NULL;
@@ -50,8 +51,19 @@ int main(int argc, char **argv) {
         na_dataset_free(train);
         return 1;
     }
-    if (argc > 2 && atoll(argv[2]) > 0 && atoll(argv[2]) < train->n) train->n = atoll(argv[2]);
-    if (argc > 3 && atoll(argv[3]) > 0 && atoll(argv[3]) < test->n) test->n = atoll(argv[3]);
+    for (int i = 2; i < argc && i < 4; i++) { /* the first N images only */
+        char *end;
+        long long v = strtoll(argv[i], &end, 10);
+        na_dataset *ds = i == 2 ? train : test;
+        if (end == argv[i] || *end || v < 1) {
+            fprintf(stderr, "%s: %s: expected a number of images >= 1, got '%s'\n", argv[0],
+                    i == 2 ? "TRAIN_LIMIT" : "TEST_LIMIT", argv[i]);
+            na_dataset_free(train);
+            na_dataset_free(test);
+            return 2;
+        }
+        if (v < ds->n) ds->n = v;
+    }
     float mean[1], std[1];
     trainer_channel_stats(train, mean, std);
 
