@@ -17,6 +17,7 @@
 
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
 #define NA_CPU_X86_FAST 1
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -73,7 +74,11 @@ bool na_cpu_convert_is_fast(void) {
 #ifdef NA_CPU_X86_FAST
     if (na_cpu_convert_force_soft) return false;
     __builtin_cpu_init(); /* idempotent; needed when called before libgcc's constructor */
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+    /* F16C is CPUID.1:ECX bit 29, read directly: clang (14) has no "f16c" in
+     * __builtin_cpu_supports. avx2 there also checks that the OS saves the AVX state. */
+    unsigned a, b, c, d;
+    return __builtin_cpu_supports("avx2") && __get_cpuid(1, &a, &b, &c, &d) &&
+           (c & bit_F16C);
 #else
     return false;
 #endif
