@@ -214,4 +214,15 @@ static inline uint64_t th_run_seed(void) {
     return th_rng_u64(&r) & 0xFFFFFFFFull; /* short enough to type back in */
 }
 
+/* The trace records of the ops run while it is installed:
+ *   th_trace_log log = {0}; na_autocast_trace_callback(mode, th_trace_collect, &log); */
+typedef struct {
+    int n;
+    na_amp_trace_record r[256];
+} th_trace_log;
+static inline void th_trace_collect(const na_amp_trace_record *r, void *ctx) {
+    th_trace_log *l = ctx;
+    if (l->n < 256) l->r[l->n++] = *r;
+}
+
 #endif

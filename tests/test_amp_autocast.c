@@ -385,25 +385,16 @@ Test(amp_autocast, override_one_rule_and_list_the_table) {
 
 /* ---- the trace ------------------------------------------------------------------------------- */
 
-typedef struct {
-    int n;
-    na_amp_trace_record r[64];
-} trace_log;
-
-static void collect(const na_amp_trace_record *r, void *ctx) {
-    trace_log *l = ctx;
-    if (l->n < 64) l->r[l->n++] = *r;
-}
 
 Test(amp_autocast, trace_records_each_op) {
-    trace_log log = {0};
+    th_trace_log log = {0};
     na_tensor *w = na_tensor_new(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(4, 3));
     na_tensor *b = na_tensor_new(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(4));
     TH_RC(na_tensor_set_requires_grad(w, true));
     TH_RC(na_tensor_set_requires_grad(b, true));
     na_tensor *x = TH_OK(na_rand(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(2, 3), -1, 1));
     na_tensor *labels = TH_TENSOR(NA_DTYPE_I32, NA_SHAPE(2), 1, 0);
-    na_autocast_trace_callback(NA_AMP_TRACE_REGIONS, collect, &log);
+    na_autocast_trace_callback(NA_AMP_TRACE_REGIONS, th_trace_collect, &log);
     TH_OK(na_relu(x)); /* outside any region: not traced */
     cr_assert_eq(log.n, 0);
     TH_RC(na_autocast_begin(NA_DTYPE_F16));
@@ -445,9 +436,9 @@ Test(amp_autocast, trace_records_each_op) {
 }
 
 Test(amp_autocast, trace_disabled_region_and_all_mode) {
-    trace_log log = {0};
+    th_trace_log log = {0};
     na_tensor *x = TH_OK(na_rand(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(2, 3), -1, 1));
-    na_autocast_trace_callback(NA_AMP_TRACE_ALL, collect, &log);
+    na_autocast_trace_callback(NA_AMP_TRACE_ALL, th_trace_collect, &log);
     TH_OK(na_exp(x));
     cr_assert_eq(log.n, 1);
     cr_assert(!log.r[0].region);
@@ -465,7 +456,7 @@ Test(amp_autocast, trace_disabled_region_and_all_mode) {
     cr_assert(strstr(na_amp_trace_format(mm, line, sizeof line), "rule off"), "%s", line);
 }
 
-static const na_amp_trace_record *last_of(const trace_log *l, na_op op) {
+static const na_amp_trace_record *last_of(const th_trace_log *l, na_op op) {
     for (int i = l->n - 1; i >= 0; i--)
         if (l->r[i].op == op) return &l->r[i];
     cr_assert_fail("no %s record", na_op_name(op));
@@ -476,13 +467,13 @@ static const na_amp_trace_record *last_of(const trace_log *l, na_op op) {
  * parameters) on f16 input and output; matrix products and convolutions take f16 inputs and
  * accumulate in f32, reductions of f16 too; elementwise ops have nothing to accumulate. */
 Test(amp_autocast, trace_says_where_ops_compute) {
-    trace_log log = {0};
+    th_trace_log log = {0};
     na_tensor *x = TH_OK(na_rand(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(2, 2, 4, 4), -1, 1));
     na_tensor *w = TH_OK(na_rand(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(3, 2, 3, 3), -1, 1));
     na_tensor *g = TH_OK(na_ones(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(3)));
     na_tensor *rm = TH_OK(na_zeros(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(3)));
     na_tensor *rv = TH_OK(na_ones(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(3)));
-    na_autocast_trace_callback(NA_AMP_TRACE_REGIONS, collect, &log);
+    na_autocast_trace_callback(NA_AMP_TRACE_REGIONS, th_trace_collect, &log);
     TH_RC(na_autocast_begin(NA_DTYPE_F16));
     na_tensor *y = TH_OK(na_conv2d(x, w, NULL, NULL));
     y = TH_OK(na_batch_norm(y, rm, rv, g, NULL, true, 0.1, 1e-5));
@@ -518,12 +509,12 @@ Test(amp_autocast, trace_says_where_ops_compute) {
 /* Binary ops promote natively (rule as_is): the cast of the narrower input is reported nested
  * under the op, whose inputs are shown as given; a 0-dim f32 input is cast down instead. */
 Test(amp_autocast, trace_of_native_promotion) {
-    trace_log log = {0};
+    th_trace_log log = {0};
     na_tensor *h = TH_OK(na_cast(TH_OK(na_rand(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(2, 3), -1, 1)),
                                  NA_DTYPE_F16));
     na_tensor *f = TH_OK(na_rand(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(2, 3), -1, 1));
     na_tensor *s = TH_OK(na_scalar(NA_DTYPE_F32, NA_DEVICE_CPU, 2.0));
-    na_autocast_trace_callback(NA_AMP_TRACE_REGIONS, collect, &log);
+    na_autocast_trace_callback(NA_AMP_TRACE_REGIONS, th_trace_collect, &log);
     TH_RC(na_autocast_begin(NA_DTYPE_F16));
     TH_OK(na_add(h, f));
     TH_OK(na_mul(h, s));

@@ -218,15 +218,6 @@ Test(autograd, small_net_backward_end_to_end) {
 
 /* ---- what the engine does, and does not do ------------------------------------------------ */
 
-typedef struct {
-    int n;
-    na_op ops[256];
-} op_log;
-
-static void log_op(const na_amp_trace_record *r, void *ctx) {
-    op_log *l = ctx;
-    if (l->n < 256) l->ops[l->n++] = r->op;
-}
 
 /* The engine sums a tensor's gradient contributions and converts a gradient to its input's
  * dtype with the backend, not by calling op front-ends: during backward the trace shows only
@@ -240,17 +231,17 @@ Test(autograd, the_engine_sums_and_converts_without_running_ops) {
     na_tensor *h = th_leaf(NA_DTYPE_F16, NA_SHAPE(3), TH_V(1, 2, 3));
     na_tensor *t = TH_TENSOR(NA_DTYPE_F32, NA_SHAPE(3), 0, 0, 0);
     na_tensor *loss = TH_OK(na_add(z, TH_OK(na_mse_loss(h, t, NA_REDUCTION_SUM))));
-    op_log log = {0};
+    th_trace_log log = {0};
     na_amp_trace_mode saved = na_autocast_trace_mode();
-    na_autocast_trace_callback(NA_AMP_TRACE_ALL, log_op, &log);
+    na_autocast_trace_callback(NA_AMP_TRACE_ALL, th_trace_collect, &log);
     int rc = na_backward(loss, NULL);
     na_autocast_trace(saved, NULL);
     TH_RC(rc);
     cr_assert(log.n > 0, "the backward functions' ops are traced");
     for (int i = 0; i < log.n; i++)
-        cr_assert(log.ops[i] != NA_OP_ADD && log.ops[i] != NA_OP_CAST,
+        cr_assert(log.r[i].op != NA_OP_ADD && log.r[i].op != NA_OP_CAST,
                   "backward op %d is %s: the engine ran an op of its own", i,
-                  na_op_name(log.ops[i]));
+                  na_op_name(log.r[i].op));
     TH_EXPECT(x->grad, 1e-6, 1e-6, "two contributions summed", 2, 2 * exp(1.0), 2 * exp(-2.0));
     cr_assert_eq(h->grad->dtype, NA_DTYPE_F16);
     TH_EXPECT(h->grad, 0, 0, "converted to the f16 leaf", 2, 4, 6);

@@ -301,18 +301,10 @@ Test(custom_function, bf16_region_and_an_f16_forward_dtype) {
     cr_assert_eq(g_seen.bwd_matmul, NA_DTYPE_BF16, "backward reopens the region's dtype");
 }
 
-typedef struct {
-    na_amp_trace_record r[32];
-    int n;
-} trace_log;
-static void collect(const na_amp_trace_record *r, void *ctx) {
-    trace_log *log = ctx;
-    if (log->n < 32) log->r[log->n++] = *r;
-}
 
 Test(custom_function, trace_shows_the_declared_rule) {
-    trace_log log = {0};
-    na_autocast_trace_callback(NA_AMP_TRACE_REGIONS, collect, &log);
+    th_trace_log log = {0};
+    na_autocast_trace_callback(NA_AMP_TRACE_REGIONS, th_trace_collect, &log);
     run_probe(&probe_cast, NA_DTYPE_F16, false);
     na_autocast_trace(NA_AMP_TRACE_OFF, NULL);
     const na_amp_trace_record *fn = NULL;
