@@ -73,12 +73,17 @@ NA_AVX2_F16C static void bf16_to_f32_avx2(float *dst, const uint16_t *src, int64
 bool na_cpu_convert_is_fast(void) {
 #ifdef NA_CPU_X86_FAST
     if (na_cpu_convert_force_soft) return false;
-    __builtin_cpu_init(); /* idempotent; needed when called before libgcc's constructor */
-    /* F16C is CPUID.1:ECX bit 29, read directly: clang (14) has no "f16c" in
-     * __builtin_cpu_supports. avx2 there also checks that the OS saves the AVX state. */
-    unsigned a, b, c, d;
-    return __builtin_cpu_supports("avx2") && __get_cpuid(1, &a, &b, &c, &d) &&
-           (c & bit_F16C);
+    /* Asked once: CPUID traps to the hypervisor in a VM (microseconds), and this is asked
+     * per chunk. F16C is CPUID.1:ECX bit 29, read directly: clang (14) has no "f16c" in
+     * __builtin_cpu_supports; its avx2 also checks that the OS saves the AVX state. */
+    static _Atomic int fast = -1;
+    if (fast < 0) {
+        __builtin_cpu_init(); /* idempotent; needed when called before libgcc's constructor */
+        unsigned a, b, c, d;
+        fast = __builtin_cpu_supports("avx2") && __get_cpuid(1, &a, &b, &c, &d) &&
+               (c & bit_F16C);
+    }
+    return fast;
 #else
     return false;
 #endif
