@@ -52,7 +52,8 @@ static int setup(bench_trainer *t, const char *model, const char *amp, na_device
     na_sgd_cfg sgd = NA_SGD_DEFAULTS;
     sgd.lr = 0.01, sgd.momentum = 0.9;
     /* o2: made without parameters, the fp16 optimizer adds the f32 masters */
-    na_optim *opt = na_sgd_new(strcmp(amp, "o2") ? na_module_parameters(t->net) : NA_NO_TENSORS, &sgd);
+    na_tensor_list params = strcmp(amp, "o2") ? na_module_parameters(t->net) : NA_NO_TENSORS;
+    na_optim *opt = na_sgd_new(params, &sgd);
     if (trainer_amp_init(&t->amp, amp, t->net, opt, NULL)) return -1;
     na_module_train(t->net, true);
 

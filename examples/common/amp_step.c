@@ -94,7 +94,8 @@ int trainer_amp_setup(const trainer_opts *o, na_module *net, trainer_amp *a) {
     if (o->growth_interval) sc.growth_interval = o->growth_interval;
     sc.device = o->device;
     /* o2's optimizer is made without parameters: the fp16 optimizer adds the f32 masters */
-    if (trainer_amp_init(a, mode, net, make_optimizer(o, o2 ? NA_NO_TENSORS : na_module_parameters(net)), &sc))
+    na_tensor_list params = o2 ? NA_NO_TENSORS : na_module_parameters(net);
+    if (trainer_amp_init(a, mode, net, make_optimizer(o, params), &sc))
         return na_last_status();
     if (o->log_path) {
         if (!(a->mon = na_amp_monitor_new(NULL)) || na_amp_monitor_open_csv(a->mon, o->log_path))
