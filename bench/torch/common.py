@@ -20,10 +20,12 @@ import torch  # noqa: E402
 
 
 def setup_threads(threads):
-    """Use the same number of CPU threads as nanoamp (OpenBLAS uses one per core: nproc)."""
-    n = threads or int(os.environ.get("NANOAMP_BENCH_THREADS", "0")) or os.cpu_count() or 1
-    torch.set_num_threads(n)
-    return n
+    """PyTorch at its best: its own default thread count unless a number is asked for
+    (bench/run --threads N sets both sides to N)."""
+    n = threads or int(os.environ.get("NANOAMP_BENCH_THREADS", "0"))
+    if n:
+        torch.set_num_threads(n)
+    return torch.get_num_threads()
 
 
 def now_s():

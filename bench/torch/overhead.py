@@ -47,7 +47,7 @@ def main():
     p.add_argument("--ops", type=int, default=1000)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--repeats", type=int, default=30)
-    p.add_argument("--threads", type=int, default=0, help="CPU threads (default: nproc)")
+    p.add_argument("--threads", type=int, default=0, help="CPU threads (default: PyTorch's own default)")
     a = p.parse_args()
     common.run_main("overhead/%s" % a.device, lambda: run(**vars(a)))
 

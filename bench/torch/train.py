@@ -14,6 +14,10 @@ step, zero_grad(), in one amp mode:
 Timing: --warmup steps, then --repeats blocks of --steps steps, each block timed with
 time.perf_counter between torch.cuda.synchronize() calls; per-step time = block / steps.
 Host round trips (CUDA): counted on an extra untimed block with torch.cuda.set_sync_debug_mode.
+Variants (bench/run runs each as its own row, and takes the ratio against the faster eager one):
+  --memory-format channels_last   model and input in NHWC, how PyTorch's users run convnets
+  --compile                       the model through torch.compile (default mode); compilation
+                                  happens in the warm-up steps, which are not timed
 Memory: peak RSS (getrusage) and RSS before the model; on CUDA torch.cuda.max_memory_allocated.
 """
 import argparse
@@ -27,9 +31,9 @@ import models
 
 
 class Trainer:
-    def __init__(self, model, dev, amp):
+    def __init__(self, model, dev, amp, memory_format=torch.contiguous_format):
         self.dev, self.amp = dev, amp
-        self.model = model.to(dev)
+        self.model = model.to(dev, memory_format=memory_format)
         self.model.train()
         sgd = dict(lr=0.01, momentum=0.9)
         self.scaler = None
@@ -85,10 +89,21 @@ class Trainer:
         return loss
 
 
+MEMORY_FORMATS = {"contiguous": torch.contiguous_format, "channels_last": torch.channels_last}
+
+
+def variant_name(memory_format="contiguous", compile=False):
+    """The variant's suffix of the key: "" for plain eager, else "+channels_last", "+compile"."""
+    return ("+" + memory_format if memory_format != "contiguous" else "") + \
+        ("+compile" if compile else "")
+
+
 def run(model="mlp", device="cpu", amp="off", batch=128, warmup=5, repeats=10, steps=5,
-        threads=0):
-    key = "train/%s/%s/%s" % (device, model, amp)
+        threads=0, memory_format="contiguous", compile=False):
+    key = "train/%s/%s/%s%s" % (device, model, amp, variant_name(memory_format, compile))
     threads = common.setup_threads(threads)
+    if memory_format not in MEMORY_FORMATS:
+        raise common.BenchError(key, "unknown memory format %r" % memory_format, 2)
     dev = common.device_or_fail(device, key)
     if dev.type == "cuda" and amp == "bf16" and not torch.cuda.is_bf16_supported():
         raise common.BenchError(key, "bf16 is not supported on this CUDA device")
@@ -100,8 +115,14 @@ def run(model="mlp", device="cpu", amp="off", batch=128, warmup=5, repeats=10, s
     net, shape = models.by_name(model)
     params = sum(p.numel() for p in net.parameters())
     try:
-        t = Trainer(net, dev, amp)
+        mf = MEMORY_FORMATS[memory_format]
+        t = Trainer(net, dev, amp, mf)
+        if compile:
+            t.model = torch.compile(t.model)
+            warmup = max(warmup, 3)  # compiles, then recompiles once for the steady state
         x = torch.randn((batch,) + shape, device=dev)
+        if len(shape) == 3:
+            x = x.contiguous(memory_format=mf)
         y = torch.randint(0, 10, (batch,), device=dev)
         for _ in range(warmup):
             t.step(x, y)
@@ -127,6 +148,7 @@ def run(model="mlp", device="cpu", amp="off", batch=128, warmup=5, repeats=10, s
     out = {"bench": "train", "key": key, "impl": "pytorch", "model": model,
            "device": device, "amp": amp, "batch": batch, "warmup": warmup,
            "repeats": repeats, "steps": steps, "params": params, "threads": threads,
+           "variant": variant_name(memory_format, compile) or "eager",
            "torch": torch.__version__, "step_ms": st,
            "images_per_s": batch / (st["median"] * 1e-3), "loss": loss_value,
            "peak_rss_mib": common.peak_rss_mib(), "base_rss_mib": base_rss}
@@ -146,9 +168,14 @@ def main():
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--steps", type=int, default=5)
-    p.add_argument("--threads", type=int, default=0, help="CPU threads (default: nproc)")
+    p.add_argument("--threads", type=int, default=0,
+                   help="CPU threads (default: PyTorch's own default)")
+    p.add_argument("--memory-format", default="contiguous", choices=sorted(MEMORY_FORMATS))
+    p.add_argument("--compile", action="store_true", help="run the model through torch.compile")
     a = p.parse_args()
-    common.run_main("train/%s/%s/%s" % (a.device, a.model, a.amp), lambda: run(**vars(a)))
+    common.run_main("train/%s/%s/%s%s" % (a.device, a.model, a.amp,
+                                          variant_name(a.memory_format, a.compile)),
+                    lambda: run(**vars(a)))
 
 
 if __name__ == "__main__":
