@@ -283,9 +283,11 @@ __global__ void k_max_pool2x2(const void *__restrict__ x, void *__restrict__ y,
             na_vld<DT, 4>(x, r1, b);
         } else {
             const S *xs = (const S *)x;
-            for (int i = 0; i < 2 * n; i++) {
-                a[i] = na_hw<DT>::in(xs[r0 + i]);
-                b[i] = na_hw<DT>::in(xs[r1 + i]);
+#pragma unroll
+            for (int i = 0; i < 4; i++) { /* fixed indices keep a, b in registers */
+                const bool in = i < 2 * n;
+                a[i] = in ? na_hw<DT>::in(xs[r0 + i]) : (C)0;
+                b[i] = in ? na_hw<DT>::in(xs[r1 + i]) : (C)0;
             }
         }
         const int32_t w = (int32_t)p.w, at = (int32_t)(2 * oy * p.w + 2 * ox);
