@@ -37,9 +37,7 @@
 
 #include "backend.h"
 #include "common/half.h"
-#if NA_HAVE_CUDA
-#include "cuda/cuda_internal.h"
-#endif
+#include "cuda/cuda_internal.h" /* declarations only; called under NA_HAVE_CUDA */
 #include "nanoamp/autograd.h"
 #include "nanoamp/cuda.h"
 #include "nanoamp/error.h"
