@@ -22,7 +22,7 @@
  * vector width, never on the grid, so the statistics are the same on every GPU and every
  * launch: deterministic, with no atomics on floats.
  * The backward's two sums (sum dy, sum dy*xhat) use the same orders with plain addition
- * (na_sum2_*). Plain C99, host + device; _f for float, _d for double.
+ * (na_sum2_*). Plain C99, host + device; every name ends in _f (float) or _d (double).
  */
 #ifndef NANOAMP_KERNELS_COMMON_WELFORD_H
 #define NANOAMP_KERNELS_COMMON_WELFORD_H
@@ -49,26 +49,26 @@ static NA_HD int64_t na_bn_tiles(int64_t nvec) {
 }
 
 /* The fixed combining orders, once for any partial type P with merge M(a, b) (a first). */
-#define NA_FIXED_ORDER_DEFINE_(P, SFX, M, EMPTY)                                            \
-    static NA_HD P na_##SFX##_tree32(P *lane) {                                             \
+#define NA_FIXED_ORDER_DEFINE_(P, NAME, SFX, M, EMPTY)                                      \
+    static NA_HD P na_##NAME##_tree32_##SFX(P *lane) {                                      \
         for (int o = NA_WELFORD_LANES / 2; o > 0; o >>= 1)                                  \
             for (int i = 0; i < o; i++) lane[i] = M(lane[i], lane[i + o]);                  \
         return lane[0];                                                                     \
     }                                                                                       \
     /* lanes[nthreads] of one block (nthreads a multiple of 32, at most 1024); clobbers */  \
-    static NA_HD P na_##SFX##_block(P *lanes, int nthreads) {                               \
+    static NA_HD P na_##NAME##_block_##SFX(P *lanes, int nthreads) {                        \
         P warp[NA_WELFORD_LANES];                                                           \
         for (int w = 0; w < NA_WELFORD_LANES; w++)                                          \
-            warp[w] = w < nthreads / 32 ? na_##SFX##_tree32(lanes + 32 * w) : EMPTY();      \
-        return na_##SFX##_tree32(warp);                                                     \
+            warp[w] = w < nthreads / 32 ? na_##NAME##_tree32_##SFX(lanes + 32 * w) : EMPTY(); \
+        return na_##NAME##_tree32_##SFX(warp);                                              \
     }                                                                                       \
-    static NA_HD P na_##SFX##_combine(const P *parts, int64_t count) {                      \
+    static NA_HD P na_##NAME##_combine_##SFX(const P *parts, int64_t count) {               \
         P lane[NA_WELFORD_LANES];                                                           \
         for (int i = 0; i < NA_WELFORD_LANES; i++) {                                        \
             lane[i] = EMPTY();                                                              \
             for (int64_t k = i; k < count; k += NA_WELFORD_LANES) lane[i] = M(lane[i], parts[k]); \
         }                                                                                   \
-        return na_##SFX##_tree32(lane);                                                     \
+        return na_##NAME##_tree32_##SFX(lane);                                              \
     }
 
 #define NA_WELFORD_DEFINE_(T, SFX)                                                          \
@@ -100,7 +100,7 @@ static NA_HD int64_t na_bn_tiles(int64_t nvec) {
         r.m2 = a.m2 + b.m2 + delta * delta * ((T)a.n * fb);                                 \
         return r;                                                                           \
     }                                                                                       \
-    NA_FIXED_ORDER_DEFINE_(na_welford_##SFX, welford_##SFX, na_welford_merge_##SFX,         \
+    NA_FIXED_ORDER_DEFINE_(na_welford_##SFX, welford, SFX, na_welford_merge_##SFX,          \
                            na_welford_empty_##SFX)                                          \
                                                                                             \
     /* (sum dy, sum dy*xhat) of the backward */                                             \
@@ -115,7 +115,7 @@ static NA_HD int64_t na_bn_tiles(int64_t nvec) {
         na_sum2_##SFX s = {x.a + y.a, x.b + y.b};                                           \
         return s;                                                                           \
     }                                                                                       \
-    NA_FIXED_ORDER_DEFINE_(na_sum2_##SFX, sum2_##SFX, na_sum2_merge_##SFX,                  \
+    NA_FIXED_ORDER_DEFINE_(na_sum2_##SFX, sum2, SFX, na_sum2_merge_##SFX,                   \
                            na_sum2_empty_##SFX)
 
 NA_WELFORD_DEFINE_(float, f)
