@@ -15,8 +15,9 @@
  *    pre-filled with NaN so an element a kernel forgets to write shows up. Sizes are chosen
  *    not to be multiples of block sizes (1, 7, 33, 1000, 4099, ...).
  *
- * Tolerance: ||cuda - cpu|| / ||cpu|| <= 1e-5 for f32 (TF32 off, the default) and 1e-2 for
- * f16/bf16; exact for integer outputs, fills, copies and the uniform / dropout random fills;
+ * Tolerance: ||cuda - cpu|| / ||cpu|| <= 1e-5 for f32 and 1e-2 for f16/bf16. f32 is strict:
+ * the suite turns TF32 off (NANOAMP_TF32=0) unless NANOAMP_TF32=1 asks for it, and then
+ * compares f32 within TF32_TOL (10-bit mantissa operands); exact for integer outputs, fills, copies and the uniform / dropout random fills;
  * positions where both are NaN agree. Inputs are random with a fresh seed per run (set
  * NANOAMP_TEST_SEED to replay one); every failure message carries the seed.
  * Without a CUDA device every test but the table check skips. NANOAMP_PARITY_ON_CPU=1 runs the
@@ -36,6 +37,7 @@
 
 #include "backend.h"
 #include "common/half.h"
+#include "cuda/cuda_internal.h" /* declarations only; called under NA_HAVE_CUDA */
 #include "nanoamp/autograd.h"
 #include "nanoamp/cuda.h"
 #include "nanoamp/error.h"
@@ -82,6 +84,11 @@ static void seed_init(void) {
 }
 
 static const na_backend *cpu, *gpu;
+/* NANOAMP_TF32=1: f32 products on CUDA use TF32 (otherwise the suite forces strict f32) */
+static bool g_tf32;
+/* TF32 rounds operands to 11 significant bits (unit roundoff 2^-11 = 4.9e-4); dot products of
+ * random signs keep that relative size: 2e-3 leaves a 4x margin and stays 5x under f16's. */
+#define TF32_TOL 2e-3
 /* The device under test: CUDA; the CPU itself with NANOAMP_PARITY_ON_CPU=1, which checks the
  * harness (cases, front-ends, comparisons) on a machine without a GPU. */
 static na_device g_dev2 = NA_DEVICE_CUDA;
@@ -105,8 +112,11 @@ static bool self_test(void) {
         cpu = na_backend_get(NA_DEVICE_CPU);                                               \
         gpu = na_backend_get(g_dev2);                                                      \
         cr_assert(cpu && gpu, "backends: %s", na_last_error());                            \
-        if (g_dev2 == NA_DEVICE_CUDA)                                                      \
-            cr_assert_eq(na_cuda_set_tf32(false), NA_OK, "%s", na_last_error());           \
+        if (g_dev2 == NA_DEVICE_CUDA) {                                                    \
+            const char *tf_ = getenv("NANOAMP_TF32");                                      \
+            g_tf32 = tf_ && strcmp(tf_, "1") == 0;                                         \
+            cr_assert_eq(na_cuda_set_tf32(g_tf32), NA_OK, "%s", na_last_error());          \
+        }                                                                                  \
     } while (0)
 
 #define TRC(expr)                                                                          \
@@ -128,6 +138,11 @@ static const int64_t sizes[] = {1, 7, 33, 1000, 4099};
 #define N_SIZES 5
 
 static double tol_of(na_dtype dt) { return oc_tol_of(dt); }
+
+/* tol, widened to TF32_TOL for f32 values when TF32 is on (exact comparisons stay exact) */
+static double tf32_tol(na_dtype dt, double tol) {
+    return g_tf32 && dt == NA_DTYPE_F32 && tol > 0 && tol < TF32_TOL ? TF32_TOL : tol;
+}
 
 /* ---- host conversions --------------------------------------------------------------------- */
 
@@ -251,7 +266,7 @@ static void compare_tensors(const na_tensor *g, const na_tensor *c, double tol, 
     cr_assert_eq(g->dtype, c->dtype, CTX "%s: dtype %s on CUDA, %s on the CPU", CTXA, label,
                  na_dtype_name(g->dtype), na_dtype_name(c->dtype));
     double *a = tensor_values(g), *b = tensor_values(c);
-    expect_close(a, b, c->numel, na_dtype_is_float(c->dtype) ? tol : 0.0, label);
+    expect_close(a, b, c->numel, na_dtype_is_float(c->dtype) ? tf32_tol(c->dtype, tol) : 0.0, label);
     free(a);
     free(b);
 }
@@ -866,7 +881,7 @@ static double *rt_values(const na_view *t) {
 
 static void rt_cmp(const rt *t, double tol, const char *label) {
     double *a = rt_values(&t->g), *b = rt_values(&t->c);
-    expect_close(a, b, t->c.numel, tol, label);
+    expect_close(a, b, t->c.numel, tf32_tol(t->c.dtype, tol), label);
     free(a);
     free(b);
 }
@@ -1246,7 +1261,7 @@ Test(cuda_kernels, gemm, .timeout = 300) {
                         pg[k] = cg[(bb * g->m + r) * ldc + j];
                         pc[k] = cc[(bb * g->m + r) * ldc + j];
                     }
-            expect_close(pg, pc, n, tol_of(dt), "gemm");
+            expect_close(pg, pc, n, tf32_tol(dt, tol_of(dt)), "gemm");
             free(cg);
             free(cc);
             free(pg);
@@ -1415,6 +1430,192 @@ Test(cuda_kernels, batch_norm) {
                 rt_free(sm);
                 rt_free(si);
             }
+}
+
+/* ---- the switchable CUDA paths, called directly (kernels/cuda/cuda_internal.h) ----------
+ * Each runs whatever the switch says; with the CPU standing in (NANOAMP_PARITY_ON_CPU=1) the
+ * device side is the CPU's composition, which checks the harness. */
+
+/* BatchNorm v2 (NANOAMP_CUDA_BN=v2) or, on the CPU, batch_norm_* then relu; which: 0 train,
+ * 1 eval, 2 backward (a->train: of training or eval). The CPU's fused ReLU backward is relu's
+ * backward (from the output y) into a temporary, then batch_norm_backward. */
+static int bn2_call(const na_backend *be, int which, const na_cuda_bn_args *a) {
+    if (be != cpu) {
+#if NA_HAVE_CUDA
+        return which == 0 ? na_cuda_bn2_train(a) : which == 1 ? na_cuda_bn2_eval(a) : na_cuda_bn2_backward(a);
+#else
+        return NA_EDEVICE;
+#endif
+    }
+    if (which < 2) {
+        int rc = which == 0 ? be->batch_norm_train(a->x, a->gamma, a->beta, a->running_mean,
+                                                   a->running_var, a->y, a->save_mean,
+                                                   a->save_invstd, a->n, a->c, a->s, a->momentum,
+                                                   a->eps)
+                            : be->batch_norm_eval(a->x, a->gamma, a->beta, a->running_mean,
+                                                  a->running_var, a->y, a->n, a->c, a->s, a->eps);
+        return rc == NA_OK && a->relu ? be->unary(NA_UNARY_RELU, a->y, a->y, 0, 0) : rc;
+    }
+    if (!a->relu)
+        return be->batch_norm_backward(a->x, a->gy, a->gamma, a->mean, a->invstd, a->gx,
+                                       a->ggamma, a->gbeta, a->n, a->c, a->s, a->train);
+    na_view g = *a->gy;
+    g.data = be->alloc((size_t)g.numel * na_dtype_size(g.dtype) + 8);
+    int rc = be->unary_backward(NA_UNARY_RELU, a->y, a->y, a->gy, &g, 0, 0);
+    if (rc == NA_OK)
+        rc = be->batch_norm_backward(a->x, &g, a->gamma, a->mean, a->invstd, a->gx, a->ggamma,
+                                     a->gbeta, a->n, a->c, a->s, a->train);
+    be->free(g.data);
+    return rc;
+}
+
+/* [n, c, s] over buffer v from element `at` (1: misaligned, which refuses 16-byte loads) */
+static na_view view3(const na_view *v, int64_t n, int64_t c, int64_t s, int64_t at) {
+    na_view o = *v;
+    o.data = (char *)v->data + at * (int64_t)na_dtype_size(v->dtype);
+    o.ndim = 3;
+    o.shape[0] = n, o.shape[1] = c, o.shape[2] = s;
+    o.stride[2] = 1, o.stride[1] = s, o.stride[0] = c * s;
+    o.numel = n * c * s;
+    return o;
+}
+
+static void bn2_case(na_dtype dt, int64_t N, int64_t C, int64_t S, bool affine, bool relu,
+                     bool shifted) {
+    na_dtype pdt = dt == NA_DTYPE_F64 ? NA_DTYPE_F64 : NA_DTYPE_F32;
+    double ptol = dt == NA_DTYPE_F64 ? 1e-12 : 1e-5;
+    int64_t numel = N * C * S, sh = shifted ? 1 : 0;
+    what("batch_norm v2 %s [%" PRId64 ",%" PRId64 ",%" PRId64 "] affine %d relu %d shifted %d",
+         na_dtype_name(dt), N, C, S, affine, relu, shifted);
+    /* a common offset makes the mean large against the spread (Welford's case) */
+    double off = urand(-50, 50);
+    rt *x = RTR(dt, off - 2, off + 3, numel + sh), *y = RT(dt, NULL, numel + sh);
+    rt *gy = RTR(dt, -1, 1, numel + sh), *gx = RT(dt, NULL, numel + sh);
+    rt *gamma = affine ? RTR(pdt, 0.5, 1.5, C) : NULL, *beta = affine ? RTR(pdt, -0.5, 0.5, C) : NULL;
+    rt *rm = RTR(pdt, -0.5, 0.5, C), *rv = RTR(pdt, 0.5, 2, C);
+    rt *sm = RT(pdt, NULL, C), *si = RT(pdt, NULL, C), *gg = RT(pdt, NULL, C), *gb = RT(pdt, NULL, C);
+    for (int step = 0; step < 4; step++) { /* train, eval, backward train, backward eval */
+        int which = step < 2 ? step : 2;
+        for (int side = 0; side < 2; side++) {
+            const na_backend *be = side ? gpu : cpu;
+            na_view xv = view3(T(x), N, C, S, sh), yv = view3(T(y), N, C, S, sh);
+            na_view gyv = view3(T(gy), N, C, S, sh), gxv = view3(T(gx), N, C, S, sh);
+            na_cuda_bn_args a = {.x = &xv, .gamma = gamma ? T(gamma) : NULL,
+                                 .beta = beta ? T(beta) : NULL, .y = &yv, .running_mean = T(rm),
+                                 .running_var = T(rv), .save_mean = T(sm), .save_invstd = T(si),
+                                 .gy = &gyv, .mean = T(sm), .invstd = T(si), .gx = &gxv,
+                                 .ggamma = T(gg), .gbeta = T(gb), .n = N, .c = C, .s = S,
+                                 .momentum = 0.1, .eps = 1e-5, .train = step == 0 || step == 2,
+                                 .relu = relu};
+            int rc = bn2_call(be, which, &a);
+            cr_assert_eq(rc, NA_OK, CTX "%s side, step %d: %s", CTXA, be->name, step, na_last_error());
+        }
+        if (step == 0) {
+            rt_cmp(y, tol_of(dt), "bn2 train y");
+            rt_cmp(sm, ptol, "bn2 save_mean");
+            rt_cmp(si, ptol, "bn2 save_invstd");
+            rt_cmp(rm, ptol, "bn2 running_mean");
+            rt_cmp(rv, ptol, "bn2 running_var");
+            /* backward from the CPU's saved statistics and output */
+            double *v = rt_values(&sm->c);
+            rt_upload(sm, v);
+            free(v);
+            v = rt_values(&si->c);
+            rt_upload(si, v);
+            free(v);
+            v = rt_values(&y->c);
+            rt_upload(y, v);
+            free(v);
+        } else if (step == 1) {
+            rt_cmp(y, tol_of(dt), "bn2 eval y");
+            double *v = rt_values(&y->c); /* one y on both sides: the relu mask */
+            rt_upload(y, v);
+            free(v);
+        } else {
+            rt_cmp(gx, tol_of(dt), step == 2 ? "bn2 backward gx (train)" : "bn2 backward gx (eval)");
+            rt_cmp(gg, dt == NA_DTYPE_F64 ? 1e-12 : tol_of(dt), "bn2 ggamma");
+            rt_cmp(gb, dt == NA_DTYPE_F64 ? 1e-12 : tol_of(dt), "bn2 gbeta");
+        }
+    }
+    rt *all[] = {x, y, gy, gx, gamma, beta, rm, rv, sm, si, gg, gb};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) rt_free(all[i]);
+}
+
+Test(cuda_kernels, batch_norm_v2, .timeout = 300) {
+    REQUIRE_CUDA();
+    /* tiles: one, a few, many (f32 tiles are 4096 elements, f16 8192); S % 4 and % 8 decide
+     * 16-byte loads; the shifted views force the scalar path */
+    static const int64_t geo[][3] = {{4, 3, 35}, {7, 1, 1}, {2, 33, 3}, {64, 8, 1025},
+                                     {32, 4, 1024}, {512, 2, 256}, {3, 2, 16}, {5, 3, 8}};
+    for (int d = 0; d < N_RAW_DTYPES; d++)
+        for (int i = 0; i < 8; i++)
+            for (int v = 0; v < 4; v++)
+                bn2_case(raw_dtypes[d], geo[i][0], geo[i][1], geo[i][2], v & 1, v & 2, false);
+    for (int d = 0; d < N_RAW_DTYPES; d++)
+        bn2_case(raw_dtypes[d], 8, 3, 64, true, true, true);
+}
+
+/* The 2x2 pool (NANOAMP_CUDA_POOL2=1) against the CPU's: exact values, indices and
+ * gradients, on inputs full of ties and NaNs. */
+Test(cuda_kernels, max_pool_2x2) {
+    REQUIRE_CUDA();
+    static const int64_t hw[][2] = {{8, 8}, {11, 13}, {12, 16}, {7, 4}, {2, 2}, {16, 6}};
+    static const double pick[] = {-1, 0, 1, 2, NAN, 2, -1};
+    for (int d = 0; d < N_RAW_DTYPES; d++)
+        for (int i = 0; i < 6; i++) {
+            na_dtype dt = raw_dtypes[d];
+            conv_case k = {3, 5, hw[i][0], hw[i][1], 5, 2, 2, 0, 1, 1, false};
+            na_conv_geom g = geom_of(&k);
+            g.w = hw[i][1];
+            g.ow = (g.w - 2) / 2 + 1;
+            what("max_pool 2x2 %s [%" PRId64 "x%" PRId64 "]", na_dtype_name(dt), g.h, g.w);
+            int64_t n = g.n * g.c_in * g.h * g.w;
+            double *v = malloc((size_t)n * sizeof *v);
+            for (int64_t j = 0; j < n; j++) v[j] = pick[splitmix(&g_rng) % 7];
+            rt *x = RT(dt, v, g.n, g.c_in, g.h, g.w);
+            free(v);
+            rt *y = RT(dt, NULL, g.n, g.c_in, g.oh, g.ow);
+            rt *ix = RT(NA_DTYPE_I32, NULL, g.n, g.c_in, g.oh, g.ow);
+            rt *gy = RTR(dt, -1, 1, g.n, g.c_in, g.oh, g.ow);
+            rt *gx = RT(dt, NULL, g.n, g.c_in, g.h, g.w);
+            for (int side = 0; side < 2; side++) {
+                const na_backend *be = side ? gpu : cpu;
+                int rc;
+#if NA_HAVE_CUDA
+                if (be != cpu) {
+                    rc = na_cuda_max_pool2x2(&g, T(x), T(y), T(ix));
+                    if (rc == NA_OK) rc = na_cuda_max_pool2x2_backward(&g, T(gy), T(ix), T(gx));
+                } else
+#endif
+                {
+                    rc = be->max_pool2d(&g, T(x), T(y), T(ix));
+                    if (rc == NA_OK) rc = be->max_pool2d_backward(&g, T(gy), T(ix), T(gx));
+                }
+                cr_assert_eq(rc, NA_OK, CTX "%s: %s", CTXA, be->name, na_last_error());
+            }
+            rt_cmp(y, 0, "max_pool 2x2");
+            rt_cmp(ix, 0, "max_pool 2x2 index");
+            rt_cmp(gx, 0, "max_pool 2x2 backward");
+            rt_free(x);
+            rt_free(y);
+            rt_free(ix);
+            rt_free(gy);
+            rt_free(gx);
+        }
+}
+
+/* The conversion instructions the newer kernels use give common/half.h's bits for every
+ * non-NaN input (all 2^32 f32, all 2^16 f16 and bf16); see na_hw in cuda_common.cuh. */
+Test(cuda_kernels, hardware_half_conversions_match_half_h) {
+    REQUIRE_CUDA();
+    if (g_dev2 != NA_DEVICE_CUDA) return; /* a device-only claim */
+#if NA_HAVE_CUDA
+    uint64_t bad[4] = {1, 1, 1, 1};
+    TRC(na_cuda_check_half_intrinsics(bad));
+    cr_assert(bad[0] == 0 && bad[1] == 0 && bad[2] == 0 && bad[3] == 0,
+              "mismatches: f32->f16 %" PRIu64 ", f32->bf16 %" PRIu64 ", f16->f32 %" PRIu64
+              ", bf16->f32 %" PRIu64, bad[0], bad[1], bad[2], bad[3]);
+#endif
 }
 
 Test(cuda_kernels, device_queries) {

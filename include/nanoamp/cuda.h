@@ -16,7 +16,9 @@ bool na_cuda_available(void); /* built in and a device is present */
 /* Compute capability of the current device; NA_EDEVICE when none. */
 int na_cuda_capability(int *major, int *minor);
 bool na_cuda_bf16_supported(void); /* sm_80 and newer */
-int na_cuda_set_tf32(bool enabled); /* TF32 for f32 matrix products; off by default */
+/* TF32 tensor-core math for f32 matrix products and convolutions; off by default, on at start
+ * with NANOAMP_TF32=1. */
+int na_cuda_set_tf32(bool enabled);
 int na_cuda_synchronize(void);
 /* The CUDA stream (a cudaStream_t) every nanoamp kernel, copy and library call runs on: launch
  * your own kernels on it and they are ordered with nanoamp's, with no synchronisation. NULL

@@ -227,6 +227,26 @@ __attribute__((format(printf, 2, 3))) static void init_fail(int status, const ch
         }                                                                                     \
     } while (0)
 
+/* At exit: the host-side cuDNN descriptors of the convolution cache (device memory and
+ * handles go with the process). */
+static void cuda_teardown(void) { (void)na_cuda_conv_cache_release(); }
+
+/* TF32 — what PyTorch does: cuDNN convolutions may use TF32 by default
+ * (torch.backends.cudnn.allow_tf32 = True), f32 matmuls may not since PyTorch 1.12
+ * (torch.backends.cuda.matmul.allow_tf32 = False); from PyTorch's "CUDA semantics" notes
+ * (the references in /work/shared/docs/reference do not state these defaults). nanoamp keeps
+ * one switch for both and strict f32 by default until a GPU run shows f32 parity within the
+ * TF32 tolerance (tests/test_cuda_parity.c): on, cuBLASLt/cublasGemmEx compute in
+ * CUBLAS_COMPUTE_32F_FAST_TF32 (gemm.cu), the cuBLAS handle in CUBLAS_TF32_TENSOR_OP_MATH and
+ * cuDNN in CUDNN_TENSOR_OP_MATH for f32 (conv.cu); off, COMPUTE_32F, CUBLAS_DEFAULT_MATH and
+ * CUDNN_FMA_MATH. */
+int na_cuda_apply_tf32(bool enabled) {
+    NA_CUBLAS_CHECK(cublasSetMathMode(na_cuda_ctx.blas, enabled ? CUBLAS_TF32_TENSOR_OP_MATH
+                                                                : CUBLAS_DEFAULT_MATH));
+    na_cuda_ctx.tf32 = enabled;
+    return NA_OK;
+}
+
 static bool cuda_init_once(void) {
     na_cuda_context *c = &na_cuda_ctx;
     int count = 0;
@@ -252,12 +272,17 @@ static bool cuda_init_once(void) {
     INIT_CUDA(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     INIT_CUBLAS(cublasCreate(&c->blas));
     INIT_CUBLAS(cublasSetStream(c->blas, c->stream));
-    INIT_CUBLAS(cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH));
     INIT_CUBLAS(cublasLtCreate(&c->lt));
     c->lt_workspace_size = (size_t)32 << 20; /* NVIDIA's advice for Hopper */
     INIT_CUDA(cudaMalloc(&c->lt_workspace, c->lt_workspace_size));
-    c->tf32 = false;
+    /* NANOAMP_TF32=1: TF32 tensor-core math for f32 GEMMs and convolutions (see
+     * na_cuda_apply_tf32); unset or 0 keeps strict f32, today's default. */
+    if (na_cuda_apply_tf32(na_cuda_env_is("NANOAMP_TF32", "1")) < 0) {
+        init_fail(NA_ECUDA, "CUDA backend: %s", na_last_error());
+        return false;
+    }
     fill_table(&na_cuda_backend_table);
+    atexit(cuda_teardown);
     c->state = 1;
     return true;
 }
@@ -318,8 +343,7 @@ bool na_cuda_bf16_supported(void) { return cuda_ready_quiet() && na_cuda_ctx.maj
 
 int na_cuda_set_tf32(bool enabled) {
     NA_TRY(cuda_need_device("na_cuda_set_tf32"));
-    na_cuda_ctx.tf32 = enabled;
-    return NA_OK;
+    return na_cuda_apply_tf32(enabled);
 }
 
 int na_cuda_synchronize(void) {

@@ -13,7 +13,18 @@
  * These are the CPU backend's formulas, term for term (kernels/cpu/cpu_batchnorm.c).
  * gamma/beta NULL means affine off (1 and 0); ggamma/gbeta/gx NULL are not written.
  */
+#include <type_traits>
+
+#include "common/welford.h"
 #include "cuda_common.cuh"
+#include "cuda_internal.h"
+
+/* NANOAMP_CUDA_BN=v2 (read once): the many-blocks-per-channel kernels below */
+static bool bn_v2(void) {
+    static int on = -1;
+    if (on < 0) on = na_cuda_env_is("NANOAMP_CUDA_BN", "v2");
+    return on == 1;
+}
 
 struct bn_geom {
     int64_t n, c, s, m; /* m = n*s elements per channel */
@@ -129,6 +140,13 @@ int na_cuda_batch_norm_train(const na_view *x, const na_view *gamma, const na_vi
                              na_view *running_mean, na_view *running_var, na_view *y,
                              na_view *save_mean, na_view *save_invstd, int64_t n, int64_t c,
                              int64_t s, double momentum, double eps) {
+    if (bn_v2()) {
+        na_cuda_bn_args a = {};
+        a.x = x, a.gamma = gamma, a.beta = beta, a.y = y, a.running_mean = running_mean;
+        a.running_var = running_var, a.save_mean = save_mean, a.save_invstd = save_invstd;
+        a.n = n, a.c = c, a.s = s, a.momentum = momentum, a.eps = eps, a.train = true;
+        return na_cuda_bn2_train(&a);
+    }
     bn_geom g = {n, c, s, n * s};
     if (c == 0 || g.m == 0) return NA_OK;
     int tx = na_row_threads(g.m);
@@ -150,6 +168,13 @@ int na_cuda_batch_norm_train(const na_view *x, const na_view *gamma, const na_vi
 int na_cuda_batch_norm_eval(const na_view *x, const na_view *gamma, const na_view *beta,
                             const na_view *running_mean, const na_view *running_var,
                             na_view *y, int64_t n, int64_t c, int64_t s, double eps) {
+    if (bn_v2()) { /* v2 reads the running stats only; the struct's fields serve training too */
+        na_cuda_bn_args a = {};
+        a.x = x, a.gamma = gamma, a.beta = beta, a.y = y;
+        a.running_mean = (na_view *)running_mean, a.running_var = (na_view *)running_var;
+        a.n = n, a.c = c, a.s = s, a.eps = eps;
+        return na_cuda_bn2_eval(&a);
+    }
     int64_t total = n * c * s;
     if (total == 0) return NA_OK;
     int pdt = gamma ? (int)gamma->dtype : DT_OR0(beta);
@@ -170,6 +195,13 @@ int na_cuda_batch_norm_backward(const na_view *x, const na_view *gy, const na_vi
                                 const na_view *mean, const na_view *invstd, na_view *gx,
                                 na_view *ggamma, na_view *gbeta, int64_t n, int64_t c,
                                 int64_t s, bool train) {
+    if (bn_v2()) {
+        na_cuda_bn_args a = {};
+        a.x = x, a.gy = gy, a.gamma = gamma, a.mean = mean, a.invstd = invstd;
+        a.gx = gx, a.ggamma = ggamma, a.gbeta = gbeta;
+        a.n = n, a.c = c, a.s = s, a.train = train;
+        return na_cuda_bn2_backward(&a);
+    }
     bn_geom g = {n, c, s, n * s};
     if (c == 0) return NA_OK;
     if (g.m == 0) { /* no elements: the parameter gradients are zero */
@@ -189,5 +221,487 @@ int na_cuda_batch_norm_backward(const na_view *x, const na_view *gy, const na_vi
     else LAUNCH_BN(float);
 #undef LAUNCH_BN
     NA_CUDA_LAUNCH_CHECK("k_bn_bwd");
+    return NA_OK;
+}
+
+/* ==== v2 (NANOAMP_CUDA_BN=v2): many blocks per channel ===================================
+ *
+ * A channel (N rows of S contiguous elements) is cut into tiles of NA_BN_THREADS threads x
+ * NA_BN_VPT vectors (common/welford.h); the grid is (tiles, channels), so a 64-channel layer
+ * of ResNet-9 at batch 512 runs 64 x 128 blocks instead of 64. A vector is 16 bytes (4 f32,
+ * 8 f16/bf16, 2 f64) when S is a multiple of it and every pointer is 16-byte aligned, else
+ * one element (the same kernels, scalar loads). Each thread issues all its loads before it
+ * uses any (NA_BN_VPT loads in flight), and indexes by one 32-bit division per vector.
+ *
+ *   train:    stats (per tile: Welford partials)  -> finalize (per channel, one warp: the
+ *             fixed-order combination, mean/invstd, running stats, scale/shift)
+ *             -> apply (y = (x - mean) * scale + shift, optional ReLU): two reads, one write;
+ *   eval:     coefficients from the running stats -> apply;
+ *   backward: sums (per tile: sum g, sum g*xhat with g = gy, or gy where y > 0 with relu)
+ *             -> finalize (ggamma, gbeta, the per-channel terms) -> apply (gx).
+ * Every combination order is fixed (common/welford.h) and independent of the grid: results
+ * are deterministic, with no atomics. The formulas are the CPU backend's (the v1 comment at
+ * the top); f16/bf16 are converted by the hardware (cvt.rn), which gives the bits of
+ * common/half.h for every non-NaN value (na_hw in cuda_common.cuh says why;
+ * na_cuda_check_half_intrinsics checks it on the device). Partials and per-channel terms live in the backend's
+ * scratch buffer. */
+struct bn2_geom {
+    int64_t c, s, m;     /* channels, row length, elements per channel (N*S) */
+    int64_t sv, nvec;    /* vectors per row, per channel */
+    int64_t tiles;       /* per channel (na_bn_tiles) */
+    bool idx32;          /* nvec < 2^32: 32-bit index division */
+};
+
+/* element offset of vector k of channel ch (VW elements per vector) */
+template <int VW>
+static __device__ __forceinline__ int64_t bn2_off(const bn2_geom &g, int64_t ch, int64_t k) {
+    int64_t row = g.idx32 ? (int64_t)((uint32_t)k / (uint32_t)g.sv) : k / g.sv;
+    return (row * g.c + ch) * g.s + (k - row * g.sv) * VW;
+}
+
+/* Welford / sum2 partials of compute type C, and their warp shuffles */
+template <typename C> struct bn2_ops;
+template <> struct bn2_ops<float> {
+    typedef na_welford_f W;
+    typedef na_sum2_f P;
+    static __device__ __forceinline__ W w_empty() { return na_welford_empty_f(); }
+    static __device__ __forceinline__ W w_of(const float *v, int k) { return na_welford_of_f(v, k); }
+    static __device__ __forceinline__ W merge(W a, W b) { return na_welford_merge_f(a, b); }
+    static __device__ __forceinline__ P p_empty() { return na_sum2_empty_f(); }
+    static __device__ __forceinline__ P merge(P a, P b) { return na_sum2_merge_f(a, b); }
+};
+template <> struct bn2_ops<double> {
+    typedef na_welford_d W;
+    typedef na_sum2_d P;
+    static __device__ __forceinline__ W w_empty() { return na_welford_empty_d(); }
+    static __device__ __forceinline__ W w_of(const double *v, int k) { return na_welford_of_d(v, k); }
+    static __device__ __forceinline__ W merge(W a, W b) { return na_welford_merge_d(a, b); }
+    static __device__ __forceinline__ P p_empty() { return na_sum2_empty_d(); }
+    static __device__ __forceinline__ P merge(P a, P b) { return na_sum2_merge_d(a, b); }
+};
+
+template <typename W> static __device__ __forceinline__ W bn2_shfl_down_w(W w, int o) {
+    w.n = __shfl_down_sync(0xffffffffu, w.n, o);
+    w.mean = __shfl_down_sync(0xffffffffu, w.mean, o);
+    w.m2 = __shfl_down_sync(0xffffffffu, w.m2, o);
+    return w;
+}
+template <typename P> static __device__ __forceinline__ P bn2_shfl_down_p(P p, int o) {
+    p.a = __shfl_down_sync(0xffffffffu, p.a, o);
+    p.b = __shfl_down_sync(0xffffffffu, p.b, o);
+    return p;
+}
+static __device__ __forceinline__ na_welford_f bn2_shfl(na_welford_f v, int o) { return bn2_shfl_down_w(v, o); }
+static __device__ __forceinline__ na_welford_d bn2_shfl(na_welford_d v, int o) { return bn2_shfl_down_w(v, o); }
+static __device__ __forceinline__ na_sum2_f bn2_shfl(na_sum2_f v, int o) { return bn2_shfl_down_p(v, o); }
+static __device__ __forceinline__ na_sum2_d bn2_shfl(na_sum2_d v, int o) { return bn2_shfl_down_p(v, o); }
+
+/* na_*_tree32 across the lanes of a warp: lane 0 ends with the tree's result */
+template <typename C, typename T> static __device__ __forceinline__ T bn2_warp_tree(T v) {
+#pragma unroll
+    for (int o = NA_WELFORD_LANES / 2; o > 0; o >>= 1) v = bn2_ops<C>::merge(v, bn2_shfl(v, o));
+    return v;
+}
+
+/* na_*_block over the block's threads: thread 0 ends with the result. `smem` holds 32. */
+template <typename C, typename T>
+static __device__ __forceinline__ T bn2_block(T v, T empty, T *smem) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    v = bn2_warp_tree<C>(v);
+    __syncthreads(); /* smem may still be read by the previous tile */
+    if (lane == 0) smem[warp] = v;
+    __syncthreads();
+    if (warp == 0) v = bn2_warp_tree<C>(lane < (int)(blockDim.x >> 5) ? smem[lane] : empty);
+    return v;
+}
+
+/* na_*_combine of the `count` partials at p (one warp; lane 0 ends with the result) */
+template <typename C, typename T>
+static __device__ __forceinline__ T bn2_warp_combine(const T *p, int64_t count, T empty) {
+    T v = empty;
+    for (int64_t k = threadIdx.x; k < count; k += NA_WELFORD_LANES) v = bn2_ops<C>::merge(v, p[k]);
+    return bn2_warp_tree<C>(v);
+}
+
+#define BN2_CH_LOOP(ch) for (int64_t ch = blockIdx.y; ch < g.c; ch += gridDim.y)
+#define BN2_TILE_LOOP(t) for (int64_t t = blockIdx.x; t < g.tiles; t += gridDim.x)
+
+/* per-tile Welford partials of x: parts[ch * tiles + tile] */
+template <int DT, int VW>
+__global__ void __launch_bounds__(NA_BN_THREADS)
+k_bn2_stats(const void *__restrict__ x, bn2_geom g,
+            typename bn2_ops<typename na_hw<DT>::C>::W *__restrict__ parts) {
+    typedef typename na_hw<DT>::C C;
+    typedef bn2_ops<C> O;
+    __shared__ typename O::W sm[32];
+    BN2_CH_LOOP(ch) BN2_TILE_LOOP(t) {
+        C v[NA_BN_VPT][VW];
+        bool ok[NA_BN_VPT];
+#pragma unroll
+        for (int j = 0; j < NA_BN_VPT; j++) { /* every load first: NA_BN_VPT in flight */
+            int64_t k = na_bn_tile_vec(t, j, threadIdx.x);
+            ok[j] = k < g.nvec;
+            if (ok[j]) na_vld<DT, VW>(x, bn2_off<VW>(g, ch, k), v[j]);
+        }
+        typename O::W acc = O::w_empty();
+#pragma unroll
+        for (int j = 0; j < NA_BN_VPT; j++)
+            if (ok[j]) acc = O::merge(acc, O::w_of(v[j], VW));
+        acc = bn2_block<C>(acc, O::w_empty(), sm);
+        if (threadIdx.x == 0) parts[ch * g.tiles + t] = acc;
+    }
+}
+
+/* coefficient layout per channel: [mean, scale, shift] forward; backward adds mg, mgx and
+ * keeps invstd: [mean, scale, invstd, mg, mgx] */
+#define BN2_NCOEF 5
+
+/* one warp per channel: combine the partials, write the statistics and the coefficients */
+template <typename C>
+__global__ void k_bn2_finalize(const typename bn2_ops<C>::W *__restrict__ parts, bn2_geom g,
+                               const void *gamma, const void *beta, int pdt, void *rmean,
+                               void *rvar, int rdt, void *smean, void *sinvstd, int sdt,
+                               C *__restrict__ coef, C momentum, C eps) {
+    int64_t ch = (int64_t)blockIdx.x * blockDim.y + threadIdx.y;
+    if (ch >= g.c) return;
+    typename bn2_ops<C>::W w =
+        bn2_warp_combine<C>(parts + ch * g.tiles, g.tiles, bn2_ops<C>::w_empty());
+    if (threadIdx.x != 0) return;
+    const C mean = w.mean, var = w.m2 / (C)g.m;
+    const C invstd = (C)1 / na_sqrt(var + eps);
+    if (smean) na_st(smean, sdt, ch, mean);
+    if (sinvstd) na_st(sinvstd, sdt, ch, invstd);
+    if (rmean) na_st(rmean, rdt, ch, ((C)1 - momentum) * na_ld<C>(rmean, rdt, ch) + momentum * mean);
+    if (rvar) {
+        C unbiased = g.m > 1 ? var * ((C)g.m / (C)(g.m - 1)) : var;
+        na_st(rvar, rdt, ch, ((C)1 - momentum) * na_ld<C>(rvar, rdt, ch) + momentum * unbiased);
+    }
+    coef[ch * BN2_NCOEF + 0] = mean;
+    coef[ch * BN2_NCOEF + 1] = invstd * (gamma ? na_ld<C>(gamma, pdt, ch) : (C)1);
+    coef[ch * BN2_NCOEF + 2] = beta ? na_ld<C>(beta, pdt, ch) : (C)0;
+}
+
+/* eval: the coefficients from the running statistics */
+template <typename C>
+__global__ void k_bn2_eval_coef(bn2_geom g, const void *gamma, const void *beta, int pdt,
+                                const void *rmean, const void *rvar, int rdt,
+                                C *__restrict__ coef, C eps) {
+    NA_GRID_STRIDE(ch, g.c) {
+        C rv = rvar ? na_ld<C>(rvar, rdt, ch) : (C)1;
+        coef[ch * BN2_NCOEF + 0] = rmean ? na_ld<C>(rmean, rdt, ch) : (C)0;
+        coef[ch * BN2_NCOEF + 1] =
+            ((C)1 / na_sqrt(rv + eps)) * (gamma ? na_ld<C>(gamma, pdt, ch) : (C)1);
+        coef[ch * BN2_NCOEF + 2] = beta ? na_ld<C>(beta, pdt, ch) : (C)0;
+    }
+}
+
+/* y = (x - mean) * scale + shift (then relu) */
+template <int DT, int VW, bool RELU>
+__global__ void __launch_bounds__(NA_BN_THREADS)
+k_bn2_apply(const void *__restrict__ x, void *__restrict__ y, bn2_geom g,
+            const typename na_hw<DT>::C *__restrict__ coef) {
+    typedef typename na_hw<DT>::C C;
+    BN2_CH_LOOP(ch) {
+        const C mean = coef[ch * BN2_NCOEF], scale = coef[ch * BN2_NCOEF + 1],
+                shift = coef[ch * BN2_NCOEF + 2];
+        BN2_TILE_LOOP(t) {
+            C v[NA_BN_VPT][VW];
+            int64_t off[NA_BN_VPT];
+#pragma unroll
+            for (int j = 0; j < NA_BN_VPT; j++) {
+                int64_t k = na_bn_tile_vec(t, j, threadIdx.x);
+                off[j] = k < g.nvec ? bn2_off<VW>(g, ch, k) : -1;
+                if (off[j] >= 0) na_vld<DT, VW>(x, off[j], v[j]);
+            }
+#pragma unroll
+            for (int j = 0; j < NA_BN_VPT; j++) {
+                if (off[j] < 0) continue;
+#pragma unroll
+                for (int i = 0; i < VW; i++) {
+                    C r = (v[j][i] - mean) * scale + shift;
+                    v[j][i] = RELU ? (r > (C)0 ? r : (C)0) : r;
+                }
+                na_vst<DT, VW>(y, off[j], v[j]);
+            }
+        }
+    }
+}
+
+/* per-tile (sum g, sum g*xhat), g = gy (where y > 0 with RELU) */
+template <int DT, int VW, bool RELU>
+__global__ void __launch_bounds__(NA_BN_THREADS)
+k_bn2_bwd_sums(const void *__restrict__ x, const void *__restrict__ y,
+               const void *__restrict__ gy, bn2_geom g, const void *mean, const void *invstd,
+               int sdt, typename bn2_ops<typename na_hw<DT>::C>::P *__restrict__ parts) {
+    typedef typename na_hw<DT>::C C;
+    typedef bn2_ops<C> O;
+    __shared__ typename O::P sm[32];
+    BN2_CH_LOOP(ch) {
+        const C mu = mean ? na_ld<C>(mean, sdt, ch) : (C)0;
+        const C is = invstd ? na_ld<C>(invstd, sdt, ch) : (C)1;
+        BN2_TILE_LOOP(t) {
+            C xv[NA_BN_VPT][VW], gv[NA_BN_VPT][VW], yv[NA_BN_VPT][VW];
+            bool ok[NA_BN_VPT];
+#pragma unroll
+            for (int j = 0; j < NA_BN_VPT; j++) {
+                int64_t k = na_bn_tile_vec(t, j, threadIdx.x);
+                ok[j] = k < g.nvec;
+                if (!ok[j]) continue;
+                int64_t o = bn2_off<VW>(g, ch, k);
+                na_vld<DT, VW>(x, o, xv[j]);
+                na_vld<DT, VW>(gy, o, gv[j]);
+                if (RELU) na_vld<DT, VW>(y, o, yv[j]);
+            }
+            typename O::P acc = O::p_empty();
+#pragma unroll
+            for (int j = 0; j < NA_BN_VPT; j++) {
+                if (!ok[j]) continue;
+#pragma unroll
+                for (int i = 0; i < VW; i++) {
+                    C gvi = RELU ? (yv[j][i] > (C)0 ? gv[j][i] : (C)0) : gv[j][i];
+                    acc.a += gvi;
+                    acc.b += gvi * ((xv[j][i] - mu) * is);
+                }
+            }
+            acc = bn2_block<C>(acc, O::p_empty(), sm);
+            if (threadIdx.x == 0) parts[ch * g.tiles + t] = acc;
+        }
+    }
+}
+
+/* one warp per channel: ggamma = sum g*xhat, gbeta = sum g, and gx's coefficients */
+template <typename C>
+__global__ void k_bn2_bwd_finalize(const typename bn2_ops<C>::P *__restrict__ parts,
+                                   bn2_geom g, const void *gamma, int pdt, const void *mean,
+                                   const void *invstd, int sdt, void *ggamma, void *gbeta,
+                                   int gdt, C *__restrict__ coef) {
+    int64_t ch = (int64_t)blockIdx.x * blockDim.y + threadIdx.y;
+    if (ch >= g.c) return;
+    typename bn2_ops<C>::P p =
+        bn2_warp_combine<C>(parts + ch * g.tiles, g.tiles, bn2_ops<C>::p_empty());
+    if (threadIdx.x != 0) return;
+    if (ggamma) na_st(ggamma, gdt, ch, p.b);
+    if (gbeta) na_st(gbeta, gdt, ch, p.a);
+    const C is = invstd ? na_ld<C>(invstd, sdt, ch) : (C)1;
+    coef[ch * BN2_NCOEF + 0] = mean ? na_ld<C>(mean, sdt, ch) : (C)0;
+    coef[ch * BN2_NCOEF + 1] = is * (gamma ? na_ld<C>(gamma, pdt, ch) : (C)1);
+    coef[ch * BN2_NCOEF + 2] = is;
+    coef[ch * BN2_NCOEF + 3] = p.a / (C)g.m;
+    coef[ch * BN2_NCOEF + 4] = p.b / (C)g.m;
+}
+
+/* train: gx = (g - mean(g) - xhat*mean(g*xhat)) * scale; eval: gx = g * scale */
+template <int DT, int VW, bool RELU, bool TRAIN>
+__global__ void __launch_bounds__(NA_BN_THREADS)
+k_bn2_bwd_apply(const void *__restrict__ x, const void *__restrict__ y,
+                const void *__restrict__ gy, void *__restrict__ gx, bn2_geom g,
+                const typename na_hw<DT>::C *__restrict__ coef) {
+    typedef typename na_hw<DT>::C C;
+    BN2_CH_LOOP(ch) {
+        const C *cf = coef + ch * BN2_NCOEF;
+        const C mu = cf[0], scale = cf[1], is = cf[2], mg = cf[3], mgx = cf[4];
+        BN2_TILE_LOOP(t) {
+            C xv[NA_BN_VPT][VW], gv[NA_BN_VPT][VW], yv[NA_BN_VPT][VW];
+            int64_t off[NA_BN_VPT];
+#pragma unroll
+            for (int j = 0; j < NA_BN_VPT; j++) {
+                int64_t k = na_bn_tile_vec(t, j, threadIdx.x);
+                off[j] = k < g.nvec ? bn2_off<VW>(g, ch, k) : -1;
+                if (off[j] < 0) continue;
+                na_vld<DT, VW>(gy, off[j], gv[j]);
+                if (TRAIN) na_vld<DT, VW>(x, off[j], xv[j]);
+                if (RELU) na_vld<DT, VW>(y, off[j], yv[j]);
+            }
+#pragma unroll
+            for (int j = 0; j < NA_BN_VPT; j++) {
+                if (off[j] < 0) continue;
+#pragma unroll
+                for (int i = 0; i < VW; i++) {
+                    C gvi = RELU ? (yv[j][i] > (C)0 ? gv[j][i] : (C)0) : gv[j][i];
+                    gv[j][i] = TRAIN ? (gvi - mg - ((xv[j][i] - mu) * is) * mgx) * scale
+                                     : gvi * scale;
+                }
+                na_vst<DT, VW>(gx, off[j], gv[j]);
+            }
+        }
+    }
+}
+
+/* ---- host side ---- */
+static bool aligned16(const na_view *t) { return !t || ((uintptr_t)t->data & 15u) == 0; }
+
+/* geometry for vectors of vw elements (1: scalar) */
+static bn2_geom bn2_geom_of(int64_t n, int64_t c, int64_t s, int vw) {
+    bn2_geom g;
+    g.c = c;
+    g.s = s;
+    g.m = n * s;
+    g.sv = s / vw;
+    g.nvec = n * g.sv;
+    g.tiles = na_bn_tiles(g.nvec);
+    g.idx32 = g.nvec < ((int64_t)1 << 32);
+    return g;
+}
+
+/* 16-byte vectors when S and every pointer allow them */
+static int bn2_width(na_dtype dt, int64_t s, const na_view *a, const na_view *b,
+                     const na_view *c, const na_view *d) {
+    int vw = 16 / (int)na_dtype_size(dt);
+    return s % vw == 0 && aligned16(a) && aligned16(b) && aligned16(c) && aligned16(d) ? vw : 1;
+}
+
+static dim3 bn2_grid(const bn2_geom &g) {
+    int64_t gx = g.tiles < INT32_MAX ? g.tiles : INT32_MAX, gy = g.c < 65535 ? g.c : 65535;
+    return dim3((unsigned)gx, (unsigned)gy);
+}
+
+static const dim3 bn2_warps(32, 8); /* finalize kernels: one warp per channel */
+static unsigned bn2_warp_blocks(int64_t c) { return (unsigned)((c + 7) / 8); }
+
+/* scratch: partials (c * tiles of `part` bytes), then coefficients */
+static int bn2_scratch(const bn2_geom &g, size_t part, size_t csize, void **parts, void **coef) {
+    size_t pb = ((size_t)(g.c * g.tiles) * part + 255) & ~(size_t)255;
+    char *p = (char *)na_cuda_scratch(pb + (size_t)g.c * BN2_NCOEF * csize);
+    if (!p) return na_last_status();
+    *parts = p;
+    *coef = p + pb;
+    return NA_OK;
+}
+
+/* calls F with the dtype tag, the vector width (as a std::integral_constant) and relu */
+template <int VW> struct bn2_vw { static const int value = VW; };
+template <class F> static int bn2_dispatch(na_dtype dt, int vw, bool relu, const char *who, F &&f) {
+    return na_dispatch_float(dt, who, [&](auto tag) -> int {
+        constexpr int DT = decltype(tag)::dtype;
+        constexpr int V = 16 / (int)sizeof(typename na_hw<DT>::S);
+        if (vw == 1) return relu ? f(tag, bn2_vw<1>{}, std::true_type{}) : f(tag, bn2_vw<1>{}, std::false_type{});
+        return relu ? f(tag, bn2_vw<V>{}, std::true_type{}) : f(tag, bn2_vw<V>{}, std::false_type{});
+    });
+}
+
+static int bn2_forward(const na_cuda_bn_args *a, bool train) {
+    const na_view *x = a->x;
+    if (a->c == 0 || a->n * a->s == 0) return NA_OK;
+    int vw = bn2_width(x->dtype, a->s, x, a->y, NULL, NULL);
+    bn2_geom g = bn2_geom_of(a->n, a->c, a->s, vw);
+    int pdt = a->gamma ? (int)a->gamma->dtype : DT_OR0(a->beta);
+    int rdt = a->running_mean ? (int)a->running_mean->dtype : DT_OR0(a->running_var);
+    int sdt = a->save_mean ? (int)a->save_mean->dtype : DT_OR0(a->save_invstd);
+    cudaStream_t st = na_cuda_ctx.stream;
+    return bn2_dispatch(x->dtype, vw, a->relu, "batch_norm (v2)", [&](auto tag, auto w, auto relu) -> int {
+        constexpr int DT = decltype(tag)::dtype;
+        constexpr int VW = decltype(w)::value;
+        typedef typename na_hw<DT>::C C;
+        typedef bn2_ops<C> O;
+        void *parts = NULL, *coef = NULL;
+        NA_TRY(bn2_scratch(g, sizeof(typename O::W), sizeof(C), &parts, &coef));
+        if (train) {
+            k_bn2_stats<DT, VW><<<bn2_grid(g), NA_BN_THREADS, 0, st>>>(x->data, g, (typename O::W *)parts);
+            NA_CUDA_LAUNCH_CHECK("k_bn2_stats");
+            k_bn2_finalize<C><<<bn2_warp_blocks(g.c), bn2_warps, 0, st>>>(
+                (const typename O::W *)parts, g, DATA_OR0(a->gamma), DATA_OR0(a->beta), pdt,
+                DATA_OR0(a->running_mean), DATA_OR0(a->running_var), rdt, DATA_OR0(a->save_mean),
+                DATA_OR0(a->save_invstd), sdt, (C *)coef, (C)a->momentum, (C)a->eps);
+            NA_CUDA_LAUNCH_CHECK("k_bn2_finalize");
+        } else {
+            k_bn2_eval_coef<C><<<na_grid(g.c, NA_BLOCK), NA_BLOCK, 0, st>>>(
+                g, DATA_OR0(a->gamma), DATA_OR0(a->beta), pdt, DATA_OR0(a->running_mean),
+                DATA_OR0(a->running_var), rdt, (C *)coef, (C)a->eps);
+            NA_CUDA_LAUNCH_CHECK("k_bn2_eval_coef");
+        }
+        k_bn2_apply<DT, VW, decltype(relu)::value><<<bn2_grid(g), NA_BN_THREADS, 0, st>>>(
+            x->data, a->y->data, g, (const C *)coef);
+        NA_CUDA_LAUNCH_CHECK("k_bn2_apply");
+        return NA_OK;
+    });
+}
+
+extern "C" int na_cuda_bn2_train(const na_cuda_bn_args *a) { return bn2_forward(a, true); }
+extern "C" int na_cuda_bn2_eval(const na_cuda_bn_args *a) { return bn2_forward(a, false); }
+
+extern "C" int na_cuda_bn2_backward(const na_cuda_bn_args *a) {
+    if (a->c == 0) return NA_OK;
+    if (a->n * a->s == 0) { /* no elements: the parameter gradients are zero */
+        if (a->ggamma) NA_TRY(na_cuda_fill(a->ggamma, 0.0));
+        if (a->gbeta) NA_TRY(na_cuda_fill(a->gbeta, 0.0));
+        return NA_OK;
+    }
+    if (a->relu && !a->y)
+        return na_set_error(NA_EINVAL, "batch_norm backward (cuda v2): relu needs the forward's output y");
+    const na_view *x = a->x;
+    int vw = bn2_width(x->dtype, a->s, x, a->gy, a->gx, a->relu ? a->y : NULL);
+    bn2_geom g = bn2_geom_of(a->n, a->c, a->s, vw);
+    int gdt = a->ggamma ? (int)a->ggamma->dtype : DT_OR0(a->gbeta);
+    int sdt = a->mean ? (int)a->mean->dtype : DT_OR0(a->invstd);
+    const void *yd = a->relu ? a->y->data : NULL;
+    cudaStream_t st = na_cuda_ctx.stream;
+    return bn2_dispatch(x->dtype, vw, a->relu, "batch_norm_backward (v2)", [&](auto tag, auto w, auto relu) -> int {
+        constexpr int DT = decltype(tag)::dtype;
+        constexpr int VW = decltype(w)::value;
+        constexpr bool RELU = decltype(relu)::value;
+        typedef typename na_hw<DT>::C C;
+        typedef bn2_ops<C> O;
+        void *parts = NULL, *coef = NULL;
+        NA_TRY(bn2_scratch(g, sizeof(typename O::P), sizeof(C), &parts, &coef));
+        k_bn2_bwd_sums<DT, VW, RELU><<<bn2_grid(g), NA_BN_THREADS, 0, st>>>(
+            x->data, yd, a->gy->data, g, DATA_OR0(a->mean), DATA_OR0(a->invstd), sdt,
+            (typename O::P *)parts);
+        NA_CUDA_LAUNCH_CHECK("k_bn2_bwd_sums");
+        k_bn2_bwd_finalize<C><<<bn2_warp_blocks(g.c), bn2_warps, 0, st>>>(
+            (const typename O::P *)parts, g, DATA_OR0(a->gamma), DT_OR0(a->gamma),
+            DATA_OR0(a->mean), DATA_OR0(a->invstd), sdt, DATA_OR0(a->ggamma), DATA_OR0(a->gbeta),
+            gdt, (C *)coef);
+        NA_CUDA_LAUNCH_CHECK("k_bn2_bwd_finalize");
+        if (!a->gx) return NA_OK;
+        if (a->train)
+            k_bn2_bwd_apply<DT, VW, RELU, true><<<bn2_grid(g), NA_BN_THREADS, 0, st>>>(
+                x->data, yd, a->gy->data, a->gx->data, g, (const C *)coef);
+        else
+            k_bn2_bwd_apply<DT, VW, RELU, false><<<bn2_grid(g), NA_BN_THREADS, 0, st>>>(
+                x->data, yd, a->gy->data, a->gx->data, g, (const C *)coef);
+        NA_CUDA_LAUNCH_CHECK("k_bn2_bwd_apply");
+        return NA_OK;
+    });
+}
+
+/* ---- the hardware conversions against common/half.h (na_cuda_check_half_intrinsics) ---- */
+static __device__ __forceinline__ bool f16_nan(uint16_t h) { return (h & 0x7FFFu) > 0x7C00u; }
+static __device__ __forceinline__ bool bf16_nan(uint16_t h) { return (h & 0x7FFFu) > 0x7F80u; }
+static __device__ __forceinline__ bool f32_same(float a, float b) {
+    return (a != a && b != b) || __float_as_uint(a) == __float_as_uint(b);
+}
+
+__global__ void k_check_half_intrinsics(unsigned long long *bad) {
+    unsigned long long b0 = 0, b1 = 0, b2 = 0, b3 = 0;
+    const uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
+    for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < ((uint64_t)1 << 32);
+         i += stride) {
+        const float f = __uint_as_float((uint32_t)i);
+        const uint16_t h = __half_as_ushort(__float2half_rn(f)), hs = na_f32_to_f16_bits(f);
+        const uint16_t bb = __bfloat16_as_ushort(__float2bfloat16_rn(f)), bs = na_f32_to_bf16_bits(f);
+        b0 += f != f ? !(f16_nan(h) && f16_nan(hs)) : h != hs;
+        b1 += f != f ? !(bf16_nan(bb) && bf16_nan(bs)) : bb != bs;
+        if (i < 65536) {
+            const uint16_t u = (uint16_t)i;
+            b2 += !f32_same(__half2float(__ushort_as_half(u)), na_f16_bits_to_f32(u));
+            b3 += !f32_same(__bfloat162float(__ushort_as_bfloat16(u)), na_bf16_bits_to_f32(u));
+        }
+    }
+    if (b0) atomicAdd(&bad[0], b0);
+    if (b1) atomicAdd(&bad[1], b1);
+    if (b2) atomicAdd(&bad[2], b2);
+    if (b3) atomicAdd(&bad[3], b3);
+}
+
+extern "C" int na_cuda_check_half_intrinsics(uint64_t bad[4]) {
+    unsigned long long *d = (unsigned long long *)na_cuda_scratch(4 * sizeof *d);
+    if (!d) return na_last_status();
+    NA_CUDA_CHECK(cudaMemsetAsync(d, 0, 4 * sizeof *d, na_cuda_ctx.stream));
+    k_check_half_intrinsics<<<na_grid((int64_t)1 << 32, NA_BLOCK), NA_BLOCK, 0, na_cuda_ctx.stream>>>(d);
+    NA_CUDA_LAUNCH_CHECK("k_check_half_intrinsics");
+    unsigned long long h[4];
+    NA_CUDA_CHECK(cudaMemcpyAsync(h, d, sizeof h, cudaMemcpyDeviceToHost, na_cuda_ctx.stream));
+    NA_CUDA_CHECK(cudaStreamSynchronize(na_cuda_ctx.stream));
+    for (int i = 0; i < 4; i++) bad[i] = h[i];
     return NA_OK;
 }

@@ -1,8 +1,11 @@
 /* kernels/cuda/conv.cu — 2-d convolution (NCHW, cross-correlation, groups, stride, padding,
  * dilation): forward, backward data, backward weight.
  *
- * With cuDNN (NA_HAVE_CUDNN): the legacy convolution API. The algorithm is chosen once per
- * problem (geometry, dtype, math mode, determinism) with cudnnGet*Algorithm_v7 and cached.
+ * With cuDNN (NA_HAVE_CUDNN): the legacy convolution API. Per problem (geometry, dtype,
+ * layout, math mode, determinism, find) a bounded table keeps the descriptors, built once,
+ * and the algorithm of each kind of call, chosen once with cudnnGet*Algorithm_v7 or, with
+ * NANOAMP_CUDNN_FIND=1, by timing with cudnnFind*AlgorithmEx; freed by
+ * na_cuda_conv_cache_release (at process exit).
  * Math: f16/bf16 with f32 compute and tensor cores; f32 with FMA math (no TF32) unless TF32
  * is enabled (na_cuda_set_tf32); f64 in f64. For f32/f64, FFT and Winograd algorithms are
  * skipped (their error is larger than the parity tolerance of f32). With
@@ -19,11 +22,6 @@
 #include <string.h>
 
 #include "cuda_common.cuh"
-
-static bool env_flag(const char *name) {
-    const char *v = getenv(name);
-    return v && v[0] && strcmp(v, "0") != 0;
-}
 
 struct conv_dims {
     int64_t n, cin, h, w, cout, oh, ow;
@@ -259,34 +257,36 @@ static int fallback_backward_weight(const conv_dims &d, const na_view *x, const 
 
 /* ---- cuDNN ----------------------------------------------------------------------------------- */
 #if NA_HAVE_CUDNN
-enum { CONV_FWD, CONV_BWD_DATA, CONV_BWD_FILTER };
+enum { CONV_FWD, CONV_BWD_DATA, CONV_BWD_FILTER, CONV_KINDS };
+enum { LAYOUT_NCHW }; /* the only layout today; part of the key for NHWC to come */
 
+/* One problem: geometry, dtype, layout, math and determinism settings. */
 struct dnn_key {
-    int32_t kind, dtype, tf32, det;
+    int32_t dtype, layout, tf32, det, find;
     int64_t n, cin, h, w, cout, oh, ow;
     int32_t kh, kw, sh, sw, ph, pw, dh, dw, groups;
 };
-struct dnn_entry {
-    bool used, found;
-    dnn_key key;
+/* The algorithm chosen for one kind of call (forward, backward data, backward filter). */
+struct dnn_choice {
+    bool chosen, found; /* chosen: asked cuDNN; found: an algorithm qualified */
     int algo;
     cudnnMathType_t math;
     size_t ws;
 };
+/* A cached problem: its descriptors, built once, and the choice per kind. */
+struct dnn_entry {
+    bool used;
+    dnn_key key;
+    cudnnTensorDescriptor_t x, y;
+    cudnnFilterDescriptor_t w;
+    cudnnConvolutionDescriptor_t conv;
+    cudnnMathType_t conv_math; /* the math type the conv descriptor holds now */
+    dnn_choice kind[CONV_KINDS];
+};
+/* Bounded: a direct-mapped table; a new problem that lands on a used slot evicts it (its
+ * descriptors destroyed). A network has a few dozen distinct convolutions. */
 #define DNN_CACHE 128
 static dnn_entry dnn_cache[DNN_CACHE];
-
-struct dnn_descs {
-    cudnnTensorDescriptor_t x = NULL, y = NULL;
-    cudnnFilterDescriptor_t w = NULL;
-    cudnnConvolutionDescriptor_t conv = NULL;
-    ~dnn_descs() {
-        if (x) cudnnDestroyTensorDescriptor(x);
-        if (y) cudnnDestroyTensorDescriptor(y);
-        if (w) cudnnDestroyFilterDescriptor(w);
-        if (conv) cudnnDestroyConvolutionDescriptor(conv);
-    }
-};
 
 static cudnnDataType_t dnn_type(na_dtype dt) {
     switch (dt) {
@@ -299,29 +299,54 @@ static cudnnDataType_t dnn_type(na_dtype dt) {
 
 static bool fits_int(int64_t v) { return v >= 0 && v <= INT32_MAX; }
 
+/* Destroys an entry's descriptors (every status checked; the first failure is reported). */
+static int dnn_entry_release(dnn_entry *e) {
+    cudnnStatus_t st = CUDNN_STATUS_SUCCESS, s;
+    if (e->x && (s = cudnnDestroyTensorDescriptor(e->x)) != CUDNN_STATUS_SUCCESS) st = s;
+    if (e->y && (s = cudnnDestroyTensorDescriptor(e->y)) != CUDNN_STATUS_SUCCESS) st = s;
+    if (e->w && (s = cudnnDestroyFilterDescriptor(e->w)) != CUDNN_STATUS_SUCCESS) st = s;
+    if (e->conv && (s = cudnnDestroyConvolutionDescriptor(e->conv)) != CUDNN_STATUS_SUCCESS) st = s;
+    memset(e, 0, sizeof *e);
+    if (st != CUDNN_STATUS_SUCCESS)
+        return na_set_error(NA_ECUDA, "conv2d (cuda): destroying a cached cuDNN descriptor failed: %s",
+                            cudnnGetErrorString(st));
+    return NA_OK;
+}
+
+extern "C" int na_cuda_conv_cache_release(void) {
+    int rc = NA_OK;
+    for (int i = 0; i < DNN_CACHE; i++)
+        if (dnn_cache[i].used) {
+            int r = dnn_entry_release(&dnn_cache[i]);
+            if (r < 0 && rc == NA_OK) rc = r;
+        }
+    return rc;
+}
+
 /* < 0: error; 0: cuDNN can't describe this problem (use the fallback); 1: ready */
-static int dnn_setup(const conv_dims &d, na_dtype dt, cudnnMathType_t math, dnn_descs *s) {
+static int dnn_describe(const conv_dims &d, na_dtype dt, cudnnMathType_t math, dnn_entry *e) {
     if (!fits_int(d.n) || !fits_int(d.cin) || !fits_int(d.h) || !fits_int(d.w) ||
         !fits_int(d.cout) || !fits_int(d.oh) || !fits_int(d.ow))
         return 0;
     cudnnDataType_t t = dnn_type(dt);
-    NA_CUDNN_CHECK(cudnnCreateTensorDescriptor(&s->x));
-    NA_CUDNN_CHECK(cudnnCreateTensorDescriptor(&s->y));
-    NA_CUDNN_CHECK(cudnnCreateFilterDescriptor(&s->w));
-    NA_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&s->conv));
-    NA_CUDNN_CHECK(cudnnSetTensor4dDescriptor(s->x, CUDNN_TENSOR_NCHW, t, (int)d.n, (int)d.cin,
+    NA_CUDNN_CHECK(cudnnCreateTensorDescriptor(&e->x));
+    NA_CUDNN_CHECK(cudnnCreateTensorDescriptor(&e->y));
+    NA_CUDNN_CHECK(cudnnCreateFilterDescriptor(&e->w));
+    NA_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&e->conv));
+    NA_CUDNN_CHECK(cudnnSetTensor4dDescriptor(e->x, CUDNN_TENSOR_NCHW, t, (int)d.n, (int)d.cin,
                                               (int)d.h, (int)d.w));
-    NA_CUDNN_CHECK(cudnnSetTensor4dDescriptor(s->y, CUDNN_TENSOR_NCHW, t, (int)d.n, (int)d.cout,
+    NA_CUDNN_CHECK(cudnnSetTensor4dDescriptor(e->y, CUDNN_TENSOR_NCHW, t, (int)d.n, (int)d.cout,
                                               (int)d.oh, (int)d.ow));
-    NA_CUDNN_CHECK(cudnnSetFilter4dDescriptor(s->w, t, CUDNN_TENSOR_NCHW, (int)d.cout,
+    NA_CUDNN_CHECK(cudnnSetFilter4dDescriptor(e->w, t, CUDNN_TENSOR_NCHW, (int)d.cout,
                                               (int)d.cin_g, d.kh, d.kw));
     NA_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(
-        s->conv, d.ph, d.pw, d.sh, d.sw, d.dh, d.dw, CUDNN_CROSS_CORRELATION,
+        e->conv, d.ph, d.pw, d.sh, d.sw, d.dh, d.dw, CUDNN_CROSS_CORRELATION,
         dt == NA_DTYPE_F64 ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT));
-    NA_CUDNN_CHECK(cudnnSetConvolutionGroupCount(s->conv, d.groups));
-    NA_CUDNN_CHECK(cudnnSetConvolutionMathType(s->conv, math));
+    NA_CUDNN_CHECK(cudnnSetConvolutionGroupCount(e->conv, d.groups));
+    NA_CUDNN_CHECK(cudnnSetConvolutionMathType(e->conv, math));
+    e->conv_math = math;
     int on, oc, oh, ow;
-    NA_CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(s->conv, s->x, s->w, &on, &oc, &oh, &ow));
+    NA_CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(e->conv, e->x, e->w, &on, &oc, &oh, &ow));
     if (on != d.n || oc != d.cout || oh != d.oh || ow != d.ow)
         return na_set_error(NA_ESHAPE,
                             "conv2d (cuda): output [%lld, %lld, %lld, %lld] does not follow from "
@@ -331,6 +356,8 @@ static int dnn_setup(const conv_dims &d, na_dtype dt, cudnnMathType_t math, dnn_
     return 1;
 }
 
+/* f32 math: FMA only (strict f32) unless TF32 is on. TF32 is CUDNN_TENSOR_OP_MATH on float
+ * data; never CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION, which may round f32 operands to f16. */
 static cudnnMathType_t dnn_math(na_dtype dt) {
     if (dt == NA_DTYPE_F16 || dt == NA_DTYPE_BF16) return CUDNN_TENSOR_OP_MATH;
     if (dt == NA_DTYPE_F32) return na_cuda_ctx.tf32 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH;
@@ -361,11 +388,23 @@ static bool perf_ok(const P &p, int kind, na_dtype dt, bool det) {
     if (p.status != CUDNN_STATUS_SUCCESS) return false;
     if (det && p.determinism != CUDNN_DETERMINISTIC) return false;
     if ((dt == NA_DTYPE_F32 || dt == NA_DTYPE_F64) && inaccurate_algo(kind, (int)p.algo)) return false;
+    if (dt == NA_DTYPE_F32 && p.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) return false;
     if (dt == NA_DTYPE_F32 && !na_cuda_ctx.tf32 && p.mathType != CUDNN_FMA_MATH &&
         p.mathType != CUDNN_DEFAULT_MATH)
         return false;
     if (p.memory > ((size_t)1 << 30)) return false;
     return true;
+}
+
+template <typename P> static void take_first_ok(const P *perf, int cnt, int kind, na_dtype dt,
+                                                bool det, dnn_choice *c) {
+    for (int i = 0; i < cnt && !c->found; i++)
+        if (perf_ok(perf[i], kind, dt, det)) {
+            c->found = true;
+            c->algo = (int)perf[i].algo;
+            c->math = perf[i].mathType;
+            c->ws = perf[i].memory;
+        }
 }
 
 static size_t dnn_hash(const dnn_key *k) {
@@ -375,63 +414,97 @@ static size_t dnn_hash(const dnn_key *k) {
     return (size_t)(h % DNN_CACHE);
 }
 
-/* The cached choice for (kind, problem); chooses it on first use. */
-static int dnn_choose(int kind, const conv_dims &d, na_dtype dt, dnn_descs *s, dnn_entry **out) {
-    bool det = env_flag("NANOAMP_DETERMINISTIC");
+/* NANOAMP_CUDNN_FIND=1 (read once): choose by timing (cudnnFind*AlgorithmEx, on the call's
+ * own buffers, the first time a problem is seen: the warm-up steps) instead of cuDNN's
+ * heuristic. Finding runs every candidate once and synchronizes; its workspace is the
+ * backend's scratch buffer, grown to at least 64 MiB. */
+static bool dnn_find(void) {
+    static int on = -1;
+    if (on < 0) on = na_cuda_env_is("NANOAMP_CUDNN_FIND", NULL);
+    return on == 1;
+}
+#define DNN_FIND_WS ((size_t)64 << 20)
+
+/* The cached entry of a problem: descriptors made on first use, evicting the slot's last
+ * problem. *ok = false when cuDNN can't describe it. */
+static int dnn_lookup(const conv_dims &d, na_dtype dt, dnn_entry **out, bool *ok) {
     dnn_key key;
     memset(&key, 0, sizeof key);
-    key.kind = kind;
     key.dtype = dt;
+    key.layout = LAYOUT_NCHW;
     key.tf32 = na_cuda_ctx.tf32;
-    key.det = det;
+    key.det = na_cuda_env_is("NANOAMP_DETERMINISTIC", NULL);
+    key.find = dnn_find();
     key.n = d.n; key.cin = d.cin; key.h = d.h; key.w = d.w;
     key.cout = d.cout; key.oh = d.oh; key.ow = d.ow;
     key.kh = d.kh; key.kw = d.kw; key.sh = d.sh; key.sw = d.sw;
     key.ph = d.ph; key.pw = d.pw; key.dh = d.dh; key.dw = d.dw; key.groups = d.groups;
     dnn_entry *e = &dnn_cache[dnn_hash(&key)];
     *out = e;
+    *ok = true;
     if (e->used && memcmp(&e->key, &key, sizeof key) == 0) return NA_OK;
+    if (e->used) NA_TRY(dnn_entry_release(e));
+    int rc = dnn_describe(d, dt, dnn_math(dt), e);
+    if (rc <= 0) {
+        int r = dnn_entry_release(e); /* half-made descriptors */
+        *ok = false;
+        return rc < 0 ? rc : r;
+    }
     e->used = true;
     e->key = key;
-    e->found = false;
+    return NA_OK;
+}
+
+/* The choice for `kind` of entry e; chosen on first use (heuristic, or timed with
+ * NANOAMP_CUDNN_FIND=1 on the call's buffers x, w, y). */
+static int dnn_choose(int kind, dnn_entry *e, na_dtype dt, const void *x, const void *w,
+                      const void *y) {
+    dnn_choice *c = &e->kind[kind];
+    if (c->chosen) return NA_OK;
+    c->chosen = true;
+    c->found = false;
+    const bool det = e->key.det;
     cudnnHandle_t h;
     NA_TRY(na_cuda_dnn(&h));
+    void *ws = NULL;
+    size_t wsb = 0;
+    if (e->key.find) {
+        wsb = na_cuda_ctx.scratch_size > DNN_FIND_WS ? na_cuda_ctx.scratch_size : DNN_FIND_WS;
+        if (!(ws = na_cuda_scratch(wsb))) return na_last_status();
+    }
     int cnt = 0;
     if (kind == CONV_FWD) {
         cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
-        NA_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(
-            h, s->x, s->w, s->conv, s->y, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &cnt, perf));
-        for (int i = 0; i < cnt && !e->found; i++)
-            if (perf_ok(perf[i], kind, dt, det)) {
-                e->found = true;
-                e->algo = (int)perf[i].algo;
-                e->math = perf[i].mathType;
-                e->ws = perf[i].memory;
-            }
-    } else if (kind == CONV_BWD_DATA) {
+        if (e->key.find)
+            NA_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithmEx(
+                h, e->x, x, e->w, w, e->conv, e->y, (void *)y, CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
+                &cnt, perf, ws, wsb));
+        else
+            NA_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(
+                h, e->x, e->w, e->conv, e->y, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &cnt, perf));
+        take_first_ok(perf, cnt, kind, dt, det, c);
+    } else if (kind == CONV_BWD_DATA) { /* x: gx (out), y: gy */
         cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
-        NA_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
-            h, s->w, s->y, s->conv, s->x, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &cnt, perf));
-        for (int i = 0; i < cnt && !e->found; i++)
-            if (perf_ok(perf[i], kind, dt, det)) {
-                e->found = true;
-                e->algo = (int)perf[i].algo;
-                e->math = perf[i].mathType;
-                e->ws = perf[i].memory;
-            }
-    } else {
+        if (e->key.find)
+            NA_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(
+                h, e->w, w, e->y, y, e->conv, e->x, (void *)x,
+                CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &cnt, perf, ws, wsb));
+        else
+            NA_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
+                h, e->w, e->y, e->conv, e->x, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &cnt, perf));
+        take_first_ok(perf, cnt, kind, dt, det, c);
+    } else { /* w: gw (out) */
         cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
-        NA_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
-            h, s->x, s->y, s->conv, s->w, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &cnt, perf));
-        for (int i = 0; i < cnt && !e->found; i++)
-            if (perf_ok(perf[i], kind, dt, det)) {
-                e->found = true;
-                e->algo = (int)perf[i].algo;
-                e->math = perf[i].mathType;
-                e->ws = perf[i].memory;
-            }
+        if (e->key.find)
+            NA_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(
+                h, e->x, x, e->y, y, e->conv, e->w, (void *)w,
+                CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &cnt, perf, ws, wsb));
+        else
+            NA_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+                h, e->x, e->y, e->conv, e->w, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &cnt, perf));
+        take_first_ok(perf, cnt, kind, dt, det, c);
     }
-    if (e->found && dt == NA_DTYPE_F32 && !na_cuda_ctx.tf32) e->math = CUDNN_FMA_MATH;
+    if (c->found && dt == NA_DTYPE_F32 && !na_cuda_ctx.tf32) c->math = CUDNN_FMA_MATH;
     return NA_OK;
 }
 
@@ -441,16 +514,20 @@ static int dnn_run(int kind, const conv_dims &d, na_dtype dt, const void *x, con
     *done = false;
     cudnnHandle_t h;
     NA_TRY(na_cuda_dnn(&h));
-    dnn_descs s;
-    int rc = dnn_setup(d, dt, dnn_math(dt), &s);
-    if (rc <= 0) return rc;
     dnn_entry *e = NULL;
-    NA_TRY(dnn_choose(kind, d, dt, &s, &e));
-    if (!e->found) return NA_OK;
-    NA_CUDNN_CHECK(cudnnSetConvolutionMathType(s.conv, e->math));
+    bool ok = false;
+    NA_TRY(dnn_lookup(d, dt, &e, &ok));
+    if (!ok) return NA_OK;
+    NA_TRY(dnn_choose(kind, e, dt, x, w, y));
+    dnn_choice *c = &e->kind[kind];
+    if (!c->found) return NA_OK;
+    if (e->conv_math != c->math) {
+        NA_CUDNN_CHECK(cudnnSetConvolutionMathType(e->conv, c->math));
+        e->conv_math = c->math;
+    }
     void *ws = NULL;
-    if (e->ws) {
-        ws = na_cuda_scratch(e->ws);
+    if (c->ws) {
+        ws = na_cuda_scratch(c->ws);
         if (!ws) return na_last_status();
     }
     float af = 1.0f, bf = 0.0f;
@@ -459,18 +536,18 @@ static int dnn_run(int kind, const conv_dims &d, na_dtype dt, const void *x, con
     const void *beta = dt == NA_DTYPE_F64 ? (const void *)&bd : (const void *)&bf;
     cudnnStatus_t st;
     if (kind == CONV_FWD)
-        st = cudnnConvolutionForward(h, alpha, s.x, x, s.w, w, s.conv,
-                                     (cudnnConvolutionFwdAlgo_t)e->algo, ws, e->ws, beta, s.y, y);
+        st = cudnnConvolutionForward(h, alpha, e->x, x, e->w, w, e->conv,
+                                     (cudnnConvolutionFwdAlgo_t)c->algo, ws, c->ws, beta, e->y, y);
     else if (kind == CONV_BWD_DATA) /* x: gx (out), y: gy (in) */
-        st = cudnnConvolutionBackwardData(h, alpha, s.w, w, s.y, y, s.conv,
-                                          (cudnnConvolutionBwdDataAlgo_t)e->algo, ws, e->ws,
-                                          beta, s.x, (void *)x);
+        st = cudnnConvolutionBackwardData(h, alpha, e->w, w, e->y, y, e->conv,
+                                          (cudnnConvolutionBwdDataAlgo_t)c->algo, ws, c->ws,
+                                          beta, e->x, (void *)x);
     else /* w: gw (out) */
-        st = cudnnConvolutionBackwardFilter(h, alpha, s.x, x, s.y, y, s.conv,
-                                            (cudnnConvolutionBwdFilterAlgo_t)e->algo, ws, e->ws,
-                                            beta, s.w, (void *)w);
+        st = cudnnConvolutionBackwardFilter(h, alpha, e->x, x, e->y, y, e->conv,
+                                            (cudnnConvolutionBwdFilterAlgo_t)c->algo, ws, c->ws,
+                                            beta, e->w, (void *)w);
     if (st == CUDNN_STATUS_NOT_SUPPORTED) { /* remember: this problem takes the fallback */
-        e->found = false;
+        c->found = false;
         return NA_OK;
     }
     if (st != CUDNN_STATUS_SUCCESS)
@@ -481,11 +558,13 @@ static int dnn_run(int kind, const conv_dims &d, na_dtype dt, const void *x, con
     *done = true;
     return NA_OK;
 }
+#else
+extern "C" int na_cuda_conv_cache_release(void) { return NA_OK; }
 #endif
 
 static bool use_cudnn(void) {
 #if NA_HAVE_CUDNN
-    return !env_flag("NANOAMP_CONV_IM2COL");
+    return !na_cuda_env_is("NANOAMP_CONV_IM2COL", NULL);
 #else
     return false;
 #endif

@@ -18,10 +18,14 @@
 #define NANOAMP_KERNELS_CUDA_COMMON_CUH
 
 #include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "na_config.h"
 #include "backend.h"
@@ -103,6 +107,14 @@ int na_cuda_dnn(cudnnHandle_t *out);
                                 cudnnGetErrorString(na_s_));                                  \
     } while (0)
 #endif
+
+/* Switches: getenv(name) equals `want` (NULL: set, non-empty and not "0"). Each caller keeps
+ * the answer of its first call in a static, so a switch is read once per process. */
+static inline bool na_cuda_env_is(const char *name, const char *want) {
+    const char *v = getenv(name);
+    if (!v || !v[0]) return false;
+    return want ? strcmp(v, want) == 0 : strcmp(v, "0") != 0;
+}
 
 /* Propagate a negative status from a helper. */
 #define NA_TRY(expr)                                                                          \
@@ -196,6 +208,66 @@ template <> struct na_dt<NA_DTYPE_U8> {
     static __host__ __device__ __forceinline__ S from_double(double v) { return na_d_to_u8(v); }
     static __device__ __forceinline__ double to_double(S v) { return (double)v; }
 };
+
+/* ---- hardware conversions and vector loads (the newer kernels: BatchNorm v2, 2x2 pool) ----
+ * na_hw<DT>: storage type S, compute type C, in/out with the conversion instructions.
+ * Why the intrinsics equal common/half.h: __float2half_rn and __float2bfloat16_rn are PTX
+ * cvt.rn.f16.f32 / cvt.rn.bf16.f32: IEEE round-to-nearest-even, overflow to inf, f16
+ * subnormals produced exactly, f32 subnormal inputs kept (no .ftz: this build never uses
+ * -use_fast_math) — the rules half.h implements with integer arithmetic. __half2float and
+ * __bfloat162float widen exactly (every f16/bf16 value is an f32 value). They differ only on
+ * NaN: a NaN stays a NaN either way, but the hardware returns its canonical NaN where half.h
+ * keeps the sign (f32 -> f16) or the payload (widening) — sign and payload bits only. */
+template <int DT> struct na_hw;
+template <> struct na_hw<NA_DTYPE_F32> {
+    typedef float S;
+    typedef float C;
+    static __device__ __forceinline__ C in(S v) { return v; }
+    static __device__ __forceinline__ S out(C v) { return v; }
+};
+template <> struct na_hw<NA_DTYPE_F64> {
+    typedef double S;
+    typedef double C;
+    static __device__ __forceinline__ C in(S v) { return v; }
+    static __device__ __forceinline__ S out(C v) { return v; }
+};
+template <> struct na_hw<NA_DTYPE_F16> {
+    typedef __half S;
+    typedef float C;
+    static __device__ __forceinline__ C in(S v) { return __half2float(v); }
+    static __device__ __forceinline__ S out(C v) { return __float2half_rn(v); }
+};
+template <> struct na_hw<NA_DTYPE_BF16> {
+    typedef __nv_bfloat16 S;
+    typedef float C;
+    static __device__ __forceinline__ C in(S v) { return __bfloat162float(v); }
+    static __device__ __forceinline__ S out(C v) { return __float2bfloat16_rn(v); }
+};
+
+/* VW elements of storage type S as one load/store (16 bytes when VW*sizeof(S) == 16); the
+ * address must be aligned to the pack's size */
+template <typename S, int VW> struct alignas(sizeof(S) * VW) na_pack {
+    S v[VW];
+};
+
+template <int DT, int VW>
+static __device__ __forceinline__ void na_vld(const void *p, int64_t off,
+                                               typename na_hw<DT>::C *v) {
+    typedef typename na_hw<DT>::S S;
+    na_pack<S, VW> pk = *reinterpret_cast<const na_pack<S, VW> *>((const S *)p + off);
+#pragma unroll
+    for (int i = 0; i < VW; i++) v[i] = na_hw<DT>::in(pk.v[i]);
+}
+
+template <int DT, int VW>
+static __device__ __forceinline__ void na_vst(void *p, int64_t off,
+                                                const typename na_hw<DT>::C *v) {
+    typedef typename na_hw<DT>::S S;
+    na_pack<S, VW> pk;
+#pragma unroll
+    for (int i = 0; i < VW; i++) pk.v[i] = na_hw<DT>::out(v[i]);
+    *reinterpret_cast<na_pack<S, VW> *>((S *)p + off) = pk;
+}
 
 /* Tag passed to the generic lambdas of the dispatchers below. */
 template <int DT> struct na_dt_tag {
@@ -406,6 +478,10 @@ int na_cuda_gemm_ex(const na_gemm_args *g, na_dtype c_type);
 /* y[n, c, s] (+)= bias[c] then optional relu, for y viewed as [outer, channels, inner]. */
 int na_cuda_add_bias(void *y, na_dtype ydt, const void *bias, na_dtype bdt, int64_t outer,
                      int64_t channels, int64_t inner, bool relu);
+/* Destroys the cached cuDNN descriptors (conv.cu); NA_OK or the first failure. */
+extern "C" int na_cuda_conv_cache_release(void);
+/* TF32 for f32 GEMMs and convolutions: sets na_cuda_ctx.tf32 and cuBLAS's math mode. */
+int na_cuda_apply_tf32(bool enabled);
 /* dst (contiguous, dst_dt) = src (contiguous, src_dt), n elements */
 int na_cuda_convert(void *dst, na_dtype dst_dt, const void *src, na_dtype src_dt, int64_t n);
 

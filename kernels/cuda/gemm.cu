@@ -4,7 +4,7 @@
  * first operand and A as the second, with n and m swapped; nothing is copied or transposed.
  *
  * Types: f16/bf16 inputs with f32 compute (CUBLAS_COMPUTE_32F) and f32 scale; f32 with
- * COMPUTE_32F, or COMPUTE_32F_FAST_TF32 when TF32 is enabled (na_cuda_set_tf32; off by
+ * COMPUTE_32F, or COMPUTE_32F_FAST_TF32 when TF32 is enabled (na_cuda_set_tf32, NANOAMP_TF32=1; off by
  * default); f64 through cublasDgemmStridedBatched. Bias and bias+ReLU are cuBLASLt epilogues
  * (CUBLASLT_EPILOGUE_BIAS / RELU_BIAS: relu(alpha*AB + beta*C + bias)); batches are strided
  * batch attributes of the matrix layouts.

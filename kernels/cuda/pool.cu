@@ -11,6 +11,10 @@
  * fixed order, so there are no atomics and the result is deterministic.
  */
 #include "cuda_common.cuh"
+#include "cuda_internal.h"
+
+static bool pool2_on(void);
+static bool is_pool2x2(const na_conv_geom *g);
 
 struct pool_geom {
     int64_t c, h, w, oh, ow;
@@ -143,6 +147,7 @@ __global__ void k_pool_bwd(const void *gy, int gydt, const int32_t *idx, void *g
 }
 
 int na_cuda_max_pool2d(const na_conv_geom *g, const na_view *x, na_view *y, na_view *idx) {
+    if (pool2_on() && is_pool2x2(g)) return na_cuda_max_pool2x2(g, x, y, idx);
     pool_geom p = pool_geom_of(g);
     int64_t total = g->n * p.c * p.oh * p.ow;
     if (total == 0) return NA_OK;
@@ -160,6 +165,7 @@ int na_cuda_max_pool2d(const na_conv_geom *g, const na_view *x, na_view *y, na_v
 
 int na_cuda_max_pool2d_backward(const na_conv_geom *g, const na_view *gy, const na_view *idx,
                                 na_view *gx) {
+    if (pool2_on() && is_pool2x2(g)) return na_cuda_max_pool2x2_backward(g, gy, idx, gx);
     pool_geom p = pool_geom_of(g);
     int64_t total = g->n * p.c * p.h * p.w;
     if (total == 0) return NA_OK;
@@ -203,4 +209,194 @@ int na_cuda_avg_pool2d_backward(const na_conv_geom *g, const na_view *gy, na_vie
             gy->data, gy->dtype, NULL, gx->data, gx->dtype, p, total);
     NA_CUDA_LAUNCH_CHECK("k_pool_bwd");
     return NA_OK;
+}
+
+/* ==== 2x2 windows, stride 2 (NANOAMP_CUDA_POOL2=1) =======================================
+ * The max pool of CNNs: windows 2x2, stride 2, no padding, dilation 1. Same values and
+ * indices as the generic kernel and the CPU's 2x2 path (kernels/cpu/cpu_conv.c): the window
+ * is read in row-major order (a, b / c, d), the first element starts, a later one replaces it
+ * when larger or when it is a NaN and the best is not (the first NaN wins), and the index is
+ * the flat ih * W + iw in the plane. A thread takes two neighbouring windows: 4 elements of
+ * each input row in one load when W is a multiple of 4 and the rows are aligned (16 bytes
+ * for f32, 8 for f16/bf16), else two windows from scalar loads; the index math is 32-bit
+ * when the tensor allows. Backward: windows do not overlap, so each input element gets the
+ * gradient of its one window where the saved index names it and 0 elsewhere (0 + gy, as the
+ * CPU's zero-fill and add: a -0 gradient becomes +0 on both); rows and columns beyond the
+ * last window get 0. No atomics, deterministic. */
+static bool pool2_on(void) {
+    static int on = -1;
+    if (on < 0) on = na_cuda_env_is("NANOAMP_CUDA_POOL2", NULL);
+    return on == 1;
+}
+
+static bool is_pool2x2(const na_conv_geom *g) {
+    return g->kh == 2 && g->kw == 2 && g->sh == 2 && g->sw == 2 && g->ph == 0 && g->pw == 0 &&
+           (g->dh <= 1) && (g->dw <= 1) && 2 * g->oh <= g->h && 2 * g->ow <= g->w &&
+           g->h * g->w <= INT32_MAX;
+}
+
+struct pool2_geom {
+    int64_t h, w, oh, ow, pairs; /* pairs: window pairs per output row, (ow + 1) / 2 */
+    bool idx32;
+};
+
+/* (plane, oy, first ox) of window pair e */
+static __device__ __forceinline__ void pool2_at(const pool2_geom &p, int64_t e, int64_t *plane,
+                                                int64_t *oy, int64_t *ox) {
+    int64_t q, t;
+    if (p.idx32) {
+        uint32_t u = (uint32_t)e, pr = (uint32_t)p.pairs, ohh = (uint32_t)p.oh;
+        uint32_t r = u / pr;
+        q = (int64_t)(u - r * pr);
+        *oy = (int64_t)(r % ohh);
+        *plane = (int64_t)(r / ohh);
+    } else {
+        t = e / p.pairs;
+        q = e - t * p.pairs;
+        *oy = t % p.oh;
+        *plane = t / p.oh;
+    }
+    *ox = 2 * q;
+}
+
+template <typename C>
+static __device__ __forceinline__ void pool2_take(C v, int32_t off, C &best, int32_t &bi) {
+    if (v > best || (v != v && best == best)) {
+        best = v;
+        bi = off;
+    }
+}
+
+template <int DT, bool VEC>
+__global__ void k_max_pool2x2(const void *__restrict__ x, void *__restrict__ y,
+                              int32_t *__restrict__ idx, pool2_geom p, int64_t total) {
+    typedef typename na_hw<DT>::C C;
+    typedef typename na_hw<DT>::S S;
+    NA_GRID_STRIDE(e, total) {
+        int64_t plane, oy, ox;
+        pool2_at(p, e, &plane, &oy, &ox);
+        const int64_t r0 = (plane * p.h + 2 * oy) * p.w + 2 * ox, r1 = r0 + p.w;
+        const int n = ox + 1 < p.ow ? 2 : 1; /* windows of this pair */
+        C a[4], b[4];
+        if (VEC) {
+            na_vld<DT, 4>(x, r0, a);
+            na_vld<DT, 4>(x, r1, b);
+        } else {
+            const S *xs = (const S *)x;
+#pragma unroll
+            for (int i = 0; i < 4; i++) { /* fixed indices keep a, b in registers */
+                const bool in = i < 2 * n;
+                a[i] = in ? na_hw<DT>::in(xs[r0 + i]) : (C)0;
+                b[i] = in ? na_hw<DT>::in(xs[r1 + i]) : (C)0;
+            }
+        }
+        const int32_t w = (int32_t)p.w, at = (int32_t)(2 * oy * p.w + 2 * ox);
+        const int64_t o = (plane * p.oh + oy) * p.ow + ox;
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            if (k >= n) break;
+            C best = a[2 * k];
+            int32_t bi = 0;
+            pool2_take(a[2 * k + 1], 1, best, bi);
+            pool2_take(b[2 * k], w, best, bi);
+            pool2_take(b[2 * k + 1], w + 1, best, bi);
+            ((S *)y)[o + k] = na_hw<DT>::out(best);
+            if (idx) idx[o + k] = at + 2 * k + bi;
+        }
+    }
+}
+
+template <int DT>
+__global__ void k_max_pool2x2_bwd(const void *__restrict__ gy, const int32_t *__restrict__ idx,
+                                  void *__restrict__ gx, pool2_geom p, int64_t total) {
+    typedef typename na_hw<DT>::C C;
+    typedef typename na_hw<DT>::S S;
+    NA_GRID_STRIDE(e, total) {
+        int64_t plane, oy, ox;
+        pool2_at(p, e, &plane, &oy, &ox);
+        const int64_t r0 = (plane * p.h + 2 * oy) * p.w + 2 * ox;
+        const int32_t at = (int32_t)(2 * oy * p.w + 2 * ox);
+        const int n = ox + 1 < p.ow ? 2 : 1;
+        for (int k = 0; k < n; k++) {
+            const int64_t o = (plane * p.oh + oy) * p.ow + ox + k;
+            const int32_t sel = idx[o] - (at + 2 * k); /* 0, 1, w or w + 1 */
+            const C g = (C)0 + na_hw<DT>::in(((const S *)gy)[o]);
+            for (int r = 0; r < 2; r++)
+                for (int c = 0; c < 2; c++)
+                    ((S *)gx)[r0 + r * p.w + 2 * k + c] =
+                        na_hw<DT>::out(sel == r * (int32_t)p.w + c ? g : (C)0);
+        }
+    }
+}
+
+/* gx = 0 on the rows and columns no window covers (odd H or W) */
+template <int DT>
+__global__ void k_pool2x2_bwd_edges(void *__restrict__ gx, pool2_geom p, int64_t total) {
+    typedef typename na_hw<DT>::S S;
+    NA_GRID_STRIDE(e, total) {
+        int64_t iw = e % p.w, ih = (e / p.w) % p.h;
+        if (ih >= 2 * p.oh || iw >= 2 * p.ow) ((S *)gx)[e] = na_hw<DT>::out(0);
+    }
+}
+
+static pool2_geom pool2_geom_of(const na_conv_geom *g, int64_t *total) {
+    pool2_geom p;
+    p.h = g->h;
+    p.w = g->w;
+    p.oh = g->oh;
+    p.ow = g->ow;
+    p.pairs = (g->ow + 1) / 2;
+    *total = g->n * g->c_in * p.oh * p.pairs;
+    p.idx32 = *total < ((int64_t)1 << 32);
+    return p;
+}
+
+static int pool2_check(const na_conv_geom *g, const char *who) {
+    if (is_pool2x2(g)) return NA_OK;
+    return na_set_error(NA_EINVAL, "%s (cuda): not a 2x2 stride-2 window without padding or "
+                        "dilation (kernel %dx%d, stride %d,%d, padding %d,%d, dilation %d,%d)",
+                        who, g->kh, g->kw, g->sh, g->sw, g->ph, g->pw, g->dh, g->dw);
+}
+
+extern "C" int na_cuda_max_pool2x2(const na_conv_geom *g, const na_view *x, na_view *y,
+                                   na_view *idx) {
+    NA_TRY(pool2_check(g, "max_pool2x2"));
+    int64_t total;
+    pool2_geom p = pool2_geom_of(g, &total);
+    if (total == 0) return NA_OK;
+    /* whole 4-element loads: W % 4 == 0 (so OW = W/2 is even) and an aligned base */
+    const size_t es = na_dtype_size(x->dtype);
+    const bool vec = p.w % 4 == 0 && 2 * p.ow == p.w && ((uintptr_t)x->data % (4 * es)) == 0;
+    int32_t *ip = idx ? (int32_t *)idx->data : NULL;
+    unsigned grid = na_grid(total, NA_BLOCK);
+    return na_dispatch_float(x->dtype, "max_pool2x2", [&](auto tag) -> int {
+        constexpr int DT = decltype(tag)::dtype;
+        if (vec) k_max_pool2x2<DT, true><<<grid, NA_BLOCK, 0, na_cuda_ctx.stream>>>(x->data, y->data, ip, p, total);
+        else k_max_pool2x2<DT, false><<<grid, NA_BLOCK, 0, na_cuda_ctx.stream>>>(x->data, y->data, ip, p, total);
+        NA_CUDA_LAUNCH_CHECK("k_max_pool2x2");
+        return NA_OK;
+    });
+}
+
+extern "C" int na_cuda_max_pool2x2_backward(const na_conv_geom *g, const na_view *gy,
+                                            const na_view *idx, na_view *gx) {
+    NA_TRY(pool2_check(g, "max_pool2x2_backward"));
+    int64_t total;
+    pool2_geom p = pool2_geom_of(g, &total);
+    const int64_t numel = g->n * g->c_in * p.h * p.w;
+    if (numel == 0) return NA_OK;
+    return na_dispatch_float(gx->dtype, "max_pool2x2_backward", [&](auto tag) -> int {
+        constexpr int DT = decltype(tag)::dtype;
+        if (total > 0) {
+            k_max_pool2x2_bwd<DT><<<na_grid(total, NA_BLOCK), NA_BLOCK, 0, na_cuda_ctx.stream>>>(
+                gy->data, (const int32_t *)idx->data, gx->data, p, total);
+            NA_CUDA_LAUNCH_CHECK("k_max_pool2x2_bwd");
+        }
+        if (2 * p.oh < p.h || 2 * p.ow < p.w) {
+            k_pool2x2_bwd_edges<DT><<<na_grid(numel, NA_BLOCK), NA_BLOCK, 0, na_cuda_ctx.stream>>>(
+                gx->data, p, numel);
+            NA_CUDA_LAUNCH_CHECK("k_pool2x2_bwd_edges");
+        }
+        return NA_OK;
+    });
 }
