@@ -267,6 +267,7 @@ na_ddp *na_ddp_new(na_dist *d, na_module *net, const na_ddp_config *cfg) {
                                      "and dtypes) or DDP settings");
     for (int64_t k = 0; k < st.n && !rc; k++) rc = na_dist_broadcast(d, st.items[k].tensor, 0);
     na_named_tensors_free(&st);
+    if (rc) na_set_error(rc, "%s: %s", fn, na_last_error());
     na_tensor_list params = na_module_parameters(net);
     if (!rc) rc = na_tensor_list_check(fn, params);
     na_ddp *p = rc ? NULL : calloc(1, sizeof *p);
