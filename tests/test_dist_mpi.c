@@ -368,6 +368,32 @@ static void case_compression(void) {
     free_training(&bf16);
 }
 
+/* Ranks that unscale different gradients (here: rank 1's overflow, rank 0's finite) skip
+ * together once found_inf is all-reduced, and their scales stay equal. */
+static void case_found_inf(void) {
+    na_tensor *w = NN(na_tensor_new(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(3)));
+    OK(na_tensor_set_requires_grad(w, true));
+    na_optim *opt = NN(na_sgd_new(NA_TENSORS(w), &(na_sgd_cfg){.lr = 1}));
+    na_grad_scaler *gs = NN(na_grad_scaler_new(NULL));
+    na_tensor *loss = NN(na_sum(NN(na_scale(w, rank_ == 1 ? INFINITY : 1.0))));
+    OK(na_backward(NN(na_grad_scaler_scale(gs, loss)), NULL));
+    OK(na_grad_scaler_unscale_(gs, opt));
+    OK(na_dist_sync_found_inf(d, gs, opt));
+    OK(na_grad_scaler_step(gs, opt));
+    OK(na_grad_scaler_update(gs));
+    CHECK(na_get(w, 0) == 0, "rank %d stepped despite rank 1's overflow: w = %g", rank_,
+          na_get(w, 0));
+    double scale = na_grad_scaler_get_scale(gs);
+    uint64_t bits;
+    memcpy(&bits, &scale, sizeof bits);
+    OK(na_dist_check_same(d, bits, "loss scale"));
+    CHECK(scale == 32768, "scale %g, want the backoff to 32768", scale);
+    na_grad_scaler_free(gs);
+    na_optim_free(opt);
+    na_tensor_free(w);
+    na_step_end();
+}
+
 static void case_config_mismatch(void) {
     run_cfg c = {.model = MODEL_MLP, .micro = 1, .hidden = rank_ == 1 ? 33 : 32};
     na_module *net = make_model(&c);
@@ -406,7 +432,7 @@ int main(int argc, char **argv) {
     } cases[] = {{"collectives", case_collectives}, {"ddp_mlp", case_ddp_mlp},
                  {"ddp_cnn_syncbn", case_ddp_cnn_syncbn}, {"accumulation", case_accumulation},
                  {"amp", case_amp}, {"compression", case_compression},
-                 {"config_mismatch", case_config_mismatch}, {"dead_rank", case_dead_rank}};
+                 {"found_inf", case_found_inf}, {"config_mismatch", case_config_mismatch}, {"dead_rank", case_dead_rank}};
     if (argc != 2) {
         fprintf(stderr, "usage: test_dist_mpi CASE (under mpirun -np 2)\n");
         return 2;

@@ -8,8 +8,8 @@
  *         na_tensor *loss = na_cross_entropy(na_module_forward(net, x), y, NULL);
  *         na_backward(loss, NULL);            // buckets start their all-reduce as they fill
  *         na_ddp_finish(ddp);                 // waits; every grad is the average over ranks
- *         na_optim_step(opt);
- *         na_module_zero_grad(net);
+ *         na_optim_step(opt, NULL);
+ *         na_optim_zero_grad(opt);
  *         na_step_end();
  *     }
  *     na_ddp_free(ddp);
@@ -34,6 +34,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "nanoamp/amp.h"
 #include "nanoamp/error.h"
 #include "nanoamp/nn.h"
 #include "nanoamp/tensor.h"
@@ -112,6 +113,14 @@ int na_ddp_finish(na_ddp *p);
 int64_t na_ddp_bytes_last_step(const na_ddp *p);
 int na_ddp_num_buckets(const na_ddp *p);
 void na_ddp_free(na_ddp *p); /* removes the hook; NULL is fine */
+
+/* ---- mixed precision across ranks ------------------------------------------------------- */
+/* With na_ddp every rank unscales the same averaged gradients, so every rank finds the same
+ * inf/NaN and skips the same steps: nothing more is needed. Where ranks unscale different
+ * gradients (each its own shard of the parameters), call this between na_grad_scaler_unscale_
+ * and na_grad_scaler_step: opt's found_inf becomes the MAX over ranks, so all skip together
+ * and the scale moves the same way everywhere. NA_ESTATE when opt was not unscaled by gs. */
+int na_dist_sync_found_inf(na_dist *d, na_grad_scaler *gs, na_optim *opt);
 
 /* ---- SyncBatchNorm ---------------------------------------------------------------------- */
 /* Every BatchNorm of net computes its training-mode batch statistics over all ranks of d:

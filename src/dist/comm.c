@@ -374,6 +374,7 @@ int na_dist_check_same(na_dist *d, uint64_t hash, const char *what) {
 int na_dist_start_sum(na_dist *d, na_tensor *t, na_dist_req *r, const char *fn,
                       const char *what) {
     r->active = false;
+    r->event = NULL;
     int rc = check_tensor(d, fn, t, what);
     if (rc || d->world == 1) return rc;
 #if NA_HAVE_NCCL
@@ -409,4 +410,19 @@ void na_dist_poke(na_dist *d, na_dist_req *r) {
 #else
     (void)r;
 #endif
+}
+
+/* ---- mixed precision --------------------------------------------------------------------- */
+
+int na_dist_sync_found_inf(na_dist *d, na_grad_scaler *gs, na_optim *opt) {
+    const char *fn = "na_dist_sync_found_inf";
+    if (!d || !gs || !opt) return na_set_error(NA_EINVAL, "%s: NULL argument", fn);
+    if (!na_grad_scaler_is_enabled(gs)) return NA_OK;
+    /* the scaler hands its flag out read-only; this is the one writer besides the unscale,
+     * and it only widens the flag to the ranks' maximum */
+    na_tensor *found = (na_tensor *)na_grad_scaler_found_inf(gs, opt);
+    if (!found)
+        return na_set_error(NA_ESTATE, "%s: this optimizer was not unscaled by this scaler (call "
+                            "na_grad_scaler_unscale_ first)", fn);
+    return na_dist_all_reduce(d, found, NA_DIST_MAX);
 }
