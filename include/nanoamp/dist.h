@@ -106,7 +106,9 @@ na_ddp *na_ddp_new(na_dist *d, na_module *net, const na_ddp_config *cfg);
 int na_ddp_set_sync(na_ddp *p, bool sync);
 /* After na_backward (with sync on): starts any bucket not yet started (parameters that got no
  * gradient count as zeros), waits for all, and leaves every gradient averaged over ranks.
- * Call before unscaling, clipping or stepping. With sync off: NA_OK, nothing done. */
+ * Call before unscaling, clipping or stepping. With sync off: NA_OK, nothing done. One
+ * backward per synced step (as PyTorch's DDP): a bucket starts once its gradients are final
+ * for the backward that runs, so sum several losses first, or use sync off for the others. */
 int na_ddp_finish(na_ddp *p);
 /* Payload bytes this rank handed to all-reduce in the last synced step (buckets in their
  * reduction dtype; counted in a world of 1 too, where nothing is sent). */

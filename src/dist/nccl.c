@@ -10,7 +10,10 @@
  * communicator (ncclCommAbort), which frees the stuck kernels, and returns NA_EIO. Later
  * collectives on an aborted communicator fail at once. */
 #include <cuda_runtime.h>
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wstrict-prototypes" /* nccl.h declares f() for f(void) */
 #include <nccl.h>
+#pragma GCC diagnostic pop
 #include <stdlib.h>
 #include <time.h>
 
