@@ -261,7 +261,8 @@ static bool cuda_init_once(void) {
         init_fail(NA_EDEVICE, "no CUDA device: cudaGetDeviceCount found none");
         return false;
     }
-    c->device = 0;
+    /* the device chosen before the first CUDA call (na_dist_init: local rank), else 0 */
+    INIT_CUDA(cudaGetDevice(&c->device));
     INIT_CUDA(cudaSetDevice(c->device));
     cudaDeviceProp prop;
     INIT_CUDA(cudaGetDeviceProperties(&prop, c->device));
