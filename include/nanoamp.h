@@ -13,6 +13,7 @@
  *   optim.h     SGD, Adam, AdamW, schedules, clipping
  *   data.h      MNIST/CIFAR readers and batching
  *   io.h        checkpoints (safetensors)
+ *   dist.h      data parallelism: MPI/NCCL communicator, DDP wrapper, SyncBatchNorm
  *   cuda.h      the CUDA device
  */
 #ifndef NANOAMP_H
@@ -28,5 +29,6 @@
 #include "nanoamp/optim.h"
 #include "nanoamp/data.h"
 #include "nanoamp/io.h"
+#include "nanoamp/dist.h"
 #include "nanoamp/cuda.h"
 #endif

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The layering of the library, checked on its #include lines and on its calls.
 
-    kernels <- tensor <- autograd <- ops <- nn, optim <- amp <- io, data
+    kernels <- tensor <- autograd <- ops <- nn, optim <- amp <- io, data, dist
 
 Each file of src/, kernels/ and include/ belongs to one layer (its directory; a public header
 to the layer that implements it). An include may go down or stay in its layer, never up; optim
@@ -18,13 +18,14 @@ import subprocess
 import sys
 
 RANK = {"base": 0, "kernels": 1, "tensor": 2, "autograd": 3, "ops": 4, "nn": 5, "optim": 5,
-        "amp": 6, "io": 7, "data": 7, "umbrella": 8}
+        "amp": 6, "io": 7, "data": 7, "dist": 7,
+        "umbrella": 8}
 
 # Public headers, by the layer that implements them (error and dtype sit below the kernels).
 PUBLIC = {"error.h": "base", "dtype.h": "base", "cuda.h": "kernels", "tensor.h": "tensor",
           "autograd.h": "autograd", "ops.h": "ops", "autocast.h": "ops", "nn.h": "nn",
           "optim.h": "optim", "amp.h": "amp", "io.h": "io", "data.h": "data",
-          "state.h": "tensor", "view.h": "base"}
+          "state.h": "tensor", "view.h": "base", "dist.h": "dist"}
 
 # Same rank, still one way: optimizers take parameter lists, not modules.
 FORBIDDEN = {("optim", "nn")}
@@ -180,7 +181,7 @@ def main():
             layer_graph.setdefault(a, set()).add(b)
             if RANK[b] > RANK[a] or (a, b) in FORBIDDEN:
                 errors.append(f"{src} includes {dst}: {a} must not include {b} "
-                              f"(kernels <- tensor <- autograd <- ops <- nn/optim <- amp <- io/data)")
+                              f"(kernels <- tensor <- autograd <- ops <- nn/optim <- amp <- io/data/dist)")
     for comp in circles(edges):
         errors.append("include circle among files: " + " -> ".join(comp))
     for comp in circles(layer_graph):

@@ -121,6 +121,62 @@ static int topo_sort(na_node *root, node_list *order) {
     return rc;
 }
 
+/* ---- the leaf hook: when each leaf's gradient is final ------------------------------------ */
+
+static na_graph_leaf_hook leaf_hook;
+
+na_graph_leaf_hook na_graph_set_leaf_hook(na_graph_leaf_hook hook) {
+    na_graph_leaf_hook old = leaf_hook;
+    leaf_hook = hook;
+    return old;
+}
+
+/* A leaf and the position in `order` of the last node (run last, so lowest) that consumes it. */
+typedef struct {
+    na_tensor *leaf;
+    size_t last;
+    int k;
+} leaf_final;
+
+static int by_leaf_then_last(const void *pa, const void *pb) {
+    const leaf_final *a = pa, *b = pb;
+    if (a->leaf != b->leaf) return (uintptr_t)a->leaf < (uintptr_t)b->leaf ? -1 : 1;
+    return a->last != b->last ? (a->last < b->last ? -1 : 1) : a->k - b->k;
+}
+static int by_firing_order(const void *pa, const void *pb) { /* the graph's shape alone */
+    const leaf_final *a = pa, *b = pb;
+    return a->last != b->last ? (a->last > b->last ? -1 : 1) : a->k - b->k;
+}
+
+/* Each leaf requiring grad once, with its last consumer, in firing order; *n entries. */
+static int leaf_schedule(const node_list *order, leaf_final **out, size_t *n) {
+    size_t m = 0, cap = 0;
+    for (size_t i = 0; i < order->n; i++) cap += (size_t)order->items[i]->n_inputs;
+    leaf_final *e = malloc((cap ? cap : 1) * sizeof *e);
+    if (!e) return na_set_error(NA_ENOMEM, "na_backward: out of memory ordering the leaves");
+    for (size_t i = 0; i < order->n; i++)
+        for (int k = 0; k < order->items[i]->n_inputs; k++) {
+            na_tensor *t = order->items[i]->inputs[k];
+            if (t && !t->grad_fn && t->requires_grad) e[m++] = (leaf_final){t, i, k};
+        }
+    qsort(e, m, sizeof *e, by_leaf_then_last);
+    size_t u = 0;
+    for (size_t i = 0; i < m; i++)
+        if (!u || e[u - 1].leaf != e[i].leaf) e[u++] = e[i];
+    qsort(e, u, sizeof *e, by_firing_order);
+    *out = e;
+    *n = u;
+    return NA_OK;
+}
+
+/* Calls the hook for the scheduled leaves whose last consumer is order position i. */
+static int fire_final(const leaf_final *e, size_t n, size_t *next, size_t i) {
+    int rc = NA_OK;
+    for (; !rc && *next < n && e[*next].last == i; ++*next)
+        rc = leaf_hook.fn(e[*next].leaf, leaf_hook.ctx);
+    return rc;
+}
+
 /* ---- accumulation -------------------------------------------------------------------------- */
 
 /* out = a + b through the backend (shapes, dtype and device equal; a and b may be views). */
@@ -183,10 +239,16 @@ int na_backward(na_tensor *root, na_tensor *grad) {
                             na_tensor_describe(grad, s1, sizeof s1),
                             na_tensor_describe(root, s2, sizeof s2));
     }
-    if (!root->grad_fn) return accumulate(root, grad);
+    if (!root->grad_fn) {
+        int rc = accumulate(root, grad);
+        return !rc && leaf_hook.fn ? leaf_hook.fn(root, leaf_hook.ctx) : rc;
+    }
 
     node_list order = {0};
     int rc = topo_sort(root->grad_fn, &order);
+    leaf_final *finals = NULL;
+    size_t n_finals = 0, next_final = 0;
+    if (!rc && leaf_hook.fn) rc = leaf_schedule(&order, &finals, &n_finals);
     for (size_t i = 0; i < order.n; i++) order.items[i]->out->grad = NULL; /* fresh pass */
     na_no_grad_begin();
     /* Gradients are computed in the forward's dtypes: autocast reads in_backward and leaves
@@ -197,7 +259,10 @@ int na_backward(na_tensor *root, na_tensor *grad) {
     for (size_t i = order.n; i-- > 0 && !rc;) {
         na_node *n = order.items[i];
         na_tensor *gout = n->out->grad;
-        if (!gout) continue; /* nothing flowed into this node */
+        if (!gout) { /* nothing flowed into this node */
+            if (finals) rc = fire_final(finals, n_finals, &next_final, i);
+            continue;
+        }
         na_tensor *gin[NA_NODE_MAX_INPUTS] = {0};
         rc = n->op->backward(n, gout, gin);
         if (rc) {
@@ -206,9 +271,11 @@ int na_backward(na_tensor *root, na_tensor *grad) {
         }
         for (int k = 0; k < n->n_inputs && !rc; k++)
             if (gin[k] && na_node_needs_grad(n, k)) rc = accumulate(n->inputs[k], gin[k]);
+        if (finals && !rc) rc = fire_final(finals, n_finals, &next_final, i);
     }
     if (outer) in_backward = false;
     na_no_grad_end();
     free(order.items);
+    free(finals);
     return rc;
 }

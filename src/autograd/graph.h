@@ -50,6 +50,19 @@ typedef void (*na_graph_observer)(const na_graph_op *op, const na_tensor *out, i
                                   na_tensor *const *inputs);
 na_graph_observer na_graph_set_observer(na_graph_observer fn);
 
+/* Whoever acts on gradients while backward still runs (the DDP wrapper starts a bucket's
+ * all-reduce) registers a leaf hook: na_backward calls fn(leaf, ctx) once per leaf that
+ * requires grad, as soon as its .grad is final for this backward (every node that consumes it
+ * has run), in an order fixed by the graph's shape alone (last consumer first, then input
+ * position), so every process running the same graph sees the same sequence. A non-zero
+ * return stops the backward with that status. One hook per process (fn NULL: none); returns
+ * the one it replaces. Without a hook the engine does no extra work. */
+typedef struct {
+    int (*fn)(na_tensor *leaf, void *ctx);
+    void *ctx;
+} na_graph_leaf_hook;
+na_graph_leaf_hook na_graph_set_leaf_hook(na_graph_leaf_hook hook);
+
 /* True on this thread while na_backward runs backward functions: the ops they call compute
  * in the forward's dtypes (autocast reads this and stays out). */
 bool na_graph_in_backward(void);

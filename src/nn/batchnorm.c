@@ -9,7 +9,19 @@ typedef struct {
     int64_t c;
     na_tensor *weight, *bias;                            /* NULL when !affine */
     na_tensor *running_mean, *running_var, *num_batches; /* NULL when not tracking */
+    na_batch_norm_fn impl; /* training mode's forward in place of na_batch_norm, or NULL */
+    void *impl_ctx;
 } bn_state;
+
+int na_batch_norm_set_impl(na_module *bn, na_batch_norm_fn fn, void *ctx) {
+    if (!bn || !na_module_is_batch_norm(bn, NULL))
+        return na_set_error(NA_EINVAL, "na_batch_norm_set_impl: %s is not a BatchNorm",
+                            bn ? bn->type_name : "NULL");
+    bn_state *s = bn->state;
+    s->impl = fn;
+    s->impl_ctx = ctx;
+    return NA_OK;
+}
 
 static na_tensor *bn_forward(na_module *m, na_tensor *x) {
     bn_state *s = m->state;
@@ -28,8 +40,11 @@ static na_tensor *bn_forward(na_module *m, na_tensor *x) {
     double momentum = s->cfg.momentum;
     int32_t *count = track ? s->num_batches->data : NULL; /* host memory, see nn.h */
     if (track && s->cfg.cumulative_average) momentum = 1.0 / ((double)*count + 1.0);
-    na_tensor *y = na_batch_norm(x, track ? s->running_mean : NULL, track ? s->running_var : NULL,
-                                 s->weight, s->bias, true, momentum, s->cfg.eps);
+    na_tensor *rm = track ? s->running_mean : NULL, *rv = track ? s->running_var : NULL;
+    na_tensor *y = m->training && s->impl
+                       ? s->impl(s->impl_ctx, x, rm, rv, s->weight, s->bias, true, momentum,
+                                 s->cfg.eps)
+                       : na_batch_norm(x, rm, rv, s->weight, s->bias, true, momentum, s->cfg.eps);
     if (y && count && *count < INT32_MAX) ++*count; /* counted once the batch was used */
     return y;
 }

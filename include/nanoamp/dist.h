@@ -1,0 +1,127 @@
+/* nanoamp/dist.h — data parallelism: a communicator over processes (MPI for host tensors,
+ * NCCL for CUDA tensors, bootstrapped through MPI), a DDP wrapper that averages gradients
+ * over ranks while backward runs, and SyncBatchNorm.
+ *
+ *     na_dist *d = na_dist_init();            // mpirun's environment, or a world of 1
+ *     na_ddp *ddp = na_ddp_new(d, net, NULL);  // rank 0's parameters and buffers everywhere
+ *     for (...) {                             // each rank its own shard of the batch
+ *         na_tensor *loss = na_cross_entropy(na_module_forward(net, x), y, NULL);
+ *         na_backward(loss, NULL);            // buckets start their all-reduce as they fill
+ *         na_ddp_finish(ddp);                 // waits; every grad is the average over ranks
+ *         na_optim_step(opt);
+ *         na_module_zero_grad(net);
+ *         na_step_end();
+ *     }
+ *     na_ddp_free(ddp);
+ *     na_dist_free(d);
+ *
+ * Launch with `mpirun -np N prog ...` (docs/distributed.md). Without a launcher, or in a build
+ * without MPI (meson option -Ddist=disabled, or no MPI found), na_dist_init gives a world of
+ * one process in which every collective is a no-op or a copy, so the same program runs alone.
+ *
+ * Collectives are blocking and must be called by every rank in the same order with tensors of
+ * the same shape and dtype. Host tensors go through MPI, CUDA tensors through NCCL on a stream
+ * of its own that is ordered after nanoamp's stream (na_cuda_stream) and before whatever
+ * follows. Errors: every call returns a negative na_status and sets a message naming the op,
+ * the tensor and the rank; MPI errors are returned (MPI_ERRORS_RETURN), never fatal inside
+ * nanoamp. A rank that dies ends the job: Open MPI's launcher aborts every rank when one exits
+ * without MPI_Finalize; NCCL waits are polled with a timeout (NANOAMP_NCCL_TIMEOUT_S, default
+ * 600 s) and the communicator aborted (ncclCommAbort) when it passes.
+ */
+#ifndef NANOAMP_DIST_H
+#define NANOAMP_DIST_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "nanoamp/error.h"
+#include "nanoamp/nn.h"
+#include "nanoamp/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct na_dist na_dist;
+
+/* AVG is SUM divided by the world size, in the tensor's dtype. (Not named na_reduce_op /
+ * NA_REDUCE_*: the kernels' reduction enum of kernels/backend.h has those names.) */
+typedef enum { NA_DIST_SUM, NA_DIST_AVG, NA_DIST_MAX } na_dist_op;
+
+bool na_dist_built_with_mpi(void);  /* MPI compiled in (meson -Ddist) */
+bool na_dist_built_with_nccl(void); /* NCCL compiled in (CUDA backend and NCCL found) */
+
+/* ---- the communicator ------------------------------------------------------------------- */
+/* Joins the job the launcher started: mpirun's OMPI_COMM_WORLD_{RANK,SIZE,LOCAL_RANK}, or the
+ * RANK / WORLD_SIZE / LOCAL_RANK convention (checked against MPI's own numbers). Without a
+ * launcher (or WORLD_SIZE=1): a world of 1, no MPI call made. With CUDA available, selects
+ * device local_rank % device count: call it before making any CUDA tensor. NULL + error on
+ * failure (e.g. WORLD_SIZE > 1 in a build without MPI). One per process. */
+na_dist *na_dist_init(void);
+void na_dist_free(na_dist *d); /* finalizes MPI if init started it; NULL is fine */
+/* NULL d answers as a world of 1: rank 0, size 1, local rank 0. */
+int na_dist_rank(const na_dist *d);
+int na_dist_world_size(const na_dist *d);
+int na_dist_local_rank(const na_dist *d);
+
+/* In place on every rank: t = op over ranks of t. Float (f64, f32, f16, bf16) and integer (i32,
+ * u8: SUM and MAX only) tensors, contiguous. f16/bf16 travel as 16 bits and each pairwise sum
+ * is taken in f32 and rounded (RNE), as NCCL does: one rounding for 2 ranks. */
+int na_dist_all_reduce(na_dist *d, na_tensor *t, na_dist_op op);
+/* t on every rank = t on root (same shape and dtype everywhere). */
+int na_dist_broadcast(na_dist *d, na_tensor *t, int root);
+/* out [world, *in.shape] (same dtype and device as in): out[r] = in of rank r. */
+int na_dist_all_gather(na_dist *d, const na_tensor *in, na_tensor *out);
+int na_dist_barrier(na_dist *d);
+/* Host arrays (counts, losses): v[0..n) reduced in place; AVG divides after the sum. */
+int na_dist_all_reduce_i64(na_dist *d, int64_t *v, int n, na_dist_op op);
+int na_dist_all_reduce_f64(na_dist *d, double *v, int n, na_dist_op op);
+/* All-gathers hash: NA_EINVAL "rank R's <what> differs from rank 0's" on every rank if any
+ * rank's differs (ranks started with different flags or models). */
+int na_dist_check_same(na_dist *d, uint64_t hash, const char *what);
+/* Bytes this rank has handed to collectives so far (payload, not wire traffic: a ring
+ * all-reduce of B bytes sends about 2 (N-1)/N * B per rank). */
+int64_t na_dist_bytes(const na_dist *d);
+
+/* ---- data-parallel training ------------------------------------------------------------- */
+typedef struct {
+    int64_t bucket_bytes;     /* gradient bytes per bucket; 0: 25 MiB (PyTorch's default) */
+    na_dtype allreduce_dtype; /* 0 or NA_DTYPE_F32: reduce in f32; NA_DTYPE_F16 / BF16:
+                                 pre-divide by the world size, reduce compressed, widen back.
+                                 f64 gradients are always reduced in f64 */
+} na_ddp_config;
+
+typedef struct na_ddp na_ddp;
+
+/* Wraps net (which stays the caller's): broadcasts its parameters and buffers from rank 0,
+ * groups the trainable parameters into buckets in reverse registration order (the order
+ * backward produces their gradients) and registers the engine hook that starts a bucket's
+ * all-reduce as soon as the last gradient in it is final, so communication overlaps the rest
+ * of backward. Buckets are started in order on every rank. cfg NULL: defaults. One wrapper
+ * active at a time. NULL + error on failure. */
+na_ddp *na_ddp_new(na_dist *d, na_module *net, const na_ddp_config *cfg);
+/* false: the next backwards accumulate locally with no communication (gradient accumulation:
+ * sync off for all micro-batches but the last). */
+int na_ddp_set_sync(na_ddp *p, bool sync);
+/* After na_backward (with sync on): starts any bucket not yet started (parameters that got no
+ * gradient count as zeros), waits for all, and leaves every gradient averaged over ranks.
+ * Call before unscaling, clipping or stepping. With sync off: NA_OK, nothing done. */
+int na_ddp_finish(na_ddp *p);
+/* Payload bytes this rank handed to all-reduce in the last synced step (buckets in their
+ * reduction dtype; counted in a world of 1 too, where nothing is sent). */
+int64_t na_ddp_bytes_last_step(const na_ddp *p);
+int na_ddp_num_buckets(const na_ddp *p);
+void na_ddp_free(na_ddp *p); /* removes the hook; NULL is fine */
+
+/* ---- SyncBatchNorm ---------------------------------------------------------------------- */
+/* Every BatchNorm of net computes its training-mode batch statistics over all ranks of d:
+ * per-channel sums and sums of squares (f32; f64 for f64 input; of x minus the running mean,
+ * so they do not cancel) all-reduced in forward, the two per-channel sums of its backward
+ * all-reduced too. NULL d: back to per-rank statistics. Every rank must run the same
+ * BatchNorms in the same order. In a world of 1 it is plain BatchNorm. */
+int na_module_sync_batchnorm(na_module *net, na_dist *d);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,412 @@
+/* The communicator: the launcher's environment, MPI for host tensors (NCCL for CUDA tensors in
+ * nccl.c), and a world of one process that needs no MPI at all.
+ *
+ * f16/bf16 sums: MPI knows no half types, so they travel as 16-bit words and are added by a
+ * user MPI_Op that widens both operands to f32, adds and rounds once (RNE, kernels/common/
+ * half.h). Converting to f32 buffers instead would double the bytes, which is the very thing an
+ * f16 all-reduce is meant to save; with two ranks both give the same answer (one rounding), with
+ * more each partial sum is rounded, as NCCL does. */
+#include <inttypes.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/common/half.h"
+#include "src/dist/dist_internal.h"
+#include "src/tensor/tensor_internal.h"
+
+bool na_dist_built_with_mpi(void) { return NA_HAVE_MPI; }
+bool na_dist_built_with_nccl(void) { return NA_HAVE_NCCL; }
+
+int na_dist_rank(const na_dist *d) { return d ? d->rank : 0; }
+int na_dist_world_size(const na_dist *d) { return d ? d->world : 1; }
+int na_dist_local_rank(const na_dist *d) { return d ? d->local_rank : 0; }
+int64_t na_dist_bytes(const na_dist *d) { return d ? d->bytes : 0; }
+
+/* An integer environment variable: false when unset; *bad set when set but not a number. */
+static bool env_int(const char *name, int *v, bool *bad) {
+    const char *s = getenv(name);
+    if (!s || !*s) return false;
+    char *end;
+    long x = strtol(s, &end, 10);
+    if (*end || x < 0 || x > INT_MAX) *bad = true;
+    *v = (int)x;
+    return true;
+}
+
+#if NA_HAVE_MPI
+/* ---- MPI -------------------------------------------------------------------------------- */
+
+static MPI_Op half_ops[2][2]; /* [f16, bf16][sum, max], made once MPI runs */
+static bool have_half_ops;
+
+#define HALF_OP_(name, to_f32, from_f32, combine)                                  \
+    static void name(void *in, void *inout, int *len, MPI_Datatype *dt) {           \
+        (void)dt;                                                                   \
+        const uint16_t *a = in;                                                     \
+        uint16_t *b = inout;                                                        \
+        for (int i = 0; i < *len; i++) {                                            \
+            float x = to_f32(a[i]), y = to_f32(b[i]);                               \
+            b[i] = from_f32(combine);                                               \
+        }                                                                           \
+    }
+/* max keeps a NaN from either side, so an inf/NaN flag reduced with MAX survives */
+HALF_OP_(f16_sum, na_f16_bits_to_f32, na_f32_to_f16_bits, x + y)
+HALF_OP_(f16_max, na_f16_bits_to_f32, na_f32_to_f16_bits, (x > y || isnan(x)) ? x : y)
+HALF_OP_(bf16_sum, na_bf16_bits_to_f32, na_f32_to_bf16_bits, x + y)
+HALF_OP_(bf16_max, na_bf16_bits_to_f32, na_f32_to_bf16_bits, (x > y || isnan(x)) ? x : y)
+
+static int mpi_error(const na_dist *d, const char *fn, const char *call, int rc,
+                     const char *what) {
+    char msg[MPI_MAX_ERROR_STRING] = "";
+    int len = 0;
+    MPI_Error_string(rc, msg, &len);
+    return na_set_error(NA_EIO, "%s: rank %d of %d: %s of %s failed: %s", fn, d->rank, d->world,
+                        call, what, msg);
+}
+
+static MPI_Datatype mpi_type(na_dtype dt) {
+    switch (dt) {
+    case NA_DTYPE_F64: return MPI_DOUBLE;
+    case NA_DTYPE_F32: return MPI_FLOAT;
+    case NA_DTYPE_F16:
+    case NA_DTYPE_BF16: return MPI_UINT16_T;
+    case NA_DTYPE_I32: return MPI_INT32_T;
+    case NA_DTYPE_U8: return MPI_UINT8_T;
+    default: return MPI_DATATYPE_NULL;
+    }
+}
+
+static MPI_Op mpi_op(na_dtype dt, na_dist_op op) {
+    int max = op == NA_DIST_MAX;
+    if (dt == NA_DTYPE_F16) return half_ops[0][max];
+    if (dt == NA_DTYPE_BF16) return half_ops[1][max];
+    return max ? MPI_MAX : MPI_SUM;
+}
+
+static int mpi_start(na_dist *d, int eworld, int erank, int elocal, const char *fn) {
+    int inited = 0, rc;
+    MPI_Initialized(&inited);
+    if (!inited) {
+        int provided;
+        if ((rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided)) != MPI_SUCCESS)
+            return na_set_error(NA_EIO, "%s: MPI_Init_thread failed (code %d)", fn, rc);
+        d->mpi_started = true;
+    }
+    /* errors come back as codes: nanoamp reports them and never aborts inside a call */
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    if ((rc = MPI_Comm_dup(MPI_COMM_WORLD, &d->comm)) != MPI_SUCCESS)
+        return mpi_error(d, fn, "MPI_Comm_dup", rc, "MPI_COMM_WORLD");
+    MPI_Comm_set_errhandler(d->comm, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(d->comm, &d->rank);
+    MPI_Comm_size(d->comm, &d->world);
+    if (d->world != eworld || d->rank != erank)
+        return na_set_error(NA_EINVAL, "%s: the environment says rank %d of %d but MPI says rank "
+                            "%d of %d: launch with mpirun -np %d", fn, erank, eworld, d->rank,
+                            d->world, eworld);
+    if (elocal >= 0) {
+        d->local_rank = elocal;
+    } else { /* no launcher variable: the rank among the processes of this node */
+        MPI_Comm node;
+        if ((rc = MPI_Comm_split_type(d->comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node)))
+            return mpi_error(d, fn, "MPI_Comm_split_type", rc, "the node's ranks");
+        MPI_Comm_rank(node, &d->local_rank);
+        MPI_Comm_free(&node);
+    }
+    if (!have_half_ops) {
+        have_half_ops = true;
+        MPI_Op_create(f16_sum, 1, &half_ops[0][0]);
+        MPI_Op_create(f16_max, 1, &half_ops[0][1]);
+        MPI_Op_create(bf16_sum, 1, &half_ops[1][0]);
+        MPI_Op_create(bf16_max, 1, &half_ops[1][1]);
+    }
+    return NA_OK;
+}
+#endif
+
+na_dist *na_dist_init(void) {
+    const char *fn = "na_dist_init";
+    int world = 1, rank = 0, local = -1;
+    bool bad = false;
+    bool ompi = env_int("OMPI_COMM_WORLD_SIZE", &world, &bad);
+    if (ompi) {
+        env_int("OMPI_COMM_WORLD_RANK", &rank, &bad);
+        env_int("OMPI_COMM_WORLD_LOCAL_RANK", &local, &bad);
+    } else {
+        env_int("WORLD_SIZE", &world, &bad);
+        env_int("RANK", &rank, &bad);
+        env_int("LOCAL_RANK", &local, &bad);
+    }
+    if (bad || world < 1 || rank >= world) {
+        na_set_error(NA_EINVAL, "%s: the launcher's environment is not a valid rank and world "
+                     "size (%s=%s, %s=%s)", fn, ompi ? "OMPI_COMM_WORLD_RANK" : "RANK",
+                     getenv(ompi ? "OMPI_COMM_WORLD_RANK" : "RANK"),
+                     ompi ? "OMPI_COMM_WORLD_SIZE" : "WORLD_SIZE",
+                     getenv(ompi ? "OMPI_COMM_WORLD_SIZE" : "WORLD_SIZE"));
+        return NULL;
+    }
+    na_dist *d = calloc(1, sizeof *d);
+    if (!d) {
+        na_set_error(NA_ENOMEM, "%s: out of memory", fn);
+        return NULL;
+    }
+    d->world = 1;
+#if NA_HAVE_MPI
+    d->comm = MPI_COMM_NULL;
+    if (world > 1 && mpi_start(d, world, rank, local, fn) != NA_OK) {
+        na_dist_free(d);
+        return NULL;
+    }
+#else
+    if (world > 1) {
+        na_set_error(NA_ENOTSUP, "%s: launched as rank %d of %d, but nanoamp was built without "
+                     "MPI (install libopenmpi-dev and rebuild with -Ddist=enabled)", fn, rank,
+                     world);
+        free(d);
+        return NULL;
+    }
+#endif
+    if (world == 1) d->local_rank = 0;
+#if NA_HAVE_NCCL
+    if (na_nccl_select_device(d->local_rank) != NA_OK) {
+        na_dist_free(d);
+        return NULL;
+    }
+#endif
+    return d;
+}
+
+void na_dist_free(na_dist *d) {
+    if (!d) return;
+#if NA_HAVE_NCCL
+    na_nccl_free(d);
+#endif
+#if NA_HAVE_MPI
+    if (d->comm != MPI_COMM_NULL) MPI_Comm_free(&d->comm);
+    if (d->mpi_started) {
+        for (int i = 0; have_half_ops && i < 4; i++) MPI_Op_free(&half_ops[i / 2][i % 2]);
+        have_half_ops = false;
+        MPI_Finalize();
+    }
+#endif
+    free(d);
+}
+
+/* ---- checks shared by the collectives ---------------------------------------------------- */
+
+/* "[4, 3] f32 cpu 'fc.weight'" */
+static const char *describe(const na_tensor *t, char *buf, size_t size) {
+    char s[NA_DESCRIBE_MAX];
+    snprintf(buf, size, "%s%s%s%s", na_tensor_describe(t, s, sizeof s), t->name ? " '" : "",
+             t->name ? t->name : "", t->name ? "'" : "");
+    return buf;
+}
+
+static int check_tensor(na_dist *d, const char *fn, const na_tensor *t, const char *what) {
+    char s[2 * NA_DESCRIBE_MAX];
+    if (!d) return na_set_error(NA_EINVAL, "%s: the communicator is NULL", fn);
+    if (!na_check_tensor(fn, t, what)) return na_last_status();
+    if (!na_is_contiguous(t))
+        return na_set_error(NA_EINVAL, "%s: rank %d: %s %s is not contiguous", fn, d->rank, what,
+                            describe(t, s, sizeof s));
+    if (t->numel > INT_MAX)
+        return na_set_error(NA_ENOTSUP, "%s: rank %d: %s %s has more than 2^31-1 elements", fn,
+                            d->rank, what, describe(t, s, sizeof s));
+    if (t->device == NA_DEVICE_CUDA && d->world > 1 && !NA_HAVE_NCCL)
+        return na_set_error(NA_ENOTSUP, "%s: rank %d: %s %s is a CUDA tensor, but nanoamp was "
+                            "built without NCCL", fn, d->rank, what, describe(t, s, sizeof s));
+    return NA_OK;
+}
+
+static int check_op(na_dist *d, const char *fn, const na_tensor *t, na_dist_op op) {
+    char s[2 * NA_DESCRIBE_MAX];
+    if (op != NA_DIST_SUM && op != NA_DIST_AVG && op != NA_DIST_MAX)
+        return na_set_error(NA_EINVAL, "%s: unknown reduce op %d", fn, (int)op);
+    if (op == NA_DIST_AVG && !na_dtype_is_float(t->dtype))
+        return na_set_error(NA_EDTYPE, "%s: rank %d: AVG of the integer tensor %s (use SUM)", fn,
+                            d->rank, describe(t, s, sizeof s));
+    return NA_OK;
+}
+
+/* t *= 1 / world, in t's dtype (AVG after a SUM). */
+static int divide_by_world(na_dist *d, na_tensor *t) {
+    na_no_grad_begin();
+    na_tensor *q = na_scale(t, 1.0 / d->world);
+    int rc = q ? na_copy_(t, q) : na_last_status();
+    na_no_grad_end();
+    return rc;
+}
+
+static int64_t bytes_of(const na_tensor *t) {
+    return t->numel * (int64_t)na_dtype_size(t->dtype);
+}
+
+/* ---- collectives ------------------------------------------------------------------------- */
+
+int na_dist_all_reduce(na_dist *d, na_tensor *t, na_dist_op op) {
+    const char *fn = "na_dist_all_reduce";
+    int rc = check_tensor(d, fn, t, "tensor");
+    if (!rc) rc = check_op(d, fn, t, op);
+    if (rc || d->world == 1) return rc;
+    d->bytes += bytes_of(t);
+#if NA_HAVE_NCCL
+    if (t->device == NA_DEVICE_CUDA) return na_nccl_all_reduce(d, t, op, fn);
+#endif
+#if NA_HAVE_MPI
+    char s[2 * NA_DESCRIBE_MAX];
+    rc = MPI_Allreduce(MPI_IN_PLACE, t->data, (int)t->numel, mpi_type(t->dtype),
+                       mpi_op(t->dtype, op), d->comm);
+    if (rc != MPI_SUCCESS) return mpi_error(d, fn, "MPI_Allreduce", rc, describe(t, s, sizeof s));
+#endif
+    return op == NA_DIST_AVG ? divide_by_world(d, t) : NA_OK;
+}
+
+int na_dist_broadcast(na_dist *d, na_tensor *t, int root) {
+    const char *fn = "na_dist_broadcast";
+    int rc = check_tensor(d, fn, t, "tensor");
+    if (rc) return rc;
+    if (root < 0 || root >= d->world)
+        return na_set_error(NA_EINVAL, "%s: root %d is not a rank of a world of %d", fn, root,
+                            d->world);
+    if (d->world == 1) return NA_OK;
+    d->bytes += bytes_of(t);
+#if NA_HAVE_NCCL
+    if (t->device == NA_DEVICE_CUDA) return na_nccl_broadcast(d, t, root, fn);
+#endif
+#if NA_HAVE_MPI
+    char s[2 * NA_DESCRIBE_MAX];
+    rc = MPI_Bcast(t->data, (int)t->numel, mpi_type(t->dtype), root, d->comm);
+    if (rc != MPI_SUCCESS) return mpi_error(d, fn, "MPI_Bcast", rc, describe(t, s, sizeof s));
+#endif
+    return NA_OK;
+}
+
+int na_dist_all_gather(na_dist *d, const na_tensor *in, na_tensor *out) {
+    const char *fn = "na_dist_all_gather";
+    char s1[2 * NA_DESCRIBE_MAX], s2[2 * NA_DESCRIBE_MAX];
+    int rc = check_tensor(d, fn, in, "input");
+    if (!rc) rc = check_tensor(d, fn, out, "output");
+    if (rc) return rc;
+    bool fits = out->ndim == in->ndim + 1 && out->shape[0] == d->world &&
+                out->dtype == in->dtype && out->device == in->device;
+    for (int i = 0; fits && i < in->ndim; i++) fits = out->shape[i + 1] == in->shape[i];
+    if (!fits)
+        return na_set_error(NA_ESHAPE, "%s: rank %d: output %s must be [%d, *input.shape] of the "
+                            "input's dtype and device; input %s", fn, d->rank,
+                            describe(out, s1, sizeof s1), d->world, describe(in, s2, sizeof s2));
+    if (d->world == 1) return na_be(out)->copy(&out->view, &in->view);
+    d->bytes += bytes_of(in);
+#if NA_HAVE_NCCL
+    if (in->device == NA_DEVICE_CUDA) return na_nccl_all_gather(d, in, out, fn);
+#endif
+#if NA_HAVE_MPI
+    MPI_Datatype ty = mpi_type(in->dtype);
+    rc = MPI_Allgather(in->data, (int)in->numel, ty, out->data, (int)in->numel, ty, d->comm);
+    if (rc != MPI_SUCCESS) return mpi_error(d, fn, "MPI_Allgather", rc, describe(in, s1, sizeof s1));
+#endif
+    return NA_OK;
+}
+
+int na_dist_barrier(na_dist *d) {
+    if (!d) return na_set_error(NA_EINVAL, "na_dist_barrier: the communicator is NULL");
+#if NA_HAVE_MPI
+    if (d->world > 1) {
+        int rc = MPI_Barrier(d->comm);
+        if (rc != MPI_SUCCESS) return mpi_error(d, "na_dist_barrier", "MPI_Barrier", rc, "-");
+    }
+#endif
+    return NA_OK;
+}
+
+/* Host arrays: MPI_IN_PLACE over v[0..n) of the given MPI type. */
+static int host_reduce(na_dist *d, const char *fn, void *v, int n, na_dist_op op, bool is_f64) {
+    if (!d) return na_set_error(NA_EINVAL, "%s: the communicator is NULL", fn);
+    if (n < 0 || (n > 0 && !v))
+        return na_set_error(NA_EINVAL, "%s: need n >= 0 values, got n = %d%s", fn, n,
+                            v ? "" : " and NULL");
+    if (op != NA_DIST_SUM && op != NA_DIST_MAX && (op != NA_DIST_AVG || !is_f64))
+        return na_set_error(NA_EINVAL, "%s: op %d is not SUM or MAX%s", fn, (int)op,
+                            is_f64 ? " or AVG" : "");
+    if (d->world == 1 || n == 0) return NA_OK;
+    d->bytes += 8 * (int64_t)n;
+#if NA_HAVE_MPI
+    int rc = MPI_Allreduce(MPI_IN_PLACE, v, n, is_f64 ? MPI_DOUBLE : MPI_INT64_T,
+                           op == NA_DIST_MAX ? MPI_MAX : MPI_SUM, d->comm);
+    if (rc != MPI_SUCCESS) return mpi_error(d, fn, "MPI_Allreduce", rc, "host values");
+#endif
+    if (op == NA_DIST_AVG)
+        for (int i = 0; i < n; i++) ((double *)v)[i] /= d->world;
+    return NA_OK;
+}
+
+int na_dist_all_reduce_i64(na_dist *d, int64_t *v, int n, na_dist_op op) {
+    return host_reduce(d, "na_dist_all_reduce_i64", v, n, op, false);
+}
+int na_dist_all_reduce_f64(na_dist *d, double *v, int n, na_dist_op op) {
+    return host_reduce(d, "na_dist_all_reduce_f64", v, n, op, true);
+}
+
+int na_dist_check_same(na_dist *d, uint64_t hash, const char *what) {
+    const char *fn = "na_dist_check_same";
+    if (!d) return na_set_error(NA_EINVAL, "%s: the communicator is NULL", fn);
+    if (!what) what = "configuration";
+    if (d->world == 1) return NA_OK;
+    uint64_t *all = calloc((size_t)d->world, sizeof *all);
+    if (!all) return na_set_error(NA_ENOMEM, "%s: out of memory", fn);
+    int rc = NA_OK;
+#if NA_HAVE_MPI
+    int mrc = MPI_Allgather(&hash, 1, MPI_UINT64_T, all, 1, MPI_UINT64_T, d->comm);
+    if (mrc != MPI_SUCCESS) rc = mpi_error(d, fn, "MPI_Allgather", mrc, what);
+#endif
+    for (int r = 1; r < d->world && !rc; r++)
+        if (all[r] != all[0])
+            rc = na_set_error(NA_EINVAL, "%s: rank %d's %s differs from rank 0's (hash %016" PRIx64
+                              " vs %016" PRIx64 "): start every rank with the same flags and "
+                              "model", fn, r, what, all[r], all[0]);
+    free(all);
+    return rc;
+}
+
+/* ---- asynchronous sums (the DDP buckets) ------------------------------------------------- */
+
+int na_dist_start_sum(na_dist *d, na_tensor *t, na_dist_req *r, const char *fn,
+                      const char *what) {
+    r->active = false;
+    int rc = check_tensor(d, fn, t, what);
+    if (rc || d->world == 1) return rc;
+#if NA_HAVE_NCCL
+    if (t->device == NA_DEVICE_CUDA) return na_nccl_start_sum(d, t, r, fn);
+#endif
+#if NA_HAVE_MPI
+    rc = MPI_Iallreduce(MPI_IN_PLACE, t->data, (int)t->numel, mpi_type(t->dtype),
+                        mpi_op(t->dtype, NA_DIST_SUM), d->comm, &r->req);
+    if (rc != MPI_SUCCESS) return mpi_error(d, fn, "MPI_Iallreduce", rc, what);
+    r->active = true;
+#endif
+    return NA_OK;
+}
+
+int na_dist_wait(na_dist *d, na_dist_req *r, const char *fn, const char *what) {
+    if (!r->active) return NA_OK;
+    r->active = false;
+#if NA_HAVE_NCCL
+    if (r->event) return na_nccl_wait(d, r, fn, what);
+#endif
+#if NA_HAVE_MPI
+    int rc = MPI_Wait(&r->req, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS) return mpi_error(d, fn, "MPI_Wait (MPI_Iallreduce)", rc, what);
+#endif
+    return NA_OK;
+}
+
+void na_dist_poke(na_dist *d, na_dist_req *r) {
+    (void)d;
+#if NA_HAVE_MPI
+    int done = 0; /* a finished request becomes MPI_REQUEST_NULL: waiting on it is free */
+    if (r->active && !r->event) MPI_Test(&r->req, &done, MPI_STATUS_IGNORE);
+#else
+    (void)r;
+#endif
+}

@@ -1,0 +1,221 @@
+/* The communicator, DDP wrapper and SyncBatchNorm in a world of one process (always runs, with
+ * or without MPI), and the engine's leaf hook they stand on. The multi-process checks are
+ * tests/test_dist_mpi.c, run under mpirun. */
+#include "helpers.h"
+#include "nanoamp/dist.h"
+#include "nanoamp/nn.h"
+#include "src/autograd/graph.h" /* the leaf hook */
+
+static void clear_launcher_env(void) {
+    const char *vars[] = {"OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK",
+                          "OMPI_COMM_WORLD_LOCAL_RANK", "WORLD_SIZE", "RANK", "LOCAL_RANK"};
+    for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
+}
+
+Test(dist, world_of_one_collectives_are_identities) {
+    clear_launcher_env();
+    na_dist *d = na_dist_init();
+    cr_assert_not_null(d, "%s", na_last_error());
+    cr_assert_eq(na_dist_rank(d), 0);
+    cr_assert_eq(na_dist_world_size(d), 1);
+    cr_assert_eq(na_dist_rank(NULL), 0);
+    cr_assert_eq(na_dist_world_size(NULL), 1);
+    na_dtype dts[] = {NA_DTYPE_F64, NA_DTYPE_F32, NA_DTYPE_F16, NA_DTYPE_BF16, NA_DTYPE_I32};
+    for (size_t k = 0; k < sizeof dts / sizeof *dts; k++) {
+        na_tensor *t = TH_OK(na_from_host(NA_DTYPE_F64, NA_DEVICE_CPU, NA_SHAPE(3),
+                                          TH_V(1, -2, 3)));
+        t = TH_OK(na_cast(t, dts[k]));
+        TH_RC(na_dist_all_reduce(d, t, NA_DIST_SUM));
+        TH_RC(na_dist_all_reduce(d, t, NA_DIST_MAX));
+        if (na_dtype_is_float(dts[k])) TH_RC(na_dist_all_reduce(d, t, NA_DIST_AVG));
+        TH_RC(na_dist_broadcast(d, t, 0));
+        na_tensor *g = TH_OK(na_zeros(dts[k], NA_DEVICE_CPU, NA_SHAPE(1, 3)));
+        TH_RC(na_dist_all_gather(d, t, g));
+        static const double want[3] = {1, -2, 3};
+        for (int i = 0; i < 3; i++) {
+            cr_assert_eq(na_get(t, i), want[i], "%s", na_dtype_name(dts[k]));
+            cr_assert_eq(na_get(g, i), na_get(t, i));
+        }
+    }
+    int64_t c[2] = {5, 7};
+    double f[1] = {2.5};
+    TH_RC(na_dist_all_reduce_i64(d, c, 2, NA_DIST_SUM));
+    TH_RC(na_dist_all_reduce_f64(d, f, 1, NA_DIST_AVG));
+    cr_assert(c[0] == 5 && c[1] == 7 && f[0] == 2.5);
+    TH_RC(na_dist_check_same(d, 42, "flags"));
+    TH_RC(na_dist_barrier(d));
+    cr_assert_eq(na_dist_bytes(d), 0, "a world of 1 sends nothing");
+    na_dist_free(d);
+    na_step_end();
+}
+
+Test(dist, misuse_is_reported) {
+    clear_launcher_env();
+    na_dist *d = na_dist_init();
+    cr_assert_not_null(d);
+    na_tensor *i = TH_OK(na_zeros(NA_DTYPE_I32, NA_DEVICE_CPU, NA_SHAPE(2)));
+    cr_assert_eq(na_dist_all_reduce(d, i, NA_DIST_AVG), NA_EDTYPE);
+    cr_assert(strstr(na_last_error(), "AVG") && strstr(na_last_error(), "rank 0"));
+    cr_assert_eq(na_dist_all_reduce(NULL, i, NA_DIST_SUM), NA_EINVAL);
+    cr_assert_eq(na_dist_broadcast(d, i, 1), NA_EINVAL);
+    cr_assert(strstr(na_last_error(), "root 1"));
+    na_tensor *g = TH_OK(na_zeros(NA_DTYPE_I32, NA_DEVICE_CPU, NA_SHAPE(2, 2)));
+    cr_assert_eq(na_dist_all_gather(d, i, g), NA_ESHAPE);
+    na_tensor *m = TH_OK(na_zeros(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(2, 3)));
+    cr_assert_eq(na_dist_all_reduce(d, TH_OK(na_transpose(m, 0, 1)), NA_DIST_SUM), NA_EINVAL);
+    cr_assert(strstr(na_last_error(), "not contiguous"));
+    cr_assert_eq(na_dist_all_reduce_i64(d, NULL, 1, NA_DIST_SUM), NA_EINVAL);
+    int64_t one = 1;
+    cr_assert_eq(na_dist_all_reduce_i64(d, &one, 1, NA_DIST_AVG), NA_EINVAL);
+    na_dist_free(d);
+    na_step_end();
+}
+
+Test(dist, launcher_environment_is_checked) {
+    clear_launcher_env();
+    setenv("WORLD_SIZE", "2", 1);
+    setenv("RANK", "5", 1);
+    cr_assert_null(na_dist_init());
+    cr_assert_eq(na_last_status(), NA_EINVAL);
+    cr_assert(strstr(na_last_error(), "RANK=5"), "%s", na_last_error());
+    setenv("RANK", "x", 1);
+    cr_assert_null(na_dist_init());
+    setenv("WORLD_SIZE", "1", 1);
+    setenv("RANK", "0", 1);
+    na_dist *d = na_dist_init();
+    cr_assert_not_null(d, "WORLD_SIZE=1 is a world of one: %s", na_last_error());
+    na_dist_free(d);
+    if (!na_dist_built_with_mpi()) { /* a real multi-rank launch needs MPI */
+        setenv("WORLD_SIZE", "2", 1);
+        cr_assert_null(na_dist_init());
+        cr_assert_eq(na_last_status(), NA_ENOTSUP);
+        cr_assert(strstr(na_last_error(), "without MPI"), "%s", na_last_error());
+    }
+    clear_launcher_env();
+}
+
+/* ---- the engine's leaf hook ---------------------------------------------------------------- */
+
+typedef struct {
+    na_tensor *seen[8];
+    double grad_then[8]; /* the leaf's grad[0] when the hook fired */
+    int n, fail_at;
+} hook_log;
+
+static int log_leaf(na_tensor *leaf, void *ctx) {
+    hook_log *l = ctx;
+    if (l->n == l->fail_at) return na_set_error(NA_EIO, "hook refused");
+    l->seen[l->n] = leaf;
+    l->grad_then[l->n++] = leaf->grad ? na_get(leaf->grad, 0) : NAN;
+    return NA_OK;
+}
+
+Test(dist, leaf_hook_fires_once_per_leaf_when_its_grad_is_final) {
+    /* loss = sum(a * b + a) * sum(c): a has two consumers; the engine runs the first input's
+     * branch first, so a and b (last consumer a * b, a its input 0) are final before c */
+    na_tensor *a = TH_OK(na_tensor_new(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(2)));
+    na_tensor *b = TH_OK(na_tensor_new(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(2)));
+    na_tensor *c = TH_OK(na_tensor_new(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(1)));
+    TH_RC(na_fill_(a, 2));
+    TH_RC(na_fill_(b, 3));
+    TH_RC(na_fill_(c, 5));
+    na_tensor *leaves[3] = {a, b, c};
+    for (int i = 0; i < 3; i++) TH_RC(na_tensor_set_requires_grad(leaves[i], true));
+    hook_log log = {.fail_at = -1};
+    na_graph_leaf_hook old = na_graph_set_leaf_hook((na_graph_leaf_hook){log_leaf, &log});
+    na_tensor *loss = TH_OK(na_mul(na_sum(na_add(na_mul(a, b), a)), na_sum(c)));
+    TH_RC(na_backward(loss, NULL));
+    cr_assert_eq(log.n, 3, "each leaf once, got %d calls", log.n);
+    cr_assert(log.seen[0] == a && log.seen[1] == b && log.seen[2] == c, "order a, b, c");
+    for (int k = 0; k < 3; k++) /* final: equal to the gradient once backward is over */
+        cr_assert_eq(log.grad_then[k], na_get(log.seen[k]->grad, 0), "leaf %d", k);
+    cr_assert_eq(na_get(a->grad, 0), 5 * (3 + 1));
+
+    log = (hook_log){.fail_at = 1}; /* a failing hook stops backward with its status */
+    loss = TH_OK(na_mul(na_sum(na_add(na_mul(a, b), a)), na_sum(c)));
+    cr_assert_eq(na_backward(loss, NULL), NA_EIO);
+    cr_assert(strstr(na_last_error(), "hook refused"));
+    na_graph_set_leaf_hook(old);
+    na_step_end();
+    for (int i = 0; i < 3; i++) na_tensor_free(leaves[i]);
+}
+
+/* ---- DDP and SyncBatchNorm in a world of one ------------------------------------------------ */
+
+static na_module *mlp(void) {
+    na_manual_seed(7);
+    return NA_SEQUENTIAL(na_linear_new(6, 16, true), na_batch_norm1d_new(16, NULL),
+                         na_relu_new(), na_linear_new(16, 3, true));
+}
+
+static double step_grads(na_module *net, na_ddp *ddp, double *g, int64_t n) {
+    na_manual_seed(11);
+    na_tensor *x = na_randn(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(8, 6), 0, 1);
+    na_tensor *y = na_arange(NA_DTYPE_I32, NA_DEVICE_CPU, 0, 8, 1);
+    y = na_cast(na_scale(na_cast(y, NA_DTYPE_F32), 0.25), NA_DTYPE_I32);
+    na_tensor *loss = TH_OK(na_cross_entropy(na_module_forward(net, x), y, NULL));
+    double l = na_item(loss);
+    TH_RC(na_module_zero_grad(net));
+    TH_RC(na_backward(loss, NULL));
+    if (ddp) TH_RC(na_ddp_finish(ddp));
+    na_tensor_list ps = na_module_parameters(net);
+    int64_t k = 0;
+    for (int64_t i = 0; i < ps.n; i++)
+        for (int64_t j = 0; j < ps.items[i]->numel && k < n; j++) g[k++] = na_get(ps.items[i]->grad, j);
+    na_step_end();
+    return l;
+}
+
+Test(dist, ddp_in_a_world_of_one_leaves_gradients_and_counts_bytes) {
+    clear_launcher_env();
+    na_dist *d = na_dist_init();
+    na_module *net = mlp();
+    int64_t np = na_module_num_params(net);
+    double *g0 = calloc((size_t)np, sizeof *g0), *g1 = calloc((size_t)np, sizeof *g1);
+    double l0 = step_grads(net, NULL, g0, np);
+    na_ddp *ddp = na_ddp_new(d, net, &(na_ddp_config){.bucket_bytes = 256});
+    cr_assert_not_null(ddp, "%s", na_last_error());
+    cr_assert_null(na_ddp_new(d, net, NULL), "one wrapper at a time");
+    cr_assert(strstr(na_last_error(), "another na_ddp"));
+    /* 256-byte buckets, reverse order: {12 + 192 bytes}, {64 + 64 + 64}, {384 alone} */
+    cr_assert_eq(na_ddp_num_buckets(ddp), 3, "got %d", na_ddp_num_buckets(ddp));
+    double l1 = step_grads(net, ddp, g1, np);
+    cr_assert_eq(l0, l1);
+    for (int64_t i = 0; i < np; i++) cr_assert_eq(g0[i], g1[i], "grad %" PRId64, i);
+    cr_assert_eq(na_ddp_bytes_last_step(ddp), 4 * np);
+    TH_RC(na_ddp_set_sync(ddp, false)); /* accumulation: nothing counted, grads untouched */
+    step_grads(net, ddp, g1, np);
+    cr_assert_eq(na_ddp_bytes_last_step(ddp), 4 * np, "the last synced step's bytes stay");
+    na_ddp_free(ddp);
+    ddp = na_ddp_new(d, net, &(na_ddp_config){.allreduce_dtype = NA_DTYPE_BF16});
+    cr_assert_not_null(ddp, "%s", na_last_error());
+    cr_assert_eq(na_ddp_num_buckets(ddp), 1);
+    step_grads(net, ddp, g1, np);
+    cr_assert_eq(na_ddp_bytes_last_step(ddp), 2 * np, "bf16 buckets: half the bytes");
+    na_ddp_free(ddp);
+    cr_assert_null(na_ddp_new(d, net, &(na_ddp_config){.allreduce_dtype = NA_DTYPE_I32}));
+    cr_assert_eq(na_last_status(), NA_EDTYPE);
+    free(g0);
+    free(g1);
+    na_module_free(net);
+    na_dist_free(d);
+}
+
+Test(dist, sync_batchnorm_in_a_world_of_one_is_batchnorm) {
+    clear_launcher_env();
+    na_dist *d = na_dist_init();
+    na_module *net = mlp();
+    int64_t np = na_module_num_params(net);
+    double *g0 = calloc((size_t)np, sizeof *g0), *g1 = calloc((size_t)np, sizeof *g1);
+    double l0 = step_grads(net, NULL, g0, np);
+    TH_RC(na_module_sync_batchnorm(net, d));
+    double l1 = step_grads(net, NULL, g1, np);
+    cr_assert_eq(l0, l1);
+    for (int64_t i = 0; i < np; i++) cr_assert_eq(g0[i], g1[i], "grad %" PRId64, i);
+    TH_RC(na_module_sync_batchnorm(net, NULL));
+    cr_assert_eq(na_module_sync_batchnorm(NULL, d), NA_EINVAL);
+    free(g0);
+    free(g1);
+    na_module_free(net);
+    na_dist_free(d);
+}

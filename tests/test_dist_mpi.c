@@ -1,0 +1,437 @@
+/* Data parallelism across processes, run under `tests/mpirun.sh 2 test_dist_mpi <case>`.
+ *
+ * A plain program rather than a Criterion suite: Criterion forks a process per test, and an
+ * MPI process must not fork after MPI_Init. Each case checks itself and exits 0, or prints
+ * what differs and exits 1 (on every rank that saw it). The equivalence cases run, in each
+ * rank's own process, the one-process reference (the full batch of 128, no wrapper) beside the
+ * data-parallel run (its 64-row shard per rank), from the same seed and data, and compare.
+ * Lines "METRIC name value" are the numbers docs/distributed.md quotes. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "nanoamp.h"
+
+static na_dist *d;
+static int rank_, world;
+static int failures;
+
+#define CHECK(cond, ...)                                                   \
+    do {                                                                   \
+        if (!(cond)) {                                                     \
+            fprintf(stderr, "rank %d: %s:%d: ", rank_, __FILE__, __LINE__); \
+            fprintf(stderr, __VA_ARGS__);                                  \
+            fprintf(stderr, "\n");                                         \
+            failures++;                                                    \
+        }                                                                  \
+    } while (0)
+#define OK(expr) CHECK((expr) == NA_OK, "%s: %s", #expr, na_last_error())
+#define NN(expr) nn_((expr), #expr)
+
+static void *nn_(void *p, const char *what) {
+    if (!p) {
+        fprintf(stderr, "rank %d: %s failed: %s\n", rank_, what, na_last_error());
+        exit(1);
+    }
+    return p;
+}
+
+/* ---- collectives on every dtype --------------------------------------------------------- */
+
+static double value(int r, int i) { return (r + 1) * 0.75 + i * 0.3125 - (i % 3) * r; }
+
+static void case_collectives(void) {
+    const na_dtype dts[] = {NA_DTYPE_F64, NA_DTYPE_F32, NA_DTYPE_F16, NA_DTYPE_BF16,
+                            NA_DTYPE_I32, NA_DTYPE_U8};
+    const int n = 37;
+    for (size_t k = 0; k < sizeof dts / sizeof *dts; k++) {
+        na_dtype dt = dts[k];
+        bool is_float = na_dtype_is_float(dt);
+        double mine[37], want_sum[37], want_max[37];
+        for (int i = 0; i < n; i++) {
+            mine[i] = is_float ? value(rank_, i) : (double)((rank_ * 7 + i * 3) % 50);
+            want_sum[i] = 0, want_max[i] = -INFINITY;
+            for (int r = 0; r < world; r++) {
+                double v = is_float ? value(r, i) : (double)((r * 7 + i * 3) % 50);
+                /* each rank's value as stored in dt, summed exactly, rounded to dt once */
+                na_tensor *one = na_cast(na_scalar(NA_DTYPE_F64, NA_DEVICE_CPU, v), dt);
+                want_sum[i] += na_item(one);
+                want_max[i] = fmax(want_max[i], na_item(one));
+            }
+            want_sum[i] = na_item(na_cast(na_scalar(NA_DTYPE_F64, NA_DEVICE_CPU, want_sum[i]), dt));
+        }
+        na_tensor *src = NN(na_cast(na_from_host(NA_DTYPE_F64, NA_DEVICE_CPU, NA_SHAPE(n), mine), dt));
+        na_tensor *t = NN(na_empty_like(src));
+        OK(na_copy_(t, src));
+        OK(na_dist_all_reduce(d, t, NA_DIST_SUM));
+        for (int i = 0; i < n; i++)
+            CHECK(na_get(t, i) == want_sum[i], "%s SUM [%d]: %g, want %g", na_dtype_name(dt), i,
+                  na_get(t, i), want_sum[i]);
+        OK(na_copy_(t, src));
+        OK(na_dist_all_reduce(d, t, NA_DIST_MAX));
+        for (int i = 0; i < n; i++)
+            CHECK(na_get(t, i) == want_max[i], "%s MAX [%d]: %g, want %g", na_dtype_name(dt), i,
+                  na_get(t, i), want_max[i]);
+        if (is_float) {
+            OK(na_copy_(t, src));
+            OK(na_dist_all_reduce(d, t, NA_DIST_AVG));
+            for (int i = 0; i < n; i++) { /* world 2: halving is exact */
+                double w = na_item(na_cast(na_scalar(NA_DTYPE_F64, NA_DEVICE_CPU,
+                                                     want_sum[i] / world), dt));
+                CHECK(na_get(t, i) == w, "%s AVG [%d]: %g, want %g", na_dtype_name(dt), i,
+                      na_get(t, i), w);
+            }
+        }
+        OK(na_copy_(t, src));
+        OK(na_dist_broadcast(d, t, world - 1));
+        for (int i = 0; i < n; i++) {
+            double w = is_float ? value(world - 1, i) : (double)(((world - 1) * 7 + i * 3) % 50);
+            w = na_item(na_cast(na_scalar(NA_DTYPE_F64, NA_DEVICE_CPU, w), dt));
+            CHECK(na_get(t, i) == w, "%s broadcast [%d]: %g, want %g", na_dtype_name(dt), i,
+                  na_get(t, i), w);
+        }
+        na_tensor *g = NN(na_zeros(dt, NA_DEVICE_CPU, NA_SHAPE(world, n)));
+        OK(na_dist_all_gather(d, src, g));
+        for (int r = 0; r < world; r++)
+            for (int i = 0; i < n; i++) {
+                double w = is_float ? value(r, i) : (double)((r * 7 + i * 3) % 50);
+                w = na_item(na_cast(na_scalar(NA_DTYPE_F64, NA_DEVICE_CPU, w), dt));
+                CHECK(na_get(g, r * n + i) == w, "%s all_gather [%d][%d]", na_dtype_name(dt), r, i);
+            }
+        na_step_end();
+    }
+    int64_t c[2] = {rank_ + 1, 10 * rank_};
+    double f[2] = {0.5 * rank_, -1.0 * rank_};
+    OK(na_dist_all_reduce_i64(d, c, 2, NA_DIST_SUM));
+    OK(na_dist_all_reduce_f64(d, f, 2, NA_DIST_MAX));
+    CHECK(c[0] == world * (world + 1) / 2 && c[1] == 10 * world * (world - 1) / 2, "i64 SUM");
+    CHECK(f[0] == 0.5 * (world - 1) && f[1] == 0.0, "f64 MAX");
+    OK(na_dist_check_same(d, 1234, "flags"));
+    OK(na_dist_barrier(d));
+    /* a half MAX keeps a NaN from any rank (how an overflow flag travels) */
+    na_tensor *h = NN(na_full(NA_DTYPE_F16, NA_DEVICE_CPU, NA_SHAPE(1), rank_ == 1 ? NAN : 1.0));
+    OK(na_dist_all_reduce(d, h, NA_DIST_MAX));
+    CHECK(isnan(na_get(h, 0)), "f16 MAX with a NaN on rank 1: %g", na_get(h, 0));
+    na_step_end();
+}
+
+/* ---- training: the reference beside the data-parallel run ------------------------------- */
+
+typedef enum { MODEL_MLP, MODEL_CNN } model_kind;
+typedef enum { AMP_NONE, AMP_GRADSCALER, AMP_FP16_OPTIMIZER } amp_kind;
+
+typedef struct {
+    model_kind model;
+    amp_kind amp;
+    bool sync_bn;
+    na_dtype allreduce_dtype;
+    int micro;     /* micro-batches per step (gradient accumulation) */
+    int hidden;    /* MLP width (the mismatch case changes it on one rank) */
+    bool poison;   /* an input that overflows f16 at steps 4 and 11, in rank 1's shard */
+} run_cfg;
+
+#define STEPS 20
+#define BATCH 128
+
+typedef struct {
+    double loss[STEPS];
+    double scale[STEPS]; /* after each update: equal sequences = equal skip decisions */
+    int64_t bytes;       /* per synced step */
+    na_module *net;
+    na_fp16_optimizer *fo;
+    na_optim *opt;
+    na_grad_scaler *gs;
+} run_out;
+
+static na_module *make_model(const run_cfg *c) {
+    na_manual_seed(7);
+    if (c->model == MODEL_MLP)
+        return NN(NA_SEQUENTIAL(na_linear_new(20, c->hidden, true), na_relu_new(),
+                                na_linear_new(c->hidden, 3, true)));
+    return NN(NA_SEQUENTIAL(
+        na_conv2d_new(3, 8, 3, 3, &(na_conv2d_opts){.padding = {1, 1}}, true),
+        na_batch_norm2d_new(8, NULL), na_relu_new(),
+        na_max_pool2d_new(&(na_pool2d_opts){.kernel = {2, 2}}), na_flatten_new(1),
+        na_linear_new(8 * 4 * 4, 3, true)));
+}
+
+/* The global batch of step s (the same on every rank), rows [lo, hi). */
+static void batch(const run_cfg *c, int s, int64_t lo, int64_t hi, na_tensor **x, na_tensor **y) {
+    na_manual_seed(1000 + (uint64_t)s);
+    na_tensor *xa = c->model == MODEL_MLP
+                        ? na_randn(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(BATCH, 20), 0, 1)
+                        : na_randn(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(BATCH, 3, 8, 8), 0, 1);
+    na_tensor *ya = na_cast(na_rand(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(BATCH), 0, 2.999),
+                            NA_DTYPE_I32);
+    NN(xa);
+    if (c->poison && (s == 4 || s == 11)) ((float *)xa->data)[(BATCH / 2 + 5) * (xa->numel / BATCH)] = 1e6f;
+    *x = NN(na_slice(xa, lo, hi));
+    *y = NN(na_slice(NN(ya), lo, hi));
+}
+
+static void setup_training(const run_cfg *c, run_out *o) {
+    o->net = make_model(c);
+    na_sgd_cfg sgd = {.lr = 0.05, .momentum = 0.9};
+    if (c->amp == AMP_FP16_OPTIMIZER) {
+        o->net = NN(na_model_to_half(o->net, NA_DTYPE_F16));
+        na_fp16_optimizer_cfg fc = NA_FP16_OPTIMIZER_DYNAMIC;
+        o->fo = NN(na_fp16_optimizer_new(NN(na_sgd_new(NA_NO_TENSORS, &sgd)),
+                                         na_module_parameters(o->net), &fc));
+    } else {
+        o->opt = NN(na_sgd_new(na_module_parameters(o->net), &sgd));
+    }
+    if (c->amp == AMP_GRADSCALER) {
+        na_grad_scaler_cfg gc = NA_GRAD_SCALER_DEFAULTS;
+        gc.growth_interval = 3; /* grows within the run, so skips and growth both happen */
+        o->gs = NN(na_grad_scaler_new(&gc));
+    }
+}
+
+static void free_training(run_out *o) {
+    na_fp16_optimizer_free(o->fo);
+    na_optim_free(o->opt);
+    na_grad_scaler_free(o->gs);
+    na_module_free(o->net);
+}
+
+/* 20 steps; ddp NULL: the reference on the whole batch in this process. */
+static void train(const run_cfg *c, na_ddp *ddp, run_out *o) {
+    int64_t lo = ddp ? rank_ * BATCH / world : 0, hi = ddp ? (rank_ + 1) * BATCH / world : BATCH;
+    int micro = ddp ? c->micro : 1; /* the reference: one big batch */
+    int64_t per = (hi - lo) / micro;
+    for (int s = 0; s < STEPS; s++) {
+        na_tensor *xa, *ya;
+        batch(c, s, lo, hi, &xa, &ya);
+        double loss_sum = 0;
+        for (int m = 0; m < micro; m++) {
+            if (ddp) OK(na_ddp_set_sync(ddp, m == micro - 1));
+            int64_t bytes_before = na_dist_bytes(d);
+            na_tensor *x = NN(na_slice(xa, m * per, (m + 1) * per));
+            na_tensor *y = NN(na_slice(ya, m * per, (m + 1) * per));
+            if (c->amp == AMP_GRADSCALER) na_autocast_begin(NA_DTYPE_F16);
+            na_tensor *loss = NN(na_cross_entropy(na_module_forward(o->net, x), y, NULL));
+            if (c->amp == AMP_GRADSCALER) na_autocast_end();
+            loss_sum += na_item(loss) / micro;
+            loss = NN(na_scale(loss, 1.0 / micro));
+            if (c->amp == AMP_GRADSCALER) OK(na_backward(NN(na_grad_scaler_scale(o->gs, loss)), NULL));
+            else if (c->amp == AMP_FP16_OPTIMIZER) OK(na_fp16_optimizer_backward(o->fo, loss, false));
+            else OK(na_backward(loss, NULL));
+            if (ddp && m < micro - 1)
+                CHECK(na_dist_bytes(d) == bytes_before, "sync off: %lld bytes sent",
+                      (long long)(na_dist_bytes(d) - bytes_before));
+        }
+        if (ddp) OK(na_ddp_finish(ddp));
+        if (ddp) OK(na_dist_all_reduce_f64(d, &loss_sum, 1, NA_DIST_AVG));
+        o->loss[s] = loss_sum;
+        if (c->amp == AMP_GRADSCALER) {
+            OK(na_grad_scaler_step(o->gs, o->opt));
+            OK(na_grad_scaler_update(o->gs));
+            o->scale[s] = na_grad_scaler_get_scale(o->gs);
+            OK(na_optim_zero_grad(o->opt));
+        } else if (c->amp == AMP_FP16_OPTIMIZER) {
+            OK(na_fp16_optimizer_update_master_grads(o->fo));
+            OK(na_fp16_optimizer_step(o->fo));
+            o->scale[s] = na_grad_scaler_get_scale(na_fp16_optimizer_scaler(o->fo));
+            OK(na_fp16_optimizer_zero_grad(o->fo));
+        } else {
+            OK(na_optim_step(o->opt, NULL));
+            OK(na_optim_zero_grad(o->opt));
+        }
+        if (ddp) o->bytes = na_ddp_bytes_last_step(ddp);
+        na_step_end();
+    }
+}
+
+/* max |a - b| over the state (parameters and buffers) of two models of one architecture */
+static double max_state_diff(na_module *a, na_module *b) {
+    na_named_tensors sa = {0}, sb = {0};
+    OK(na_module_state(a, "", &sa));
+    OK(na_module_state(b, "", &sb));
+    double m = 0;
+    for (int64_t k = 0; k < sa.n && k < sb.n; k++)
+        for (int64_t i = 0; i < sa.items[k].tensor->numel; i++)
+            m = fmax(m, fabs(na_get(sa.items[k].tensor, i) - na_get(sb.items[k].tensor, i)));
+    na_named_tensors_free(&sa);
+    na_named_tensors_free(&sb);
+    return m;
+}
+
+/* Every rank's state bit for bit equal to rank 0's (data parallelism keeps replicas equal). */
+static void check_replicas_equal(na_module *net) {
+    na_named_tensors st = {0};
+    OK(na_module_state(net, "", &st));
+    uint64_t h = 1469598103934665603ull;
+    for (int64_t k = 0; k < st.n; k++) {
+        const unsigned char *p = st.items[k].tensor->data;
+        size_t n = (size_t)st.items[k].tensor->numel * na_dtype_size(st.items[k].tensor->dtype);
+        for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
+    }
+    na_named_tensors_free(&st);
+    OK(na_dist_check_same(d, h, "parameters after training"));
+}
+
+/* The reference and the data-parallel run of c; returns the max state difference. */
+static double compare(const run_cfg *c, const char *name, double tol, run_out *dp) {
+    run_out ref = {0};
+    setup_training(c, &ref);
+    train(c, NULL, &ref);
+    setup_training(c, dp);
+    if (c->sync_bn) OK(na_module_sync_batchnorm(dp->net, d));
+    na_ddp *ddp = NN(na_ddp_new(d, dp->net, &(na_ddp_config){.allreduce_dtype = c->allreduce_dtype}));
+    train(c, ddp, dp);
+    na_ddp_free(ddp);
+    double loss_diff = 0;
+    for (int s = 0; s < STEPS; s++) {
+        if (isfinite(ref.loss[s]) || isfinite(dp->loss[s]))
+            loss_diff = fmax(loss_diff, fabs(ref.loss[s] - dp->loss[s]));
+        if (c->amp != AMP_NONE)
+            CHECK(ref.scale[s] == dp->scale[s], "%s step %d: scale %g, the 1-rank run's %g "
+                  "(a different skip decision)", name, s, dp->scale[s], ref.scale[s]);
+    }
+    double diff = max_state_diff(ref.net, dp->net);
+    if (!rank_)
+        printf("METRIC %s max_state_diff %.3g max_loss_diff %.3g bytes_per_step %lld\n", name,
+               diff, loss_diff, (long long)dp->bytes);
+    CHECK(diff <= tol, "%s: state differs from the 1-rank run by %g > %g", name, diff, tol);
+    CHECK(loss_diff <= tol, "%s: loss differs from the 1-rank run by %g > %g", name, loss_diff,
+          tol);
+    check_replicas_equal(dp->net);
+    free_training(&ref);
+    return diff;
+}
+
+/* f32 tolerance: the 1-rank run sums the batch's gradient in one GEMM, the 2-rank run as two
+ * half sums added in the all-reduce; these roundings (~1e-7 relative per step) are carried
+ * through 20 SGD steps with momentum (measured: at most 2.4e-7 on values of order 1). */
+#define TOL_F32 2e-6
+
+static void case_ddp_mlp(void) {
+    run_out o = {0};
+    compare(&(run_cfg){.model = MODEL_MLP, .micro = 1, .hidden = 32}, "ddp_mlp", TOL_F32, &o);
+    int64_t np = na_module_num_params(o.net);
+    CHECK(o.bytes == 4 * np, "bytes per step %lld, want %lld", (long long)o.bytes,
+          (long long)(4 * np));
+    free_training(&o);
+}
+
+static void case_ddp_cnn_syncbn(void) {
+    run_out o = {0};
+    compare(&(run_cfg){.model = MODEL_CNN, .sync_bn = true, .micro = 1}, "ddp_cnn_syncbn",
+            TOL_F32, &o);
+    free_training(&o);
+}
+
+static void case_accumulation(void) {
+    run_out o = {0};
+    compare(&(run_cfg){.model = MODEL_MLP, .micro = 2, .hidden = 32}, "ddp_accumulation",
+            TOL_F32, &o);
+    free_training(&o);
+}
+
+/* amp: the skip decisions are checked step by step in compare(); the values differ from the
+ * 1-rank run by f16 roundings (each rank's gradient GEMM rounds its half-batch sum to f16). */
+#define TOL_F16 2e-3
+
+static void case_amp(void) {
+    run_out o = {0};
+    compare(&(run_cfg){.model = MODEL_MLP, .amp = AMP_GRADSCALER, .micro = 1, .hidden = 32,
+                       .poison = true}, "ddp_amp_gradscaler", TOL_F16, &o);
+    int skips = 0;
+    for (int s = 1; s < STEPS; s++) skips += o.scale[s] < o.scale[s - 1];
+    CHECK(skips >= 2, "the poisoned steps must be skipped: %d skips", skips);
+    free_training(&o);
+    o = (run_out){0};
+    compare(&(run_cfg){.model = MODEL_MLP, .amp = AMP_FP16_OPTIMIZER, .micro = 1, .hidden = 32,
+                       .poison = true}, "ddp_fp16_optimizer", TOL_F16, &o);
+    free_training(&o);
+}
+
+static void case_compression(void) {
+    run_out f32 = {0}, f16 = {0}, bf16 = {0};
+    compare(&(run_cfg){.model = MODEL_MLP, .micro = 1, .hidden = 32}, "allreduce_f32", TOL_F32,
+            &f32);
+    compare(&(run_cfg){.model = MODEL_MLP, .micro = 1, .hidden = 32,
+                       .allreduce_dtype = NA_DTYPE_F16}, "allreduce_f16", 1e-2, &f16);
+    compare(&(run_cfg){.model = MODEL_MLP, .micro = 1, .hidden = 32,
+                       .allreduce_dtype = NA_DTYPE_BF16}, "allreduce_bf16", 5e-2, &bf16);
+    CHECK(2 * f16.bytes == f32.bytes && 2 * bf16.bytes == f32.bytes, "bytes f32 %lld f16 %lld "
+          "bf16 %lld", (long long)f32.bytes, (long long)f16.bytes, (long long)bf16.bytes);
+    double e16 = max_state_diff(f32.net, f16.net), eb16 = max_state_diff(f32.net, bf16.net);
+    if (!rank_)
+        printf("METRIC compression max_param_diff_vs_f32 f16 %.3g bf16 %.3g\n", e16, eb16);
+    CHECK(e16 > 0 && e16 < 1e-2, "f16 reduction: %g from the f32 one", e16);
+    CHECK(eb16 > e16 && eb16 < 5e-2, "bf16 reduction: %g from the f32 one", eb16);
+    free_training(&f32);
+    free_training(&f16);
+    free_training(&bf16);
+}
+
+static void case_config_mismatch(void) {
+    run_cfg c = {.model = MODEL_MLP, .micro = 1, .hidden = rank_ == 1 ? 33 : 32};
+    na_module *net = make_model(&c);
+    na_ddp *ddp = na_ddp_new(d, net, NULL);
+    CHECK(!ddp, "different models must not start");
+    CHECK(na_last_status() == NA_EINVAL && strstr(na_last_error(), "rank 1's model"),
+          "message: %s", na_last_error());
+    if (!rank_) printf("error as printed: %s\n", na_last_error());
+    na_ddp_free(ddp);
+    na_module_free(net);
+    CHECK(na_dist_check_same(d, (uint64_t)rank_, "--batch-size") == NA_EINVAL &&
+          strstr(na_last_error(), "rank 1's --batch-size differs from rank 0's"), "%s",
+          na_last_error());
+}
+
+/* Rank 1 dies without finalizing; rank 0 waits in an all-reduce. The launcher must end the
+ * job with a failure (tests/mpirun.sh --expect-failure bounds it with a timeout). */
+static void case_dead_rank(void) {
+    if (rank_ == 1) _exit(3);
+    na_tensor *t = NN(na_ones(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(4)));
+    for (int i = 0; i < 1000; i++) {
+        int rc = na_dist_all_reduce(d, t, NA_DIST_SUM);
+        if (rc) { /* an error instead of an abort is as good: say it and fail */
+            fprintf(stderr, "rank 0: %s\n", na_last_error());
+            exit(2);
+        }
+    }
+    fprintf(stderr, "rank 0: the all-reduces completed with rank 1 dead\n");
+    exit(0);
+}
+
+int main(int argc, char **argv) {
+    const struct {
+        const char *name;
+        void (*run)(void);
+    } cases[] = {{"collectives", case_collectives}, {"ddp_mlp", case_ddp_mlp},
+                 {"ddp_cnn_syncbn", case_ddp_cnn_syncbn}, {"accumulation", case_accumulation},
+                 {"amp", case_amp}, {"compression", case_compression},
+                 {"config_mismatch", case_config_mismatch}, {"dead_rank", case_dead_rank}};
+    if (argc != 2) {
+        fprintf(stderr, "usage: test_dist_mpi CASE (under mpirun -np 2)\n");
+        return 2;
+    }
+    d = na_dist_init();
+    if (!d) {
+        fprintf(stderr, "na_dist_init: %s\n", na_last_error());
+        return 1;
+    }
+    rank_ = na_dist_rank(d);
+    world = na_dist_world_size(d);
+    if (world != 2) {
+        fprintf(stderr, "run under mpirun -np 2 (world size is %d)\n", world);
+        return 1;
+    }
+    bool found = false;
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+        if (!strcmp(argv[1], cases[i].name)) {
+            cases[i].run();
+            found = true;
+        }
+    CHECK(found, "no case %s", argv[1]);
+    int64_t bad = failures;
+    na_dist_all_reduce_i64(d, &bad, 1, NA_DIST_SUM);
+    na_dist_free(d);
+    if (!rank_) printf("%s: %s\n", argv[1], bad ? "FAILED" : "ok");
+    return failures ? 1 : 0;
+}
