@@ -96,8 +96,9 @@ static const struct {
     {O_LIMIT, "--limit", "N", "train on the first N images only"},
     {O_TEST_LIMIT, "--test-limit", "N", "evaluate on the first N test images only"},
     {O_SYNTHETIC, "--synthetic", "N", "train on N generated images of the data set's shape"},
-    {O_ALLREDUCE_DTYPE, "--allreduce-dtype", "f32|f16|bf16",
-     "data parallel: the dtype gradients are summed in across ranks (f16/bf16 halve the bytes)"},
+    {O_ALLREDUCE_DTYPE, "--allreduce-dtype", "DTYPE",
+     "data parallel: f32, f16 or bf16, the dtype gradients are summed in across ranks (f16/bf16 "
+     "halve the bytes)"},
     {O_BUCKET_MB, "--bucket-mb", "N", "data parallel: MiB of gradients per all-reduce bucket"},
     {O_SYNC_BN, "--sync-bn", NULL, "data parallel: BatchNorm statistics over all ranks' batches"},
     {O_JSON, "--json", NULL, "last line of output: one JSON object with the results"},
@@ -173,7 +174,8 @@ static int set_option(trainer_opts *o, enum opt_id id, const char *flag, const c
           : id == O_TEST_LIMIT ? &o->test_limit : &o->synthetic) = n;
         return 0;
     case O_BUCKET_MB:
-        if (!trainer_parse_i64(v, 1, 1 << 20, &n)) return bad_value(o, flag, "an integer in [1, 2^20]", v);
+        if (!trainer_parse_i64(v, 1, 1 << 20, &n))
+            return bad_value(o, flag, "an integer in [1, 2^20]", v);
         o->bucket_mb = n;
         return 0;
     case O_GROWTH_INTERVAL:
