@@ -60,6 +60,7 @@ static int info_main(void) {
     bench_json_bool(&j, "cuda_bf16", cuda && na_cuda_bf16_supported());
     bench_json_bool(&j, "cudnn", NA_HAVE_CUDNN);
     bench_json_bool(&j, "blas", NA_HAVE_BLAS);
+    bench_json_bool(&j, "mpi", na_dist_built_with_mpi());
     bench_json_int(&j, "nproc", bench_nproc());
     const char *core = blas_tune_core(); /* bench/run sets OPENBLAS_CORETYPE from it */
     bench_json_str(&j, "blas_core", core ? core : "");

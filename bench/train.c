@@ -18,7 +18,13 @@
  * Host round trips: na_cuda_sync_count() over the timed steps, not counting the benchmark's
  * own synchronizations at block ends. Memory: the process's peak RSS (getrusage) and its RSS
  * before the model was built; on CUDA nanoamp's peak device bytes. Run each configuration in a
- * fresh process (bench/run does) so peaks do not mix. bench/torch/train.py is the twin. */
+ * fresh process (bench/run does) so peaks do not mix. bench/torch/train.py is the twin.
+ *
+ * Data parallel (--ddp, under mpirun -np N): every rank trains its own batch of --batch through
+ * the trainers' na_ddp (trainer_amp_init_dist, gradients reduced in --allreduce-dtype); rank 0
+ * alone prints, with world_size, images_per_s of all ranks and comm_bytes_per_step (payload
+ * one rank hands to the all-reduce per step). --ddp in a world of 1 measures the wrapper's
+ * overhead. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,7 +51,7 @@ static int train_step(bench_trainer *t) {
 }
 
 static int setup(bench_trainer *t, const char *model, const char *amp, na_device dev,
-                 int64_t batch) {
+                 int64_t batch, na_dist *dist, na_dtype allreduce_dtype) {
     int64_t shape[4];
     t->net = model_by_name(model, shape);
     if (!t->net || na_module_to(t->net, dev)) return -1;
@@ -54,7 +60,10 @@ static int setup(bench_trainer *t, const char *model, const char *amp, na_device
     /* o2: made without parameters, the fp16 optimizer adds the f32 masters */
     na_tensor_list params = strcmp(amp, "o2") ? na_module_parameters(t->net) : NA_NO_TENSORS;
     na_optim *opt = na_sgd_new(params, &sgd);
-    if (trainer_amp_init(&t->amp, amp, t->net, opt, NULL)) return -1;
+    na_ddp_config dc;
+    memset(&dc, 0, sizeof dc); /* padding too: na_ddp_new compares the ranks' bytes */
+    dc.allreduce_dtype = allreduce_dtype;
+    if (trainer_amp_init_dist(&t->amp, amp, t->net, opt, NULL, dist, &dc)) return -1;
     na_module_train(t->net, true);
 
     shape[0] = batch;
@@ -86,6 +95,8 @@ int bench_train_main(int argc, char **argv) {
     na_device dev = NA_DEVICE_CPU;
     const char *amp = "off";
     int64_t batch = 128, warmup = 5, repeats = 10, steps = 5;
+    bool ddp = false;
+    const char *allreduce = "f32";
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--model")) {
@@ -109,26 +120,40 @@ int bench_train_main(int argc, char **argv) {
             repeats = bench_arg_i64(argc, argv, &i, 1);
         } else if (!strcmp(a, "--steps")) {
             steps = bench_arg_i64(argc, argv, &i, 1);
+        } else if (!strcmp(a, "--ddp")) {
+            ddp = true;
+        } else if (!strcmp(a, "--allreduce-dtype")) {
+            allreduce = bench_arg_str(argc, argv, &i);
+            if (strcmp(allreduce, "f32") && strcmp(allreduce, "f16") && strcmp(allreduce, "bf16")) {
+                fprintf(stderr, "na-bench train: --allreduce-dtype expects f32, f16 or bf16\n");
+                return 2;
+            }
         } else {
             fprintf(stderr, "na-bench train: unknown option '%s'\n"
                             "usage: na-bench train --model %s [--device cpu|cuda] "
                             "[--amp off|fp16|bf16|o2] [--batch N] [--warmup N] [--repeats N] "
-                            "[--steps N]\n", a, MODEL_NAMES);
+                            "[--steps N] [--ddp [--allreduce-dtype f32|f16|bf16]]\n", a,
+                    MODEL_NAMES);
             return 2;
         }
     }
     char key[128];
-    snprintf(key, sizeof key, "train/%s/%s/%s", na_device_name(dev), model, amp);
+    snprintf(key, sizeof key, "train/%s/%s/%s%s%s", na_device_name(dev), model, amp,
+             ddp ? "/ddp-" : "", ddp ? allreduce : "");
     if (bench_check_device(dev, key)) return 3;
     if (dev == NA_DEVICE_CUDA && !strcmp(amp, "bf16") && !na_cuda_bf16_supported()) {
         na_set_error(NA_EDTYPE, "bf16 needs a CUDA device of compute capability 8.0 or newer");
         return bench_fail(key, "setup");
     }
 
+    na_dist *dist = NULL;
+    if (ddp && !(dist = na_dist_init())) return bench_fail(key, "na_dist_init");
+    na_dtype ar_dtype = !strcmp(allreduce, "f16")    ? NA_DTYPE_F16
+                        : !strcmp(allreduce, "bf16") ? NA_DTYPE_BF16 : NA_DTYPE_F32;
     double base_rss = bench_rss_now_mib();
     na_manual_seed(0);
     bench_trainer t = {0};
-    if (setup(&t, model, amp, dev, batch)) return bench_fail(key, "setup");
+    if (setup(&t, model, amp, dev, batch, dist, ar_dtype)) return bench_fail(key, "setup");
 
     for (int64_t i = 0; i < warmup; i++) {
         if (train_step(&t)) return bench_fail(key, "warm-up step");
@@ -158,6 +183,13 @@ int bench_train_main(int argc, char **argv) {
     na_tensor_free(last_loss);
 
     bench_stats st = bench_stats_of(per_step, (int)repeats);
+    int world = na_dist_world_size(dist);
+    if (na_dist_rank(dist) != 0) { /* rank 0 reports for all */
+        free(per_step);
+        teardown(&t);
+        na_dist_free(dist);
+        return 0;
+    }
     bench_json j;
     bench_json_begin(&j, stdout);
     bench_json_str(&j, "bench", "train");
@@ -172,7 +204,12 @@ int bench_train_main(int argc, char **argv) {
     bench_json_int(&j, "steps", steps);
     bench_json_int(&j, "params", na_module_num_params(t.net));
     bench_json_stats(&j, "step_ms", &st);
-    bench_json_num(&j, "images_per_s", (double)batch / (st.median * 1e-3));
+    bench_json_num(&j, "images_per_s", (double)(batch * world) / (st.median * 1e-3));
+    if (ddp) {
+        bench_json_int(&j, "world_size", world);
+        bench_json_str(&j, "allreduce_dtype", allreduce);
+        bench_json_int(&j, "comm_bytes_per_step", na_ddp_bytes_last_step(t.amp.ddp));
+    }
     bench_json_num(&j, "loss", loss);
     bench_json_num(&j, "peak_rss_mib", bench_peak_rss_mib());
     bench_json_num(&j, "base_rss_mib", base_rss);
@@ -183,5 +220,6 @@ int bench_train_main(int argc, char **argv) {
     bench_json_end(&j);
     free(per_step);
     teardown(&t);
+    na_dist_free(dist);
     return 0;
 }

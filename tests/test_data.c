@@ -771,6 +771,111 @@ Test(batcher, drop_last_skips_the_partial_batch) {
     na_dataset_free(ds);
 }
 
+/* The sorted copy of n indices (to compare batches as sets). */
+static void sorted(const int64_t *in, int64_t n, int64_t *out) {
+    memmove(out, in, (size_t)n * sizeof *out);
+    for (int64_t i = 1; i < n; i++)
+        for (int64_t j = i; j > 0 && out[j - 1] > out[j]; j--) {
+            int64_t t = out[j];
+            out[j] = out[j - 1];
+            out[j - 1] = t;
+        }
+}
+
+Test(batcher, shards_are_disjoint_and_together_are_the_epoch) {
+    enum { N = 103, B = 5, MAXW = 4 };
+    na_dataset *ds = indexed_dataset(N);
+    for (int world = 2; world <= MAXW; world++) {
+        /* one rank with world * B per batch: batch k of every rank together is its batch k */
+        na_batcher *one = na_batcher_new(
+            ds, &(na_batcher_cfg){.batch_size = B * world, .seed = 7, .shuffle = true});
+        int64_t whole[N], nb1;
+        cr_assert_eq(epoch_order(one, 1, whole, B * world, &nb1), N);
+        int64_t shard[MAXW][N], got[MAXW], steps = -1;
+        int count[N] = {0};
+        for (int r = 0; r < world; r++) {
+            na_batcher *b = na_batcher_new(ds, &(na_batcher_cfg){.batch_size = B, .seed = 7,
+                                                                 .shuffle = true,
+                                                                 .world_size = world, .rank = r});
+            cr_assert(b, "%s", na_last_error());
+            int64_t nb;
+            got[r] = epoch_order(b, 1, shard[r], B, &nb);
+            /* padded to a multiple of world: every rank has ceil(N / world) samples and the
+             * same number of steps */
+            cr_assert_eq(got[r], (N + world - 1) / world, "world %d rank %d", world, r);
+            cr_assert_eq(nb, na_batcher_steps_per_epoch(b));
+            if (r) cr_assert_eq(nb, steps);
+            steps = nb;
+            for (int64_t i = 0; i < got[r]; i++) count[shard[r][i]]++;
+            na_batcher_free(b);
+        }
+        cr_assert_eq(steps, nb1);
+        /* the union is the epoch; only the world - 1 or fewer padded samples come twice */
+        int twice = 0;
+        for (int i = 0; i < N; i++) {
+            cr_assert(count[i] == 1 || count[i] == 2, "index %d seen %d times", i, count[i]);
+            twice += count[i] == 2;
+        }
+        cr_assert_eq(twice, (int)(got[0] * world - N));
+        /* step k of all ranks, as a set, is step k of one rank with world x the batch; the
+         * last one also holds the padding, which is the start of the epoch's order */
+        for (int64_t k = 0; k < steps; k++) {
+            int64_t joint[MAXW * B], want[MAXW * B], m = 0;
+            for (int r = 0; r < world; r++)
+                for (int64_t i = k * B; i < (k + 1) * B && i < got[r]; i++) joint[m++] = shard[r][i];
+            int64_t w = k * B * world, wn = N - w < B * world ? N - w : B * world;
+            cr_assert(m >= wn && m - wn < world, "world %d step %lld", world, (long long)k);
+            memcpy(want, whole + w, (size_t)wn * sizeof *want);
+            memcpy(want + wn, whole, (size_t)(m - wn) * sizeof *want);
+            sorted(want, m, want);
+            sorted(joint, m, joint);
+            cr_assert_eq(memcmp(joint, want, (size_t)m * sizeof *want), 0, "world %d step %lld",
+                         world, (long long)k);
+        }
+        na_batcher_free(one);
+    }
+    /* evaluation without padding: exactly the epoch, each sample once */
+    int count[N] = {0};
+    for (int r = 0; r < 4; r++) {
+        na_batcher *b = na_batcher_new(ds, &(na_batcher_cfg){.batch_size = B, .world_size = 4,
+                                                             .rank = r, .shard_no_pad = true});
+        int64_t o[N], nb, n = epoch_order(b, 0, o, B, &nb);
+        cr_assert_eq(n, N / 4 + (r < N % 4));
+        for (int64_t i = 0; i < n; i++) count[o[i]]++;
+        na_batcher_free(b);
+    }
+    for (int i = 0; i < N; i++) cr_assert_eq(count[i], 1);
+    na_dataset_free(ds);
+}
+
+Test(batcher, a_shard_resumes_exactly) {
+    enum { N = 300, B = 16, WORLD = 3 };
+    na_dataset *ds = na_dataset_synthetic_cifar(N, 5);
+    for (int pf = 0; pf < 2; pf++)
+        for (int r = 0; r < WORLD; r++) {
+            na_batcher_cfg cfg = {.batch_size = B, .seed = 3, .shuffle = true, .crop_pad = 4,
+                                  .hflip = true, .prefetch = pf, .world_size = WORLD, .rank = r};
+            na_batcher *run = na_batcher_new(ds, &cfg), *resumed = na_batcher_new(ds, &cfg);
+            cr_assert(run && resumed, "%s", na_last_error());
+            int64_t steps = na_batcher_steps_per_epoch(run), fl = (int64_t)B * 3072, got, got2;
+            cr_assert_eq(steps, (N / WORLD + B - 1) / B);
+            float *x = malloc(fl * sizeof(float)), *x2 = malloc(fl * sizeof(float));
+            int32_t y[B], y2[B];
+            /* the uninterrupted run's epoch 1, step 3 */
+            cr_assert_eq(na_batcher_start_epoch(run, 1), NA_OK);
+            for (int k = 0; k < 4; k++) cr_assert(na_batcher_next(run, x, y, &got));
+            cr_assert_eq(na_batcher_seek(resumed, 1, 3), NA_OK);
+            cr_assert(na_batcher_next(resumed, x2, y2, &got2));
+            cr_assert_eq(got, got2);
+            cr_assert_eq(memcmp(y, y2, sizeof y), 0);
+            cr_assert_eq(memcmp(x, x2, (size_t)got * 3072 * sizeof(float)), 0);
+            free(x), free(x2);
+            na_batcher_free(run);
+            na_batcher_free(resumed);
+        }
+    na_dataset_free(ds);
+}
+
 Test(batcher, normalization_per_channel) {
     na_dataset *ds = na_dataset_new(1, 3, 2, 2, 10);
     const uint8_t px[4] = {0, 1, 128, 255};
@@ -991,6 +1096,12 @@ Test(batcher, rejects_bad_configurations) {
     cr_assert_null(na_batcher_new(ds, &(na_batcher_cfg){.batch_size = 2, .std = zero}));
     assert_msg_has("std[0]");
     cr_assert_null(na_batcher_new(ds, &(na_batcher_cfg){.batch_size = 2, .crop_pad = -1}));
+    cr_assert_null(na_batcher_new(ds, &(na_batcher_cfg){.batch_size = 2, .world_size = 2, .rank = 2}));
+    assert_msg_has("rank 2 of world_size 2");
+    cr_assert_null(na_batcher_new(ds, &(na_batcher_cfg){.batch_size = 2, .world_size = -1}));
+    cr_assert_null(na_batcher_new(ds, &(na_batcher_cfg){.batch_size = 6, .drop_last = true,
+                                                        .world_size = 2, .rank = 1}));
+    assert_msg_has("of rank 1");
     cr_assert_null(na_batcher_new(NULL, &(na_batcher_cfg){.batch_size = 2}));
     cr_assert_null(na_batcher_new(ds, NULL));
     na_batcher *b = na_batcher_new(ds, &(na_batcher_cfg){.batch_size = 4});

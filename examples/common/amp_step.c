@@ -57,9 +57,40 @@ int trainer_amp_init(trainer_amp *a, const char *mode, na_module *net, na_optim 
     return (a->gs = na_grad_scaler_new(&gc)) ? NA_OK : na_last_status();
 }
 
+int trainer_amp_init_dist(trainer_amp *a, const char *mode, na_module *net, na_optim *opt,
+                          const na_grad_scaler_cfg *scaler, na_dist *dist,
+                          const na_ddp_config *ddp_cfg) {
+    /* The wrapper sees the model as it trains (o2: converted to f16 first; trainer_amp_init's
+     * conversion is then a no-op) and broadcasts rank 0's parameters before the fp16
+     * optimizer copies them into its masters. */
+    na_ddp *ddp = NULL;
+    if (dist && ((!strcmp(mode, "o2") && na_model_convert(net, NA_DTYPE_F16)) ||
+                 !(ddp = na_ddp_new(dist, net, ddp_cfg)))) {
+        na_optim_free(opt);
+        return na_set_error(na_last_status(), "data parallel: %s", na_last_error());
+    }
+    int rc = trainer_amp_init(a, mode, net, opt, scaler);
+    a->ddp = ddp;
+    return rc;
+}
+
+/* na_ddp's configuration from --allreduce-dtype and --bucket-mb. Zeroed whole, padding
+ * included: na_ddp_new hashes its bytes to compare the ranks' settings. */
+static void ddp_config(const trainer_opts *o, na_ddp_config *c) {
+    const char *dt = o->allreduce_dtype ? o->allreduce_dtype : "f32";
+    memset(c, 0, sizeof *c);
+    c->bucket_bytes = o->bucket_mb << 20;
+    c->allreduce_dtype = !strcmp(dt, "f16")    ? NA_DTYPE_F16
+                         : !strcmp(dt, "bf16") ? NA_DTYPE_BF16 : NA_DTYPE_F32;
+}
+
 /* Resolves --amp (auto: na_amp_recommend), refuses scaling options the mode would ignore, and
  * makes the recipe with the optimizer and scaler the options ask for, and the monitor. */
 int trainer_amp_setup(const trainer_opts *o, na_module *net, trainer_amp *a) {
+    return trainer_amp_setup_dist(o, net, NULL, a);
+}
+
+int trainer_amp_setup_dist(const trainer_opts *o, na_module *net, na_dist *dist, trainer_amp *a) {
     const char *mode = o->amp;
     *a = (trainer_amp){.mode = mode};
     bool auto_ = !strcmp(o->amp, "auto");
@@ -93,9 +124,13 @@ int trainer_amp_setup(const trainer_opts *o, na_module *net, trainer_amp *a) {
                 : (na_grad_scaler_cfg)NA_GRAD_SCALER_FIXED(static_scale);
     if (o->growth_interval) sc.growth_interval = o->growth_interval;
     sc.device = o->device;
+    if (dist && o->sync_bn && na_module_sync_batchnorm(net, dist))
+        return na_set_error(na_last_status(), "--sync-bn: %s", na_last_error());
     /* o2's optimizer is made without parameters: the fp16 optimizer adds the f32 masters */
     na_tensor_list params = o2 ? NA_NO_TENSORS : na_module_parameters(net);
-    if (trainer_amp_init(a, mode, net, make_optimizer(o, params), &sc))
+    na_ddp_config dc;
+    ddp_config(o, &dc);
+    if (trainer_amp_init_dist(a, mode, net, make_optimizer(o, params), &sc, dist, &dc))
         return na_last_status();
     if (o->log_path) {
         if (!(a->mon = na_amp_monitor_new(NULL)) || na_amp_monitor_open_csv(a->mon, o->log_path))
@@ -105,6 +140,7 @@ int trainer_amp_setup(const trainer_opts *o, na_module *net, trainer_amp *a) {
 }
 
 void trainer_amp_free(trainer_amp *a) {
+    na_ddp_free(a->ddp);
     if (a->fo) na_fp16_optimizer_free(a->fo); /* frees its optimizer */
     else na_optim_free(a->opt);
     na_grad_scaler_free(a->gs);
@@ -128,16 +164,22 @@ na_tensor *trainer_amp_loss(const trainer_amp *a, na_module *net, na_tensor *x, 
     return loss;
 }
 
-/* backward, optimizer step (skipped on the device on overflow), scale update, zero_grad */
+/* backward, optimizer step (skipped on the device on overflow), scale update, zero_grad. With
+ * data parallelism the gradients are averaged over the ranks (na_ddp_finish) right after
+ * backward, still scaled and before the inf/NaN check, so that every rank checks the same
+ * gradients and skips the same steps. */
 int trainer_amp_step(trainer_amp *a, na_tensor *loss) {
     int rc;
-    if (a->fo) { /* o2: the fp16 optimizer scales, unscales into the f32 masters, steps them */
-        rc = na_fp16_optimizer_backward(a->fo, loss, true) || na_fp16_optimizer_step(a->fo) ||
-             na_fp16_optimizer_zero_grad(a->fo);
+    if (a->fo) { /* o2: the fp16 optimizer scales, unscales into the f32 masters, steps them;
+                    the f16 model gradients are reduced between backward and unscale */
+        rc = na_fp16_optimizer_backward(a->fo, loss, !a->ddp) ||
+             (a->ddp && (na_ddp_finish(a->ddp) || na_fp16_optimizer_update_master_grads(a->fo))) ||
+             na_fp16_optimizer_step(a->fo) || na_fp16_optimizer_zero_grad(a->fo);
     } else { /* the GradScaler; disabled, it passes the loss through and steps plainly */
         na_tensor *scaled = na_grad_scaler_scale(a->gs, loss);
-        rc = !scaled || na_backward(scaled, NULL) || na_grad_scaler_step(a->gs, a->opt) ||
-             na_grad_scaler_update(a->gs) || na_optim_zero_grad(a->opt);
+        rc = !scaled || na_backward(scaled, NULL) || (a->ddp && na_ddp_finish(a->ddp)) ||
+             na_grad_scaler_step(a->gs, a->opt) || na_grad_scaler_update(a->gs) ||
+             na_optim_zero_grad(a->opt);
     }
     return rc ? na_last_status() : NA_OK;
 }

@@ -12,9 +12,11 @@
 const char *blas_tune_core(void);
 
 /* If OPENBLAS_CORETYPE is unset and blas_tune_core() names a core, sets it and re-executes the
- * program once (argv as given to main) so that OpenBLAS loads with it. Set OPENBLAS_CORETYPE
- * yourself to choose, or NANOAMP_NO_BLAS_TUNE=1 to keep OpenBLAS's choice. Returns only when
- * it does not re-execute (or the exec fails: the default kernels then). */
+ * program once (argv as given to main) so that OpenBLAS loads with it; likewise, when the
+ * launcher started several ranks on this machine and OPENBLAS_NUM_THREADS is unset, sets it
+ * to 1 (one thread per rank). Set OPENBLAS_CORETYPE or OPENBLAS_NUM_THREADS yourself to
+ * choose, or NANOAMP_NO_BLAS_TUNE=1 to keep OpenBLAS's core choice. Returns only when it does
+ * not re-execute (or the exec fails: OpenBLAS's defaults then). */
 void blas_tune_reexec(char **argv);
 
 #endif

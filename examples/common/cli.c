@@ -62,7 +62,8 @@ static bool one_of(const char *s, const char *list) {
 enum opt_id {
     O_DATA, O_MODEL, O_EPOCHS, O_BATCH, O_LR, O_OPTIM, O_WEIGHT_DECAY, O_LABEL_SMOOTHING,
     O_SCHEDULE, O_DEVICE, O_AMP, O_LOSS_SCALE, O_GROWTH_INTERVAL, O_AMP_TRACE, O_LOG, O_SEED,
-    O_SAVE, O_RESUME, O_LIMIT, O_TEST_LIMIT, O_SYNTHETIC, O_JSON, O_QUIET, O_VERSION, O_HELP
+    O_SAVE, O_RESUME, O_LIMIT, O_TEST_LIMIT, O_SYNTHETIC, O_JSON, O_QUIET, O_VERSION, O_HELP,
+    O_ALLREDUCE_DTYPE, O_BUCKET_MB, O_SYNC_BN
 };
 
 static const struct {
@@ -72,7 +73,7 @@ static const struct {
     {O_DATA, "--data", "DIR", "data directory"},
     {O_MODEL, "--model", NULL /* the models */, "model"},
     {O_EPOCHS, "--epochs", "N", "epochs"},
-    {O_BATCH, "--batch", "N", "batch size"},
+    {O_BATCH, "--batch", "N", "batch size per rank (under mpirun -np R the global batch is R x N)"},
     {O_LR, "--lr", "X", "learning rate (peak of the one-cycle schedule)"},
     {O_OPTIM, "--optim", "sgd|adamw", "optimizer (SGD: Nesterov momentum 0.9)"},
     {O_WEIGHT_DECAY, "--weight-decay", "X", "weight decay (AdamW: decoupled)"},
@@ -95,6 +96,11 @@ static const struct {
     {O_LIMIT, "--limit", "N", "train on the first N images only"},
     {O_TEST_LIMIT, "--test-limit", "N", "evaluate on the first N test images only"},
     {O_SYNTHETIC, "--synthetic", "N", "train on N generated images of the data set's shape"},
+    {O_ALLREDUCE_DTYPE, "--allreduce-dtype", "DTYPE",
+     "data parallel: f32, f16 or bf16, the dtype gradients are summed in across ranks (f16/bf16 "
+     "halve the bytes)"},
+    {O_BUCKET_MB, "--bucket-mb", "N", "data parallel: MiB of gradients per all-reduce bucket"},
+    {O_SYNC_BN, "--sync-bn", NULL, "data parallel: BatchNorm statistics over all ranks' batches"},
     {O_JSON, "--json", NULL, "last line of output: one JSON object with the results"},
     {O_QUIET, "--quiet", NULL, "no progress output"},
     {O_VERSION, "--version", NULL, "print the program and library version"},
@@ -127,6 +133,8 @@ static const char *default_of(enum opt_id id, const trainer_opts *o, char *buf, 
     case O_GROWTH_INTERVAL: return "2000";
     case O_LIMIT: case O_TEST_LIMIT: return "all";
     case O_SYNTHETIC: return "off";
+    case O_ALLREDUCE_DTYPE: return o->allreduce_dtype;
+    case O_BUCKET_MB: return "25";
     default: return "";
     }
 }
@@ -165,6 +173,11 @@ static int set_option(trainer_opts *o, enum opt_id id, const char *flag, const c
         *(id == O_EPOCHS ? &o->epochs : id == O_BATCH ? &o->batch : id == O_LIMIT ? &o->limit
           : id == O_TEST_LIMIT ? &o->test_limit : &o->synthetic) = n;
         return 0;
+    case O_BUCKET_MB:
+        if (!trainer_parse_i64(v, 1, 1 << 20, &n))
+            return bad_value(o, flag, "an integer in [1, 2^20]", v);
+        o->bucket_mb = n;
+        return 0;
     case O_GROWTH_INTERVAL:
         if (!trainer_parse_i64(v, 1, INT32_MAX, &n))
             return bad_value(o, flag, "an integer in [1, 2^31)", v);
@@ -192,12 +205,13 @@ static int set_option(trainer_opts *o, enum opt_id id, const char *flag, const c
     /* the options that take one word of a list */
     const char *list = id == O_MODEL ? models : id == O_OPTIM ? "sgd|adamw"
                      : id == O_SCHEDULE ? "constant|onecycle" : id == O_DEVICE ? "cpu|cuda"
-                     : "off|fp16|bf16|o2|auto";
+                     : id == O_ALLREDUCE_DTYPE ? "f32|f16|bf16" : "off|fp16|bf16|o2|auto";
     if (!one_of(v, list)) return bad_value(o, flag, list, v);
     if (id == O_MODEL) o->model = v;
     else if (id == O_OPTIM) o->optim = v;
     else if (id == O_SCHEDULE) o->schedule = v;
     else if (id == O_DEVICE) o->device = strcmp(v, "cuda") ? NA_DEVICE_CPU : NA_DEVICE_CUDA;
+    else if (id == O_ALLREDUCE_DTYPE) o->allreduce_dtype = v;
     else o->amp = v;
     return 0;
 }
@@ -206,7 +220,7 @@ trainer_opts trainer_defaults(const char *model) {
     return (trainer_opts){.program = "", .model = model, .epochs = 2, .batch = 128, .lr = -1,
                           .momentum = 0.9, .weight_decay = -1, .optim = "sgd",
                           .device = NA_DEVICE_CPU, .amp = "off", .seed = 1,
-                          .schedule = "constant"};
+                          .schedule = "constant", .allreduce_dtype = "f32"};
 }
 
 int trainer_parse_args(trainer_opts *o, int argc, char **argv, const char *models) {
@@ -237,7 +251,8 @@ int trainer_parse_args(trainer_opts *o, int argc, char **argv, const char *model
             printf("%s (nanoamp %s)\n", o->program, NANOAMP_VERSION);
             return 1;
         } else if (!takes) {
-            *(id == O_JSON ? &o->json : id == O_QUIET ? &o->quiet : &o->amp_trace) = true;
+            *(id == O_JSON ? &o->json : id == O_QUIET ? &o->quiet : id == O_SYNC_BN ? &o->sync_bn
+              : &o->amp_trace) = true;
             continue;
         }
         const char *v = eq ? eq + 1 : i + 1 < argc ? argv[++i] : NULL;

@@ -41,6 +41,8 @@ typedef struct {
     double images_per_s, train_time_s, test_acc, test_loss, final_loss, final_scale;
     int64_t params, skipped_steps;
     int64_t diverged_at_step; /* 0: no divergence */
+    int world_size;           /* ranks (mpirun -np); 0 is written as 1. images_per_s counts
+                                 all ranks' images, "batch" is --batch (per rank) */
 } trainer_result;
 
 /* One line of strict JSON (RFC 8259: no NaN or Infinity) with the options and the results. */

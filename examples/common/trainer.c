@@ -24,11 +24,17 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* With dist (several ranks), each rank evaluates its shard of ds, every sample once over all
+ * ranks (no padding), and the counts and loss sums are summed across ranks: every rank
+ * returns the numbers of the whole set. */
 static int evaluate_in_batches(na_module *net, const na_dataset *ds, const float *mean,
                                const float *std, na_device dev, na_dtype input_dtype,
-                               int64_t batch, double *accuracy, double *loss) {
+                               int64_t batch, na_dist *dist, double *accuracy, double *loss) {
     na_batcher *b = na_batcher_new(ds, &(na_batcher_cfg){.batch_size = batch, .mean = mean,
-                                                         .std = std});
+                                                         .std = std,
+                                                         .world_size = na_dist_world_size(dist),
+                                                         .rank = na_dist_rank(dist),
+                                                         .shard_no_pad = true});
     float *x = b ? malloc(na_batcher_batch_bytes(b)) : NULL;
     int32_t *y = malloc(sizeof(int32_t) * (size_t)batch);
     int32_t *pred = malloc(sizeof(int32_t) * (size_t)batch);
@@ -56,6 +62,14 @@ static int evaluate_in_batches(na_module *net, const na_dataset *ds, const float
     na_module_train(net, true);
     free(x), free(y), free(pred);
     na_batcher_free(b);
+    if (dist) { /* every rank gets here (no collective per batch: shards may differ by one) */
+        int64_t counts[3] = {rc != 0, correct, seen};
+        int crc = na_dist_all_reduce_i64(dist, counts, 3, NA_DIST_SUM);
+        if (!crc) crc = na_dist_all_reduce_f64(dist, &loss_sum, 1, NA_DIST_SUM);
+        if (crc) rc = crc;
+        else if (!rc && counts[0]) rc = na_set_error(NA_ESTATE, "evaluation failed on another rank");
+        correct = counts[1], seen = counts[2];
+    }
     if (!rc && !seen) rc = na_set_error(NA_EINVAL, "evaluation: the test set is empty");
     if (rc) return rc;
     *accuracy = (double)correct / (double)seen;
@@ -65,7 +79,7 @@ static int evaluate_in_batches(na_module *net, const na_dataset *ds, const float
 
 int trainer_evaluate(na_module *net, const na_dataset *ds, const float *mean, const float *std,
                      na_device dev, na_dtype input_dtype, double *accuracy, double *loss) {
-    return evaluate_in_batches(net, ds, mean, std, dev, input_dtype, EVAL_BATCH_DEFAULT,
+    return evaluate_in_batches(net, ds, mean, std, dev, input_dtype, EVAL_BATCH_DEFAULT, NULL,
                                accuracy, loss);
 }
 
@@ -75,6 +89,9 @@ typedef struct {
     const trainer_opts *o;
     trainer_job *job;
     trainer_amp *amp;
+    na_dist *dist;          /* several ranks; NULL for one */
+    int world;
+    bool failed_alone;      /* a failure the other ranks do not know of (a training step) */
     na_batcher *b;
     float *x;
     int32_t *y;
@@ -141,6 +158,7 @@ static int train_epoch(run_state *r, int64_t epoch, double *train_loss) {
         if (!loss || trainer_amp_step(amp, loss) != NA_OK) {
             fprintf(stderr, "%s%s: training step %" PRId64 " failed: %s\n", after_bar(r),
                     o->program, at + 1, na_last_error());
+            r->failed_alone = r->dist != NULL; /* the others wait for its gradients */
             rc = 1;
         } else if (amp->mon) { /* --log: one line per step (reads the loss: a sync on CUDA) */
             unsigned alerts = na_amp_monitor_record_scaler(amp->mon, at, loss,
@@ -158,6 +176,15 @@ static int train_epoch(run_state *r, int64_t epoch, double *train_loss) {
         bool read_now = !rc && (step == 1 || step % 10 == 0 || step == r->steps);
         if (read_now) {
             r->res.final_loss = na_item(loss);
+            /* the mean over the ranks: the loss of the global batch, and a divergence that
+             * every rank sees, so that all stop at the same step */
+            if (r->dist && na_dist_all_reduce_f64(r->dist, &r->res.final_loss, 1, NA_DIST_AVG)) {
+                fprintf(stderr, "%s%s: step %" PRId64 ": %s\n", after_bar(r), o->program, at + 1,
+                        na_last_error());
+                rc = 1;
+                na_step_end();
+                break;
+            }
             if (!isfinite(r->res.final_loss)) {
                 r->res.diverged_at_step = at + 1;
                 fprintf(stderr, "%s%s: training diverged at step %" PRId64 " (the loss is %s)\n",
@@ -170,7 +197,7 @@ static int train_epoch(run_state *r, int64_t epoch, double *train_loss) {
         if (!rc) {
             double el = now_s() - t0;
             p.step = step, p.elapsed_s = el, p.loss = loss_sum / (double)loss_count;
-            p.images_per_s = el > 0 ? (double)images / el : 0;
+            p.images_per_s = el > 0 ? (double)(images * r->world) / el : 0; /* all ranks' */
             show_progress(r, &p, read_now);
         }
         na_step_end();
@@ -196,7 +223,7 @@ static int train(run_state *r, int64_t start_epoch) {
         bool trains = epoch < o->epochs; /* else: only evaluate what was resumed */
         if (trains && train_epoch(r, epoch, &train_loss)) return 1;
         if (evaluate_in_batches(job->net, job->test, job->batcher.mean, job->batcher.std,
-                                o->device, input_dtype, o->batch, &r->res.test_acc,
+                                o->device, input_dtype, o->batch, r->dist, &r->res.test_acc,
                                 &r->res.test_loss)) {
             fprintf(stderr, "%s: evaluation failed: %s\n", o->program, na_last_error());
             return 1;
@@ -208,11 +235,13 @@ static int train(run_state *r, int64_t start_epoch) {
                                                          r->res.test_loss, r->res.test_acc,
                                                          now_s() - t0, line, sizeof line));
         }
-        if (o->save_path &&
-            trainer_checkpoint_save(o->save_path, job->net, r->amp, epoch + 1, o->seed)) {
+        /* rank 0 alone saves (the others have no save_path), atomically; the others wait
+         * here until the file is complete, and all stop if it failed */
+        bool saved = !o->save_path ||
+                     !trainer_checkpoint_save(o->save_path, job->net, r->amp, epoch + 1, o->seed);
+        if (!saved)
             fprintf(stderr, "%s: --save %s: %s\n", o->program, o->save_path, na_last_error());
-            return 1;
-        }
+        if (!trainer_ranks_ok(r->dist, o, saved)) return 1;
     }
     return 0;
 }
@@ -228,7 +257,10 @@ static void report(const run_state *r, bool ok) {
     res.amp_mode = r->amp->mode;
     res.skipped_steps = st.skipped, res.final_scale = st.scale;
     res.params = na_module_num_params(r->job->net);
-    res.images_per_s = res.train_time_s > 0 ? (double)r->images / res.train_time_s : NAN;
+    res.world_size = r->world;
+    /* all ranks' images (each trains as many) */
+    res.images_per_s = res.train_time_s > 0
+                           ? (double)(r->images * r->world) / res.train_time_s : NAN;
     if (ok && !o->quiet)
         printf("%s: %s on %s, test accuracy %.2f%%, %.0f images/s, %.1f s training\n", o->program,
                o->model, na_device_name(o->device), 100 * res.test_acc, res.images_per_s,
@@ -237,50 +269,91 @@ static void report(const run_state *r, bool ok) {
     fflush(stdout);
 }
 
-int trainer_run(const trainer_opts *o, trainer_job *job) {
-    /* a file-size limit (ulimit -f) then fails the save with EFBIG, naming the file, instead of
-     * killing the process (the old checkpoint stays intact either way) */
-    signal(SIGXFSZ, SIG_IGN);
+/* Says what failed, if status does, after the program name and the option at fault (NULL:
+ * none); returns whether every rank is fine (a collective). */
+static bool all_ok(const run_state *r, int status, const char *option, const char *value) {
+    const trainer_opts *o = r->o;
+    if (status)
+        fprintf(stderr, "%s: %s%s%s%s%s\n", o->program, option ? option : "",
+                option && value ? " " : "", value ? value : "", option ? ": " : "",
+                na_last_error());
+    return trainer_ranks_ok(r->dist, o, status == NA_OK);
+}
+
+/* trainer_run on the ranks of dist (NULL: one process). *failed_alone: this rank failed where
+ * the others cannot know (they wait in a collective for it). */
+static int run(const trainer_opts *o, trainer_job *job, na_dist *dist, bool *failed_alone) {
     trainer_amp amp = {0};
-    run_state r = {.o = o, .job = job, .amp = &amp, .tty = isatty(STDERR_FILENO) != 0,
+    run_state r = {.o = o, .job = job, .amp = &amp, .dist = dist,
+                   .world = na_dist_world_size(dist), .tty = isatty(STDERR_FILENO) != 0,
                    .res = {.test_acc = NAN, .test_loss = NAN, .final_loss = NAN}};
     int64_t start_epoch = 0;
     int rc = 1;
-    if (trainer_setup(o, job)) goto done;
-    /* in this order, so that nothing runs (the batcher's prefetch thread) when one fails */
-    if (na_module_to(job->net, o->device) != NA_OK || trainer_amp_setup(o, job->net, &amp)) {
-        fprintf(stderr, "%s: %s\n", o->program, na_last_error());
+    /* Every step that may fail on one rank only is agreed on before the next collective. */
+    if (!trainer_ranks_ok(dist, o, trainer_setup(o, job) == 0) ||
+        trainer_check_ranks_agree(dist, o, job))
         goto done;
-    }
-    if (o->resume_path) {
-        if (trainer_checkpoint_load(o->resume_path, job->net, &amp, &start_epoch) != NA_OK) {
-            fprintf(stderr, "%s: --resume %s: %s\n", o->program, o->resume_path, na_last_error());
+    /* in this order, so that nothing runs (the batcher's prefetch thread) when one fails */
+    if (!all_ok(&r, na_module_to(job->net, o->device), NULL, NULL) ||
+        !all_ok(&r, trainer_amp_setup_dist(o, job->net, dist, &amp), NULL, NULL))
+        goto done;
+    if (o->resume_path) { /* every rank reads the same file */
+        int st = trainer_checkpoint_load(o->resume_path, job->net, &amp, &start_epoch);
+        if (!all_ok(&r, st, "--resume", o->resume_path)) goto done;
+        uint64_t where[2] = {(uint64_t)start_epoch, na_rng_offset()};
+        if (dist && na_dist_check_same(dist, where[0] * 0x9E3779B97F4A7C15ull ^ where[1],
+                                       "--resume checkpoint (epochs done, random state)")) {
+            fprintf(stderr, "%s: %s\n", o->program, na_last_error());
             goto done;
         }
         if (!o->quiet)
             fprintf(stderr, "resumed from %s after %" PRId64 " epoch(s)\n", o->resume_path,
                     start_epoch);
     }
+    /* each rank its shard of every epoch's order (--batch per rank) */
     na_batcher_cfg bc = job->batcher;
     bc.batch_size = o->batch, bc.seed = o->seed, bc.shuffle = true;
+    bc.world_size = r.world, bc.rank = na_dist_rank(dist);
     r.b = na_batcher_new(job->train, &bc);
     r.x = r.b ? malloc(na_batcher_batch_bytes(r.b)) : NULL;
     r.y = malloc(sizeof(int32_t) * (size_t)o->batch);
-    if (!r.b || !r.x || !r.y) {
+    bool ready = r.b && r.x && r.y;
+    if (!ready)
         fprintf(stderr, "%s: setup failed: %s\n", o->program,
                 r.b ? "out of host memory" : na_last_error());
-        goto done;
-    }
+    if (!trainer_ranks_ok(dist, o, ready)) goto done;
     r.steps = na_batcher_steps_per_epoch(r.b);
     r.sched = !strcmp(o->schedule, "onecycle") ? na_lr_one_cycle(r.steps * o->epochs)
                                                 : na_lr_constant();
     rc = train(&r, start_epoch);
     report(&r, rc == 0);
 done:
+    *failed_alone = r.failed_alone;
     free(r.x), free(r.y);
     na_batcher_free(r.b); /* stops the prefetch thread before the caller frees the data */
     trainer_amp_free(&amp);
     na_module_free(job->net);
     job->net = NULL;
+    return rc;
+}
+
+int trainer_run(const trainer_opts *opts, trainer_job *job) {
+    /* a file-size limit (ulimit -f) then fails the save with EFBIG, naming the file, instead of
+     * killing the process (the old checkpoint stays intact either way) */
+    signal(SIGXFSZ, SIG_IGN);
+    /* the launcher's ranks (mpirun), or a world of one */
+    na_dist *d = na_dist_init();
+    if (!d) {
+        fprintf(stderr, "%s: %s\n", opts->program, na_last_error());
+        return 1;
+    }
+    char program[128];
+    trainer_opts o = trainer_rank_opts(opts, d, program, sizeof program);
+    bool failed_alone = false;
+    int rc = run(&o, job, na_dist_world_size(d) > 1 ? d : NULL, &failed_alone);
+    /* Finalizing waits for the other ranks, which wait in a collective for this one: leave
+     * without it instead, and mpirun ends them all (a process that exits without finalizing
+     * aborts the job). */
+    if (!failed_alone) na_dist_free(d);
     return rc;
 }

@@ -33,6 +33,10 @@ typedef struct {
     bool has_synthetic;    /* the trainer offers --synthetic */
     int64_t synthetic;     /* CIFAR: --synthetic N */
     const char *schedule;  /* constant | onecycle */
+    /* data parallel (under mpirun; see docs/distributed.md) */
+    const char *allreduce_dtype; /* f32 | f16 | bf16 */
+    int64_t bucket_mb;     /* 0 (not given: na_ddp's default, 25) */
+    bool sync_bn;
 } trainer_opts;
 
 /* The defaults every trainer starts from (a trainer changes what its recipe needs). */
@@ -71,6 +75,7 @@ typedef struct {
     na_optim *opt;         /* the optimizer whose lr the schedule sets */
     na_amp_monitor *mon;   /* --log */
     unsigned alerts_shown;
+    na_ddp *ddp;           /* data parallel (trainer_amp_init_dist), else NULL */
 } trainer_amp;
 
 /* The recipe of mode for net: takes opt (freed by trainer_amp_free, also on failure), made with
@@ -81,11 +86,22 @@ typedef struct {
  * either way. */
 int trainer_amp_init(trainer_amp *a, const char *mode, na_module *net, na_optim *opt,
                      const na_grad_scaler_cfg *scaler);
+/* The same, data parallel over dist unless it is NULL: gradients go through an na_ddp
+ * (ddp_cfg; made after o2's conversion, before the fp16 optimizer takes its masters), which
+ * trainer_amp_step finishes after backward, before the unscale and the step. A collective:
+ * every rank calls it. */
+int trainer_amp_init_dist(trainer_amp *a, const char *mode, na_module *net, na_optim *opt,
+                          const na_grad_scaler_cfg *scaler, na_dist *dist,
+                          const na_ddp_config *ddp_cfg);
 /* The recipe the options ask for (trainer_amp_init): resolves o->amp (auto: na_amp_recommend
  * for o->device), checks the device, makes the optimizer, the scaler from --loss-scale and
  * --growth-interval, and the --log monitor. On failure the message names the option at fault;
  * call trainer_amp_free either way. */
 int trainer_amp_setup(const trainer_opts *o, na_module *net, trainer_amp *a);
+/* The same, data parallel over dist unless it is NULL (trainer_amp_init_dist with
+ * --allreduce-dtype and --bucket-mb; with --sync-bn the BatchNorms reduce their statistics
+ * over dist). A collective: every rank calls it. */
+int trainer_amp_setup_dist(const trainer_opts *o, na_module *net, na_dist *dist, trainer_amp *a);
 void trainer_amp_free(trainer_amp *a);
 /* The scaler in use (the fp16 optimizer's for o2); disabled for off/bf16. */
 na_grad_scaler *trainer_amp_scaler(const trainer_amp *a);

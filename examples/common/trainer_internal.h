@@ -25,4 +25,15 @@ int trainer_checkpoint_save(const char *path, na_module *net, const trainer_amp 
  * names the file and, for bad metadata, the key. */
 int trainer_checkpoint_load(const char *path, na_module *net, const trainer_amp *amp,
                             int64_t *epochs_done);
+/* Under mpirun (ranks.c). The options as rank r of d acts on them: rank 0 as given; with
+ * several ranks the others print nothing but errors (their program name says "(rank r)",
+ * written into program), keep no --log, write no --save. */
+trainer_opts trainer_rank_opts(const trainer_opts *o, na_dist *d, char *program, size_t size);
+/* Whether ok holds on every rank: a collective at the same point on every rank (true at once
+ * for one rank). A rank that was fine says that it stops because another one failed. */
+bool trainer_ranks_ok(na_dist *d, const trainer_opts *o, bool ok);
+/* All ranks have the same flags that change the math, the same model (names, dtypes, shapes)
+ * and the same data (na_dist_check_same on a hash of each): 0, or -1 after saying on every
+ * rank which one differs. */
+int trainer_check_ranks_agree(na_dist *d, const trainer_opts *o, const trainer_job *job);
 #endif

@@ -95,6 +95,19 @@ typedef struct {
     int crop_pad;
     bool hflip;    /* random horizontal flip with probability 1/2 (after the crop) */
     bool prefetch; /* prepare the next batch on a background thread */
+    /* Data-parallel sharding, PyTorch's DistributedSampler: rank r of world_size ranks reads
+     * positions r, r + world_size, r + 2*world_size, ... of the epoch's order (the same seeded
+     * permutation on every rank), so the shards are disjoint and batch k of all ranks together
+     * is batch k of one rank with world_size times the batch size. The order is padded by
+     * wrapping around to its start up to a multiple of world_size (at most world_size - 1
+     * samples seen twice per epoch), so every rank takes the same number of steps (a rank
+     * that ran out would wait forever in the gradient all-reduce); drop_last then applies to
+     * each rank's shard. 0/0 means one rank. */
+    int world_size, rank;
+    /* Evaluation: no padding (every sample exactly once over all ranks); shards then differ by
+     * at most one sample and ranks may take different numbers of steps, so use it only where
+     * no collective runs per step, and sum counts across ranks afterwards. */
+    bool shard_no_pad;
 } na_batcher_cfg;
 
 typedef struct na_batcher na_batcher;
@@ -117,7 +130,7 @@ int na_batcher_seek(na_batcher *b, int64_t epoch, int64_t step);
 bool na_batcher_next(na_batcher *b, float *images_out, int32_t *labels_out,
                      int64_t *batch_size_out);
 
-int64_t na_batcher_steps_per_epoch(const na_batcher *b);
+int64_t na_batcher_steps_per_epoch(const na_batcher *b); /* this rank's */
 int64_t na_batcher_epoch(const na_batcher *b);
 int64_t na_batcher_step(const na_batcher *b);  /* the batch the next call returns */
 size_t na_batcher_batch_bytes(const na_batcher *b); /* bytes of one full images_out buffer */

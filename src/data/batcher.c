@@ -6,6 +6,9 @@
  *  - augmentation of a sample: crop offsets and flip drawn from splitmix64 seeded from
  *    (seed, epoch, dataset index), so they do not depend on the batch size or on which thread
  *    prepares the batch.
+ * Sharding (world_size > 1): position p of this rank's shard is position p * world_size +
+ * rank of the epoch's order, taken modulo n (the padding wraps around to the start), so the
+ * augmentation, seeded by dataset index, is the same whichever rank reads a sample.
  * Normalization goes through a per-channel table of the 256 possible values, computed in
  * double and rounded once to f32.
  *
@@ -32,7 +35,9 @@ struct na_batcher {
     int64_t *perm;      /* [n] dataset index at each position of the current epoch */
     int64_t epoch;
     int64_t pos;        /* position (in samples) of the next batch */
-    int64_t limit;      /* positions [0, limit) are served this epoch */
+    int64_t limit;      /* positions [0, limit) of the shard are served this epoch */
+    int64_t shard_n;    /* positions in this rank's shard (ds->n for one rank) */
+    int world, rank;
     int64_t sample_floats;
 
     /* prefetch */
@@ -58,6 +63,11 @@ void na_shuffle_permutation(int64_t *perm, int64_t n, uint64_t seed, int64_t epo
     }
 }
 
+/* The dataset index at position pos of this rank's shard. */
+static int64_t shard_index(const na_batcher *b, int64_t pos) {
+    return b->perm[(pos * b->world + b->rank) % b->ds->n];
+}
+
 /* Writes the batch at position pos; returns the number of samples. Reads only immutable
  * state (ds, cfg, lut, perm, epoch), so it may run on the worker thread. */
 static int64_t produce(const na_batcher *b, int64_t pos, float *images, int32_t *labels) {
@@ -65,7 +75,7 @@ static int64_t produce(const na_batcher *b, int64_t pos, float *images, int32_t 
     const int C = ds->channels, H = ds->height, W = ds->width, pad = b->cfg.crop_pad;
     int64_t count = b->limit - pos < b->cfg.batch_size ? b->limit - pos : b->cfg.batch_size;
     for (int64_t k = 0; k < count; k++) {
-        int64_t idx = b->perm[pos + k];
+        int64_t idx = shard_index(b, pos + k);
         const uint8_t *src = ds->images + idx * b->sample_floats;
         float *dst = images + k * b->sample_floats;
         labels[k] = ds->labels[idx];
@@ -145,7 +155,7 @@ static void quiesce(na_batcher *b) {
 }
 
 int64_t na_batcher_steps_per_epoch(const na_batcher *b) {
-    int64_t n = b->ds->n, B = b->cfg.batch_size;
+    int64_t n = b->shard_n, B = b->cfg.batch_size;
     return b->cfg.drop_last ? n / B : (n + B - 1) / B;
 }
 
@@ -174,10 +184,19 @@ na_batcher *na_batcher_new(const na_dataset *ds, const na_batcher_cfg *cfg) {
                      (long long)cfg->batch_size, ds->channels, ds->height, ds->width);
         return NULL;
     }
-    if (cfg->drop_last && cfg->batch_size > ds->n) {
+    int world = cfg->world_size ? cfg->world_size : 1;
+    if (world < 1 || cfg->rank < 0 || cfg->rank >= world) {
+        na_set_error(NA_EINVAL, "%s: rank %d of world_size %d: expected 0 <= rank < world_size",
+                     fn, cfg->rank, cfg->world_size);
+        return NULL;
+    }
+    /* padded: ceil(n / world) for every rank; unpadded: positions rank, rank + world, ... < n */
+    int64_t shard_n = cfg->shard_no_pad ? (ds->n - cfg->rank + world - 1) / world
+                                        : (ds->n + world - 1) / world;
+    if (cfg->drop_last && cfg->batch_size > shard_n) {
         na_set_error(NA_EINVAL,
-                     "%s: drop_last with batch_size %lld > %lld samples leaves no batch", fn,
-                     (long long)cfg->batch_size, (long long)ds->n);
+                     "%s: drop_last with batch_size %lld > %lld samples (of rank %d) leaves no "
+                     "batch", fn, (long long)cfg->batch_size, (long long)shard_n, cfg->rank);
         return NULL;
     }
     if (cfg->crop_pad < 0 || cfg->crop_pad > MAX_CROP_PAD) {
@@ -205,6 +224,7 @@ na_batcher *na_batcher_new(const na_dataset *ds, const na_batcher_cfg *cfg) {
     b->cfg = *cfg;
     b->cfg.mean = b->cfg.std = NULL;
     b->sample_floats = (int64_t)ds->channels * ds->height * ds->width;
+    b->shard_n = shard_n, b->world = world, b->rank = cfg->rank;
     b->lut = malloc((size_t)ds->channels * 256 * sizeof(float));
     b->perm = malloc((size_t)ds->n * sizeof(int64_t));
     if (!b->lut || !b->perm) goto oom;
@@ -274,7 +294,7 @@ int na_batcher_seek(na_batcher *b, int64_t epoch, int64_t step) {
             for (int64_t i = 0; i < b->ds->n; i++) b->perm[i] = i;
         b->epoch = epoch;
     }
-    b->limit = b->cfg.drop_last ? steps * b->cfg.batch_size : b->ds->n;
+    b->limit = b->cfg.drop_last ? steps * b->cfg.batch_size : b->shard_n;
     b->pos = step * b->cfg.batch_size;
     if (b->pos > b->limit) b->pos = b->limit;
     if (b->threaded && b->pos < b->limit) {

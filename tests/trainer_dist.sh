@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# mnist-train under mpirun -np 2 (data parallel, docs/distributed.md):
+#  1. every --amp mode runs; rank 0 alone prints one strict JSON line, with world_size 2;
+#  2. 2 ranks x --batch 64 train the MLP as 1 rank x --batch 128 (same seed, 20 steps): the
+#     same losses, accuracy, skipped steps and loss scale, to the tolerance stated below;
+#  3. ranks started with different flags stop at start, every rank saying which flag differs;
+#  4. --save under 2 ranks leaves exactly one checkpoint, no temporary, and a run resumed from
+#     it on 2 ranks ends exactly like an uninterrupted one;
+#  5. bad flags, missing data and an unwritable --save fail cleanly on 1 and 2 ranks.
+# usage: trainer_dist.sh MNIST_TRAIN. Skips (77) without mpirun, without data, or when the
+# build has no MPI (meson sets NANOAMP_BUILT_WITH_MPI=0).
+set -uo pipefail
+train="$1"
+data="${NANOAMP_TEST_MNIST:-/usr/share/datasets/fashion-mnist}"
+command -v mpirun >/dev/null || { echo "no mpirun: skipping"; exit 77; }
+if [ ! -f "$data/train-images-idx3-ubyte.gz" ] && [ ! -f "$data/train-images-idx3-ubyte" ]; then
+    echo "no MNIST-format data in $data: skipping"; exit 77
+fi
+[ "${NANOAMP_BUILT_WITH_MPI:-1}" = 1 ] || { echo "built without MPI: skipping"; exit 77; }
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+export NANOAMP_NO_BLAS_TUNE=1
+# CI runs as root; this box may have fewer cores than ranks
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+mpi() { mpirun --oversubscribe --bind-to none -np "$@"; }
+passed=0 failed=0
+check() { local name=$1; shift; if "$@"; then passed=$((passed + 1)); else echo "FAIL: $name"; failed=$((failed + 1)); fi; }
+
+# run WANT_RC CMD...: stdout, stderr in $tmp/out, $tmp/err; checks the exit status (any
+# non-zero status for WANT_RC "fail": mpirun reports a failed rank its own way)
+run() {
+    local want=$1; shift
+    "$@" >"$tmp/out" 2>"$tmp/err"
+    local rc=$?
+    if [ "$want" = fail ] && [ "$rc" != 0 ] || [ "$rc" = "$want" ]; then return 0; fi
+    echo "  exit $rc, wanted $want: $*"; sed 's/^/  | /' "$tmp/err" | head -n 20; return 1
+}
+# json EXPR: stdout is exactly one line of strict JSON for which the Python expression EXPR
+# holds (d)
+json() {
+    python3 - "$1" "$tmp/out" <<'EOF'
+import json, sys
+def bad(x): raise ValueError("not JSON: " + x)
+lines = open(sys.argv[2]).read().splitlines()
+if len(lines) != 1: sys.exit(f"{len(lines)} lines on stdout, wanted 1 (rank 0's JSON): {lines}")
+d = json.loads(lines[0], parse_constant=bad)
+sys.exit(0 if eval(sys.argv[1]) else "does not hold: " + sys.argv[1] + " in " + json.dumps(d))
+EOF
+}
+# stderr matches the extended regex on every one of N ranks' lines that name a rank
+says() { grep -Eq -- "$1" "$tmp/err" || { echo "  stderr should match /$1/:"; sed 's/^/  | /' "$tmp/err" | head -n 20; return 1; }; }
+
+# --- 1. every amp mode on 2 ranks, and the same run on 1 rank with twice the batch.
+# 1280 images: 10 steps of 128 per epoch, 20 in all.
+common=(--data "$data" --model mlp --limit 1280 --test-limit 500 --seed 7 --epochs 2 --json --quiet)
+for amp in off fp16 bf16 o2; do
+    check "2 ranks, --amp $amp" run 0 mpi 2 "$train" "${common[@]}" --batch 64 --amp "$amp"
+    check "2 ranks, --amp $amp: JSON" json 'd["world_size"] == 2 and d["batch"] == 64'
+    cp "$tmp/out" "$tmp/two-$amp.json"
+    check "1 rank, --amp $amp" run 0 "$train" "${common[@]}" --batch 128 --amp "$amp"
+    check "1 rank, --amp $amp: JSON" json 'd["world_size"] == 1'
+    cp "$tmp/out" "$tmp/one-$amp.json"
+done
+
+# --- 2. 2 x 64 against 1 x 128. f32 (off): the two ranks' mean losses averaged and their
+# gradients summed in another order than one batch's: rounding only, |diff| <= 2e-5 after 20
+# steps. fp16/bf16/o2: each rank rounds its half of the weight gradients to f16/bf16 before
+# they are summed: |diff| <= 2e-3. The skip decisions and loss scales must be equal.
+compare() { # AMP TOL
+    python3 - "$tmp/two-$1.json" "$tmp/one-$1.json" "$2" <<'EOF'
+import json, sys
+two, one, tol = json.load(open(sys.argv[1])), json.load(open(sys.argv[2])), float(sys.argv[3])
+print(f"  {two['amp']}: final loss {two['final_loss']} vs {one['final_loss']}, test loss "
+      f"{two['test_loss']} vs {one['test_loss']}, accuracy {two['test_acc']} vs {one['test_acc']}, "
+      f"skipped {two['skipped_steps']} vs {one['skipped_steps']}")
+bad = [k for k in ("final_loss", "test_loss") if abs(two[k] - one[k]) > tol]
+bad += [k for k in ("skipped_steps", "final_scale") if two[k] != one[k]]
+if abs(two["test_acc"] - one["test_acc"]) > 2 / 500 + 1e-9: bad.append("test_acc")  # 2 images
+sys.exit(f"differ beyond {tol}: {bad}" if bad else 0)
+EOF
+}
+check "2x64 = 1x128, off" compare off 2e-5
+for amp in fp16 bf16 o2; do check "2x64 = 1x128, $amp" compare "$amp" 2e-3; done
+
+# --- 3. rank 1 with another --lr: both ranks stop at start and say so.
+cat >"$tmp/other-lr.sh" <<EOF
+#!/usr/bin/env bash
+if [ "\${OMPI_COMM_WORLD_RANK:-0}" = 1 ]; then exec "$train" "\$@" --lr 0.1; fi
+exec "$train" "\$@"
+EOF
+chmod +x "$tmp/other-lr.sh"
+check "different --lr" run fail mpi 2 "$tmp/other-lr.sh" "${common[@]}" --batch 64
+check "different --lr: message" says "rank 1's --lr differs from rank 0's"
+check "different --lr: on both ranks" says "\(rank 1\): .*--lr differs"
+check "different --lr: no JSON" test ! -s "$tmp/out"
+
+# --- 4. --save on 2 ranks: one file, no temporaries; resume on 2 ranks matches.
+mkdir "$tmp/ck"
+half=(--data "$data" --model mlp --limit 512 --test-limit 500 --seed 7 --batch 64 --json --quiet)
+check "uninterrupted" run 0 mpi 2 "$train" "${half[@]}" --epochs 2
+cp "$tmp/out" "$tmp/full.json"
+check "--save on 2 ranks" run 0 mpi 2 "$train" "${half[@]}" --epochs 1 --save "$tmp/ck/ck.safetensors"
+check "--save: exactly one file" test "$(ls -A "$tmp/ck")" = ck.safetensors
+check "--resume on 2 ranks" run 0 mpi 2 "$train" "${half[@]}" --epochs 2 --resume "$tmp/ck/ck.safetensors"
+check "--resume: stderr empty" test ! -s "$tmp/err"
+same_end() {
+    python3 - "$tmp/full.json" "$tmp/out" <<'EOF'
+import json, sys
+a, b = json.load(open(sys.argv[1])), json.loads(open(sys.argv[2]).read())
+keys = ("final_loss", "test_loss", "test_acc", "world_size")
+print("  uninterrupted", [a[k] for k in keys], "resumed", [b[k] for k in keys])
+sys.exit(0 if all(a[k] == b[k] for k in keys) else "the resumed run differs")
+EOF
+}
+check "--resume: same end as uninterrupted" same_end
+
+# --- 5. bad input on 1 and 2 ranks: the message, the status, nothing left behind.
+for np in 1 2; do
+    check "np $np: --batch 0" run fail mpi "$np" "$train" "${half[@]}" --batch 0
+    check "np $np: --batch 0 message" says "--batch: expected an integer >= 1, got '0'"
+    check "np $np: missing data" run fail mpi "$np" "$train" "${half[@]}" --data "$tmp/none"
+    check "np $np: missing data message" says "$tmp/none"
+    check "np $np: unwritable --save" run fail mpi "$np" "$train" "${half[@]}" --save "$tmp/none/ck"
+    check "np $np: unwritable --save message" says "--save $tmp/none/ck: cannot write a file there"
+    check "np $np: unwritable --save: no JSON" test ! -s "$tmp/out"
+done
+check "nothing left in the checkpoint directory" test "$(ls -A "$tmp/ck")" = ck.safetensors
+
+echo "$passed passed, $failed failed"
+[ "$failed" = 0 ]
