@@ -60,9 +60,7 @@ static int setup(bench_trainer *t, const char *model, const char *amp, na_device
     /* o2: made without parameters, the fp16 optimizer adds the f32 masters */
     na_tensor_list params = strcmp(amp, "o2") ? na_module_parameters(t->net) : NA_NO_TENSORS;
     na_optim *opt = na_sgd_new(params, &sgd);
-    na_ddp_config dc;
-    memset(&dc, 0, sizeof dc); /* padding too: na_ddp_new compares the ranks' bytes */
-    dc.allreduce_dtype = allreduce_dtype;
+    na_ddp_config dc = {.allreduce_dtype = allreduce_dtype};
     if (trainer_amp_init_dist(&t->amp, amp, t->net, opt, NULL, dist, &dc)) return -1;
     na_module_train(t->net, true);
 

@@ -74,14 +74,13 @@ int trainer_amp_init_dist(trainer_amp *a, const char *mode, na_module *net, na_o
     return rc;
 }
 
-/* na_ddp's configuration from --allreduce-dtype and --bucket-mb. Zeroed whole, padding
- * included: na_ddp_new hashes its bytes to compare the ranks' settings. */
+/* na_ddp's configuration from --allreduce-dtype and --bucket-mb. */
 static void ddp_config(const trainer_opts *o, na_ddp_config *c) {
     const char *dt = o->allreduce_dtype ? o->allreduce_dtype : "f32";
-    memset(c, 0, sizeof *c);
-    c->bucket_bytes = o->bucket_mb << 20;
-    c->allreduce_dtype = !strcmp(dt, "f16")    ? NA_DTYPE_F16
-                         : !strcmp(dt, "bf16") ? NA_DTYPE_BF16 : NA_DTYPE_F32;
+    *c = (na_ddp_config){.bucket_bytes = o->bucket_mb << 20,
+                         .allreduce_dtype = !strcmp(dt, "f16")    ? NA_DTYPE_F16
+                                            : !strcmp(dt, "bf16") ? NA_DTYPE_BF16
+                                                                  : NA_DTYPE_F32};
 }
 
 /* Resolves --amp (auto: na_amp_recommend), refuses scaling options the mode would ignore, and

@@ -200,7 +200,9 @@ static uint64_t fnv(uint64_t h, const void *data, size_t n) {
 }
 
 static uint64_t model_hash(const na_named_tensors *st, const na_ddp_config *cfg) {
-    uint64_t h = fnv(14695981039346656037ull, cfg, sizeof *cfg);
+    /* field by field: a struct's padding bytes are not part of its value */
+    uint64_t h = fnv(14695981039346656037ull, &cfg->bucket_bytes, sizeof cfg->bucket_bytes);
+    h = fnv(h, &cfg->allreduce_dtype, sizeof cfg->allreduce_dtype);
     for (int64_t k = 0; k < st->n; k++) {
         const na_tensor *t = st->items[k].tensor;
         h = fnv(h, st->items[k].name, strlen(st->items[k].name) + 1);
