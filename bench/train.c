@@ -18,7 +18,9 @@
  * Host round trips: na_cuda_sync_count() over the timed steps, not counting the benchmark's
  * own synchronizations at block ends. Memory: the process's peak RSS (getrusage) and its RSS
  * before the model was built; on CUDA nanoamp's peak device bytes. Run each configuration in a
- * fresh process (bench/run does) so peaks do not mix. bench/torch/train.py is the twin. */
+ * fresh process (bench/run does) so peaks do not mix. bench/torch/train.py is the twin.
+ * --profile: one more step after the timed ones runs under the profiler (nanoamp/profile.h),
+ * whose table goes to stderr. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -86,6 +88,7 @@ int bench_train_main(int argc, char **argv) {
     na_device dev = NA_DEVICE_CPU;
     const char *amp = "off";
     int64_t batch = 128, warmup = 5, repeats = 10, steps = 5;
+    bool profile = false;
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--model")) {
@@ -109,11 +112,13 @@ int bench_train_main(int argc, char **argv) {
             repeats = bench_arg_i64(argc, argv, &i, 1);
         } else if (!strcmp(a, "--steps")) {
             steps = bench_arg_i64(argc, argv, &i, 1);
+        } else if (!strcmp(a, "--profile")) {
+            profile = true;
         } else {
             fprintf(stderr, "na-bench train: unknown option '%s'\n"
                             "usage: na-bench train --model %s [--device cpu|cuda] "
                             "[--amp off|fp16|bf16|o2] [--batch N] [--warmup N] [--repeats N] "
-                            "[--steps N]\n", a, MODEL_NAMES);
+                            "[--steps N] [--profile]\n", a, MODEL_NAMES);
             return 2;
         }
     }
@@ -155,6 +160,15 @@ int bench_train_main(int argc, char **argv) {
         per_step[r] = (bench_now_s() - t0) / (double)steps * 1e3;
     }
     double loss = na_item(last_loss);
+    if (profile) {
+        na_profile_begin();
+        int failed = train_step(&t);
+        na_step_end();
+        na_profile_end();
+        if (failed) return bench_fail(key, "profiled step");
+        na_profile_print(stderr);
+        na_profile_reset();
+    }
     na_tensor_free(last_loss);
 
     bench_stats st = bench_stats_of(per_step, (int)repeats);

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 
 #include "src/autograd/graph.h"
+#include "src/autograd/profile.h"
 #include "src/tensor/arena.h"
 #include "src/tensor/tensor_internal.h"
 
@@ -31,6 +32,8 @@ na_graph_observer na_graph_set_observer(na_graph_observer fn) {
 na_node *na_graph_record(const na_graph_op *op, na_tensor *out, int n_inputs,
                          na_tensor *const *inputs) {
     if (observer) observer(op, out, n_inputs, inputs);
+    if (na_profile_on() && !in_backward) /* a backward's ops count to its node */
+        na_profile_mark(op->name, false, out->device, na_profile_layer());
     if (!na_grad_enabled() || !op->backward) return NULL;
     bool any = false;
     for (int k = 0; k < n_inputs; k++) any |= inputs[k] && inputs[k]->requires_grad;
@@ -41,6 +44,7 @@ na_node *na_graph_record(const na_graph_op *op, na_tensor *out, int n_inputs,
     n->n_inputs = n_inputs;
     for (int k = 0; k < n_inputs; k++) n->inputs[k] = inputs[k];
     n->out = out;
+    n->layer = na_profile_layer();
     out->requires_grad = true;
     out->grad_fn = n;
     return n;
@@ -206,6 +210,7 @@ int na_backward(na_tensor *root, na_tensor *grad) {
         }
         for (int k = 0; k < n->n_inputs && !rc; k++)
             if (gin[k] && na_node_needs_grad(n, k)) rc = accumulate(n->inputs[k], gin[k]);
+        if (na_profile_on()) na_profile_mark(n->op->name, true, n->out->device, n->layer);
     }
     if (outer) in_backward = false;
     na_no_grad_end();

@@ -35,6 +35,7 @@ struct na_node {
     void *extra;                           /* op-specific block in the arena */
     na_tensor *out;
     unsigned visit; /* topological-sort mark */
+    int layer;      /* the profiler's layer of the forward (0: none; src/autograd/profile.h) */
 };
 
 /* A node for `out` when op has a backward, grad mode is on and some input requires grad, else

@@ -15,4 +15,6 @@ void *na_arena_data_alloc(na_device dev, size_t bytes); /* 256-byte aligned, not
 void na_arena_reset(void);
 /* Increments at every reset: caches of step tensors compare it to know they are stale. */
 unsigned long na_arena_generation(void);
+/* Called by na_step_end before the arena is reset (one hook: the profiler's env mode). */
+void na_arena_set_step_hook(void (*fn)(void));
 #endif

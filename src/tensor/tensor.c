@@ -226,7 +226,13 @@ void na_tensor_free(na_tensor *t) {
     free(t);
 }
 
-void na_step_end(void) { na_arena_reset(); }
+static void (*step_hook)(void);
+void na_arena_set_step_hook(void (*fn)(void)) { step_hook = fn; }
+
+void na_step_end(void) {
+    if (step_hook) step_hook();
+    na_arena_reset();
+}
 
 /* ---- moving data ------------------------------------------------------------------------ */
 
