@@ -23,6 +23,8 @@ typedef struct {
     int id;                  /* the ops layer's na_op: handed to the observer, never read here */
     const char *name;        /* for messages ("backward of linear failed: ...") */
     na_backward_fn backward; /* NULL: the op has no gradient and records no node */
+    bool keeps_gout;         /* the backward keeps gout for a later node (the engine then
+                                leaves its memory alone until the step ends) */
 } na_graph_op;
 
 struct na_node {
