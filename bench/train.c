@@ -17,7 +17,8 @@
  * steps). Reported: the median, min, max and quartiles of the per-step time over the blocks.
  * Host round trips: na_cuda_sync_count() over the timed steps, not counting the benchmark's
  * own synchronizations at block ends. Memory: the process's peak RSS (getrusage) and its RSS
- * before the model was built; on CUDA nanoamp's peak device bytes. Run each configuration in a
+ * before the model was built; the step arena's peak (na_arena_peak); on CUDA nanoamp's peak
+ * device bytes. Run each configuration in a
  * fresh process (bench/run does) so peaks do not mix. bench/torch/train.py is the twin.
  * --profile: one more step after the timed ones runs under the profiler (nanoamp/profile.h),
  * whose table goes to stderr. */
@@ -190,6 +191,7 @@ int bench_train_main(int argc, char **argv) {
     bench_json_num(&j, "loss", loss);
     bench_json_num(&j, "peak_rss_mib", bench_peak_rss_mib());
     bench_json_num(&j, "base_rss_mib", base_rss);
+    bench_json_num(&j, "arena_peak_mib", (double)na_arena_peak(dev) / (1024.0 * 1024.0));
     if (dev == NA_DEVICE_CUDA) {
         bench_json_num(&j, "cuda_peak_mib", (double)na_cuda_peak_bytes() / (1024.0 * 1024.0));
         bench_json_num(&j, "syncs_per_step", (double)syncs / (double)(repeats * steps));
