@@ -17,8 +17,11 @@
  * steps). Reported: the median, min, max and quartiles of the per-step time over the blocks.
  * Host round trips: na_cuda_sync_count() over the timed steps, not counting the benchmark's
  * own synchronizations at block ends. Memory: the process's peak RSS (getrusage) and its RSS
- * before the model was built; on CUDA nanoamp's peak device bytes. Run each configuration in a
- * fresh process (bench/run does) so peaks do not mix. bench/torch/train.py is the twin.
+ * before the model was built; the step arena's peak (na_arena_peak); on CUDA nanoamp's peak
+ * device bytes. Run each configuration in a fresh process (bench/run does) so peaks do not mix.
+ * bench/torch/train.py is the twin.
+ * --profile: one more step after the timed ones runs under the profiler (nanoamp/profile.h),
+ * whose table goes to stderr.
  *
  * Data parallel (--ddp, under mpirun -np N): every rank trains its own batch of --batch through
  * the trainers' na_ddp (trainer_amp_init_dist, gradients reduced in --allreduce-dtype); rank 0
@@ -93,7 +96,7 @@ int bench_train_main(int argc, char **argv) {
     na_device dev = NA_DEVICE_CPU;
     const char *amp = "off";
     int64_t batch = 128, warmup = 5, repeats = 10, steps = 5;
-    bool ddp = false;
+    bool ddp = false, profile = false;
     const char *allreduce = "f32";
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];
@@ -126,12 +129,14 @@ int bench_train_main(int argc, char **argv) {
                 fprintf(stderr, "na-bench train: --allreduce-dtype expects f32, f16 or bf16\n");
                 return 2;
             }
+        } else if (!strcmp(a, "--profile")) {
+            profile = true;
         } else {
             fprintf(stderr, "na-bench train: unknown option '%s'\n"
                             "usage: na-bench train --model %s [--device cpu|cuda] "
                             "[--amp off|fp16|bf16|o2] [--batch N] [--warmup N] [--repeats N] "
-                            "[--steps N] [--ddp [--allreduce-dtype f32|f16|bf16]]\n", a,
-                    MODEL_NAMES);
+                            "[--steps N] [--profile] [--ddp [--allreduce-dtype f32|f16|bf16]]\n",
+                    a, MODEL_NAMES);
             return 2;
         }
     }
@@ -178,6 +183,15 @@ int bench_train_main(int argc, char **argv) {
         per_step[r] = (bench_now_s() - t0) / (double)steps * 1e3;
     }
     double loss = na_item(last_loss);
+    if (profile) {
+        na_profile_begin();
+        int failed = train_step(&t);
+        na_step_end();
+        na_profile_end();
+        if (failed) return bench_fail(key, "profiled step");
+        na_profile_print(stderr);
+        na_profile_reset();
+    }
     na_tensor_free(last_loss);
 
     bench_stats st = bench_stats_of(per_step, (int)repeats);
@@ -211,6 +225,7 @@ int bench_train_main(int argc, char **argv) {
     bench_json_num(&j, "loss", loss);
     bench_json_num(&j, "peak_rss_mib", bench_peak_rss_mib());
     bench_json_num(&j, "base_rss_mib", base_rss);
+    bench_json_num(&j, "arena_peak_mib", (double)na_arena_peak(dev) / (1024.0 * 1024.0));
     if (dev == NA_DEVICE_CUDA) {
         bench_json_num(&j, "cuda_peak_mib", (double)na_cuda_peak_bytes() / (1024.0 * 1024.0));
         bench_json_num(&j, "syncs_per_step", (double)syncs / (double)(repeats * steps));

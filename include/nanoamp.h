@@ -8,6 +8,7 @@
  *   ops.h       the op table and the differentiable ops
  *   autocast.h  autocast regions, rules and the trace (included by amp.h)
  *   autograd.h  backward, no-grad, gradcheck
+ *   profile.h   per-op and per-layer time of a step
  *   amp.h       loss scaling, master weights, model conversion, monitoring
  *   nn.h        modules and layers
  *   optim.h     SGD, Adam, AdamW, schedules, clipping
@@ -24,6 +25,7 @@
 #include "nanoamp/state.h"
 #include "nanoamp/ops.h"
 #include "nanoamp/autograd.h"
+#include "nanoamp/profile.h"
 #include "nanoamp/amp.h"
 #include "nanoamp/nn.h"
 #include "nanoamp/optim.h"

@@ -253,6 +253,12 @@ typedef struct na_backend {
     int (*memcpy_d2h)(void *dst, const void *src, size_t bytes); /* synchronizes */
     int (*memcpy_d2d)(void *dst, const void *src, size_t bytes);
     int (*synchronize)(void);
+    /* profiling (optional, NULL where the host clock serves, as on the CPU): an event recorded
+     * on the device's stream now (NULL with an error on failure), the milliseconds between
+     * two recorded events (waits for `end`), and freeing one (NULL is fine) */
+    void *(*event_record)(void);
+    int (*event_elapsed_ms)(void *start, void *end, double *ms);
+    void (*event_free)(void *event);
 
     /* the kernels of NA_BACKEND_KERNELS, one function pointer each */
 #define NA_BACKEND_FIELD_(kernel, params) int (*kernel) params;

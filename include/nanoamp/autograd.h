@@ -6,8 +6,10 @@
  * graph from `root` in reverse topological order and ACCUMULATES (+=) into the .grad of
  * every leaf tensor that requires grad: call zero_grad (optimizer) or na_tensor_zero_grad
  * between steps, or gradients of several backward calls add up. The .grad of a persistent
- * leaf is persistent (freed with it); graph nodes and non-leaf gradients live in the step
- * arena and vanish at na_step_end().
+ * leaf is persistent (freed with it); graph nodes live in the step arena and vanish at
+ * na_step_end(). Gradients of intermediates go back to the arena as soon as the pass has
+ * used them (their memory is reused within the step), so after na_backward a non-leaf's
+ * .grad is NULL; tensors the forward made stay as they were.
  *
  *     na_tensor_set_requires_grad(w, true);
  *     na_tensor *loss = na_sum(na_mul(w, w));

@@ -7,8 +7,9 @@
  * Two lifetimes:
  *  - step tensors: everything an op or na_zeros/na_empty/... returns lives in the per-step
  *    arena and is released all at once by na_step_end(). A user never frees an intermediate.
- *    Once warm, the arena is one buffer per device grown to its high-water mark: no malloc (or
- *    cudaMalloc) per op.
+ *    Once warm, the arena is a few buffers per device near the step's high-water mark: no
+ *    malloc (or cudaMalloc) per op. Within a step, na_backward gives back the gradients of
+ *    intermediates once consumed (nanoamp/autograd.h), and their memory is reused.
  *  - persistent tensors: na_tensor_new() makes a tensor (and later its .grad) that lives until
  *    na_tensor_free(). Parameters, optimizer state, master weights and scaler state are
  *    persistent and owned by the module/optimizer/scaler that made them.
@@ -91,7 +92,10 @@ void na_tensor_free(na_tensor *t); /* NULL is fine; step tensors are ignored */
  * persistent leaves stay. */
 void na_step_end(void);
 size_t na_arena_capacity(na_device dev); /* bytes reserved (the high-water mark once warm) */
-size_t na_arena_used(na_device dev);     /* bytes handed out since the last na_step_end */
+size_t na_arena_used(na_device dev);     /* bytes in use (handed out, not given back) */
+/* The largest na_arena_used since the process started or since na_arena_peak_reset(). */
+size_t na_arena_peak(na_device dev);
+void na_arena_peak_reset(void);
 size_t na_arena_chunk_allocs(na_device dev); /* raw allocations made so far (tests check it
                                                 stops growing once warm) */
 

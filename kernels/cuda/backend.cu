@@ -150,6 +150,30 @@ static int cuda_synchronize(void) {
     return NA_OK;
 }
 
+/* The profiler's clock (nanoamp/profile.h): events on the one stream. */
+static void *cuda_event_record(void) {
+    cudaEvent_t e = NULL;
+    cudaError_t err = cudaEventCreate(&e);
+    if (err == cudaSuccess) err = cudaEventRecord(e, na_cuda_ctx.stream);
+    if (err == cudaSuccess) return (void *)e;
+    (void)cudaGetLastError();
+    if (e) cudaEventDestroy(e);
+    na_set_error(NA_ECUDA, "cuda event: cudaEventRecord failed: %s", cudaGetErrorString(err));
+    return NULL;
+}
+
+static int cuda_event_elapsed_ms(void *start, void *end, double *ms) {
+    float f = 0;
+    NA_CUDA_CHECK(cudaEventSynchronize((cudaEvent_t)end));
+    NA_CUDA_CHECK(cudaEventElapsedTime(&f, (cudaEvent_t)start, (cudaEvent_t)end));
+    *ms = f;
+    return NA_OK;
+}
+
+static void cuda_event_free(void *event) {
+    if (event) cudaEventDestroy((cudaEvent_t)event);
+}
+
 void *na_cuda_scratch(size_t bytes) {
     if (bytes <= na_cuda_ctx.scratch_size && na_cuda_ctx.scratch) return na_cuda_ctx.scratch;
     size_t want = bytes < ((size_t)1 << 20) ? ((size_t)1 << 20) : bytes;
@@ -192,6 +216,9 @@ static void fill_table(na_backend *b) {
     b->memcpy_d2h = cuda_memcpy_d2h;
     b->memcpy_d2d = cuda_memcpy_d2d;
     b->synchronize = cuda_synchronize;
+    b->event_record = cuda_event_record;
+    b->event_elapsed_ms = cuda_event_elapsed_ms;
+    b->event_free = cuda_event_free;
 #define NA_CUDA_ENTRY_(kernel, params) b->kernel = na_cuda_##kernel;
     NA_BACKEND_KERNELS(NA_CUDA_ENTRY_, NA_CUDA_ENTRY_)
 #undef NA_CUDA_ENTRY_

@@ -2,11 +2,14 @@
  *
  * Gradients of non-leaf tensors are kept in their .grad (step arena) while the pass runs;
  * leaves that require grad accumulate (+=) into their .grad, which for a persistent leaf is
- * persistent. */
+ * persistent. A gradient block made by the pass goes back to the arena as soon as nothing
+ * holds it: the pass counts, per block, the non-leaf .grad slots and the node's own
+ * gradients in flight that refer to it (views and adopted gradients share blocks). */
 #include <inttypes.h>
 #include <stdlib.h>
 
 #include "src/autograd/graph.h"
+#include "src/autograd/profile.h"
 #include "src/tensor/arena.h"
 #include "src/tensor/tensor_internal.h"
 
@@ -31,6 +34,8 @@ na_graph_observer na_graph_set_observer(na_graph_observer fn) {
 na_node *na_graph_record(const na_graph_op *op, na_tensor *out, int n_inputs,
                          na_tensor *const *inputs) {
     if (observer) observer(op, out, n_inputs, inputs);
+    if (na_profile_on() && !in_backward) /* a backward's ops count to its node */
+        na_profile_mark(op->name, false, out->device, na_profile_layer());
     if (!na_grad_enabled() || !op->backward) return NULL;
     bool any = false;
     for (int k = 0; k < n_inputs; k++) any |= inputs[k] && inputs[k]->requires_grad;
@@ -41,6 +46,7 @@ na_node *na_graph_record(const na_graph_op *op, na_tensor *out, int n_inputs,
     n->n_inputs = n_inputs;
     for (int k = 0; k < n_inputs; k++) n->inputs[k] = inputs[k];
     n->out = out;
+    n->layer = na_profile_layer();
     out->requires_grad = true;
     out->grad_fn = n;
     return n;
@@ -177,6 +183,80 @@ static int fire_final(const leaf_final *e, size_t n, size_t *next, size_t i) {
     return rc;
 }
 
+/* ---- gradient blocks ----------------------------------------------------------------------- */
+
+/* What the pass knows of the gradient blocks it made: owner tensor -> references. */
+typedef struct {
+    na_arena_mark mark; /* blocks whose owner was made after it are the pass's own */
+    na_tensor **keys;   /* open addressing, at most half full */
+    int *refs;
+    size_t cap, n;
+    bool broken; /* out of memory for the table: free nothing more */
+} pass;
+
+static na_tensor *owner_of(na_tensor *t) { return t->base ? t->base : t; }
+
+static bool pass_made(const pass *p, const na_tensor *o) {
+    return !o->persistent && o->data && na_arena_host_newer(p->mark, o);
+}
+
+static size_t slot_of(na_tensor *const *keys, size_t cap, const na_tensor *o) {
+    size_t h = ((uintptr_t)o >> 4) & (cap - 1);
+    while (keys[h] && keys[h] != o) h = (h + 1) & (cap - 1);
+    return h;
+}
+
+static bool grow_refs(pass *p) {
+    size_t cap = p->cap ? 2 * p->cap : 256;
+    na_tensor **keys = calloc(cap, sizeof *keys);
+    int *refs = calloc(cap, sizeof *refs);
+    if (!keys || !refs) {
+        free(keys);
+        free(refs);
+        return false;
+    }
+    for (size_t i = 0; i < p->cap; i++) {
+        if (!p->keys[i]) continue;
+        size_t h = slot_of(keys, cap, p->keys[i]);
+        keys[h] = p->keys[i];
+        refs[h] = p->refs[i];
+    }
+    free(p->keys);
+    free(p->refs);
+    p->keys = keys, p->refs = refs, p->cap = cap;
+    return true;
+}
+
+/* The reference count of o, added (at 0) when `insert`; NULL when absent or out of memory. */
+static int *refs_of(pass *p, na_tensor *o, bool insert) {
+    if (p->broken) return NULL;
+    if (insert && 2 * (p->n + 1) > p->cap && !grow_refs(p)) {
+        p->broken = true;
+        return NULL;
+    }
+    if (!p->cap) return NULL;
+    size_t h = slot_of(p->keys, p->cap, o);
+    if (!p->keys[h]) {
+        if (!insert) return NULL;
+        p->keys[h] = o;
+        p->n++;
+    }
+    return &p->refs[h];
+}
+
+static void hold(pass *p, na_tensor *g) {
+    na_tensor *o = owner_of(g);
+    int *r = pass_made(p, o) ? refs_of(p, o, true) : NULL;
+    if (r) ++*r;
+}
+
+/* One reference less; the block goes back to the arena when that was the last. */
+static void unhold(pass *p, na_tensor *g) {
+    na_tensor *o = owner_of(g);
+    int *r = pass_made(p, o) ? refs_of(p, o, false) : NULL;
+    if (r && --*r == 0) na_tensor_release(o);
+}
+
 /* ---- accumulation -------------------------------------------------------------------------- */
 
 /* out = a + b through the backend (shapes, dtype and device equal; a and b may be views). */
@@ -190,7 +270,7 @@ static int add_same_shape(na_tensor *out, const na_tensor *a, const na_tensor *b
     return na_be(out)->binary(NA_BINARY_ADD, &a->view, &b->view, &out->view, &bc);
 }
 
-static int accumulate(na_tensor *t, na_tensor *g) {
+static int accumulate(pass *p, na_tensor *t, na_tensor *g) {
     char a[NA_DESCRIBE_MAX], b[NA_DESCRIBE_MAX];
     if (!na_same_shape(t, g))
         return na_set_error(NA_ESTATE, "na_backward: internal error: gradient %s for tensor %s",
@@ -201,6 +281,7 @@ static int accumulate(na_tensor *t, na_tensor *g) {
         g = c;
     }
     if (t->grad_fn) { /* non-leaf: never written in place, so adopting g aliases nothing */
+        hold(p, g);
         if (!t->grad) {
             t->grad = g;
             return NA_OK;
@@ -208,6 +289,9 @@ static int accumulate(na_tensor *t, na_tensor *g) {
         na_tensor *sum = na_empty(t->dtype, t->device, t->ndim, t->shape);
         if (!sum) return na_last_status();
         int rc = add_same_shape(sum, t->grad, g);
+        hold(p, sum);
+        unhold(p, t->grad);
+        unhold(p, g); /* summed: held by nobody now (a converted copy is freed here) */
         t->grad = sum;
         return rc;
     }
@@ -239,8 +323,9 @@ int na_backward(na_tensor *root, na_tensor *grad) {
                             na_tensor_describe(grad, s1, sizeof s1),
                             na_tensor_describe(root, s2, sizeof s2));
     }
+    pass p = {.mark = na_arena_host_mark()};
     if (!root->grad_fn) {
-        int rc = accumulate(root, grad);
+        int rc = accumulate(&p, root, grad);
         return !rc && leaf_hook.fn ? leaf_hook.fn(root, leaf_hook.ctx) : rc;
     }
 
@@ -255,7 +340,7 @@ int na_backward(na_tensor *root, na_tensor *grad) {
      * the ops the backward functions call alone, even inside an open region. */
     bool outer = !in_backward;
     in_backward = true;
-    if (!rc) rc = accumulate(root, grad);
+    if (!rc) rc = accumulate(&p, root, grad);
     for (size_t i = order.n; i-- > 0 && !rc;) {
         na_node *n = order.items[i];
         na_tensor *gout = n->out->grad;
@@ -269,13 +354,26 @@ int na_backward(na_tensor *root, na_tensor *grad) {
             na_set_error(rc, "%s: backward of %s failed: %s", fn, n->op->name, na_last_error());
             break;
         }
+        /* the node's gradients are held while any of them is being accumulated: one may
+         * be a view of another's block */
+        for (int k = 0; k < n->n_inputs; k++)
+            if (gin[k]) hold(&p, gin[k]);
         for (int k = 0; k < n->n_inputs && !rc; k++)
-            if (gin[k] && na_node_needs_grad(n, k)) rc = accumulate(n->inputs[k], gin[k]);
+            if (gin[k] && na_node_needs_grad(n, k)) rc = accumulate(&p, n->inputs[k], gin[k]);
+        for (int k = 0; k < n->n_inputs && !rc; k++)
+            if (gin[k]) unhold(&p, gin[k]);
+        if (!rc) { /* consumed */
+            if (!n->op->keeps_gout) unhold(&p, gout);
+            n->out->grad = NULL;
+        }
         if (finals && !rc) rc = fire_final(finals, n_finals, &next_final, i);
+        if (na_profile_on()) na_profile_mark(n->op->name, true, n->out->device, n->layer);
     }
     if (outer) in_backward = false;
     na_no_grad_end();
     free(order.items);
     free(finals);
+    free(p.keys);
+    free(p.refs);
     return rc;
 }

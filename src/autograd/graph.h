@@ -23,6 +23,8 @@ typedef struct {
     int id;                  /* the ops layer's na_op: handed to the observer, never read here */
     const char *name;        /* for messages ("backward of linear failed: ...") */
     na_backward_fn backward; /* NULL: the op has no gradient and records no node */
+    bool keeps_gout;         /* the backward keeps gout for a later node (the engine then
+                                leaves its memory alone until the step ends) */
 } na_graph_op;
 
 struct na_node {
@@ -35,6 +37,7 @@ struct na_node {
     void *extra;                           /* op-specific block in the arena */
     na_tensor *out;
     unsigned visit; /* topological-sort mark */
+    int layer;      /* the profiler's layer of the forward (0: none; src/autograd/profile.h) */
 };
 
 /* A node for `out` when op has a backward, grad mode is on and some input requires grad, else

@@ -2,10 +2,14 @@
  * with its name and type, so an error deep in a model says where it happened. */
 #include <stdio.h>
 
+#include "src/autograd/profile.h"
 #include "src/nn/module.h"
 
 static na_tensor *child_forward(na_module *m, int i, na_tensor *x) {
+    bool profiled = na_profile_on();
+    if (profiled) na_profile_layer_push(m->child_names[i], m->children[i]->type_name);
     na_tensor *y = na_module_forward(m->children[i], x);
+    if (profiled) na_profile_layer_pop();
     if (!y)
         na_set_error(na_last_status() ? na_last_status() : NA_EINVAL, "%s (%s): %s",
                      m->child_names[i], m->children[i]->type_name, na_last_error());

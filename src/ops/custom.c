@@ -156,7 +156,8 @@ static int record(na_function_ctx *c) {
     na_tensor *bundle = na_zeros(NA_DTYPE_F64, NA_DEVICE_CPU, 0, NULL);
     if (!bundle) return na_last_status();
     c->fn_op = (na_graph_op){.id = NA_OP_PLUMBING, .name = f->name, .backward = function_backward};
-    c->out_op = (na_graph_op){.id = NA_OP_PLUMBING, .name = f->name, .backward = output_backward};
+    c->out_op = (na_graph_op){.id = NA_OP_PLUMBING, .name = f->name, .backward = output_backward,
+                              .keeps_gout = true}; /* in c->grad_out, for function_backward */
     na_node *n = na_graph_record(&c->fn_op, bundle, f->n_inputs, c->inputs);
     if (!n) return na_last_status();
     n->extra = c;

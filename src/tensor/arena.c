@@ -1,6 +1,7 @@
 /* Bump allocators for everything one training step makes (see arena.h). */
 #include "src/tensor/arena.h"
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,14 +16,24 @@
 
 typedef struct {
     char *base;
-    size_t size, used;
+    size_t size, used; /* used: the bump pointer of the host arena */
 } chunk;
+
+/* A free range of a data arena's chunk; the list is sorted by address. */
+typedef struct {
+    char *p;
+    size_t size;
+    int chunk;
+} range;
 
 typedef struct {
     chunk chunks[ARENA_MAX_CHUNKS];
     int n_chunks;
     size_t raw_allocs; /* how many times memory was asked of the allocator */
-    size_t used_total;
+    size_t used_total, peak;
+    bool reuses;       /* a data arena: blocks can be freed and are reused (best fit) */
+    range *free;       /* the free ranges of every chunk, by address */
+    int n_free, cap_free;
 } arena;
 
 static arena host_arena;
@@ -50,14 +61,90 @@ static int get_allocator(arena *a, raw_allocator *out) {
 
 static size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
+static void count_in(arena *a, size_t bytes) {
+    a->used_total += bytes;
+    if (a->used_total > a->peak) a->peak = a->used_total;
+}
+
+/* Inserts a free range at index i (the list has room). */
+static void insert_range(arena *a, int i, range r) {
+    memmove(&a->free[i + 1], &a->free[i], (size_t)(a->n_free - i) * sizeof *a->free);
+    a->free[i] = r;
+    a->n_free++;
+}
+static void remove_range(arena *a, int i) {
+    a->n_free--;
+    memmove(&a->free[i], &a->free[i + 1], (size_t)(a->n_free - i) * sizeof *a->free);
+}
+static bool reserve_ranges(arena *a, int n) {
+    if (n <= a->cap_free) return true;
+    int cap = a->cap_free ? 2 * a->cap_free : 64;
+    while (cap < n) cap *= 2;
+    range *f = realloc(a->free, (size_t)cap * sizeof *f);
+    if (!f) return false;
+    a->free = f;
+    a->cap_free = cap;
+    return true;
+}
+
+/* Best fit over the free ranges (the smallest that holds `bytes`, the lowest address on a
+ * tie): deterministic, and it keeps big ranges whole for big tensors. */
+static void *take_free(arena *a, size_t bytes) {
+    int best = -1;
+    for (int i = 0; i < a->n_free; i++)
+        if (a->free[i].size >= bytes && (best < 0 || a->free[i].size < a->free[best].size))
+            best = i;
+    if (best < 0) return NULL;
+    range *r = &a->free[best];
+    void *p = r->p;
+    r->p += bytes;
+    r->size -= bytes;
+    if (!r->size) remove_range(a, best);
+    return p;
+}
+
+/* Back into the free list, merged with the ranges it touches in its chunk; false (the bytes
+ * stay taken until the step ends) when the list cannot grow. */
+static bool give_back(arena *a, char *p, size_t bytes, int chunk_index) {
+    if (!reserve_ranges(a, a->n_free + 1)) return false;
+    int i = 0;
+    while (i < a->n_free && a->free[i].p < p) i++;
+    range *prev = i > 0 ? &a->free[i - 1] : NULL, *next = i < a->n_free ? &a->free[i] : NULL;
+    bool join_prev = prev && prev->chunk == chunk_index && prev->p + prev->size == p;
+    bool join_next = next && next->chunk == chunk_index && p + bytes == next->p;
+    if (join_prev && join_next) {
+        prev->size += bytes + next->size;
+        remove_range(a, i);
+    } else if (join_prev) {
+        prev->size += bytes;
+    } else if (join_next) {
+        next->p = p;
+        next->size += bytes;
+    } else {
+        insert_range(a, i, (range){p, bytes, chunk_index});
+    }
+    return true;
+}
+
+static int by_address(const void *x, const void *y) {
+    const range *a = x, *b = y;
+    return a->p < b->p ? -1 : a->p > b->p;
+}
+
 static void *arena_alloc(arena *a, size_t bytes, const char *what) {
     bytes = round_up(bytes ? bytes : 1, ARENA_ALIGN);
-    if (a->n_chunks > 0) {
+    if (a->reuses) {
+        void *p = take_free(a, bytes);
+        if (p) {
+            count_in(a, bytes);
+            return p;
+        }
+    } else if (a->n_chunks > 0) {
         chunk *c = &a->chunks[a->n_chunks - 1];
         if (c->size - c->used >= bytes) {
             void *p = c->base + c->used;
             c->used += bytes;
-            a->used_total += bytes;
+            count_in(a, bytes);
             return p;
         }
     }
@@ -69,9 +156,13 @@ static void *arena_alloc(arena *a, size_t bytes, const char *what) {
     }
     raw_allocator ra = {0};
     if (get_allocator(a, &ra) != NA_OK) return NULL;
+    /* A data arena grows by a quarter of what it holds, so it ends near the step's
+     * high-water mark; the host arena, never freed within a step, doubles. */
+    size_t have = 0;
+    for (int i = 0; i < a->n_chunks; i++) have += a->chunks[i].size;
     size_t last = a->n_chunks ? a->chunks[a->n_chunks - 1].size : 0;
-    size_t size = bytes;
-    if (size < 2 * last) size = 2 * last;
+    size_t size = a->reuses ? round_up(have / 4, ARENA_ALIGN) : 2 * last;
+    if (size < bytes) size = bytes;
     if (size < ARENA_MIN_CHUNK) size = ARENA_MIN_CHUNK;
     char *base = ra.alloc(size);
     if (!base) {
@@ -80,14 +171,18 @@ static void *arena_alloc(arena *a, size_t bytes, const char *what) {
         return NULL;
     }
     a->raw_allocs++;
-    a->chunks[a->n_chunks++] = (chunk){base, size, bytes};
-    a->used_total += bytes;
+    int k = a->n_chunks++;
+    a->chunks[k] = (chunk){base, size, bytes};
+    if (a->reuses && size > bytes) give_back(a, base + bytes, size - bytes, k);
+    count_in(a, bytes);
     return base;
 }
 
-/* Keep the memory; if the step spilled over several chunks, merge them into one. */
+/* Keep the memory. The host arena, if the step spilled over several chunks, merges them into
+ * one; a data arena keeps its chunks (grown by quarters, they are near the high-water mark,
+ * where one merged buffer would hold their sum) and frees all of each. */
 static void arena_reset(arena *a) {
-    if (a->n_chunks > 1) {
+    if (!a->reuses && a->n_chunks > 1) {
         raw_allocator ra = {0};
         if (get_allocator(a, &ra) == NA_OK) {
             size_t total = 0;
@@ -105,6 +200,13 @@ static void arena_reset(arena *a) {
     }
     for (int i = 0; i < a->n_chunks; i++) a->chunks[i].used = 0;
     a->used_total = 0;
+    if (a->reuses) {
+        a->n_free = 0;
+        for (int i = 0; i < a->n_chunks; i++)
+            if (reserve_ranges(a, a->n_free + 1))
+                a->free[a->n_free++] = (range){a->chunks[i].base, a->chunks[i].size, i};
+        qsort(a->free, (size_t)a->n_free, sizeof *a->free, by_address);
+    }
 }
 
 void *na_arena_host_alloc(size_t bytes) {
@@ -118,7 +220,37 @@ void *na_arena_data_alloc(na_device dev, size_t bytes) {
         na_set_error(NA_EINVAL, "step arena: unknown device %d", (int)dev);
         return NULL;
     }
-    return arena_alloc(&data_arenas[dev], bytes, na_device_name(dev));
+    arena *a = &data_arenas[dev];
+    a->reuses = true;
+    return arena_alloc(a, bytes, na_device_name(dev));
+}
+
+void na_arena_data_free(na_device dev, void *p, size_t bytes) {
+    if (!p || (unsigned)dev >= NA_DEVICE_COUNT) return;
+    arena *a = &data_arenas[dev];
+    bytes = round_up(bytes ? bytes : 1, ARENA_ALIGN);
+    for (int i = 0; i < a->n_chunks; i++) {
+        chunk *c = &a->chunks[i];
+        if ((char *)p >= c->base && (char *)p < c->base + c->size) {
+            if (give_back(a, p, bytes, i)) a->used_total -= bytes;
+            return;
+        }
+    }
+}
+
+na_arena_mark na_arena_host_mark(void) {
+    const arena *a = &host_arena;
+    return (na_arena_mark){a->n_chunks - 1, a->n_chunks ? a->chunks[a->n_chunks - 1].used : 0};
+}
+
+bool na_arena_host_newer(na_arena_mark m, const void *p) {
+    const arena *a = &host_arena;
+    for (int i = a->n_chunks - 1; i >= 0 && i >= m.chunk; i--) {
+        const chunk *c = &a->chunks[i];
+        if ((const char *)p >= c->base && (const char *)p < c->base + c->used)
+            return i > m.chunk || (size_t)((const char *)p - c->base) >= m.used;
+    }
+    return false;
 }
 
 static unsigned long generation;
@@ -141,6 +273,12 @@ size_t na_arena_capacity(na_device dev) {
 }
 size_t na_arena_used(na_device dev) {
     return (unsigned)dev < NA_DEVICE_COUNT ? data_arenas[dev].used_total : 0;
+}
+size_t na_arena_peak(na_device dev) {
+    return (unsigned)dev < NA_DEVICE_COUNT ? data_arenas[dev].peak : 0;
+}
+void na_arena_peak_reset(void) {
+    for (int d = 0; d < NA_DEVICE_COUNT; d++) data_arenas[d].peak = data_arenas[d].used_total;
 }
 size_t na_arena_chunk_allocs(na_device dev) {
     return (unsigned)dev < NA_DEVICE_COUNT ? data_arenas[dev].raw_allocs : 0;

@@ -122,6 +122,12 @@ na_tensor *na_empty(na_dtype dt, na_device dev, int ndim, const int64_t *shape) 
     return t->data ? t : NULL;
 }
 
+void na_tensor_release(na_tensor *t) {
+    if (!t || t->base || t->persistent || !t->data) return;
+    na_arena_data_free(t->device, t->data, (size_t)t->numel * na_dtype_size(t->dtype));
+    t->data = NULL;
+}
+
 na_tensor *na_full(na_dtype dt, na_device dev, int ndim, const int64_t *shape, double value) {
     na_tensor *t = na_empty(dt, dev, ndim, shape);
     if (!t || na_fill_(t, value) != NA_OK) return NULL;
@@ -226,7 +232,13 @@ void na_tensor_free(na_tensor *t) {
     free(t);
 }
 
-void na_step_end(void) { na_arena_reset(); }
+static void (*step_hook)(void);
+void na_arena_set_step_hook(void (*fn)(void)) { step_hook = fn; }
+
+void na_step_end(void) {
+    if (step_hook) step_hook();
+    na_arena_reset();
+}
 
 /* ---- moving data ------------------------------------------------------------------------ */
 

@@ -11,6 +11,9 @@ na_tensor *na_tensor_header(na_dtype dt, na_device dev, int ndim, const int64_t 
 /* A step tensor struct that views `base` (copying its geometry). */
 na_tensor *na_tensor_view_header(na_tensor *base);
 void na_set_contiguous_strides(na_tensor *t);
+/* Gives the memory of a step tensor that owns it (no view, not persistent) back to the arena
+ * before the step ends; t->data becomes NULL. Only when nothing refers to that memory. */
+void na_tensor_release(na_tensor *t);
 int64_t na_shape_numel(int ndim, const int64_t *shape);
 
 /* The backend of t's device (error set, NULL if unavailable). */
