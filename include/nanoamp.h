@@ -14,6 +14,7 @@
  *   data.h      MNIST/CIFAR readers and batching
  *   io.h        checkpoints (safetensors)
  *   cuda.h      the CUDA device
+ *   threads.h   the CPU thread pool: na_set_num_threads / na_get_num_threads
  */
 #ifndef NANOAMP_H
 #define NANOAMP_H
@@ -29,4 +30,5 @@
 #include "nanoamp/data.h"
 #include "nanoamp/io.h"
 #include "nanoamp/cuda.h"
+#include "nanoamp/threads.h"
 #endif

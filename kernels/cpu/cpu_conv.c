@@ -18,6 +18,7 @@
  * input (otherwise).
  */
 #include "cpu/cpu_internal.h"
+#include "cpu/cpu_parallel.h"
 
 static int64_t ceil_div(int64_t a, int64_t b) { return a >= 0 ? (a + b - 1) / b : -((-a) / b); }
 
@@ -57,6 +58,36 @@ static int check_geom(const char *fn, const na_conv_geom *g, bool conv) {
                             g->groups, (long long)g->c_in, (long long)g->c_out);
     return NA_OK;
 }
+
+/* ---- the split over the pool ---------------------------------------------------------------
+ * Tasks are ranges of images, their number fixed by the problem (never by the thread count),
+ * so every image's output, and the order in which the weight gradient's per-task partials are
+ * added, are the same for any number of threads. */
+enum { NA_CPU_CONV_TASKS = 8 };            /* image ranges of a large convolution */
+#define NA_CPU_CONV_TASK_MACS ((int64_t)1 << 20) /* below this much work per task: one task */
+
+static int64_t conv_tasks(const na_conv_geom *g) {
+    int64_t per_image = g->c_out * (g->c_in / g->groups) * g->kh * g->kw * g->oh * g->ow;
+    return g->n < 1 ? 1 : na_cpu_split(g->n * per_image, NA_CPU_CONV_TASK_MACS,
+                                       g->n < NA_CPU_CONV_TASKS ? g->n : NA_CPU_CONV_TASKS);
+}
+
+/* The weight gradient's tasks: as conv_tasks, but their partials (wsize elements each) kept
+ * within the block budget. */
+static int64_t weight_grad_tasks(const na_conv_geom *g, int64_t wsize) {
+    int64_t t = conv_tasks(g), fit = wsize > 0 ? na_cpu_conv_block_budget / wsize : t;
+    return t < fit ? t : fit < 1 ? 1 : fit;
+}
+
+typedef struct {
+    const na_conv_geom *g;
+    const na_view *x, *gy, *bias;
+    na_view *y, *gx;
+    const void *wv, *bb; /* weights and bias in the compute type */
+    void *gw;            /* weight gradient partials, one per task */
+    int64_t tasks;
+    na_cpu_task_status status;
+} conv_job;
 
 #define NA_CPU_DEFINE_CONV(T, SFX, GEMM)                                                    \
     /* rows of col (Cg*kh*kw of them, row stride ld) from the Cg channel planes at x */     \
@@ -132,96 +163,157 @@ static int check_geom(const char *fn, const na_conv_geom *g, bool conv) {
                                   blk + co * nb * P + b * P);                               \
     }                                                                                       \
                                                                                             \
-    static int conv2d_##SFX(const na_conv_geom *g, const na_view *x, const na_view *w,      \
-                            const na_view *bias, na_view *y) {                              \
+    /* y for images [lo, hi) */                                                             \
+    static int conv2d_range_##SFX(const conv_job *j, int64_t lo, int64_t hi) {              \
         const char *fn = "cpu_conv2d";                                                      \
+        const na_conv_geom *g = j->g;                                                       \
+        const T *wv = j->wv, *bb = j->bb;                                                   \
         int64_t G = g->groups, cg = g->c_in / G, cog = g->c_out / G;                        \
         int64_t K = cg * g->kh * g->kw, P = g->oh * g->ow, HW = g->h * g->w;                \
         int64_t NB = images_per_block(g);                                                   \
         T *xb = na_cpu_scratch(NA_CPU_SCRATCH_0, (size_t)(cg * HW) * sizeof(T), fn);        \
         T *col = na_cpu_scratch(NA_CPU_SCRATCH_1, (size_t)(K * NB * P) * sizeof(T), fn);    \
         T *yb = na_cpu_scratch(NA_CPU_SCRATCH_2, (size_t)(cog * NB * P) * sizeof(T), fn);   \
-        T *wb = na_cpu_scratch(NA_CPU_SCRATCH_3, (size_t)(g->c_out * K) * sizeof(T), fn);   \
-        T *bb = na_cpu_scratch(NA_CPU_SCRATCH_4, (size_t)g->c_out * sizeof(T), fn);         \
-        if (!xb || !col || !yb || !wb || !bb) return NA_ENOMEM;                             \
-        const T *wv = na_cpu_view_##SFX(w->dtype, w->data, 0, g->c_out * K, wb);            \
-        if (bias) na_cpu_load_##SFX(bias->dtype, bias->data, 0, g->c_out, bb);              \
-        else memset(bb, 0, (size_t)g->c_out * sizeof(T));                                   \
-        for (int64_t n0 = 0; n0 < g->n; n0 += NB) {                                         \
-            int64_t nb = g->n - n0 < NB ? g->n - n0 : NB, ld = nb * P;                      \
+        if (!xb || !col || !yb) return NA_ENOMEM;                                           \
+        for (int64_t n0 = lo; n0 < hi; n0 += NB) {                                          \
+            int64_t nb = hi - n0 < NB ? hi - n0 : NB, ld = nb * P;                          \
             for (int64_t gi = 0; gi < G; gi++) {                                            \
-                im2col_block_##SFX(g, x, n0, nb, gi, xb, col);                              \
+                im2col_block_##SFX(g, j->x, n0, nb, gi, xb, col);                           \
                 int st = GEMM(false, false, cog, ld, K, 1, wv + gi * cog * K, K, col, ld,   \
                               0, yb, ld);                                                   \
                 if (st) return st;                                                          \
                 for (int64_t b = 0; b < nb; b++)                                            \
                     for (int64_t co = 0; co < cog; co++) {                                  \
                         T *r = yb + co * ld + b * P, bv = bb[gi * cog + co];                \
-                        if (bias)                                                           \
+                        if (j->bias)                                                        \
                             for (int64_t p = 0; p < P; p++) r[p] += bv;                     \
-                        na_cpu_store_##SFX(y->dtype, y->data,                               \
+                        na_cpu_store_##SFX(j->y->dtype, j->y->data,                         \
                                            ((n0 + b) * g->c_out + gi * cog + co) * P, P, r); \
                     }                                                                       \
             }                                                                               \
         }                                                                                   \
         return NA_OK;                                                                       \
     }                                                                                       \
-                                                                                            \
-    static int conv2d_bwd_data_##SFX(const na_conv_geom *g, const na_view *gy,              \
-                                     const na_view *w, na_view *gx) {                       \
+    /* gx for images [lo, hi) */                                                            \
+    static int conv2d_bwd_data_range_##SFX(const conv_job *j, int64_t lo, int64_t hi) {     \
         const char *fn = "cpu_conv2d_backward_data";                                        \
+        const na_conv_geom *g = j->g;                                                       \
+        const T *wv = j->wv;                                                                \
         int64_t G = g->groups, cg = g->c_in / G, cog = g->c_out / G;                        \
         int64_t K = cg * g->kh * g->kw, P = g->oh * g->ow, HW = g->h * g->w;                \
         int64_t NB = images_per_block(g);                                                   \
         T *gxb = na_cpu_scratch(NA_CPU_SCRATCH_0, (size_t)(cg * HW) * sizeof(T), fn);       \
         T *col = na_cpu_scratch(NA_CPU_SCRATCH_1, (size_t)(K * NB * P) * sizeof(T), fn);    \
         T *gyb = na_cpu_scratch(NA_CPU_SCRATCH_2, (size_t)(cog * NB * P) * sizeof(T), fn);  \
-        T *wb = na_cpu_scratch(NA_CPU_SCRATCH_3, (size_t)(g->c_out * K) * sizeof(T), fn);   \
-        if (!gxb || !col || !gyb || !wb) return NA_ENOMEM;                                  \
-        const T *wv = na_cpu_view_##SFX(w->dtype, w->data, 0, g->c_out * K, wb);            \
-        for (int64_t n0 = 0; n0 < g->n; n0 += NB) {                                         \
-            int64_t nb = g->n - n0 < NB ? g->n - n0 : NB, ld = nb * P;                      \
+        if (!gxb || !col || !gyb) return NA_ENOMEM;                                         \
+        for (int64_t n0 = lo; n0 < hi; n0 += NB) {                                          \
+            int64_t nb = hi - n0 < NB ? hi - n0 : NB, ld = nb * P;                          \
             for (int64_t gi = 0; gi < G; gi++) {                                            \
-                gather_out_##SFX(g, gy, n0, nb, gi, gyb);                                   \
+                gather_out_##SFX(g, j->gy, n0, nb, gi, gyb);                                \
                 int st = GEMM(true, false, K, ld, cog, 1, wv + gi * cog * K, K, gyb, ld,    \
                               0, col, ld);                                                  \
                 if (st) return st;                                                          \
                 for (int64_t b = 0; b < nb; b++) {                                          \
                     int64_t off = ((n0 + b) * g->c_in + gi * cg) * HW;                      \
-                    T *gxv = na_cpu_out_##SFX(gx->dtype, gx->data, off, gxb);               \
+                    T *gxv = na_cpu_out_##SFX(j->gx->dtype, j->gx->data, off, gxb);         \
                     memset(gxv, 0, (size_t)(cg * HW) * sizeof(T));                          \
                     col2im_##SFX(g, cg, col + b * P, ld, gxv);                              \
-                    na_cpu_store_##SFX(gx->dtype, gx->data, off, cg * HW, gxv);             \
+                    na_cpu_store_##SFX(j->gx->dtype, j->gx->data, off, cg * HW, gxv);       \
                 }                                                                           \
             }                                                                               \
         }                                                                                   \
         return NA_OK;                                                                       \
     }                                                                                       \
-                                                                                            \
-    static int conv2d_bwd_weight_##SFX(const na_conv_geom *g, const na_view *x,             \
-                                       const na_view *gy, na_view *gw) {                    \
+    /* gw (c_out x K) = the weight gradient of images [lo, hi) (lo < hi) */                 \
+    static int conv2d_bwd_weight_range_##SFX(const conv_job *j, int64_t lo, int64_t hi,     \
+                                             T *gw) {                                       \
         const char *fn = "cpu_conv2d_backward_weight";                                      \
+        const na_conv_geom *g = j->g;                                                       \
         int64_t G = g->groups, cg = g->c_in / G, cog = g->c_out / G;                        \
         int64_t K = cg * g->kh * g->kw, P = g->oh * g->ow, HW = g->h * g->w;                \
         int64_t NB = images_per_block(g);                                                   \
         T *xb = na_cpu_scratch(NA_CPU_SCRATCH_0, (size_t)(cg * HW) * sizeof(T), fn);        \
         T *col = na_cpu_scratch(NA_CPU_SCRATCH_1, (size_t)(K * NB * P) * sizeof(T), fn);    \
         T *gyb = na_cpu_scratch(NA_CPU_SCRATCH_2, (size_t)(cog * NB * P) * sizeof(T), fn);  \
-        T *gwb = na_cpu_scratch(NA_CPU_SCRATCH_3, (size_t)(g->c_out * K) * sizeof(T), fn);  \
-        if (!xb || !col || !gyb || !gwb) return NA_ENOMEM;                                  \
-        T *gwv = na_cpu_out_##SFX(gw->dtype, gw->data, 0, gwb);                             \
-        if (g->n == 0) memset(gwv, 0, (size_t)(g->c_out * K) * sizeof(T));                  \
-        for (int64_t n0 = 0; n0 < g->n; n0 += NB) {                                         \
-            int64_t nb = g->n - n0 < NB ? g->n - n0 : NB, ld = nb * P;                      \
+        if (!xb || !col || !gyb) return NA_ENOMEM;                                          \
+        for (int64_t n0 = lo; n0 < hi; n0 += NB) {                                          \
+            int64_t nb = hi - n0 < NB ? hi - n0 : NB, ld = nb * P;                          \
             for (int64_t gi = 0; gi < G; gi++) {                                            \
-                im2col_block_##SFX(g, x, n0, nb, gi, xb, col);                              \
-                gather_out_##SFX(g, gy, n0, nb, gi, gyb);                                   \
+                im2col_block_##SFX(g, j->x, n0, nb, gi, xb, col);                           \
+                gather_out_##SFX(g, j->gy, n0, nb, gi, gyb);                                \
                 int st = GEMM(false, true, cog, K, ld, 1, gyb, ld, col, ld,                 \
-                              n0 == 0 ? 0 : 1, gwv + gi * cog * K, K);                      \
+                              n0 == lo ? 0 : 1, gw + gi * cog * K, K);                      \
                 if (st) return st;                                                          \
             }                                                                               \
         }                                                                                   \
-        na_cpu_store_##SFX(gw->dtype, gw->data, 0, g->c_out * K, gwv);                      \
+        return NA_OK;                                                                       \
+    }                                                                                       \
+    static void conv2d_task_##SFX(void *ctx, int64_t t) {                                   \
+        conv_job *j = ctx;                                                                  \
+        int64_t lo, hi;                                                                     \
+        na_cpu_task_range(j->g->n, j->tasks, t, 1, &lo, &hi);                               \
+        if (conv2d_range_##SFX(j, lo, hi)) na_cpu_task_fail(&j->status);                    \
+    }                                                                                       \
+    static void conv2d_bwd_data_task_##SFX(void *ctx, int64_t t) {                          \
+        conv_job *j = ctx;                                                                  \
+        int64_t lo, hi;                                                                     \
+        na_cpu_task_range(j->g->n, j->tasks, t, 1, &lo, &hi);                               \
+        if (conv2d_bwd_data_range_##SFX(j, lo, hi)) na_cpu_task_fail(&j->status);           \
+    }                                                                                       \
+    static void conv2d_bwd_weight_task_##SFX(void *ctx, int64_t t) {                       \
+        conv_job *j = ctx;                                                                  \
+        int64_t lo, hi, wsize = j->g->c_out * (j->g->c_in / j->g->groups) * j->g->kh * j->g->kw; \
+        na_cpu_task_range(j->g->n, j->tasks, t, 1, &lo, &hi);                               \
+        if (conv2d_bwd_weight_range_##SFX(j, lo, hi, (T *)j->gw + t * wsize))               \
+            na_cpu_task_fail(&j->status);                                                   \
+    }                                                                                       \
+                                                                                            \
+    static int conv2d_##SFX(const na_conv_geom *g, const na_view *x, const na_view *w,      \
+                            const na_view *bias, na_view *y) {                              \
+        const char *fn = "cpu_conv2d";                                                      \
+        int64_t K = g->c_in / g->groups * g->kh * g->kw;                                    \
+        T *wb = na_cpu_scratch(NA_CPU_SCRATCH_3, (size_t)(g->c_out * K) * sizeof(T), fn);   \
+        T *bb = na_cpu_scratch(NA_CPU_SCRATCH_4, (size_t)g->c_out * sizeof(T), fn);         \
+        if (!wb || !bb) return NA_ENOMEM;                                                   \
+        conv_job j = {.g = g, .x = x, .bias = bias, .y = y, .bb = bb,                       \
+                      .wv = na_cpu_view_##SFX(w->dtype, w->data, 0, g->c_out * K, wb),      \
+                      .tasks = conv_tasks(g)};                                              \
+        if (bias) na_cpu_load_##SFX(bias->dtype, bias->data, 0, g->c_out, bb);              \
+        else memset(bb, 0, (size_t)g->c_out * sizeof(T));                                  \
+        na_cpu_parallel_for(j.tasks, conv2d_task_##SFX, &j);                                \
+        return na_cpu_task_status_raise(&j.status);                                         \
+    }                                                                                       \
+                                                                                            \
+    static int conv2d_bwd_data_##SFX(const na_conv_geom *g, const na_view *gy,              \
+                                     const na_view *w, na_view *gx) {                       \
+        const char *fn = "cpu_conv2d_backward_data";                                        \
+        int64_t K = g->c_in / g->groups * g->kh * g->kw;                                    \
+        T *wb = na_cpu_scratch(NA_CPU_SCRATCH_3, (size_t)(g->c_out * K) * sizeof(T), fn);   \
+        if (!wb) return NA_ENOMEM;                                                          \
+        conv_job j = {.g = g, .gy = gy, .gx = gx, .tasks = conv_tasks(g),                   \
+                      .wv = na_cpu_view_##SFX(w->dtype, w->data, 0, g->c_out * K, wb)};     \
+        na_cpu_parallel_for(j.tasks, conv2d_bwd_data_task_##SFX, &j);                       \
+        return na_cpu_task_status_raise(&j.status);                                         \
+    }                                                                                       \
+                                                                                            \
+    /* one partial gradient per task, added in task order */                               \
+    static int conv2d_bwd_weight_##SFX(const na_conv_geom *g, const na_view *x,             \
+                                       const na_view *gy, na_view *gw) {                    \
+        const char *fn = "cpu_conv2d_backward_weight";                                      \
+        int64_t wsize = g->c_out * (g->c_in / g->groups) * g->kh * g->kw;                   \
+        int64_t tasks = weight_grad_tasks(g, wsize);                                        \
+        T *gwb = na_cpu_scratch(NA_CPU_SCRATCH_3, (size_t)(wsize * tasks) * sizeof(T), fn); \
+        if (!gwb) return NA_ENOMEM;                                                         \
+        /* with one task its partial is the gradient, written in place when gw is of T */   \
+        T *gwv = tasks == 1 ? na_cpu_out_##SFX(gw->dtype, gw->data, 0, gwb) : gwb;          \
+        if (g->n == 0) memset(gwv, 0, (size_t)wsize * sizeof(T));                           \
+        conv_job j = {.g = g, .x = x, .gy = gy, .gw = gwv, .tasks = tasks};                 \
+        na_cpu_parallel_for(g->n ? tasks : 0, conv2d_bwd_weight_task_##SFX, &j);            \
+        int st = na_cpu_task_status_raise(&j.status);                                       \
+        if (st) return st;                                                                  \
+        for (int64_t t = 1; t < tasks; t++)                                                 \
+            for (int64_t i = 0; i < wsize; i++) gwv[i] += gwv[t * wsize + i];               \
+        na_cpu_store_##SFX(gw->dtype, gw->data, 0, wsize, gwv);                             \
         return NA_OK;                                                                       \
     }
 
