@@ -364,7 +364,7 @@ static void win_range(int64_t start, int64_t size, int64_t d, int k, int64_t *lo
     const int64_t SH = (g)->sh, SW = (g)->sw, PH = (g)->ph, PW = (g)->pw, DH = (g)->dh,     \
                   DW = (g)->dw;                                                             \
     const int KH = (g)->kh, KW = (g)->kw;                                                   \
-    const int64_t HW = H * W, P = OH * OW, PLANES = (g)->n * (g)->c_in;                     \
+    const int64_t HW = H * W, P = OH * OW;                                                  \
     (void)SH; (void)SW; (void)PH; (void)PW; (void)DH; (void)DW; (void)KH; (void)KW
 
 /* for each output (oy, ox) of a plane: BODY with the window's valid taps [ilo, ihi) x
@@ -460,8 +460,8 @@ NA_CPU_DEFINE_POOL_2X2(float, f)
 NA_CPU_DEFINE_POOL_2X2(double, d)
 
 #define NA_CPU_DEFINE_POOL(T, SFX)                                                          \
-    static int max_pool_##SFX(const na_conv_geom *g, const na_view *x, na_view *y,          \
-                              na_view *idx) {                                               \
+    static int max_pool_##SFX(const na_conv_geom *g, int64_t pl0, int64_t pl1,              \
+                              const na_view *x, na_view *y, na_view *idx) {                 \
         const char *fn = "cpu_max_pool2d";                                                  \
         NA_CPU_POOL_LOCALS(g);                                                              \
         const bool pool_2x2 = is_pool_2x2(g);                                               \
@@ -470,7 +470,7 @@ NA_CPU_DEFINE_POOL_2X2(double, d)
         /* the 2x2 path writes a row's indices here when the caller wants none */           \
         int32_t *ib = na_cpu_scratch(NA_CPU_SCRATCH_2, (size_t)OW * sizeof(int32_t), fn);   \
         if (!xb || !yb || !ib) return NA_ENOMEM;                                            \
-        for (int64_t pl = 0; pl < PLANES; pl++) {                                           \
+        for (int64_t pl = pl0; pl < pl1; pl++) {                                            \
             const T *xv = na_cpu_view_##SFX(x->dtype, x->data, pl * HW, HW, xb);            \
             T *yv = na_cpu_out_##SFX(y->dtype, y->data, pl * P, yb);                        \
             int32_t *iv = idx ? (int32_t *)idx->data + pl * P : NULL;                       \
@@ -499,14 +499,14 @@ NA_CPU_DEFINE_POOL_2X2(double, d)
         }                                                                                   \
         return NA_OK;                                                                       \
     }                                                                                       \
-    static int max_pool_bwd_##SFX(const na_conv_geom *g, const na_view *gy,                 \
-                                  const na_view *idx, na_view *gx) {                        \
+    static int max_pool_bwd_##SFX(const na_conv_geom *g, int64_t pl0, int64_t pl1,          \
+                                  const na_view *gy, const na_view *idx, na_view *gx) {     \
         const char *fn = "cpu_max_pool2d_backward";                                         \
         NA_CPU_POOL_LOCALS(g);                                                              \
         T *gyb = na_cpu_scratch(NA_CPU_SCRATCH_0, (size_t)P * sizeof(T), fn);               \
         T *gxb = na_cpu_scratch(NA_CPU_SCRATCH_1, (size_t)HW * sizeof(T), fn);              \
         if (!gyb || !gxb) return NA_ENOMEM;                                                 \
-        for (int64_t pl = 0; pl < PLANES; pl++) {                                           \
+        for (int64_t pl = pl0; pl < pl1; pl++) {                                            \
             const T *gyv = na_cpu_view_##SFX(gy->dtype, gy->data, pl * P, P, gyb);          \
             T *gxv = na_cpu_out_##SFX(gx->dtype, gx->data, pl * HW, gxb);                   \
             const int32_t *iv = (const int32_t *)idx->data + pl * P;                        \
@@ -528,13 +528,14 @@ NA_CPU_DEFINE_POOL_2X2(double, d)
         win_range(x0 + g->pw, g->w + 2 * (int64_t)g->pw, g->dw, g->kw, &c, &d);             \
         return (T)((b - a) * (d - c));                                                      \
     }                                                                                       \
-    static int avg_pool_##SFX(const na_conv_geom *g, const na_view *x, na_view *y) {        \
+    static int avg_pool_##SFX(const na_conv_geom *g, int64_t pl0, int64_t pl1,              \
+                              const na_view *x, na_view *y) {                               \
         const char *fn = "cpu_avg_pool2d";                                                  \
         NA_CPU_POOL_LOCALS(g);                                                              \
         T *xb = na_cpu_scratch(NA_CPU_SCRATCH_0, (size_t)HW * sizeof(T), fn);               \
         T *yb = na_cpu_scratch(NA_CPU_SCRATCH_1, (size_t)P * sizeof(T), fn);                \
         if (!xb || !yb) return NA_ENOMEM;                                                   \
-        for (int64_t pl = 0; pl < PLANES; pl++) {                                           \
+        for (int64_t pl = pl0; pl < pl1; pl++) {                                            \
             const T *xv = na_cpu_view_##SFX(x->dtype, x->data, pl * HW, HW, xb);            \
             T *yv = na_cpu_out_##SFX(y->dtype, y->data, pl * P, yb);                        \
             NA_CPU_POOL_FOR_EACH_OUTPUT({                                                   \
@@ -550,13 +551,14 @@ NA_CPU_DEFINE_POOL_2X2(double, d)
         }                                                                                   \
         return NA_OK;                                                                       \
     }                                                                                       \
-    static int avg_pool_bwd_##SFX(const na_conv_geom *g, const na_view *gy, na_view *gx) {  \
+    static int avg_pool_bwd_##SFX(const na_conv_geom *g, int64_t pl0, int64_t pl1,          \
+                                  const na_view *gy, na_view *gx) {                         \
         const char *fn = "cpu_avg_pool2d_backward";                                         \
         NA_CPU_POOL_LOCALS(g);                                                              \
         T *gyb = na_cpu_scratch(NA_CPU_SCRATCH_0, (size_t)P * sizeof(T), fn);               \
         T *gxb = na_cpu_scratch(NA_CPU_SCRATCH_1, (size_t)HW * sizeof(T), fn);              \
         if (!gyb || !gxb) return NA_ENOMEM;                                                 \
-        for (int64_t pl = 0; pl < PLANES; pl++) {                                           \
+        for (int64_t pl = pl0; pl < pl1; pl++) {                                            \
             const T *gyv = na_cpu_view_##SFX(gy->dtype, gy->data, pl * P, P, gyb);          \
             T *gxv = na_cpu_out_##SFX(gx->dtype, gx->data, pl * HW, gxb);                   \
             memset(gxv, 0, (size_t)HW * sizeof(T));                                         \
@@ -578,6 +580,52 @@ NA_CPU_DEFINE_POOL_2X2(double, d)
 NA_CPU_DEFINE_POOL(float, f)
 NA_CPU_DEFINE_POOL(double, d)
 
+/* ---- the split over the pool: ranges of (n, c) planes ------------------------------------ */
+
+#define NA_CPU_POOL_TASK_ELEMS ((int64_t)1 << 15) /* input elements per task worth a wake-up */
+enum { NA_CPU_POOL_TASKS = 32 };
+
+typedef struct {
+    const na_conv_geom *g;
+    const na_view *in, *idx_in;
+    na_view *out, *idx_out;
+    int (*range)(const na_conv_geom *, int64_t, int64_t, const void *);
+    int64_t tasks;
+    na_cpu_task_status status;
+} pool_job;
+
+/* each kernel's planes [pl0, pl1) with the job's views */
+#define NA_CPU_POOL_RANGE(name, SFX, ...)                                                    \
+    static int name##_range_##SFX(const na_conv_geom *g, int64_t pl0, int64_t pl1,          \
+                                  const void *ctx) {                                        \
+        const pool_job *j = ctx;                                                            \
+        return name##_##SFX(g, pl0, pl1, __VA_ARGS__);                                      \
+    }
+#define NA_CPU_POOL_RANGES(SFX)                                                             \
+    NA_CPU_POOL_RANGE(max_pool, SFX, j->in, j->out, j->idx_out)                             \
+    NA_CPU_POOL_RANGE(max_pool_bwd, SFX, j->in, j->idx_in, j->out)                          \
+    NA_CPU_POOL_RANGE(avg_pool, SFX, j->in, j->out)                                         \
+    NA_CPU_POOL_RANGE(avg_pool_bwd, SFX, j->in, j->out)
+NA_CPU_POOL_RANGES(f)
+NA_CPU_POOL_RANGES(d)
+
+static void pool_task(void *ctx, int64_t t) {
+    pool_job *j = ctx;
+    int64_t planes = j->g->n * j->g->c_in, lo, hi;
+    na_cpu_task_range(planes, j->tasks, t, 1, &lo, &hi);
+    if (j->range(j->g, lo, hi, j)) na_cpu_task_fail(&j->status);
+}
+
+static int pool_run(pool_job *j) {
+    int64_t planes = j->g->n * j->g->c_in;
+    int64_t plane = j->g->h * j->g->w > j->g->oh * j->g->ow ? j->g->h * j->g->w
+                                                              : j->g->oh * j->g->ow;
+    j->tasks = na_cpu_split(planes * plane, NA_CPU_POOL_TASK_ELEMS,
+                            planes < NA_CPU_POOL_TASKS ? planes : NA_CPU_POOL_TASKS);
+    na_cpu_parallel_for(planes ? j->tasks : 0, pool_task, j);
+    return na_cpu_task_status_raise(&j->status);
+}
+
 #define NA_CPU_POOL_DISPATCH(fn, name, a, b, ...)                                           \
     do {                                                                                    \
         NA_CPU_CHECK_FLOAT(fn, a);                                                          \
@@ -585,26 +633,28 @@ NA_CPU_DEFINE_POOL(double, d)
         int st_ = check_geom(fn, g, false);                                                 \
         if (st_) return st_;                                                                \
         bool d_ = a->dtype == NA_DTYPE_F64 || b->dtype == NA_DTYPE_F64;                     \
-        return d_ ? name##_d(g, __VA_ARGS__) : name##_f(g, __VA_ARGS__);                    \
+        return pool_run(&(pool_job){.g = g, __VA_ARGS__,                                    \
+                                    .range = d_ ? name##_range_d : name##_range_f});        \
     } while (0)
 
 int na_cpu_max_pool2d(const na_conv_geom *g, const na_view *x, na_view *y, na_view *idx) {
     if (idx && idx->dtype != NA_DTYPE_I32)
         return na_cpu_bad_dtype("cpu_max_pool2d", "idx", idx->dtype);
-    NA_CPU_POOL_DISPATCH("cpu_max_pool2d", max_pool, x, y, x, y, idx);
+    NA_CPU_POOL_DISPATCH("cpu_max_pool2d", max_pool, x, y, .in = x, .out = y, .idx_out = idx);
 }
 
 int na_cpu_max_pool2d_backward(const na_conv_geom *g, const na_view *gy, const na_view *idx,
                                na_view *gx) {
     if (idx->dtype != NA_DTYPE_I32)
         return na_cpu_bad_dtype("cpu_max_pool2d_backward", "idx", idx->dtype);
-    NA_CPU_POOL_DISPATCH("cpu_max_pool2d_backward", max_pool_bwd, gy, gx, gy, idx, gx);
+    NA_CPU_POOL_DISPATCH("cpu_max_pool2d_backward", max_pool_bwd, gy, gx, .in = gy, .idx_in = idx,
+                         .out = gx);
 }
 
 int na_cpu_avg_pool2d(const na_conv_geom *g, const na_view *x, na_view *y) {
-    NA_CPU_POOL_DISPATCH("cpu_avg_pool2d", avg_pool, x, y, x, y);
+    NA_CPU_POOL_DISPATCH("cpu_avg_pool2d", avg_pool, x, y, .in = x, .out = y);
 }
 
 int na_cpu_avg_pool2d_backward(const na_conv_geom *g, const na_view *gy, na_view *gx) {
-    NA_CPU_POOL_DISPATCH("cpu_avg_pool2d_backward", avg_pool_bwd, gy, gx, gy, gx);
+    NA_CPU_POOL_DISPATCH("cpu_avg_pool2d_backward", avg_pool_bwd, gy, gx, .in = gy, .out = gx);
 }
