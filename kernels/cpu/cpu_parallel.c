@@ -148,7 +148,10 @@ int na_set_num_threads(int n) {
 int na_cpu_parallel_for(int64_t n_tasks, void (*fn)(void *ctx, int64_t task), void *ctx) {
     int size = n_tasks > 1 && !in_task ? na_get_num_threads() : 1;
     if (size <= 1 || pthread_mutex_trylock(&caller_mu)) {
+        bool outer = in_task;
+        in_task = true; /* the same for the tasks however they run */
         for (int64_t t = 0; t < n_tasks; t++) fn(ctx, t);
+        in_task = outer;
         return 0;
     }
     size = atomic_load(&pool_size); /* as of now, under caller_mu */
