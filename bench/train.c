@@ -14,7 +14,8 @@
  *
  * Timing: --warmup steps first, then --repeats blocks of --steps steps; each block is timed
  * from a synchronized device to a synchronized device and gives one figure (block time /
- * steps). Reported: the median, min, max and quartiles of the per-step time over the blocks.
+ * steps). --threads N sets the CPU pool (default: $NANOAMP_BENCH_THREADS, which bench/run
+ * sets for both sides, else NANOAMP_THREADS or the core count). Reported: the median, min, max and quartiles of the per-step time over the blocks.
  * Host round trips: na_cuda_sync_count() over the timed steps, not counting the benchmark's
  * own synchronizations at block ends. Memory: the process's peak RSS (getrusage) and its RSS
  * before the model was built; on CUDA nanoamp's peak device bytes. Run each configuration in a
@@ -86,6 +87,9 @@ int bench_train_main(int argc, char **argv) {
     na_device dev = NA_DEVICE_CPU;
     const char *amp = "off";
     int64_t batch = 128, warmup = 5, repeats = 10, steps = 5;
+    /* bench/run gives both sides its thread count in NANOAMP_BENCH_THREADS */
+    const char *env_threads = getenv("NANOAMP_BENCH_THREADS");
+    int64_t threads = env_threads ? atoll(env_threads) : 0; /* 0: the pool's default */
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--model")) {
@@ -109,11 +113,13 @@ int bench_train_main(int argc, char **argv) {
             repeats = bench_arg_i64(argc, argv, &i, 1);
         } else if (!strcmp(a, "--steps")) {
             steps = bench_arg_i64(argc, argv, &i, 1);
+        } else if (!strcmp(a, "--threads")) {
+            threads = bench_arg_i64(argc, argv, &i, 1);
         } else {
             fprintf(stderr, "na-bench train: unknown option '%s'\n"
                             "usage: na-bench train --model %s [--device cpu|cuda] "
                             "[--amp off|fp16|bf16|o2] [--batch N] [--warmup N] [--repeats N] "
-                            "[--steps N]\n", a, MODEL_NAMES);
+                            "[--steps N] [--threads N]\n", a, MODEL_NAMES);
             return 2;
         }
     }
@@ -125,6 +131,9 @@ int bench_train_main(int argc, char **argv) {
         return bench_fail(key, "setup");
     }
 
+    if (threads > 0 && na_set_num_threads((int)(threads < NA_MAX_THREADS ? threads
+                                                                          : NA_MAX_THREADS + 1)))
+        return bench_fail(key, "--threads");
     double base_rss = bench_rss_now_mib();
     na_manual_seed(0);
     bench_trainer t = {0};
@@ -170,6 +179,7 @@ int bench_train_main(int argc, char **argv) {
     bench_json_int(&j, "warmup", warmup);
     bench_json_int(&j, "repeats", repeats);
     bench_json_int(&j, "steps", steps);
+    bench_json_int(&j, "threads", na_get_num_threads());
     bench_json_int(&j, "params", na_module_num_params(t.net));
     bench_json_stats(&j, "step_ms", &st);
     bench_json_num(&j, "images_per_s", (double)batch / (st.median * 1e-3));

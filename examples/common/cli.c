@@ -62,7 +62,8 @@ static bool one_of(const char *s, const char *list) {
 enum opt_id {
     O_DATA, O_MODEL, O_EPOCHS, O_BATCH, O_LR, O_OPTIM, O_WEIGHT_DECAY, O_LABEL_SMOOTHING,
     O_SCHEDULE, O_DEVICE, O_AMP, O_LOSS_SCALE, O_GROWTH_INTERVAL, O_AMP_TRACE, O_LOG, O_SEED,
-    O_SAVE, O_RESUME, O_LIMIT, O_TEST_LIMIT, O_SYNTHETIC, O_JSON, O_QUIET, O_VERSION, O_HELP
+    O_SAVE, O_RESUME, O_LIMIT, O_TEST_LIMIT, O_SYNTHETIC, O_THREADS, O_JSON, O_QUIET, O_VERSION,
+    O_HELP
 };
 
 static const struct {
@@ -95,6 +96,7 @@ static const struct {
     {O_LIMIT, "--limit", "N", "train on the first N images only"},
     {O_TEST_LIMIT, "--test-limit", "N", "evaluate on the first N test images only"},
     {O_SYNTHETIC, "--synthetic", "N", "train on N generated images of the data set's shape"},
+    {O_THREADS, "--threads", "N", "CPU threads (the CPU backend's pool; OpenBLAS uses one)"},
     {O_JSON, "--json", NULL, "last line of output: one JSON object with the results"},
     {O_QUIET, "--quiet", NULL, "no progress output"},
     {O_VERSION, "--version", NULL, "print the program and library version"},
@@ -127,6 +129,7 @@ static const char *default_of(enum opt_id id, const trainer_opts *o, char *buf, 
     case O_GROWTH_INTERVAL: return "2000";
     case O_LIMIT: case O_TEST_LIMIT: return "all";
     case O_SYNTHETIC: return "off";
+    case O_THREADS: return "$NANOAMP_THREADS, else the core count";
     default: return "";
     }
 }
@@ -169,6 +172,14 @@ static int set_option(trainer_opts *o, enum opt_id id, const char *flag, const c
         if (!trainer_parse_i64(v, 1, INT32_MAX, &n))
             return bad_value(o, flag, "an integer in [1, 2^31)", v);
         o->growth_interval = n;
+        return 0;
+    case O_THREADS:
+        if (!trainer_parse_i64(v, 1, NA_MAX_THREADS, &n)) {
+            char range[48];
+            snprintf(range, sizeof range, "an integer in [1, %d]", NA_MAX_THREADS);
+            return bad_value(o, flag, range, v);
+        }
+        o->threads = (int)n;
         return 0;
     case O_SEED:
         if (!trainer_parse_u64(v, &o->seed)) return bad_value(o, flag, "an integer >= 0", v);

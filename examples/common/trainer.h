@@ -33,6 +33,7 @@ typedef struct {
     bool has_synthetic;    /* the trainer offers --synthetic */
     int64_t synthetic;     /* CIFAR: --synthetic N */
     const char *schedule;  /* constant | onecycle */
+    int threads;           /* --threads N; 0 (not given): $NANOAMP_THREADS, else the cores */
 } trainer_opts;
 
 /* The defaults every trainer starts from (a trainer changes what its recipe needs). */
