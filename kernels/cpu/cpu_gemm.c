@@ -207,8 +207,8 @@ NA_CPU_DEFINE_GEMM_ONE(double, d, NA_CPU_NO_CBLAS)
  * column panels when C is at least as wide as tall, else row panels, their number and bounds
  * fixed by the shape alone. Each panel is one single-threaded GEMM over the full k, so every
  * element of C is the same sum whatever the number of threads. */
-#define NA_CPU_GEMM_TASK_FLOPS ((int64_t)1 << 22) /* work per panel worth a wake-up */
-enum { NA_CPU_GEMM_TASKS = 8, NA_CPU_GEMM_MIN_PANEL = 32, NA_CPU_GEMM_ALIGN = 16 };
+#define NA_CPU_GEMM_TASK_FLOPS ((int64_t)1 << 24) /* work per panel worth a wake-up */
+enum { NA_CPU_GEMM_TASKS = 8, NA_CPU_GEMM_MIN_PANEL = 64, NA_CPU_GEMM_ALIGN = 16 };
 
 #define NA_CPU_DEFINE_GEMM_SPLIT(T, SFX)                                                    \
     typedef struct {                                                                        \
