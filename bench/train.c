@@ -15,7 +15,8 @@
  * Timing: --warmup steps first, then --repeats blocks of --steps steps; each block is timed
  * from a synchronized device to a synchronized device and gives one figure (block time /
  * steps). --threads N sets the CPU pool (default: $NANOAMP_BENCH_THREADS, which bench/run
- * sets for both sides, else NANOAMP_THREADS or the core count). Reported: the median, min, max and quartiles of the per-step time over the blocks.
+ * sets for both sides, else NANOAMP_THREADS or the core count). Reported: the median, min,
+ * max and quartiles of the per-step time over the blocks.
  * Host round trips: na_cuda_sync_count() over the timed steps, not counting the benchmark's
  * own synchronizations at block ends. Memory: the process's peak RSS (getrusage) and its RSS
  * before the model was built; on CUDA nanoamp's peak device bytes. Run each configuration in a

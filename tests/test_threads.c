@@ -8,6 +8,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../examples/common/models.h"
 #include "cpu/cpu_parallel.h"
@@ -89,6 +90,19 @@ Test(threads, set_num_threads_checks_its_argument) {
                   "message: %s", na_last_error());
         cr_assert_eq(na_get_num_threads(), 3, "a refused size changes nothing");
     }
+}
+
+/* each Test runs in a fresh process, so the pool's size is still unresolved here */
+Test(threads, default_from_the_environment) {
+    setenv("NANOAMP_THREADS", "3", 1);
+    cr_assert_eq(na_get_num_threads(), 3);
+}
+
+Test(threads, bad_environment_means_the_core_count) {
+    setenv("NANOAMP_THREADS", "0", 1);
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    cr_assert_eq(na_get_num_threads(), cores < 1 ? 1 : cores > NA_MAX_THREADS ? NA_MAX_THREADS
+                                                                             : (int)cores);
 }
 
 /* ---- training steps --------------------------------------------------------------------- */

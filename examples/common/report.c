@@ -83,7 +83,8 @@ void trainer_json_print(FILE *f, const trainer_opts *o, const trainer_result *r)
     if (r->diverged_at_step > 0) snprintf(diverged, sizeof diverged, "%" PRId64, r->diverged_at_step);
     /* names and modes are the trainers' own words: nothing to escape */
     fprintf(f, "{\"model\": \"%s\", \"device\": \"%s\", \"amp\": \"%s\", \"epochs\": %" PRId64
-            ", \"batch\": %" PRId64 ", \"threads\": %d, \"train_images_per_s\": %s, \"train_time_s\": %s, "
+            ", \"batch\": %" PRId64 ", \"threads\": %d, \"train_images_per_s\": %s, "
+            "\"train_time_s\": %s, "
             "\"test_acc\": %s, \"test_loss\": %s, \"final_loss\": %s, \"params\": %" PRId64
             ", \"seed\": %" PRIu64 ", \"amp_mode\": \"%s\", \"skipped_steps\": %" PRId64
             ", \"final_scale\": %s, \"diverged_at_step\": %s}\n",

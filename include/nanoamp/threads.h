@@ -8,7 +8,8 @@
  * is kept to one thread of its own (its idle workers spin and would compete with the pool's).
  *
  * The size is, in this order: the last na_set_num_threads, the environment variable
- * NANOAMP_THREADS (an integer >= 1), the number of online cores.
+ * NANOAMP_THREADS (read once; ignored unless an integer in [1, NA_MAX_THREADS]), the number
+ * of online cores.
  */
 #ifndef NANOAMP_THREADS_H
 #define NANOAMP_THREADS_H

@@ -241,8 +241,8 @@ int na_cpu_batch_norm_eval(const na_view *x, const na_view *gamma, const na_view
     int st = check_extent(fn, x, n, c, s);
     if (st) return st;
     bn_run(&(bn_job){.kind = BN_EVAL, .x = x, .gamma = gamma, .beta = beta,
-                     .eval_rm = running_mean, .eval_rv = running_var, .y = y, .n = n, .c = c, .s = s,
-                     .eps = eps});
+                     .eval_rm = running_mean, .eval_rv = running_var, .y = y, .n = n, .c = c,
+                     .s = s, .eps = eps});
     return NA_OK;
 }
 

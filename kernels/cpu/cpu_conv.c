@@ -10,6 +10,10 @@
  * MNIST shapes run as one or two GEMMs per call instead of 128 small ones).
  * f16/bf16 tensors are widened per image into f32 scratch; outputs (and the weight gradient
  * summed over the whole batch) accumulate in f32 and are rounded once.
+ * On the thread pool (cpu_parallel.h) the batch is cut into up to 8 image ranges fixed by the
+ * problem's size, each a task of im2col + single-threaded GEMM (+ col2im); the weight gradient
+ * is one partial per range, added in range order, so no result depends on the thread count.
+ * Pooling runs over ranges of (n, c) planes.
  *
  * Pooling windows: cell (oy*sh - ph + i*dh, ox*sw - pw + j*dw). Max pooling ignores padded
  * cells, takes the first maximum (NaN propagates) and saves its flat index iy*W + ix within

@@ -242,7 +242,8 @@ enum { NA_CPU_GEMM_TASKS = 8, NA_CPU_GEMM_MIN_PANEL = 64, NA_CPU_GEMM_ALIGN = 16
         int64_t tasks = na_cpu_in_parallel() ? 1                                            \
                         : na_cpu_split(2 * m * n * (k > 0 ? k : 1), NA_CPU_GEMM_TASK_FLOPS, \
                                        most < NA_CPU_GEMM_TASKS ? most : NA_CPU_GEMM_TASKS); \
-        if (tasks <= 1) return gemm_one_##SFX(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc); \
+        if (tasks <= 1)                                                                     \
+            return gemm_one_##SFX(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);    \
         gemm_job_##SFX j = {.ta = ta, .tb = tb, .by_cols = by_cols, .m = m, .n = n, .k = k,  \
                             .lda = lda, .ldb = ldb, .ldc = ldc, .tasks = tasks,             \
                             .alpha = alpha, .beta = beta, .a = a, .b = b, .c = c};          \

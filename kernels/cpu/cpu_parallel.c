@@ -114,8 +114,6 @@ static int default_size(void) {
         char *end;
         long v = strtol(env, &end, 10);
         if (!*end && v >= 1 && v <= NA_MAX_THREADS) return (int)v;
-        fprintf(stderr, "nanoamp: NANOAMP_THREADS='%s' is not an integer in [1, %d]; using the "
-                        "core count\n", env, NA_MAX_THREADS);
     }
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     return cores < 1 ? 1 : cores > NA_MAX_THREADS ? NA_MAX_THREADS : (int)cores;
