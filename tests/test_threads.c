@@ -92,6 +92,29 @@ Test(threads, set_num_threads_checks_its_argument) {
     }
 }
 
+/* a failing task's status and message reach the caller's thread, whichever thread ran it */
+static void fail_task(void *ctx, int64_t t) {
+    if (t == 5) {
+        na_set_error(NA_ENOMEM, "task %lld failed", (long long)t);
+        na_cpu_task_fail(ctx);
+    }
+}
+
+Test(threads, task_errors_reach_the_caller) {
+    for (int threads = 1; threads <= 4; threads *= 2) {
+        cr_assert_eq(na_set_num_threads(threads), NA_OK);
+        for (int round = 0; round < 20; round++) {
+            na_clear_error();
+            na_cpu_task_status st = {0};
+            na_cpu_parallel_for(64, fail_task, &st);
+            cr_assert_eq(na_cpu_task_status_raise(&st), NA_ENOMEM);
+            cr_assert_str_eq(na_last_error(), "task 5 failed");
+        }
+        na_cpu_task_status ok = {0};
+        cr_assert_eq(na_cpu_task_status_raise(&ok), NA_OK);
+    }
+}
+
 /* each Test runs in a fresh process, so the pool's size is still unresolved here */
 Test(threads, default_from_the_environment) {
     setenv("NANOAMP_THREADS", "3", 1);
