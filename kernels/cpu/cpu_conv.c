@@ -83,15 +83,29 @@ static int64_t weight_grad_tasks(const na_conv_geom *g, int64_t wsize) {
     return t < fit ? t : fit < 1 ? 1 : fit;
 }
 
-typedef struct {
+typedef struct conv_job conv_job;
+struct conv_job {
     const na_conv_geom *g;
     const na_view *x, *gy, *bias;
     na_view *y, *gx;
     const void *wv, *bb; /* weights and bias in the compute type */
     void *gw;            /* weight gradient partials, one per task */
     int64_t tasks;
+    int (*range)(const conv_job *j, int64_t lo, int64_t hi, int64_t task); /* images lo..hi */
     na_cpu_task_status status;
-} conv_job;
+};
+
+static void conv_task(void *ctx, int64_t t) {
+    conv_job *j = ctx;
+    int64_t lo, hi;
+    na_cpu_task_range(j->g->n, j->tasks, t, 1, &lo, &hi);
+    if (j->range(j, lo, hi, t)) na_cpu_task_fail(&j->status);
+}
+
+static int conv_run(conv_job *j) {
+    na_cpu_parallel_for(j->g->n ? j->tasks : 0, conv_task, j);
+    return na_cpu_task_status_raise(&j->status);
+}
 
 #define NA_CPU_DEFINE_CONV(T, SFX, GEMM)                                                    \
     /* rows of col (Cg*kh*kw of them, row stride ld) from the Cg channel planes at x */     \
@@ -168,10 +182,11 @@ typedef struct {
     }                                                                                       \
                                                                                             \
     /* y for images [lo, hi) */                                                             \
-    static int conv2d_range_##SFX(const conv_job *j, int64_t lo, int64_t hi) {              \
+    static int conv2d_range_##SFX(const conv_job *j, int64_t lo, int64_t hi, int64_t t) {   \
         const char *fn = "cpu_conv2d";                                                      \
         const na_conv_geom *g = j->g;                                                       \
         const T *wv = j->wv, *bb = j->bb;                                                   \
+        (void)t;                                                                            \
         int64_t G = g->groups, cg = g->c_in / G, cog = g->c_out / G;                        \
         int64_t K = cg * g->kh * g->kw, P = g->oh * g->ow, HW = g->h * g->w;                \
         int64_t NB = images_per_block(g);                                                   \
@@ -199,10 +214,12 @@ typedef struct {
         return NA_OK;                                                                       \
     }                                                                                       \
     /* gx for images [lo, hi) */                                                            \
-    static int conv2d_bwd_data_range_##SFX(const conv_job *j, int64_t lo, int64_t hi) {     \
+    static int conv2d_bwd_data_range_##SFX(const conv_job *j, int64_t lo, int64_t hi,      \
+                                           int64_t t) {                                     \
         const char *fn = "cpu_conv2d_backward_data";                                        \
         const na_conv_geom *g = j->g;                                                       \
         const T *wv = j->wv;                                                                \
+        (void)t;                                                                            \
         int64_t G = g->groups, cg = g->c_in / G, cog = g->c_out / G;                        \
         int64_t K = cg * g->kh * g->kw, P = g->oh * g->ow, HW = g->h * g->w;                \
         int64_t NB = images_per_block(g);                                                   \
@@ -228,13 +245,14 @@ typedef struct {
         }                                                                                   \
         return NA_OK;                                                                       \
     }                                                                                       \
-    /* gw (c_out x K) = the weight gradient of images [lo, hi) (lo < hi) */                 \
+    /* task t's partial (c_out x K) = the weight gradient of images [lo, hi) (lo < hi) */   \
     static int conv2d_bwd_weight_range_##SFX(const conv_job *j, int64_t lo, int64_t hi,     \
-                                             T *gw) {                                       \
+                                             int64_t t) {                                   \
         const char *fn = "cpu_conv2d_backward_weight";                                      \
         const na_conv_geom *g = j->g;                                                       \
         int64_t G = g->groups, cg = g->c_in / G, cog = g->c_out / G;                        \
         int64_t K = cg * g->kh * g->kw, P = g->oh * g->ow, HW = g->h * g->w;                \
+        T *gw = (T *)j->gw + t * g->c_out * K;                                              \
         int64_t NB = images_per_block(g);                                                   \
         T *xb = na_cpu_scratch(NA_CPU_SCRATCH_0, (size_t)(cg * HW) * sizeof(T), fn);        \
         T *col = na_cpu_scratch(NA_CPU_SCRATCH_1, (size_t)(K * NB * P) * sizeof(T), fn);    \
@@ -252,26 +270,6 @@ typedef struct {
         }                                                                                   \
         return NA_OK;                                                                       \
     }                                                                                       \
-    static void conv2d_task_##SFX(void *ctx, int64_t t) {                                   \
-        conv_job *j = ctx;                                                                  \
-        int64_t lo, hi;                                                                     \
-        na_cpu_task_range(j->g->n, j->tasks, t, 1, &lo, &hi);                               \
-        if (conv2d_range_##SFX(j, lo, hi)) na_cpu_task_fail(&j->status);                    \
-    }                                                                                       \
-    static void conv2d_bwd_data_task_##SFX(void *ctx, int64_t t) {                          \
-        conv_job *j = ctx;                                                                  \
-        int64_t lo, hi;                                                                     \
-        na_cpu_task_range(j->g->n, j->tasks, t, 1, &lo, &hi);                               \
-        if (conv2d_bwd_data_range_##SFX(j, lo, hi)) na_cpu_task_fail(&j->status);           \
-    }                                                                                       \
-    static void conv2d_bwd_weight_task_##SFX(void *ctx, int64_t t) {                       \
-        conv_job *j = ctx;                                                                  \
-        int64_t lo, hi, wsize = j->g->c_out * (j->g->c_in / j->g->groups) * j->g->kh * j->g->kw; \
-        na_cpu_task_range(j->g->n, j->tasks, t, 1, &lo, &hi);                               \
-        if (conv2d_bwd_weight_range_##SFX(j, lo, hi, (T *)j->gw + t * wsize))               \
-            na_cpu_task_fail(&j->status);                                                   \
-    }                                                                                       \
-                                                                                            \
     static int conv2d_##SFX(const na_conv_geom *g, const na_view *x, const na_view *w,      \
                             const na_view *bias, na_view *y) {                              \
         const char *fn = "cpu_conv2d";                                                      \
@@ -281,11 +279,10 @@ typedef struct {
         if (!wb || !bb) return NA_ENOMEM;                                                   \
         conv_job j = {.g = g, .x = x, .bias = bias, .y = y, .bb = bb,                       \
                       .wv = na_cpu_view_##SFX(w->dtype, w->data, 0, g->c_out * K, wb),      \
-                      .tasks = conv_tasks(g)};                                              \
+                      .tasks = conv_tasks(g), .range = conv2d_range_##SFX};                 \
         if (bias) na_cpu_load_##SFX(bias->dtype, bias->data, 0, g->c_out, bb);              \
         else memset(bb, 0, (size_t)g->c_out * sizeof(T));                                  \
-        na_cpu_parallel_for(j.tasks, conv2d_task_##SFX, &j);                                \
-        return na_cpu_task_status_raise(&j.status);                                         \
+        return conv_run(&j);                                                                \
     }                                                                                       \
                                                                                             \
     static int conv2d_bwd_data_##SFX(const na_conv_geom *g, const na_view *gy,              \
@@ -295,9 +292,9 @@ typedef struct {
         T *wb = na_cpu_scratch(NA_CPU_SCRATCH_3, (size_t)(g->c_out * K) * sizeof(T), fn);   \
         if (!wb) return NA_ENOMEM;                                                          \
         conv_job j = {.g = g, .gy = gy, .gx = gx, .tasks = conv_tasks(g),                   \
+                      .range = conv2d_bwd_data_range_##SFX,                                 \
                       .wv = na_cpu_view_##SFX(w->dtype, w->data, 0, g->c_out * K, wb)};     \
-        na_cpu_parallel_for(j.tasks, conv2d_bwd_data_task_##SFX, &j);                       \
-        return na_cpu_task_status_raise(&j.status);                                         \
+        return conv_run(&j);                                                                \
     }                                                                                       \
                                                                                             \
     /* one partial gradient per task, added in task order */                               \
@@ -311,9 +308,9 @@ typedef struct {
         /* with one task its partial is the gradient, written in place when gw is of T */   \
         T *gwv = tasks == 1 ? na_cpu_out_##SFX(gw->dtype, gw->data, 0, gwb) : gwb;          \
         if (g->n == 0) memset(gwv, 0, (size_t)wsize * sizeof(T));                           \
-        conv_job j = {.g = g, .x = x, .gy = gy, .gw = gwv, .tasks = tasks};                 \
-        na_cpu_parallel_for(g->n ? tasks : 0, conv2d_bwd_weight_task_##SFX, &j);            \
-        int st = na_cpu_task_status_raise(&j.status);                                       \
+        conv_job j = {.g = g, .x = x, .gy = gy, .gw = gwv, .tasks = tasks,                  \
+                      .range = conv2d_bwd_weight_range_##SFX};                              \
+        int st = conv_run(&j);                                                              \
         if (st) return st;                                                                  \
         for (int64_t t = 1; t < tasks; t++)                                                 \
             for (int64_t i = 0; i < wsize; i++) gwv[i] += gwv[t * wsize + i];               \
