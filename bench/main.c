@@ -76,7 +76,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "usage: %s info | overhead [options] | train [options]\n"
                     "  overhead --device cpu|cuda --ops N --warmup N --repeats N\n"
                     "  train --model mlp|cnn|resnet9 --device cpu|cuda --amp off|fp16|bf16|o2\n"
-                    "        --batch N --warmup N --repeats N --steps N\n"
+                    "        --batch N --warmup N --repeats N --steps N --threads N\n"
                     "(bench/run runs them all beside PyTorch; see docs/benchmarks.md)\n",
             argv[0]);
     return strcmp(cmd, "--help") && strcmp(cmd, "-h") ? 2 : 0;

@@ -14,7 +14,9 @@
  *
  * Timing: --warmup steps first, then --repeats blocks of --steps steps; each block is timed
  * from a synchronized device to a synchronized device and gives one figure (block time /
- * steps). Reported: the median, min, max and quartiles of the per-step time over the blocks.
+ * steps). --threads N sets the CPU pool (default: $NANOAMP_BENCH_THREADS, which bench/run
+ * sets for both sides, else NANOAMP_THREADS or the core count). Reported: the median, min,
+ * max and quartiles of the per-step time over the blocks.
  * Host round trips: na_cuda_sync_count() over the timed steps, not counting the benchmark's
  * own synchronizations at block ends. Memory: the process's peak RSS (getrusage) and its RSS
  * before the model was built; the step arena's peak (na_arena_peak); on CUDA nanoamp's peak
@@ -98,6 +100,9 @@ int bench_train_main(int argc, char **argv) {
     int64_t batch = 128, warmup = 5, repeats = 10, steps = 5;
     bool ddp = false, profile = false;
     const char *allreduce = "f32";
+    /* bench/run gives both sides its thread count in NANOAMP_BENCH_THREADS */
+    const char *env_threads = getenv("NANOAMP_BENCH_THREADS");
+    int64_t threads = env_threads ? atoll(env_threads) : 0; /* 0: the pool's default */
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--model")) {
@@ -131,11 +136,14 @@ int bench_train_main(int argc, char **argv) {
             }
         } else if (!strcmp(a, "--profile")) {
             profile = true;
+        } else if (!strcmp(a, "--threads")) {
+            threads = bench_arg_i64(argc, argv, &i, 1);
         } else {
             fprintf(stderr, "na-bench train: unknown option '%s'\n"
                             "usage: na-bench train --model %s [--device cpu|cuda] "
                             "[--amp off|fp16|bf16|o2] [--batch N] [--warmup N] [--repeats N] "
-                            "[--steps N] [--profile] [--ddp [--allreduce-dtype f32|f16|bf16]]\n",
+                            "[--steps N] [--threads N] [--profile] "
+                            "[--ddp [--allreduce-dtype f32|f16|bf16]]\n",
                     a, MODEL_NAMES);
             return 2;
         }
@@ -153,6 +161,9 @@ int bench_train_main(int argc, char **argv) {
     if (ddp && !(dist = na_dist_init())) return bench_fail(key, "na_dist_init");
     na_dtype ar_dtype = !strcmp(allreduce, "f16")    ? NA_DTYPE_F16
                         : !strcmp(allreduce, "bf16") ? NA_DTYPE_BF16 : NA_DTYPE_F32;
+    if (threads > 0 && na_set_num_threads((int)(threads < NA_MAX_THREADS ? threads
+                                                                          : NA_MAX_THREADS + 1)))
+        return bench_fail(key, "--threads");
     double base_rss = bench_rss_now_mib();
     na_manual_seed(0);
     bench_trainer t = {0};
@@ -214,6 +225,7 @@ int bench_train_main(int argc, char **argv) {
     bench_json_int(&j, "warmup", warmup);
     bench_json_int(&j, "repeats", repeats);
     bench_json_int(&j, "steps", steps);
+    bench_json_int(&j, "threads", na_get_num_threads());
     bench_json_int(&j, "params", na_module_num_params(t.net));
     bench_json_stats(&j, "step_ms", &st);
     bench_json_num(&j, "images_per_s", (double)(batch * world) / (st.median * 1e-3));

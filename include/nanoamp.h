@@ -16,6 +16,7 @@
  *   io.h        checkpoints (safetensors)
  *   dist.h      data parallelism: MPI/NCCL communicator, DDP wrapper, SyncBatchNorm
  *   cuda.h      the CUDA device
+ *   threads.h   the CPU thread pool: na_set_num_threads / na_get_num_threads
  */
 #ifndef NANOAMP_H
 #define NANOAMP_H
@@ -33,4 +34,5 @@
 #include "nanoamp/io.h"
 #include "nanoamp/dist.h"
 #include "nanoamp/cuda.h"
+#include "nanoamp/threads.h"
 #endif

@@ -25,7 +25,8 @@ RANK = {"base": 0, "kernels": 1, "tensor": 2, "autograd": 3, "ops": 4, "nn": 5, 
 PUBLIC = {"error.h": "base", "dtype.h": "base", "cuda.h": "kernels", "tensor.h": "tensor",
           "autograd.h": "autograd", "ops.h": "ops", "autocast.h": "ops", "nn.h": "nn",
           "optim.h": "optim", "amp.h": "amp", "io.h": "io", "data.h": "data",
-          "state.h": "tensor", "view.h": "base", "dist.h": "dist", "profile.h": "autograd"}
+          "state.h": "tensor", "view.h": "base", "dist.h": "dist", "profile.h": "autograd",
+          "threads.h": "kernels"}
 
 # Same rank, still one way: optimizers take parameter lists, not modules.
 FORBIDDEN = {("optim", "nn")}

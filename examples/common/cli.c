@@ -62,8 +62,8 @@ static bool one_of(const char *s, const char *list) {
 enum opt_id {
     O_DATA, O_MODEL, O_EPOCHS, O_BATCH, O_LR, O_OPTIM, O_WEIGHT_DECAY, O_LABEL_SMOOTHING,
     O_SCHEDULE, O_DEVICE, O_AMP, O_LOSS_SCALE, O_GROWTH_INTERVAL, O_AMP_TRACE, O_LOG, O_SEED,
-    O_SAVE, O_RESUME, O_LIMIT, O_TEST_LIMIT, O_SYNTHETIC, O_JSON, O_QUIET, O_VERSION, O_HELP,
-    O_ALLREDUCE_DTYPE, O_BUCKET_MB, O_SYNC_BN
+    O_SAVE, O_RESUME, O_LIMIT, O_TEST_LIMIT, O_SYNTHETIC, O_THREADS, O_JSON, O_QUIET, O_VERSION,
+    O_HELP, O_ALLREDUCE_DTYPE, O_BUCKET_MB, O_SYNC_BN
 };
 
 static const struct {
@@ -101,6 +101,7 @@ static const struct {
      "halve the bytes)"},
     {O_BUCKET_MB, "--bucket-mb", "N", "data parallel: MiB of gradients per all-reduce bucket"},
     {O_SYNC_BN, "--sync-bn", NULL, "data parallel: BatchNorm statistics over all ranks' batches"},
+    {O_THREADS, "--threads", "N", "CPU threads (the CPU backend's pool; OpenBLAS uses one)"},
     {O_JSON, "--json", NULL, "last line of output: one JSON object with the results"},
     {O_QUIET, "--quiet", NULL, "no progress output"},
     {O_VERSION, "--version", NULL, "print the program and library version"},
@@ -135,6 +136,7 @@ static const char *default_of(enum opt_id id, const trainer_opts *o, char *buf, 
     case O_SYNTHETIC: return "off";
     case O_ALLREDUCE_DTYPE: return o->allreduce_dtype;
     case O_BUCKET_MB: return "25";
+    case O_THREADS: return "$NANOAMP_THREADS, else the core count";
     default: return "";
     }
 }
@@ -182,6 +184,14 @@ static int set_option(trainer_opts *o, enum opt_id id, const char *flag, const c
         if (!trainer_parse_i64(v, 1, INT32_MAX, &n))
             return bad_value(o, flag, "an integer in [1, 2^31)", v);
         o->growth_interval = n;
+        return 0;
+    case O_THREADS:
+        if (!trainer_parse_i64(v, 1, NA_MAX_THREADS, &n)) {
+            char range[48];
+            snprintf(range, sizeof range, "an integer in [1, %d]", NA_MAX_THREADS);
+            return bad_value(o, flag, range, v);
+        }
+        o->threads = (int)n;
         return 0;
     case O_SEED:
         if (!trainer_parse_u64(v, &o->seed)) return bad_value(o, flag, "an integer >= 0", v);

@@ -83,12 +83,12 @@ void trainer_json_print(FILE *f, const trainer_opts *o, const trainer_result *r)
     if (r->diverged_at_step > 0) snprintf(diverged, sizeof diverged, "%" PRId64, r->diverged_at_step);
     /* names and modes are the trainers' own words: nothing to escape */
     fprintf(f, "{\"model\": \"%s\", \"device\": \"%s\", \"amp\": \"%s\", \"epochs\": %" PRId64
-            ", \"batch\": %" PRId64 ", \"world_size\": %d, \"allreduce_dtype\": \"%s\", "
-            "\"train_images_per_s\": %s, \"train_time_s\": %s, "
+            ", \"batch\": %" PRId64 ", \"threads\": %d, \"world_size\": %d, "
+            "\"allreduce_dtype\": \"%s\", \"train_images_per_s\": %s, \"train_time_s\": %s, "
             "\"test_acc\": %s, \"test_loss\": %s, \"final_loss\": %s, \"params\": %" PRId64
             ", \"seed\": %" PRIu64 ", \"amp_mode\": \"%s\", \"skipped_steps\": %" PRId64
             ", \"final_scale\": %s, \"diverged_at_step\": %s}\n",
-            o->model, na_device_name(o->device), o->amp, o->epochs, o->batch,
+            o->model, na_device_name(o->device), o->amp, o->epochs, o->batch, na_get_num_threads(),
             r->world_size > 1 ? r->world_size : 1, o->allreduce_dtype ? o->allreduce_dtype : "f32",
             json_number(r->images_per_s, "%.1f", ips, sizeof ips),
             json_number(r->train_time_s, "%.3f", time_s, sizeof time_s),

@@ -76,6 +76,10 @@ void trainer_channel_stats(const na_dataset *ds, float *mean, float *std) {
 int trainer_setup(const trainer_opts *o, trainer_job *job) {
     if (o->limit > 0 && o->limit < job->train->n) job->train->n = o->limit;
     if (o->test_limit > 0 && o->test_limit < job->test->n) job->test->n = o->test_limit;
+    if (o->threads && na_set_num_threads(o->threads)) {
+        fprintf(stderr, "%s: %s\n", o->program, na_last_error());
+        return -1;
+    }
     na_manual_seed(o->seed);
     if (!(job->net = model_by_name(o->model, job->input_shape))) {
         fprintf(stderr, "%s: %s\n", o->program, na_last_error());

@@ -37,6 +37,7 @@ typedef struct {
     const char *allreduce_dtype; /* f32 | f16 | bf16 */
     int64_t bucket_mb;     /* 0 (not given: na_ddp's default, 25) */
     bool sync_bn;
+    int threads;           /* --threads N; 0 (not given): $NANOAMP_THREADS, else the cores */
 } trainer_opts;
 
 /* The defaults every trainer starts from (a trainer changes what its recipe needs). */

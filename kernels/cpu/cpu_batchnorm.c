@@ -9,10 +9,12 @@
  *   backward xhat = (x - mean)*invstd; ggamma = sum(gy*xhat); gbeta = sum(gy);
  *            train: gx = (gy - gbeta/M - xhat*ggamma/M) * (invstd * gamma)
  *            eval:  gx = gy * (invstd * gamma)
- * Sums are pairwise within each (n, c) row and pairwise across the N rows. gamma/beta NULL
+ * Sums are pairwise within each (n, c) row and pairwise across the N rows. Channels are
+ * split over the thread pool, each computed whole by one thread. gamma/beta NULL
  * mean 1/0. Parameters and statistics may be of any float dtype (f32 normally, f64 for f64 x).
  */
 #include "cpu/cpu_internal.h"
+#include "cpu/cpu_parallel.h"
 
 static double param(const na_view *t, int64_t i, double dflt) {
     return t ? na_cpu_get(t->dtype, t->data, i) : dflt;
@@ -61,9 +63,10 @@ static void set_param(na_view *t, int64_t i, double v) {
     static void bn_train_##SFX(const na_view *x, const na_view *gamma,                      \
                                const na_view *beta, na_view *rm, na_view *rv,               \
                                na_view *y, na_view *sm, na_view *si, int64_t n,             \
-                               int64_t c, int64_t s, T momentum, T eps) {                   \
+                               int64_t c, int64_t s, T momentum, T eps, int64_t c0,         \
+                               int64_t c1) {                                                \
         int64_t M = n * s;                                                                  \
-        for (int64_t ch = 0; ch < c; ch++) {                                                \
+        for (int64_t ch = c0; ch < c1; ch++) {                                              \
             T mean = chan_sum_##SFX(x, n, c, s, ch) / (T)M;                                 \
             T var = chan_sqdev_##SFX(x, n, c, s, ch, mean) / (T)M;                          \
             T invstd = (T)1 / SQRT(var + eps);                                              \
@@ -81,8 +84,8 @@ static void set_param(na_view *t, int64_t i, double v) {
     static void bn_eval_##SFX(const na_view *x, const na_view *gamma,                       \
                               const na_view *beta, const na_view *rm,                       \
                               const na_view *rv, na_view *y, int64_t n, int64_t c,          \
-                              int64_t s, T eps) {                                           \
-        for (int64_t ch = 0; ch < c; ch++) {                                                \
+                              int64_t s, T eps, int64_t c0, int64_t c1) {                   \
+        for (int64_t ch = c0; ch < c1; ch++) {                                              \
             T invstd = (T)1 / SQRT((T)param(rv, ch, 1) + eps);                              \
             T scale = invstd * (T)param(gamma, ch, 1), shift = (T)param(beta, ch, 0);       \
             chan_affine_##SFX(x, y, n, c, s, ch, (T)param(rm, ch, 0), scale, shift);        \
@@ -91,11 +94,12 @@ static void set_param(na_view *t, int64_t i, double v) {
     static void bn_backward_##SFX(const na_view *x, const na_view *gy,                      \
                                   const na_view *gamma, const na_view *mean_t,              \
                                   const na_view *invstd_t, na_view *gx, na_view *gg,        \
-                                  na_view *gb, int64_t n, int64_t c, int64_t s, bool train) { \
+                                  na_view *gb, int64_t n, int64_t c, int64_t s, bool train,  \
+                                  int64_t c0, int64_t c1) {                                 \
         T xb[NA_CPU_CHUNK], gb_[NA_CPU_CHUNK], t[NA_CPU_CHUNK], ob[NA_CPU_CHUNK];           \
         int64_t M = n * s;                                                                  \
         bool need_sums = train || gg || gb;                                                 \
-        for (int64_t ch = 0; ch < c; ch++) {                                                \
+        for (int64_t ch = c0; ch < c1; ch++) {                                              \
             T mean = (T)param(mean_t, ch, 0), invstd = (T)param(invstd_t, ch, 1);           \
             T scale = invstd * (T)param(gamma, ch, 1);                                      \
             T sum_gy = 0, sum_gyxh = 0;                                                     \
@@ -139,6 +143,61 @@ static void set_param(na_view *t, int64_t i, double v) {
 NA_CPU_DEFINE_BN(float, f, sqrtf)
 NA_CPU_DEFINE_BN(double, d, sqrt)
 
+/* ---- the split over the pool: ranges of channels, each channel computed as on one thread ---- */
+
+enum { BN_TRAIN, BN_EVAL, BN_BACKWARD };
+#define NA_CPU_BN_TASK_ELEMS ((int64_t)1 << 15) /* elements per task worth a wake-up */
+enum { NA_CPU_BN_TASKS = 32 };
+
+typedef struct {
+    int kind;
+    bool f64, train;
+    const na_view *x, *gy, *gamma, *beta, *mean, *invstd;
+    const na_view *eval_rm, *eval_rv; /* the running statistics eval normalizes with */
+    na_view *rm, *rv, *y, *gx, *gg, *gb, *sm, *si;
+    int64_t n, c, s, tasks;
+    double momentum, eps;
+} bn_job;
+
+static void bn_task(void *ctx, int64_t t) {
+    const bn_job *j = ctx;
+    int64_t c0, c1;
+    na_cpu_task_range(j->c, j->tasks, t, 1, &c0, &c1);
+    switch (j->kind) {
+    case BN_TRAIN:
+        if (j->f64)
+            bn_train_d(j->x, j->gamma, j->beta, j->rm, j->rv, j->y, j->sm, j->si, j->n, j->c,
+                       j->s, j->momentum, j->eps, c0, c1);
+        else
+            bn_train_f(j->x, j->gamma, j->beta, j->rm, j->rv, j->y, j->sm, j->si, j->n, j->c,
+                       j->s, (float)j->momentum, (float)j->eps, c0, c1);
+        break;
+    case BN_EVAL:
+        if (j->f64)
+            bn_eval_d(j->x, j->gamma, j->beta, j->eval_rm, j->eval_rv, j->y, j->n, j->c, j->s,
+                      j->eps, c0, c1);
+        else
+            bn_eval_f(j->x, j->gamma, j->beta, j->eval_rm, j->eval_rv, j->y, j->n, j->c, j->s,
+                      (float)j->eps, c0, c1);
+        break;
+    default:
+        if (j->f64)
+            bn_backward_d(j->x, j->gy, j->gamma, j->mean, j->invstd, j->gx, j->gg, j->gb, j->n,
+                          j->c, j->s, j->train, c0, c1);
+        else
+            bn_backward_f(j->x, j->gy, j->gamma, j->mean, j->invstd, j->gx, j->gg, j->gb, j->n,
+                          j->c, j->s, j->train, c0, c1);
+        break;
+    }
+}
+
+static void bn_run(bn_job *j) {
+    j->f64 = j->x->dtype == NA_DTYPE_F64;
+    j->tasks = na_cpu_split(j->x->numel, NA_CPU_BN_TASK_ELEMS,
+                            j->c < NA_CPU_BN_TASKS ? j->c : NA_CPU_BN_TASKS);
+    na_cpu_parallel_for(j->c ? j->tasks : 0, bn_task, j);
+}
+
 static int check_extent(const char *fn, const na_view *x, int64_t n, int64_t c, int64_t s) {
     if (n < 0 || c < 0 || s < 0 || n * c * s != x->numel)
         return na_set_error(NA_ESHAPE, "%s: [N, C, S] = [%lld, %lld, %lld] does not match x's "
@@ -163,12 +222,9 @@ int na_cpu_batch_norm_train(const na_view *x, const na_view *gamma, const na_vie
     int st = check_extent(fn, x, n, c, s);
     if (st) return st;
     if (n * s == 0) return na_set_error(NA_EINVAL, "%s: no values per channel (N*S = 0)", fn);
-    if (x->dtype == NA_DTYPE_F64)
-        bn_train_d(x, gamma, beta, running_mean, running_var, y, save_mean, save_invstd, n, c, s,
-                   momentum, eps);
-    else
-        bn_train_f(x, gamma, beta, running_mean, running_var, y, save_mean, save_invstd, n, c, s,
-                   (float)momentum, (float)eps);
+    bn_run(&(bn_job){.kind = BN_TRAIN, .x = x, .gamma = gamma, .beta = beta,
+                     .rm = running_mean, .rv = running_var, .y = y, .sm = save_mean,
+                     .si = save_invstd, .n = n, .c = c, .s = s, .momentum = momentum, .eps = eps});
     return NA_OK;
 }
 
@@ -184,10 +240,9 @@ int na_cpu_batch_norm_eval(const na_view *x, const na_view *gamma, const na_view
     NA_CPU_CHECK_FLOAT(fn, running_var);
     int st = check_extent(fn, x, n, c, s);
     if (st) return st;
-    if (x->dtype == NA_DTYPE_F64)
-        bn_eval_d(x, gamma, beta, running_mean, running_var, y, n, c, s, eps);
-    else
-        bn_eval_f(x, gamma, beta, running_mean, running_var, y, n, c, s, (float)eps);
+    bn_run(&(bn_job){.kind = BN_EVAL, .x = x, .gamma = gamma, .beta = beta,
+                     .eval_rm = running_mean, .eval_rv = running_var, .y = y, .n = n, .c = c,
+                     .s = s, .eps = eps});
     return NA_OK;
 }
 
@@ -206,9 +261,8 @@ int na_cpu_batch_norm_backward(const na_view *x, const na_view *gy, const na_vie
     NA_CPU_CHECK_FLOAT(fn, gbeta);
     int st = check_extent(fn, x, n, c, s);
     if (st) return st;
-    if (x->dtype == NA_DTYPE_F64)
-        bn_backward_d(x, gy, gamma, mean, invstd, gx, ggamma, gbeta, n, c, s, train);
-    else
-        bn_backward_f(x, gy, gamma, mean, invstd, gx, ggamma, gbeta, n, c, s, train);
+    bn_run(&(bn_job){.kind = BN_BACKWARD, .x = x, .gy = gy, .gamma = gamma, .mean = mean,
+                     .invstd = invstd, .gx = gx, .gg = ggamma, .gb = gbeta, .n = n, .c = c,
+                     .s = s, .train = train});
     return NA_OK;
 }

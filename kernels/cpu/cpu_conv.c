@@ -10,6 +10,10 @@
  * MNIST shapes run as one or two GEMMs per call instead of 128 small ones).
  * f16/bf16 tensors are widened per image into f32 scratch; outputs (and the weight gradient
  * summed over the whole batch) accumulate in f32 and are rounded once.
+ * On the thread pool (cpu_parallel.h) the batch is cut into up to 8 image ranges fixed by the
+ * problem's size, each a task of im2col + single-threaded GEMM (+ col2im); the weight gradient
+ * is one partial per range, added in range order, so no result depends on the thread count.
+ * Pooling runs over ranges of (n, c) planes.
  *
  * Pooling windows: cell (oy*sh - ph + i*dh, ox*sw - pw + j*dw). Max pooling ignores padded
  * cells, takes the first maximum (NaN propagates) and saves its flat index iy*W + ix within
@@ -18,6 +22,7 @@
  * input (otherwise).
  */
 #include "cpu/cpu_internal.h"
+#include "cpu/cpu_parallel.h"
 
 static int64_t ceil_div(int64_t a, int64_t b) { return a >= 0 ? (a + b - 1) / b : -((-a) / b); }
 
@@ -56,6 +61,50 @@ static int check_geom(const char *fn, const na_conv_geom *g, bool conv) {
         return na_set_error(NA_EINVAL, "%s: %d groups do not divide c_in=%lld, c_out=%lld", fn,
                             g->groups, (long long)g->c_in, (long long)g->c_out);
     return NA_OK;
+}
+
+/* ---- the split over the pool ---------------------------------------------------------------
+ * Tasks are ranges of images, their number fixed by the problem (never by the thread count),
+ * so every image's output, and the order in which the weight gradient's per-task partials are
+ * added, are the same for any number of threads. */
+enum { NA_CPU_CONV_TASKS = 8 };            /* image ranges of a large convolution */
+#define NA_CPU_CONV_TASK_MACS ((int64_t)1 << 20) /* below this much work per task: one task */
+
+static int64_t conv_tasks(const na_conv_geom *g) {
+    int64_t per_image = g->c_out * (g->c_in / g->groups) * g->kh * g->kw * g->oh * g->ow;
+    return g->n < 1 ? 1 : na_cpu_split(g->n * per_image, NA_CPU_CONV_TASK_MACS,
+                                       g->n < NA_CPU_CONV_TASKS ? g->n : NA_CPU_CONV_TASKS);
+}
+
+/* The weight gradient's tasks: as conv_tasks, but their partials (wsize elements each) kept
+ * within the block budget. */
+static int64_t weight_grad_tasks(const na_conv_geom *g, int64_t wsize) {
+    int64_t t = conv_tasks(g), fit = wsize > 0 ? na_cpu_conv_block_budget / wsize : t;
+    return t < fit ? t : fit < 1 ? 1 : fit;
+}
+
+typedef struct conv_job conv_job;
+struct conv_job {
+    const na_conv_geom *g;
+    const na_view *x, *gy, *bias;
+    na_view *y, *gx;
+    const void *wv, *bb; /* weights and bias in the compute type */
+    void *gw;            /* weight gradient partials, one per task */
+    int64_t tasks;
+    int (*range)(const conv_job *j, int64_t lo, int64_t hi, int64_t task); /* images lo..hi */
+    na_cpu_task_status status;
+};
+
+static void conv_task(void *ctx, int64_t t) {
+    conv_job *j = ctx;
+    int64_t lo, hi;
+    na_cpu_task_range(j->g->n, j->tasks, t, 1, &lo, &hi);
+    if (j->range(j, lo, hi, t)) na_cpu_task_fail(&j->status);
+}
+
+static int conv_run(conv_job *j) {
+    na_cpu_parallel_for(j->g->n ? j->tasks : 0, conv_task, j);
+    return na_cpu_task_status_raise(&j->status);
 }
 
 #define NA_CPU_DEFINE_CONV(T, SFX, GEMM)                                                    \
@@ -132,96 +181,140 @@ static int check_geom(const char *fn, const na_conv_geom *g, bool conv) {
                                   blk + co * nb * P + b * P);                               \
     }                                                                                       \
                                                                                             \
-    static int conv2d_##SFX(const na_conv_geom *g, const na_view *x, const na_view *w,      \
-                            const na_view *bias, na_view *y) {                              \
+    /* y for images [lo, hi) */                                                             \
+    static int conv2d_range_##SFX(const conv_job *j, int64_t lo, int64_t hi, int64_t t) {   \
         const char *fn = "cpu_conv2d";                                                      \
+        const na_conv_geom *g = j->g;                                                       \
+        const T *wv = j->wv, *bb = j->bb;                                                   \
+        (void)t;                                                                            \
         int64_t G = g->groups, cg = g->c_in / G, cog = g->c_out / G;                        \
         int64_t K = cg * g->kh * g->kw, P = g->oh * g->ow, HW = g->h * g->w;                \
         int64_t NB = images_per_block(g);                                                   \
         T *xb = na_cpu_scratch(NA_CPU_SCRATCH_0, (size_t)(cg * HW) * sizeof(T), fn);        \
         T *col = na_cpu_scratch(NA_CPU_SCRATCH_1, (size_t)(K * NB * P) * sizeof(T), fn);    \
         T *yb = na_cpu_scratch(NA_CPU_SCRATCH_2, (size_t)(cog * NB * P) * sizeof(T), fn);   \
-        T *wb = na_cpu_scratch(NA_CPU_SCRATCH_3, (size_t)(g->c_out * K) * sizeof(T), fn);   \
-        T *bb = na_cpu_scratch(NA_CPU_SCRATCH_4, (size_t)g->c_out * sizeof(T), fn);         \
-        if (!xb || !col || !yb || !wb || !bb) return NA_ENOMEM;                             \
-        const T *wv = na_cpu_view_##SFX(w->dtype, w->data, 0, g->c_out * K, wb);            \
-        if (bias) na_cpu_load_##SFX(bias->dtype, bias->data, 0, g->c_out, bb);              \
-        else memset(bb, 0, (size_t)g->c_out * sizeof(T));                                   \
-        for (int64_t n0 = 0; n0 < g->n; n0 += NB) {                                         \
-            int64_t nb = g->n - n0 < NB ? g->n - n0 : NB, ld = nb * P;                      \
+        if (!xb || !col || !yb) return NA_ENOMEM;                                           \
+        for (int64_t n0 = lo; n0 < hi; n0 += NB) {                                          \
+            int64_t nb = hi - n0 < NB ? hi - n0 : NB, ld = nb * P;                          \
             for (int64_t gi = 0; gi < G; gi++) {                                            \
-                im2col_block_##SFX(g, x, n0, nb, gi, xb, col);                              \
+                im2col_block_##SFX(g, j->x, n0, nb, gi, xb, col);                           \
                 int st = GEMM(false, false, cog, ld, K, 1, wv + gi * cog * K, K, col, ld,   \
                               0, yb, ld);                                                   \
                 if (st) return st;                                                          \
                 for (int64_t b = 0; b < nb; b++)                                            \
                     for (int64_t co = 0; co < cog; co++) {                                  \
                         T *r = yb + co * ld + b * P, bv = bb[gi * cog + co];                \
-                        if (bias)                                                           \
+                        if (j->bias)                                                        \
                             for (int64_t p = 0; p < P; p++) r[p] += bv;                     \
-                        na_cpu_store_##SFX(y->dtype, y->data,                               \
+                        na_cpu_store_##SFX(j->y->dtype, j->y->data,                         \
                                            ((n0 + b) * g->c_out + gi * cog + co) * P, P, r); \
                     }                                                                       \
             }                                                                               \
         }                                                                                   \
         return NA_OK;                                                                       \
     }                                                                                       \
-                                                                                            \
-    static int conv2d_bwd_data_##SFX(const na_conv_geom *g, const na_view *gy,              \
-                                     const na_view *w, na_view *gx) {                       \
+    /* gx for images [lo, hi) */                                                            \
+    static int conv2d_bwd_data_range_##SFX(const conv_job *j, int64_t lo, int64_t hi,      \
+                                           int64_t t) {                                     \
         const char *fn = "cpu_conv2d_backward_data";                                        \
+        const na_conv_geom *g = j->g;                                                       \
+        const T *wv = j->wv;                                                                \
+        (void)t;                                                                            \
         int64_t G = g->groups, cg = g->c_in / G, cog = g->c_out / G;                        \
         int64_t K = cg * g->kh * g->kw, P = g->oh * g->ow, HW = g->h * g->w;                \
         int64_t NB = images_per_block(g);                                                   \
         T *gxb = na_cpu_scratch(NA_CPU_SCRATCH_0, (size_t)(cg * HW) * sizeof(T), fn);       \
         T *col = na_cpu_scratch(NA_CPU_SCRATCH_1, (size_t)(K * NB * P) * sizeof(T), fn);    \
         T *gyb = na_cpu_scratch(NA_CPU_SCRATCH_2, (size_t)(cog * NB * P) * sizeof(T), fn);  \
-        T *wb = na_cpu_scratch(NA_CPU_SCRATCH_3, (size_t)(g->c_out * K) * sizeof(T), fn);   \
-        if (!gxb || !col || !gyb || !wb) return NA_ENOMEM;                                  \
-        const T *wv = na_cpu_view_##SFX(w->dtype, w->data, 0, g->c_out * K, wb);            \
-        for (int64_t n0 = 0; n0 < g->n; n0 += NB) {                                         \
-            int64_t nb = g->n - n0 < NB ? g->n - n0 : NB, ld = nb * P;                      \
+        if (!gxb || !col || !gyb) return NA_ENOMEM;                                         \
+        for (int64_t n0 = lo; n0 < hi; n0 += NB) {                                          \
+            int64_t nb = hi - n0 < NB ? hi - n0 : NB, ld = nb * P;                          \
             for (int64_t gi = 0; gi < G; gi++) {                                            \
-                gather_out_##SFX(g, gy, n0, nb, gi, gyb);                                   \
+                gather_out_##SFX(g, j->gy, n0, nb, gi, gyb);                                \
                 int st = GEMM(true, false, K, ld, cog, 1, wv + gi * cog * K, K, gyb, ld,    \
                               0, col, ld);                                                  \
                 if (st) return st;                                                          \
                 for (int64_t b = 0; b < nb; b++) {                                          \
                     int64_t off = ((n0 + b) * g->c_in + gi * cg) * HW;                      \
-                    T *gxv = na_cpu_out_##SFX(gx->dtype, gx->data, off, gxb);               \
+                    T *gxv = na_cpu_out_##SFX(j->gx->dtype, j->gx->data, off, gxb);         \
                     memset(gxv, 0, (size_t)(cg * HW) * sizeof(T));                          \
                     col2im_##SFX(g, cg, col + b * P, ld, gxv);                              \
-                    na_cpu_store_##SFX(gx->dtype, gx->data, off, cg * HW, gxv);             \
+                    na_cpu_store_##SFX(j->gx->dtype, j->gx->data, off, cg * HW, gxv);       \
                 }                                                                           \
             }                                                                               \
         }                                                                                   \
         return NA_OK;                                                                       \
     }                                                                                       \
-                                                                                            \
-    static int conv2d_bwd_weight_##SFX(const na_conv_geom *g, const na_view *x,             \
-                                       const na_view *gy, na_view *gw) {                    \
+    /* task t's partial (c_out x K) = the weight gradient of images [lo, hi) (lo < hi) */   \
+    static int conv2d_bwd_weight_range_##SFX(const conv_job *j, int64_t lo, int64_t hi,     \
+                                             int64_t t) {                                   \
         const char *fn = "cpu_conv2d_backward_weight";                                      \
+        const na_conv_geom *g = j->g;                                                       \
         int64_t G = g->groups, cg = g->c_in / G, cog = g->c_out / G;                        \
         int64_t K = cg * g->kh * g->kw, P = g->oh * g->ow, HW = g->h * g->w;                \
+        T *gw = (T *)j->gw + t * g->c_out * K;                                              \
         int64_t NB = images_per_block(g);                                                   \
         T *xb = na_cpu_scratch(NA_CPU_SCRATCH_0, (size_t)(cg * HW) * sizeof(T), fn);        \
         T *col = na_cpu_scratch(NA_CPU_SCRATCH_1, (size_t)(K * NB * P) * sizeof(T), fn);    \
         T *gyb = na_cpu_scratch(NA_CPU_SCRATCH_2, (size_t)(cog * NB * P) * sizeof(T), fn);  \
-        T *gwb = na_cpu_scratch(NA_CPU_SCRATCH_3, (size_t)(g->c_out * K) * sizeof(T), fn);  \
-        if (!xb || !col || !gyb || !gwb) return NA_ENOMEM;                                  \
-        T *gwv = na_cpu_out_##SFX(gw->dtype, gw->data, 0, gwb);                             \
-        if (g->n == 0) memset(gwv, 0, (size_t)(g->c_out * K) * sizeof(T));                  \
-        for (int64_t n0 = 0; n0 < g->n; n0 += NB) {                                         \
-            int64_t nb = g->n - n0 < NB ? g->n - n0 : NB, ld = nb * P;                      \
+        if (!xb || !col || !gyb) return NA_ENOMEM;                                          \
+        for (int64_t n0 = lo; n0 < hi; n0 += NB) {                                          \
+            int64_t nb = hi - n0 < NB ? hi - n0 : NB, ld = nb * P;                          \
             for (int64_t gi = 0; gi < G; gi++) {                                            \
-                im2col_block_##SFX(g, x, n0, nb, gi, xb, col);                              \
-                gather_out_##SFX(g, gy, n0, nb, gi, gyb);                                   \
+                im2col_block_##SFX(g, j->x, n0, nb, gi, xb, col);                           \
+                gather_out_##SFX(g, j->gy, n0, nb, gi, gyb);                                \
                 int st = GEMM(false, true, cog, K, ld, 1, gyb, ld, col, ld,                 \
-                              n0 == 0 ? 0 : 1, gwv + gi * cog * K, K);                      \
+                              n0 == lo ? 0 : 1, gw + gi * cog * K, K);                      \
                 if (st) return st;                                                          \
             }                                                                               \
         }                                                                                   \
-        na_cpu_store_##SFX(gw->dtype, gw->data, 0, g->c_out * K, gwv);                      \
+        return NA_OK;                                                                       \
+    }                                                                                       \
+    static int conv2d_##SFX(const na_conv_geom *g, const na_view *x, const na_view *w,      \
+                            const na_view *bias, na_view *y) {                              \
+        const char *fn = "cpu_conv2d";                                                      \
+        int64_t K = g->c_in / g->groups * g->kh * g->kw;                                    \
+        T *wb = na_cpu_scratch(NA_CPU_SCRATCH_3, (size_t)(g->c_out * K) * sizeof(T), fn);   \
+        T *bb = na_cpu_scratch(NA_CPU_SCRATCH_4, (size_t)g->c_out * sizeof(T), fn);         \
+        if (!wb || !bb) return NA_ENOMEM;                                                   \
+        conv_job j = {.g = g, .x = x, .bias = bias, .y = y, .bb = bb,                       \
+                      .wv = na_cpu_view_##SFX(w->dtype, w->data, 0, g->c_out * K, wb),      \
+                      .tasks = conv_tasks(g), .range = conv2d_range_##SFX};                 \
+        if (bias) na_cpu_load_##SFX(bias->dtype, bias->data, 0, g->c_out, bb);              \
+        else memset(bb, 0, (size_t)g->c_out * sizeof(T));                                  \
+        return conv_run(&j);                                                                \
+    }                                                                                       \
+                                                                                            \
+    static int conv2d_bwd_data_##SFX(const na_conv_geom *g, const na_view *gy,              \
+                                     const na_view *w, na_view *gx) {                       \
+        const char *fn = "cpu_conv2d_backward_data";                                        \
+        int64_t K = g->c_in / g->groups * g->kh * g->kw;                                    \
+        T *wb = na_cpu_scratch(NA_CPU_SCRATCH_3, (size_t)(g->c_out * K) * sizeof(T), fn);   \
+        if (!wb) return NA_ENOMEM;                                                          \
+        conv_job j = {.g = g, .gy = gy, .gx = gx, .tasks = conv_tasks(g),                   \
+                      .range = conv2d_bwd_data_range_##SFX,                                 \
+                      .wv = na_cpu_view_##SFX(w->dtype, w->data, 0, g->c_out * K, wb)};     \
+        return conv_run(&j);                                                                \
+    }                                                                                       \
+                                                                                            \
+    /* one partial gradient per task, added in task order */                               \
+    static int conv2d_bwd_weight_##SFX(const na_conv_geom *g, const na_view *x,             \
+                                       const na_view *gy, na_view *gw) {                    \
+        const char *fn = "cpu_conv2d_backward_weight";                                      \
+        int64_t wsize = g->c_out * (g->c_in / g->groups) * g->kh * g->kw;                   \
+        int64_t tasks = weight_grad_tasks(g, wsize);                                        \
+        T *gwb = na_cpu_scratch(NA_CPU_SCRATCH_3, (size_t)(wsize * tasks) * sizeof(T), fn); \
+        if (!gwb) return NA_ENOMEM;                                                         \
+        /* with one task its partial is the gradient, written in place when gw is of T */   \
+        T *gwv = tasks == 1 ? na_cpu_out_##SFX(gw->dtype, gw->data, 0, gwb) : gwb;          \
+        if (g->n == 0) memset(gwv, 0, (size_t)wsize * sizeof(T));                           \
+        conv_job j = {.g = g, .x = x, .gy = gy, .gw = gwv, .tasks = tasks,                  \
+                      .range = conv2d_bwd_weight_range_##SFX};                              \
+        int st = conv_run(&j);                                                              \
+        if (st) return st;                                                                  \
+        for (int64_t t = 1; t < tasks; t++)                                                 \
+            for (int64_t i = 0; i < wsize; i++) gwv[i] += gwv[t * wsize + i];               \
+        na_cpu_store_##SFX(gw->dtype, gw->data, 0, wsize, gwv);                             \
         return NA_OK;                                                                       \
     }
 
@@ -272,7 +365,7 @@ static void win_range(int64_t start, int64_t size, int64_t d, int k, int64_t *lo
     const int64_t SH = (g)->sh, SW = (g)->sw, PH = (g)->ph, PW = (g)->pw, DH = (g)->dh,     \
                   DW = (g)->dw;                                                             \
     const int KH = (g)->kh, KW = (g)->kw;                                                   \
-    const int64_t HW = H * W, P = OH * OW, PLANES = (g)->n * (g)->c_in;                     \
+    const int64_t HW = H * W, P = OH * OW;                                                  \
     (void)SH; (void)SW; (void)PH; (void)PW; (void)DH; (void)DW; (void)KH; (void)KW
 
 /* for each output (oy, ox) of a plane: BODY with the window's valid taps [ilo, ihi) x
@@ -368,8 +461,8 @@ NA_CPU_DEFINE_POOL_2X2(float, f)
 NA_CPU_DEFINE_POOL_2X2(double, d)
 
 #define NA_CPU_DEFINE_POOL(T, SFX)                                                          \
-    static int max_pool_##SFX(const na_conv_geom *g, const na_view *x, na_view *y,          \
-                              na_view *idx) {                                               \
+    static int max_pool_##SFX(const na_conv_geom *g, int64_t pl0, int64_t pl1,              \
+                              const na_view *x, na_view *y, na_view *idx) {                 \
         const char *fn = "cpu_max_pool2d";                                                  \
         NA_CPU_POOL_LOCALS(g);                                                              \
         const bool pool_2x2 = is_pool_2x2(g);                                               \
@@ -378,7 +471,7 @@ NA_CPU_DEFINE_POOL_2X2(double, d)
         /* the 2x2 path writes a row's indices here when the caller wants none */           \
         int32_t *ib = na_cpu_scratch(NA_CPU_SCRATCH_2, (size_t)OW * sizeof(int32_t), fn);   \
         if (!xb || !yb || !ib) return NA_ENOMEM;                                            \
-        for (int64_t pl = 0; pl < PLANES; pl++) {                                           \
+        for (int64_t pl = pl0; pl < pl1; pl++) {                                            \
             const T *xv = na_cpu_view_##SFX(x->dtype, x->data, pl * HW, HW, xb);            \
             T *yv = na_cpu_out_##SFX(y->dtype, y->data, pl * P, yb);                        \
             int32_t *iv = idx ? (int32_t *)idx->data + pl * P : NULL;                       \
@@ -407,14 +500,14 @@ NA_CPU_DEFINE_POOL_2X2(double, d)
         }                                                                                   \
         return NA_OK;                                                                       \
     }                                                                                       \
-    static int max_pool_bwd_##SFX(const na_conv_geom *g, const na_view *gy,                 \
-                                  const na_view *idx, na_view *gx) {                        \
+    static int max_pool_bwd_##SFX(const na_conv_geom *g, int64_t pl0, int64_t pl1,          \
+                                  const na_view *gy, const na_view *idx, na_view *gx) {     \
         const char *fn = "cpu_max_pool2d_backward";                                         \
         NA_CPU_POOL_LOCALS(g);                                                              \
         T *gyb = na_cpu_scratch(NA_CPU_SCRATCH_0, (size_t)P * sizeof(T), fn);               \
         T *gxb = na_cpu_scratch(NA_CPU_SCRATCH_1, (size_t)HW * sizeof(T), fn);              \
         if (!gyb || !gxb) return NA_ENOMEM;                                                 \
-        for (int64_t pl = 0; pl < PLANES; pl++) {                                           \
+        for (int64_t pl = pl0; pl < pl1; pl++) {                                            \
             const T *gyv = na_cpu_view_##SFX(gy->dtype, gy->data, pl * P, P, gyb);          \
             T *gxv = na_cpu_out_##SFX(gx->dtype, gx->data, pl * HW, gxb);                   \
             const int32_t *iv = (const int32_t *)idx->data + pl * P;                        \
@@ -436,13 +529,14 @@ NA_CPU_DEFINE_POOL_2X2(double, d)
         win_range(x0 + g->pw, g->w + 2 * (int64_t)g->pw, g->dw, g->kw, &c, &d);             \
         return (T)((b - a) * (d - c));                                                      \
     }                                                                                       \
-    static int avg_pool_##SFX(const na_conv_geom *g, const na_view *x, na_view *y) {        \
+    static int avg_pool_##SFX(const na_conv_geom *g, int64_t pl0, int64_t pl1,              \
+                              const na_view *x, na_view *y) {                               \
         const char *fn = "cpu_avg_pool2d";                                                  \
         NA_CPU_POOL_LOCALS(g);                                                              \
         T *xb = na_cpu_scratch(NA_CPU_SCRATCH_0, (size_t)HW * sizeof(T), fn);               \
         T *yb = na_cpu_scratch(NA_CPU_SCRATCH_1, (size_t)P * sizeof(T), fn);                \
         if (!xb || !yb) return NA_ENOMEM;                                                   \
-        for (int64_t pl = 0; pl < PLANES; pl++) {                                           \
+        for (int64_t pl = pl0; pl < pl1; pl++) {                                            \
             const T *xv = na_cpu_view_##SFX(x->dtype, x->data, pl * HW, HW, xb);            \
             T *yv = na_cpu_out_##SFX(y->dtype, y->data, pl * P, yb);                        \
             NA_CPU_POOL_FOR_EACH_OUTPUT({                                                   \
@@ -458,13 +552,14 @@ NA_CPU_DEFINE_POOL_2X2(double, d)
         }                                                                                   \
         return NA_OK;                                                                       \
     }                                                                                       \
-    static int avg_pool_bwd_##SFX(const na_conv_geom *g, const na_view *gy, na_view *gx) {  \
+    static int avg_pool_bwd_##SFX(const na_conv_geom *g, int64_t pl0, int64_t pl1,          \
+                                  const na_view *gy, na_view *gx) {                         \
         const char *fn = "cpu_avg_pool2d_backward";                                         \
         NA_CPU_POOL_LOCALS(g);                                                              \
         T *gyb = na_cpu_scratch(NA_CPU_SCRATCH_0, (size_t)P * sizeof(T), fn);               \
         T *gxb = na_cpu_scratch(NA_CPU_SCRATCH_1, (size_t)HW * sizeof(T), fn);              \
         if (!gyb || !gxb) return NA_ENOMEM;                                                 \
-        for (int64_t pl = 0; pl < PLANES; pl++) {                                           \
+        for (int64_t pl = pl0; pl < pl1; pl++) {                                            \
             const T *gyv = na_cpu_view_##SFX(gy->dtype, gy->data, pl * P, P, gyb);          \
             T *gxv = na_cpu_out_##SFX(gx->dtype, gx->data, pl * HW, gxb);                   \
             memset(gxv, 0, (size_t)HW * sizeof(T));                                         \
@@ -486,6 +581,52 @@ NA_CPU_DEFINE_POOL_2X2(double, d)
 NA_CPU_DEFINE_POOL(float, f)
 NA_CPU_DEFINE_POOL(double, d)
 
+/* ---- the split over the pool: ranges of (n, c) planes ------------------------------------ */
+
+#define NA_CPU_POOL_TASK_ELEMS ((int64_t)1 << 15) /* input elements per task worth a wake-up */
+enum { NA_CPU_POOL_TASKS = 32 };
+
+typedef struct {
+    const na_conv_geom *g;
+    const na_view *in, *idx_in;
+    na_view *out, *idx_out;
+    int (*range)(const na_conv_geom *, int64_t, int64_t, const void *);
+    int64_t tasks;
+    na_cpu_task_status status;
+} pool_job;
+
+/* each kernel's planes [pl0, pl1) with the job's views */
+#define NA_CPU_POOL_RANGE(name, SFX, ...)                                                    \
+    static int name##_range_##SFX(const na_conv_geom *g, int64_t pl0, int64_t pl1,          \
+                                  const void *ctx) {                                        \
+        const pool_job *j = ctx;                                                            \
+        return name##_##SFX(g, pl0, pl1, __VA_ARGS__);                                      \
+    }
+#define NA_CPU_POOL_RANGES(SFX)                                                             \
+    NA_CPU_POOL_RANGE(max_pool, SFX, j->in, j->out, j->idx_out)                             \
+    NA_CPU_POOL_RANGE(max_pool_bwd, SFX, j->in, j->idx_in, j->out)                          \
+    NA_CPU_POOL_RANGE(avg_pool, SFX, j->in, j->out)                                         \
+    NA_CPU_POOL_RANGE(avg_pool_bwd, SFX, j->in, j->out)
+NA_CPU_POOL_RANGES(f)
+NA_CPU_POOL_RANGES(d)
+
+static void pool_task(void *ctx, int64_t t) {
+    pool_job *j = ctx;
+    int64_t planes = j->g->n * j->g->c_in, lo, hi;
+    na_cpu_task_range(planes, j->tasks, t, 1, &lo, &hi);
+    if (j->range(j->g, lo, hi, j)) na_cpu_task_fail(&j->status);
+}
+
+static int pool_run(pool_job *j) {
+    int64_t planes = j->g->n * j->g->c_in;
+    int64_t plane = j->g->h * j->g->w > j->g->oh * j->g->ow ? j->g->h * j->g->w
+                                                              : j->g->oh * j->g->ow;
+    j->tasks = na_cpu_split(planes * plane, NA_CPU_POOL_TASK_ELEMS,
+                            planes < NA_CPU_POOL_TASKS ? planes : NA_CPU_POOL_TASKS);
+    na_cpu_parallel_for(planes ? j->tasks : 0, pool_task, j);
+    return na_cpu_task_status_raise(&j->status);
+}
+
 #define NA_CPU_POOL_DISPATCH(fn, name, a, b, ...)                                           \
     do {                                                                                    \
         NA_CPU_CHECK_FLOAT(fn, a);                                                          \
@@ -493,26 +634,28 @@ NA_CPU_DEFINE_POOL(double, d)
         int st_ = check_geom(fn, g, false);                                                 \
         if (st_) return st_;                                                                \
         bool d_ = a->dtype == NA_DTYPE_F64 || b->dtype == NA_DTYPE_F64;                     \
-        return d_ ? name##_d(g, __VA_ARGS__) : name##_f(g, __VA_ARGS__);                    \
+        return pool_run(&(pool_job){.g = g, __VA_ARGS__,                                    \
+                                    .range = d_ ? name##_range_d : name##_range_f});        \
     } while (0)
 
 int na_cpu_max_pool2d(const na_conv_geom *g, const na_view *x, na_view *y, na_view *idx) {
     if (idx && idx->dtype != NA_DTYPE_I32)
         return na_cpu_bad_dtype("cpu_max_pool2d", "idx", idx->dtype);
-    NA_CPU_POOL_DISPATCH("cpu_max_pool2d", max_pool, x, y, x, y, idx);
+    NA_CPU_POOL_DISPATCH("cpu_max_pool2d", max_pool, x, y, .in = x, .out = y, .idx_out = idx);
 }
 
 int na_cpu_max_pool2d_backward(const na_conv_geom *g, const na_view *gy, const na_view *idx,
                                na_view *gx) {
     if (idx->dtype != NA_DTYPE_I32)
         return na_cpu_bad_dtype("cpu_max_pool2d_backward", "idx", idx->dtype);
-    NA_CPU_POOL_DISPATCH("cpu_max_pool2d_backward", max_pool_bwd, gy, gx, gy, idx, gx);
+    NA_CPU_POOL_DISPATCH("cpu_max_pool2d_backward", max_pool_bwd, gy, gx, .in = gy, .idx_in = idx,
+                         .out = gx);
 }
 
 int na_cpu_avg_pool2d(const na_conv_geom *g, const na_view *x, na_view *y) {
-    NA_CPU_POOL_DISPATCH("cpu_avg_pool2d", avg_pool, x, y, x, y);
+    NA_CPU_POOL_DISPATCH("cpu_avg_pool2d", avg_pool, x, y, .in = x, .out = y);
 }
 
 int na_cpu_avg_pool2d_backward(const na_conv_geom *g, const na_view *gy, na_view *gx) {
-    NA_CPU_POOL_DISPATCH("cpu_avg_pool2d_backward", avg_pool_bwd, gy, gx, gy, gx);
+    NA_CPU_POOL_DISPATCH("cpu_avg_pool2d_backward", avg_pool_bwd, gy, gx, .in = gy, .out = gx);
 }

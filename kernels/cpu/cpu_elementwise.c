@@ -8,6 +8,7 @@
  */
 #include "common/elementwise.h"
 #include "cpu/cpu_internal.h"
+#include "cpu/cpu_parallel.h"
 
 #define NA_CPU_DEFINE_LOOPS(T, SFX)                                                         \
     static void unary_loop_##SFX(int op, const T *x, T *y, int64_t n, T a, T b) {           \
@@ -69,10 +70,10 @@ static bool any_f64(const na_view *a, const na_view *b, const na_view *c,
 /* ---- unary ------------------------------------------------------------------------------ */
 
 #define NA_CPU_DEFINE_UNARY(T, SFX)                                                         \
-    static void unary_##SFX(int op, const na_view *x, na_view *y, T a, T b) {               \
+    static void unary_##SFX(int op, const na_view *x, na_view *y, T a, T b, int64_t lo,     \
+                            int64_t n) {                                                    \
         T xb[NA_CPU_CHUNK], yb[NA_CPU_CHUNK];                                               \
-        int64_t n = x->numel;                                                               \
-        for (int64_t o = 0; o < n; o += NA_CPU_CHUNK) {                                     \
+        for (int64_t o = lo; o < n; o += NA_CPU_CHUNK) {                                    \
             int64_t c = n - o < NA_CPU_CHUNK ? n - o : NA_CPU_CHUNK;                        \
             const T *xp = na_cpu_view_##SFX(x->dtype, x->data, o, c, xb);                   \
             T *yp = na_cpu_out_##SFX(y->dtype, y->data, o, yb);                             \
@@ -82,10 +83,10 @@ static bool any_f64(const na_view *a, const na_view *b, const na_view *c,
     }                                                                                       \
     /* a missing x or y (NULL) reads as NaN, so an op that needed it shows it */            \
     static void unary_backward_##SFX(int op, const na_view *x, const na_view *y,            \
-                                     const na_view *gy, na_view *gx, T a, T b) {            \
+                                     const na_view *gy, na_view *gx, T a, T b, int64_t lo,  \
+                                     int64_t n) {                                           \
         T xb[NA_CPU_CHUNK], yb[NA_CPU_CHUNK], gyb[NA_CPU_CHUNK], gxb[NA_CPU_CHUNK];         \
-        int64_t n = gx->numel;                                                              \
-        for (int64_t o = 0; o < n; o += NA_CPU_CHUNK) {                                     \
+        for (int64_t o = lo; o < n; o += NA_CPU_CHUNK) {                                    \
             int64_t c = n - o < NA_CPU_CHUNK ? n - o : NA_CPU_CHUNK;                        \
             const T *xp, *yp;                                                               \
             if (x) xp = na_cpu_view_##SFX(x->dtype, x->data, o, c, xb);                     \
@@ -108,6 +109,37 @@ static bool any_f64(const na_view *a, const na_view *b, const na_view *c,
 NA_CPU_DEFINE_UNARY(float, f)
 NA_CPU_DEFINE_UNARY(double, d)
 
+/* Large arrays are cut into contiguous ranges of whole chunks for the pool (each element's
+ * result does not depend on the cut). */
+#define NA_CPU_EW_TASK_ELEMS ((int64_t)1 << 16) /* elements per task worth a wake-up */
+enum { NA_CPU_EW_TASKS = 32 };
+
+typedef struct {
+    int op;
+    bool f64;
+    const na_view *x, *y, *gy;
+    na_view *out;
+    double a, b;
+    int64_t n, tasks;
+} unary_job;
+
+static void unary_task(void *ctx, int64_t t) {
+    const unary_job *j = ctx;
+    int64_t lo, hi;
+    na_cpu_task_range(j->n, j->tasks, t, NA_CPU_CHUNK, &lo, &hi);
+    if (j->gy && j->f64) unary_backward_d(j->op, j->x, j->y, j->gy, j->out, j->a, j->b, lo, hi);
+    else if (j->gy)
+        unary_backward_f(j->op, j->x, j->y, j->gy, j->out, (float)j->a, (float)j->b, lo, hi);
+    else if (j->f64) unary_d(j->op, j->x, j->out, j->a, j->b, lo, hi);
+    else unary_f(j->op, j->x, j->out, (float)j->a, (float)j->b, lo, hi);
+}
+
+static void unary_run(unary_job *j) {
+    j->n = j->out->numel;
+    j->tasks = na_cpu_split(j->n, NA_CPU_EW_TASK_ELEMS, NA_CPU_EW_TASKS);
+    na_cpu_parallel_for(j->n ? j->tasks : 0, unary_task, j);
+}
+
 static int check_unary_op(const char *fn, na_unary_op op) {
     if ((unsigned)op >= NA_UNARY_COUNT)
         return na_set_error(NA_EINVAL, "%s: unknown unary op %d", fn, (int)op);
@@ -119,8 +151,8 @@ int na_cpu_unary(na_unary_op op, const na_view *x, na_view *y, double a, double 
     NA_CPU_CHECK_FLOAT("cpu_unary", y);
     int st = check_unary_op("cpu_unary", op);
     if (st) return st;
-    if (any_f64(x, y, NULL, NULL)) unary_d(op, x, y, a, b);
-    else unary_f(op, x, y, (float)a, (float)b);
+    unary_run(&(unary_job){.op = op, .f64 = any_f64(x, y, NULL, NULL), .x = x, .out = y, .a = a,
+                           .b = b});
     return NA_OK;
 }
 
@@ -132,8 +164,8 @@ int na_cpu_unary_backward(na_unary_op op, const na_view *x, const na_view *y,
     NA_CPU_CHECK_FLOAT("cpu_unary_backward", gx);
     int st = check_unary_op("cpu_unary_backward", op);
     if (st) return st;
-    if (any_f64(x, y, gy, gx)) unary_backward_d(op, x, y, gy, gx, a, b);
-    else unary_backward_f(op, x, y, gy, gx, (float)a, (float)b);
+    unary_run(&(unary_job){.op = op, .f64 = any_f64(x, y, gy, gx), .x = x, .y = y, .gy = gy,
+                           .out = gx, .a = a, .b = b});
     return NA_OK;
 }
 

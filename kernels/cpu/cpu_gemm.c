@@ -14,6 +14,7 @@
 
 #include "common/elementwise.h"
 #include "cpu/cpu_internal.h"
+#include "cpu/cpu_parallel.h"
 #include "na_config.h"
 
 #if NA_HAVE_BLAS
@@ -178,32 +179,80 @@ static bool blas_ok(bool ta, bool tb, int64_t m, int64_t n, int64_t k, int64_t l
 }
 #endif
 
-int na_cpu_sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
-                 int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
-    if (m <= 0 || n <= 0) return NA_OK;
-#if NA_HAVE_BLAS
-    if (k > 0 && blas_ok(ta, tb, m, n, k, lda, ldb, ldc)) {
-        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-                    (int)m, (int)n, (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
-        return NA_OK;
+/* One GEMM on the calling thread: CBLAS when it takes the sizes, else the built-in one. */
+#define NA_CPU_DEFINE_GEMM_ONE(T, SFX, CBLAS)                                                \
+    static int gemm_one_##SFX(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha,   \
+                              const T *a, int64_t lda, const T *b, int64_t ldb, T beta, T *c, \
+                              int64_t ldc) {                                                \
+        if (NA_HAVE_BLAS && k > 0 && blas_ok(ta, tb, m, n, k, lda, ldb, ldc)) {             \
+            CBLAS(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,                            \
+                  tb ? CblasTrans : CblasNoTrans, (int)m, (int)n, (int)k, alpha, a,         \
+                  (int)lda, b, (int)ldb, beta, c, (int)ldc);                                \
+            return NA_OK;                                                                   \
+        }                                                                                   \
+        return na_cpu_##SFX##gemm_builtin(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc); \
     }
+#if NA_HAVE_BLAS
+NA_CPU_DEFINE_GEMM_ONE(float, s, cblas_sgemm)
+NA_CPU_DEFINE_GEMM_ONE(double, d, cblas_dgemm)
+#else
+#define blas_ok(...) false
+#define NA_CPU_NO_CBLAS(...) (void)0
+NA_CPU_DEFINE_GEMM_ONE(float, s, NA_CPU_NO_CBLAS)
+NA_CPU_DEFINE_GEMM_ONE(double, d, NA_CPU_NO_CBLAS)
 #endif
-    return na_cpu_sgemm_builtin(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-}
 
-int na_cpu_dgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha,
-                 const double *a, int64_t lda, const double *b, int64_t ldb, double beta,
-                 double *c, int64_t ldc) {
-    if (m <= 0 || n <= 0) return NA_OK;
-#if NA_HAVE_BLAS
-    if (k > 0 && blas_ok(ta, tb, m, n, k, lda, ldb, ldc)) {
-        cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-                    (int)m, (int)n, (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
-        return NA_OK;
+/* ---- the split over the pool -----------------------------------------------------------------
+ * A product worth splitting (and not already inside a pool task) is cut into panels of C:
+ * column panels when C is at least as wide as tall, else row panels, their number and bounds
+ * fixed by the shape alone. Each panel is one single-threaded GEMM over the full k, so every
+ * element of C is the same sum whatever the number of threads. */
+#define NA_CPU_GEMM_TASK_FLOPS ((int64_t)1 << 24) /* work per panel worth a wake-up */
+enum { NA_CPU_GEMM_TASKS = 8, NA_CPU_GEMM_MIN_PANEL = 64, NA_CPU_GEMM_ALIGN = 16 };
+
+#define NA_CPU_DEFINE_GEMM_SPLIT(T, SFX)                                                    \
+    typedef struct {                                                                        \
+        bool ta, tb, by_cols;                                                               \
+        int64_t m, n, k, lda, ldb, ldc, tasks;                                              \
+        T alpha, beta;                                                                      \
+        const T *a, *b;                                                                     \
+        T *c;                                                                               \
+        na_cpu_task_status status;                                                          \
+    } gemm_job_##SFX;                                                                       \
+    static void gemm_task_##SFX(void *ctx, int64_t t) {                                     \
+        gemm_job_##SFX *j = ctx;                                                            \
+        int64_t lo, hi, st;                                                                 \
+        na_cpu_task_range(j->by_cols ? j->n : j->m, j->tasks, t, NA_CPU_GEMM_ALIGN, &lo, &hi); \
+        if (j->by_cols) /* columns lo..hi of op(B) and C */                                 \
+            st = gemm_one_##SFX(j->ta, j->tb, j->m, hi - lo, j->k, j->alpha, j->a, j->lda,  \
+                                j->tb ? j->b + lo * j->ldb : j->b + lo, j->ldb, j->beta,    \
+                                j->c + lo, j->ldc);                                         \
+        else /* rows lo..hi of op(A) and C */                                               \
+            st = gemm_one_##SFX(j->ta, j->tb, hi - lo, j->n, j->k, j->alpha,                \
+                                j->ta ? j->a + lo : j->a + lo * j->lda, j->lda, j->b,       \
+                                j->ldb, j->beta, j->c + lo * j->ldc, j->ldc);               \
+        if (st) na_cpu_task_fail(&j->status);                                               \
+    }                                                                                       \
+    int na_cpu_##SFX##gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha,      \
+                           const T *a, int64_t lda, const T *b, int64_t ldb, T beta, T *c,  \
+                           int64_t ldc) {                                                   \
+        if (m <= 0 || n <= 0) return NA_OK;                                                 \
+        bool by_cols = n >= m;                                                              \
+        int64_t wide = by_cols ? n : m, most = wide / NA_CPU_GEMM_MIN_PANEL;                \
+        int64_t tasks = na_cpu_in_parallel() ? 1                                            \
+                        : na_cpu_split(2 * m * n * (k > 0 ? k : 1), NA_CPU_GEMM_TASK_FLOPS, \
+                                       most < NA_CPU_GEMM_TASKS ? most : NA_CPU_GEMM_TASKS); \
+        if (tasks <= 1)                                                                     \
+            return gemm_one_##SFX(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);    \
+        gemm_job_##SFX j = {.ta = ta, .tb = tb, .by_cols = by_cols, .m = m, .n = n, .k = k,  \
+                            .lda = lda, .ldb = ldb, .ldc = ldc, .tasks = tasks,             \
+                            .alpha = alpha, .beta = beta, .a = a, .b = b, .c = c};          \
+        na_cpu_parallel_for(tasks, gemm_task_##SFX, &j);                                    \
+        return na_cpu_task_status_raise(&j.status);                                         \
     }
-#endif
-    return na_cpu_dgemm_builtin(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-}
+
+NA_CPU_DEFINE_GEMM_SPLIT(float, s)
+NA_CPU_DEFINE_GEMM_SPLIT(double, d)
 
 /* ---- the backend entry ------------------------------------------------------------------ */
 

@@ -1,0 +1,37 @@
+/* nanoamp/threads.h — the CPU backend's thread pool.
+ *
+ * CPU kernels that are worth splitting (convolution, BatchNorm, pooling, large elementwise
+ * ops, the optimizer step) run on one pool: the calling thread plus N-1 workers that sleep
+ * while there is no work. Work is cut into pieces fixed by the problem's size, never by the
+ * thread count, and partial sums are added in a fixed order, so every result is bit-identical
+ * for any number of threads. Large matrix products are split over the pool too, and OpenBLAS
+ * is kept to one thread of its own (its idle workers spin and would compete with the pool's).
+ *
+ * The size is, in this order: the last na_set_num_threads, the environment variable
+ * NANOAMP_THREADS (read once; ignored unless an integer in [1, NA_MAX_THREADS]), the number
+ * of online cores.
+ */
+#ifndef NANOAMP_THREADS_H
+#define NANOAMP_THREADS_H
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The largest pool size accepted. */
+#define NA_MAX_THREADS 256
+
+/* Sets the pool size to n threads in all (1: everything runs on the calling thread). Returns
+ * NA_OK, or NA_EINVAL (message naming n) when n is not in [1, NA_MAX_THREADS]. Workers are
+ * started on the next parallel kernel and joined when the size changes or the program exits.
+ * Call it from the thread that runs the model, between steps. */
+int na_set_num_threads(int n);
+
+/* The pool size now in force (resolving the default on first use). */
+int na_get_num_threads(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
