@@ -42,14 +42,17 @@ static void *nn_(void *p, const char *what) {
 
 static double value(int r, int i) { return (r + 1) * 0.75 + i * 0.3125 - (i % 3) * r; }
 
+/* more elements than the half sum's chunk (1024) and not a multiple of 8 (its vector width) */
+#define N_COLL 2501
+
 static void case_collectives(void) {
     const na_dtype dts[] = {NA_DTYPE_F64, NA_DTYPE_F32, NA_DTYPE_F16, NA_DTYPE_BF16,
                             NA_DTYPE_I32, NA_DTYPE_U8};
-    const int n = 37;
+    const int n = N_COLL;
     for (size_t k = 0; k < sizeof dts / sizeof *dts; k++) {
         na_dtype dt = dts[k];
         bool is_float = na_dtype_is_float(dt);
-        double mine[37], want_sum[37], want_max[37];
+        static double mine[N_COLL], want_sum[N_COLL], want_max[N_COLL];
         for (int i = 0; i < n; i++) {
             mine[i] = is_float ? value(rank_, i) : (double)((rank_ * 7 + i * 3) % 50);
             want_sum[i] = 0, want_max[i] = -INFINITY;
