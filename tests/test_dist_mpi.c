@@ -428,6 +428,24 @@ static void case_dead_rank(void) {
     exit(0);
 }
 
+/* Rank 1 fails alone and asks for the job to end (na_dist_abort) while rank 0 waits in an
+ * all-reduce: the job must end with rank 1's code (tests/mpirun.sh --expect-status 5, under a
+ * timeout), rank 0 never getting past its all-reduce. */
+static void case_abort(void) {
+    OK(na_dist_barrier(d)); /* both ranks are up */
+    if (rank_ == 1) {
+        fprintf(stderr, "rank 1: failing alone, aborting the job\n");
+        na_dist_abort(d, 5);
+        fprintf(stderr, "rank 1: na_dist_abort returned\n");
+        exit(0);
+    }
+    na_tensor *t = NN(na_ones(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(4)));
+    int rc = na_dist_all_reduce(d, t, NA_DIST_SUM);
+    fprintf(stderr, "rank 0: the all-reduce returned %d with rank 1 gone: %s\n", rc,
+            rc ? na_last_error() : "");
+    exit(0);
+}
+
 int main(int argc, char **argv) {
     const struct {
         const char *name;
@@ -435,7 +453,8 @@ int main(int argc, char **argv) {
     } cases[] = {{"collectives", case_collectives}, {"ddp_mlp", case_ddp_mlp},
                  {"ddp_cnn_syncbn", case_ddp_cnn_syncbn}, {"accumulation", case_accumulation},
                  {"amp", case_amp}, {"compression", case_compression},
-                 {"found_inf", case_found_inf}, {"config_mismatch", case_config_mismatch}, {"dead_rank", case_dead_rank}};
+                 {"found_inf", case_found_inf}, {"config_mismatch", case_config_mismatch}, {"dead_rank", case_dead_rank},
+                 {"abort", case_abort}};
     if (argc != 2) {
         fprintf(stderr, "usage: test_dist_mpi CASE (under mpirun -np 2)\n");
         return 2;

@@ -6,7 +6,8 @@
 #  3. ranks started with different flags stop at start, every rank saying which flag differs;
 #  4. --save under 2 ranks leaves exactly one checkpoint, no temporary, and a run resumed from
 #     it on 2 ranks ends exactly like an uninterrupted one;
-#  5. bad flags, missing data and an unwritable --save fail cleanly on 1 and 2 ranks.
+#  5. bad flags, missing data and an unwritable --save fail cleanly on 1 and 2 ranks;
+#  6. a training step that fails on one rank only ends the job (na_dist_abort), never hangs.
 # usage: trainer_dist.sh MNIST_TRAIN. Skips (77) without mpirun, without data, or when the
 # build has no MPI (meson sets NANOAMP_BUILT_WITH_MPI=0).
 set -uo pipefail
@@ -124,6 +125,26 @@ for np in 1 2; do
     check "np $np: unwritable --save: no JSON" test ! -s "$tmp/out"
 done
 check "nothing left in the checkpoint directory" test "$(ls -A "$tmp/ck")" = ck.safetensors
+
+# --- 6. a training step that fails on rank 1 only (the trainer's test hook
+# NANOAMP_TEST_FAIL_STEP), after its forward, while rank 0 waits for its gradients: rank 1 says
+# so once and ends the job (na_dist_abort); mpirun exits with its status 1 well within 60 s
+# (124 would be the timeout: a hang).
+cat >"$tmp/fail-on-1.sh" <<EOF
+#!/usr/bin/env bash
+if [ "\${OMPI_COMM_WORLD_RANK:-0}" = 1 ]; then export NANOAMP_TEST_FAIL_STEP=3; fi
+exec "$train" "\$@"
+EOF
+chmod +x "$tmp/fail-on-1.sh"
+check "step fails on rank 1 only" run 1 timeout -k 5 60 mpirun --oversubscribe --bind-to none \
+    -np 2 "$tmp/fail-on-1.sh" "${half[@]}" --epochs 1 --save "$tmp/ck/ck.safetensors"
+check "step fails on rank 1: one message" \
+    test "$(grep -c 'training step 3 failed' "$tmp/err")" = 1
+check "step fails on rank 1: it names rank 1" \
+    says "mnist-train \(rank 1\): training step 3 failed: NANOAMP_TEST_FAIL_STEP=3 .*ending the job"
+check "step fails on rank 1: the job was aborted" says "MPI_ABORT was invoked on rank 1"
+check "step fails on rank 1: no JSON" test ! -s "$tmp/out"
+check "step fails on rank 1: the old checkpoint stays" test "$(ls -A "$tmp/ck")" = ck.safetensors
 
 echo "$passed passed, $failed failed"
 [ "$failed" = 0 ]

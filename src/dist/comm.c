@@ -215,6 +215,19 @@ void na_dist_free(na_dist *d) {
     free(d);
 }
 
+int na_dist_abort(na_dist *d, int code) {
+    if (!d || d->world == 1) return code; /* no other rank waits: the caller ends as it likes */
+    fflush(stdout); /* the launcher kills the process: what it printed must be out */
+    fflush(stderr);
+#if NA_HAVE_NCCL
+    na_nccl_abort(d);
+#endif
+#if NA_HAVE_MPI
+    MPI_Abort(d->comm, code);
+#endif
+    _Exit(code); /* MPI_Abort does not return; if it did, this rank still ends */
+}
+
 /* ---- checks shared by the collectives ---------------------------------------------------- */
 
 /* "[4, 3] f32 cpu 'fc.weight'" */
