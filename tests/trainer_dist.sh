@@ -7,7 +7,9 @@
 #  4. --save under 2 ranks leaves exactly one checkpoint, no temporary, and a run resumed from
 #     it on 2 ranks ends exactly like an uninterrupted one;
 #  5. bad flags, missing data and an unwritable --save fail cleanly on 1 and 2 ranks;
-#  6. a training step that fails on one rank only ends the job (na_dist_abort), never hangs.
+#  6. a training step that fails on one rank only ends the job (na_dist_abort), never hangs;
+#  7. a failure before training is said once when every rank shares it, tagged when it is one
+#     rank's own.
 # usage: trainer_dist.sh MNIST_TRAIN. Skips (77) without mpirun, without data, or when the
 # build has no MPI (meson sets NANOAMP_BUILT_WITH_MPI=0).
 set -uo pipefail
@@ -142,9 +144,32 @@ check "step fails on rank 1: one message" \
     test "$(grep -c 'training step 3 failed' "$tmp/err")" = 1
 check "step fails on rank 1: it names rank 1" \
     says "mnist-train \(rank 1\): training step 3 failed: NANOAMP_TEST_FAIL_STEP=3 .*ending the job"
-check "step fails on rank 1: the job was aborted" says "MPI_ABORT was invoked on rank 1"
+# (Open MPI's banner; under load its launcher sometimes fails to print it, saying ORTE_ERROR_LOG
+# in show_help.c instead. A rank that merely exits gets "exited with non-zero status".)
+check "step fails on rank 1: the job was aborted" \
+    says "MPI_ABORT was invoked on rank 1|ORTE_ERROR_LOG: .*show_help"
 check "step fails on rank 1: no JSON" test ! -s "$tmp/out"
 check "step fails on rank 1: the old checkpoint stays" test "$(ls -A "$tmp/ck")" = ck.safetensors
+
+# --- 7. failures before training (flags, data) on 2 ranks: one that every rank shares is said
+# once, by rank 0, untagged; one that is a rank's own is said by that rank with "(rank r)", and
+# rank 0 names it.
+check "np 2: --bogus" run 2 mpi 2 "$train" --bogus
+check "np 2: --bogus said once" test "$(grep -c 'unknown option' "$tmp/err")" = 1
+check "np 2: --bogus by rank 0, untagged" says "^mnist-train: unknown option --bogus \(see --help\)"
+check "np 2: missing data" run 1 mpi 2 "$train" "${half[@]}" --data "$tmp/none"
+check "np 2: missing data said once" test "$(grep -c "$tmp/none" "$tmp/err")" = 1
+cat >"$tmp/bogus-on-1.sh" <<EOF
+#!/usr/bin/env bash
+if [ "\${OMPI_COMM_WORLD_RANK:-0}" = 1 ]; then exec "$train" "\$@" --bogus; fi
+exec "$train" "\$@"
+EOF
+chmod +x "$tmp/bogus-on-1.sh"
+check "--bogus on rank 1 only" run fail mpi 2 "$tmp/bogus-on-1.sh" "${half[@]}"
+check "--bogus on rank 1 only: said once" test "$(grep -c 'unknown option' "$tmp/err")" = 1
+check "--bogus on rank 1 only: tagged" says "^mnist-train \(rank 1\): unknown option --bogus"
+check "--bogus on rank 1 only: rank 0 names it" says "^mnist-train: stopping: rank 1 failed before training"
+check "--bogus on rank 1 only: no JSON" test ! -s "$tmp/out"
 
 echo "$passed passed, $failed failed"
 [ "$failed" = 0 ]

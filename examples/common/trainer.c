@@ -357,6 +357,11 @@ int trainer_run(const trainer_opts *opts, trainer_job *job) {
         fprintf(stderr, "%s: %s\n", opts->program, na_last_error());
         return 1;
     }
+    /* the first collective: ranks that failed before trainer_run join it (trainer_start_failed) */
+    if (!trainer_ranks_started(d, opts)) {
+        na_dist_free(d);
+        return 1;
+    }
     char program[128];
     trainer_opts o = trainer_rank_opts(opts, d, program, sizeof program);
     bool failed_alone = false;
