@@ -49,6 +49,18 @@ Test(dist, world_of_one_collectives_are_identities) {
     na_step_end();
 }
 
+/* No other rank waits in a world of 1: na_dist_abort hands the code back and the process goes
+ * on (the multi-rank abort is dist_mpi_abort). */
+Test(dist, abort_in_a_world_of_one_returns_the_code) {
+    clear_launcher_env();
+    na_dist *d = na_dist_init();
+    cr_assert_not_null(d, "%s", na_last_error());
+    cr_assert_eq(na_dist_abort(d, 7), 7);
+    cr_assert_eq(na_dist_abort(NULL, 3), 3);
+    TH_RC(na_dist_barrier(d)); /* still usable */
+    na_dist_free(d);
+}
+
 Test(dist, misuse_is_reported) {
     clear_launcher_env();
     na_dist *d = na_dist_init();

@@ -6,7 +6,10 @@
 #  3. ranks started with different flags stop at start, every rank saying which flag differs;
 #  4. --save under 2 ranks leaves exactly one checkpoint, no temporary, and a run resumed from
 #     it on 2 ranks ends exactly like an uninterrupted one;
-#  5. bad flags, missing data and an unwritable --save fail cleanly on 1 and 2 ranks.
+#  5. bad flags, missing data and an unwritable --save fail cleanly on 1 and 2 ranks;
+#  6. a training step that fails on one rank only ends the job (na_dist_abort), never hangs;
+#  7. a failure before training is said once when every rank shares it, tagged when it is one
+#     rank's own.
 # usage: trainer_dist.sh MNIST_TRAIN. Skips (77) without mpirun, without data, or when the
 # build has no MPI (meson sets NANOAMP_BUILT_WITH_MPI=0).
 set -uo pipefail
@@ -18,9 +21,12 @@ if [ ! -f "$data/train-images-idx3-ubyte.gz" ] && [ ! -f "$data/train-images-idx
 fi
 [ "${NANOAMP_BUILT_WITH_MPI:-1}" = 1 ] || { echo "built without MPI: skipping"; exit 77; }
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-export NANOAMP_NO_BLAS_TUNE=1
-# CI runs as root; this box may have fewer cores than ranks
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+# one BLAS thread per rank, as the trainers choose under mpirun without NANOAMP_NO_BLAS_TUNE
+# (and no BLAS thread still starting when a rank exits at once: ASan then reports the thread's
+# start-up allocation as a leak)
+export NANOAMP_NO_BLAS_TUNE=1 OPENBLAS_NUM_THREADS=1
+# as root, more ranks than cores, sanitized builds
+. "$(dirname "$0")/mpi_env.sh"
 mpi() { mpirun --oversubscribe --bind-to none -np "$@"; }
 passed=0 failed=0
 check() { local name=$1; shift; if "$@"; then passed=$((passed + 1)); else echo "FAIL: $name"; failed=$((failed + 1)); fi; }
@@ -31,6 +37,11 @@ run() {
     local want=$1; shift
     "$@" >"$tmp/out" 2>"$tmp/err"
     local rc=$?
+    # a sanitized build (build-asan) reports on stderr, also where a failure is wanted
+    if grep -Eq "ERROR: (Address|Leak)Sanitizer|runtime error:" "$tmp/err"; then
+        echo "  sanitizer report: $*"; grep -E -A12 "Sanitizer|runtime error:" "$tmp/err" | head -n 40
+        return 1
+    fi
     if [ "$want" = fail ] && [ "$rc" != 0 ] || [ "$rc" = "$want" ]; then return 0; fi
     echo "  exit $rc, wanted $want: $*"; sed 's/^/  | /' "$tmp/err" | head -n 20; return 1
 }
@@ -124,6 +135,49 @@ for np in 1 2; do
     check "np $np: unwritable --save: no JSON" test ! -s "$tmp/out"
 done
 check "nothing left in the checkpoint directory" test "$(ls -A "$tmp/ck")" = ck.safetensors
+
+# --- 6. a training step that fails on rank 1 only (the trainer's test hook
+# NANOAMP_TEST_FAIL_STEP), after its forward, while rank 0 waits for its gradients: rank 1 says
+# so once and ends the job (na_dist_abort); mpirun exits with its status 1 well within 60 s
+# (124 would be the timeout: a hang).
+cat >"$tmp/fail-on-1.sh" <<EOF
+#!/usr/bin/env bash
+if [ "\${OMPI_COMM_WORLD_RANK:-0}" = 1 ]; then export NANOAMP_TEST_FAIL_STEP=3; fi
+exec "$train" "\$@"
+EOF
+chmod +x "$tmp/fail-on-1.sh"
+check "step fails on rank 1 only" run 1 timeout -k 5 60 mpirun --oversubscribe --bind-to none \
+    -np 2 "$tmp/fail-on-1.sh" "${half[@]}" --epochs 1 --save "$tmp/ck/ck.safetensors"
+check "step fails on rank 1: one message" \
+    test "$(grep -c 'training step 3 failed' "$tmp/err")" = 1
+check "step fails on rank 1: it names rank 1" \
+    says "mnist-train \(rank 1\): training step 3 failed: NANOAMP_TEST_FAIL_STEP=3 .*ending the job"
+# (Open MPI's banner; under load its launcher sometimes fails to print it, saying ORTE_ERROR_LOG
+# in show_help.c instead. A rank that merely exits gets "exited with non-zero status".)
+check "step fails on rank 1: the job was aborted" \
+    says "MPI_ABORT was invoked on rank 1|ORTE_ERROR_LOG: .*show_help"
+check "step fails on rank 1: no JSON" test ! -s "$tmp/out"
+check "step fails on rank 1: the old checkpoint stays" test "$(ls -A "$tmp/ck")" = ck.safetensors
+
+# --- 7. failures before training (flags, data) on 2 ranks: one that every rank shares is said
+# once, by rank 0, untagged; one that is a rank's own is said by that rank with "(rank r)", and
+# rank 0 names it.
+check "np 2: --bogus" run 2 mpi 2 "$train" --bogus
+check "np 2: --bogus said once" test "$(grep -c 'unknown option' "$tmp/err")" = 1
+check "np 2: --bogus by rank 0, untagged" says "^mnist-train: unknown option --bogus \(see --help\)"
+check "np 2: missing data" run 1 mpi 2 "$train" "${half[@]}" --data "$tmp/none"
+check "np 2: missing data said once" test "$(grep -c "$tmp/none" "$tmp/err")" = 1
+cat >"$tmp/bogus-on-1.sh" <<EOF
+#!/usr/bin/env bash
+if [ "\${OMPI_COMM_WORLD_RANK:-0}" = 1 ]; then exec "$train" "\$@" --bogus; fi
+exec "$train" "\$@"
+EOF
+chmod +x "$tmp/bogus-on-1.sh"
+check "--bogus on rank 1 only" run fail mpi 2 "$tmp/bogus-on-1.sh" "${half[@]}"
+check "--bogus on rank 1 only: said once" test "$(grep -c 'unknown option' "$tmp/err")" = 1
+check "--bogus on rank 1 only: tagged" says "^mnist-train \(rank 1\): unknown option --bogus"
+check "--bogus on rank 1 only: rank 0 names it" says "^mnist-train: stopping: rank 1 failed before training"
+check "--bogus on rank 1 only: no JSON" test ! -s "$tmp/out"
 
 echo "$passed passed, $failed failed"
 [ "$failed" = 0 ]

@@ -48,7 +48,7 @@ int main(int argc, char **argv) {
                                             .batcher = {.crop_pad = 4, .hflip = true,
                                                         .prefetch = true}});
     } else {
-        fprintf(stderr, "%s: %s\n", o.program, na_last_error());
+        trainer_start_failed(&o, "%s", na_last_error());
         rc = 1;
     }
     na_dataset_free(train);

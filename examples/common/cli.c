@@ -156,7 +156,7 @@ static void usage(const trainer_opts *o, const char *models) {
 
 static int bad_value(const trainer_opts *o, const char *flag, const char *expected,
                      const char *got) {
-    fprintf(stderr, "%s: %s: expected %s, got '%s'\n", o->program, flag, expected, got);
+    trainer_start_failed(o, "%s: expected %s, got '%s'", flag, expected, got);
     return -1;
 }
 
@@ -245,13 +245,13 @@ int trainer_parse_args(trainer_opts *o, int argc, char **argv, const char *model
                                   (options[k].id != O_SYNTHETIC || o->has_synthetic)))
             k++;
         if (k == N_OPTIONS && strcmp(a, "-h")) {
-            fprintf(stderr, "%s: unknown option %.*s (see --help)\n", o->program, (int)name_len, a);
+            trainer_start_failed(o, "unknown option %.*s (see --help)", (int)name_len, a);
             return -1;
         }
         enum opt_id id = k == N_OPTIONS ? O_HELP : options[k].id;
         bool takes = k < N_OPTIONS && (options[k].arg || id == O_MODEL);
         if (!takes && eq) {
-            fprintf(stderr, "%s: %.*s takes no value\n", o->program, (int)name_len, a);
+            trainer_start_failed(o, "%.*s takes no value", (int)name_len, a);
             return -1;
         }
         if (id == O_HELP) {
@@ -267,7 +267,7 @@ int trainer_parse_args(trainer_opts *o, int argc, char **argv, const char *model
         }
         const char *v = eq ? eq + 1 : i + 1 < argc ? argv[++i] : NULL;
         if (!v || !*v) {
-            fprintf(stderr, "%s: %.*s needs a value (see --help)\n", o->program, (int)name_len, a);
+            trainer_start_failed(o, "%.*s needs a value (see --help)", (int)name_len, a);
             return -1;
         }
         char flag[32];

@@ -1,7 +1,9 @@
 /* What the trainers do differently under mpirun (see trainer_internal.h): each rank's view of
  * the options, the check at start that all ranks run the same training, and agreeing on
  * failures so that no rank waits forever in a collective that another one left. */
+#include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "trainer_internal.h"
@@ -43,6 +45,71 @@ static uint64_t hash_bytes(uint64_t h, const void *p, size_t n) {
 static uint64_t hash_str(const char *s) { return s ? hash_bytes(HASH_START, s, strlen(s) + 1) : 0; }
 static uint64_t hash_f64(double v) { return hash_bytes(HASH_START, &v, sizeof v); }
 static uint64_t hash_i64(int64_t v) { return hash_bytes(HASH_START, &v, sizeof v); }
+
+/* ---- failures before training ---------------------------------------------------------- */
+
+/* The first collective of a run: every rank says whether it got to trainer_run (error NULL)
+ * or failed before it (error: its message, without the program name). A failure that every
+ * rank shares (a typo in the flags, data missing everywhere) is printed once, by rank 0; one
+ * that is a rank's own is printed by that rank after "(rank r)", and rank 0, if it was fine,
+ * names the ranks that stop the run. Whether every rank got there. */
+static bool ranks_started(na_dist *d, const char *program, const char *error) {
+    int world = na_dist_world_size(d), rank = na_dist_rank(d);
+    if (world == 1) {
+        if (error) fprintf(stderr, "%s: %s\n", program, error);
+        return !error;
+    }
+    /* an all-gather of each rank's (hash of its) message, 0 for none, as a sum */
+    int64_t *said = calloc((size_t)world, sizeof *said);
+    if (said) said[rank] = error ? (int64_t)(hash_str(error) >> 2) | 1 : 0;
+    if (!said || na_dist_all_reduce_i64(d, said, world, NA_DIST_SUM)) {
+        if (error) fprintf(stderr, "%s (rank %d): %s\n", program, rank, error);
+        fprintf(stderr, "%s (rank %d): %s\n", program, rank,
+                said ? na_last_error() : "out of memory");
+        free(said);
+        return false;
+    }
+    int failed = 0;
+    bool shared = true;
+    char who[256] = "";
+    for (int r = 0; r < world; r++) {
+        shared = shared && said[r] == said[0];
+        if (!said[r]) continue;
+        size_t len = strlen(who);
+        if (failed++ < 8) snprintf(who + len, sizeof who - len, "%s%d", len ? ", " : "", r);
+        else if (failed == 9) snprintf(who + len, sizeof who - len, ", ...");
+    }
+    free(said);
+    if (error && shared) {
+        if (!rank) fprintf(stderr, "%s: %s\n", program, error);
+    } else if (error) {
+        fprintf(stderr, "%s (rank %d): %s\n", program, rank, error);
+    } else if (failed && !rank) {
+        fprintf(stderr, "%s: stopping: rank%s %s failed before training (%s why)\n", program,
+                failed > 1 ? "s" : "", who, failed > 1 ? "their messages say" : "its message says");
+    }
+    return !failed;
+}
+
+bool trainer_ranks_started(na_dist *d, const trainer_opts *o) {
+    return ranks_started(d, o->program, NULL);
+}
+
+void trainer_start_failed(const trainer_opts *o, const char *fmt, ...) {
+    char msg[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    /* alone (no launcher): no MPI at all, not even to start it */
+    const char *launched = getenv("OMPI_COMM_WORLD_SIZE") ? getenv("OMPI_COMM_WORLD_SIZE")
+                                                           : getenv("WORLD_SIZE");
+    na_dist *d = launched && strcmp(launched, "1") ? na_dist_init() : NULL;
+    if (launched && strcmp(launched, "1") && !d) /* cannot agree: say both */
+        fprintf(stderr, "%s: %s\n", o->program, na_last_error());
+    ranks_started(d, o->program, msg);
+    na_dist_free(d);
+}
 
 /* The model: every parameter's and buffer's name, dtype and shape. */
 static uint64_t hash_model(na_module *net) {

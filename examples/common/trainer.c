@@ -92,6 +92,7 @@ typedef struct {
     na_dist *dist;          /* several ranks; NULL for one */
     int world;
     bool failed_alone;      /* a failure the other ranks do not know of (a training step) */
+    int64_t fail_step;      /* NANOAMP_TEST_FAIL_STEP (a test hook), else 0 */
     na_batcher *b;
     float *x;
     int32_t *y;
@@ -155,10 +156,15 @@ static int train_epoch(run_state *r, int64_t epoch, double *train_loss) {
             na_autocast_trace(amp->autocast ? NA_AMP_TRACE_REGIONS : NA_AMP_TRACE_ALL, stderr);
         na_tensor *loss = trainer_amp_loss(amp, r->job->net, xt, yt, o->label_smoothing);
         if (trace) na_autocast_trace(NA_AMP_TRACE_OFF, NULL);
+        if (loss && at + 1 == r->fail_step) /* after forward: the others go on to backward */
+            loss = NULL, na_set_error(NA_EIO, "NANOAMP_TEST_FAIL_STEP=%" PRId64 " (a test hook)",
+                                      r->fail_step);
         if (!loss || trainer_amp_step(amp, loss) != NA_OK) {
-            fprintf(stderr, "%s%s: training step %" PRId64 " failed: %s\n", after_bar(r),
-                    o->program, at + 1, na_last_error());
-            r->failed_alone = r->dist != NULL; /* the others wait for its gradients */
+            /* the others wait for its gradients: trainer_run ends the job (na_dist_abort) */
+            r->failed_alone = r->dist != NULL;
+            fprintf(stderr, "%s%s%s: training step %" PRId64 " failed: %s%s\n", after_bar(r),
+                    o->program, r->failed_alone && !na_dist_rank(r->dist) ? " (rank 0)" : "",
+                    at + 1, na_last_error(), r->failed_alone ? " (ending the job on every rank)" : "");
             rc = 1;
         } else if (amp->mon) { /* --log: one line per step (reads the loss: a sync on CUDA) */
             unsigned alerts = na_amp_monitor_record_scaler(amp->mon, at, loss,
@@ -289,6 +295,10 @@ static int run(const trainer_opts *o, trainer_job *job, na_dist *dist, bool *fai
                    .res = {.test_acc = NAN, .test_loss = NAN, .final_loss = NAN}};
     int64_t start_epoch = 0;
     int rc = 1;
+    /* a test hook (tests/trainer_dist.sh): training step N fails on the ranks where it is set,
+     * as a step that fails on one rank only would */
+    const char *fail_step = getenv("NANOAMP_TEST_FAIL_STEP");
+    if (fail_step && !trainer_parse_i64(fail_step, 1, INT64_MAX, &r.fail_step)) r.fail_step = 0;
     /* Every step that may fail on one rank only is agreed on before the next collective. */
     if (!trainer_ranks_ok(dist, o, trainer_setup(o, job) == 0) ||
         trainer_check_ranks_agree(dist, o, job))
@@ -347,13 +357,18 @@ int trainer_run(const trainer_opts *opts, trainer_job *job) {
         fprintf(stderr, "%s: %s\n", opts->program, na_last_error());
         return 1;
     }
+    /* the first collective: ranks that failed before trainer_run join it (trainer_start_failed) */
+    if (!trainer_ranks_started(d, opts)) {
+        na_dist_free(d);
+        return 1;
+    }
     char program[128];
     trainer_opts o = trainer_rank_opts(opts, d, program, sizeof program);
     bool failed_alone = false;
     int rc = run(&o, job, na_dist_world_size(d) > 1 ? d : NULL, &failed_alone);
-    /* Finalizing waits for the other ranks, which wait in a collective for this one: leave
-     * without it instead, and mpirun ends them all (a process that exits without finalizing
-     * aborts the job). */
-    if (!failed_alone) na_dist_free(d);
+    /* The other ranks wait in a collective for this one, and finalizing would wait for them:
+     * end the job instead (MPI_Abort: the launcher stops every rank, exit status rc). */
+    if (failed_alone) return na_dist_abort(d, rc);
+    na_dist_free(d);
     return rc;
 }

@@ -43,7 +43,8 @@ typedef struct {
 /* The defaults every trainer starts from (a trainer changes what its recipe needs). */
 trainer_opts trainer_defaults(const char *model);
 /* Parses argv over the values already in *o (which --help shows as the defaults). `models` is
- * "mlp|cnn" etc. Returns 0, 1 for --help or --version (printed), or -1 with a message. */
+ * "mlp|cnn" etc. Returns 0, 1 for --help or --version (printed), or -1 with a message
+ * (trainer_start_failed: under mpirun, once for all ranks). */
 int trainer_parse_args(trainer_opts *o, int argc, char **argv, const char *models);
 
 /* What a trainer hands to trainer_run: its data sets (the caller frees them after) and the
@@ -116,6 +117,14 @@ int trainer_amp_step(trainer_amp *a, na_tensor *loss);
  * input_dtype). Prints nothing: a negative status with the library's message on failure. */
 int trainer_evaluate(na_module *net, const na_dataset *ds, const float *mean, const float *std,
                      na_device dev, na_dtype input_dtype, double *accuracy, double *loss);
+
+/* Says what failed before trainer_run (printf-style, without the program name: a bad flag,
+ * data that does not load). Alone: "program: message" on stderr. Under mpirun the ranks
+ * compare (the ranks that are fine, in trainer_run): a failure every rank shares is printed
+ * once, by rank 0; one that is a rank's own is printed by it as "program (rank r): message".
+ * A collective there: every rank that fails before trainer_run calls it once, then exits. */
+void trainer_start_failed(const trainer_opts *o, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 
 /* Builds the model, trains, evaluates after each epoch, saves/resumes, prints progress and the
  * JSON line. Returns the process exit code. */

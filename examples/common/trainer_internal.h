@@ -29,6 +29,10 @@ int trainer_checkpoint_load(const char *path, na_module *net, const trainer_amp 
  * several ranks the others print nothing but errors (their program name says "(rank r)",
  * written into program), keep no --log, write no --save. */
 trainer_opts trainer_rank_opts(const trainer_opts *o, na_dist *d, char *program, size_t size);
+/* The first collective of trainer_run under mpirun, which ranks that failed before it join
+ * through trainer_start_failed: whether every rank got to trainer_run (if not, rank 0 names
+ * the ranks that failed). True at once for one rank. */
+bool trainer_ranks_started(na_dist *d, const trainer_opts *o);
 /* Whether ok holds on every rank: a collective at the same point on every rank (true at once
  * for one rank). A rank that was fine says that it stops because another one failed. */
 bool trainer_ranks_ok(na_dist *d, const trainer_opts *o, bool ok);

@@ -48,9 +48,10 @@ int main(int argc, char **argv) {
         rc = trainer_run(&o, &(trainer_job){.train = train, .test = test,
                                             .batcher = {.prefetch = true}});
     } else {
-        fprintf(stderr, "%s: %s\n(put train-images-idx3-ubyte[.gz], train-labels-idx1-ubyte[.gz], "
-                "t10k-images-idx3-ubyte[.gz] and t10k-labels-idx1-ubyte[.gz] in a directory and pass "
-                "--data DIR, or apt-get install dataset-fashion-mnist)\n", o.program, na_last_error());
+        trainer_start_failed(&o, "%s\n(put train-images-idx3-ubyte[.gz], train-labels-idx1-ubyte"
+                             "[.gz], t10k-images-idx3-ubyte[.gz] and t10k-labels-idx1-ubyte[.gz] "
+                             "in a directory and pass --data DIR, or apt-get install "
+                             "dataset-fashion-mnist)", na_last_error());
         rc = 1;
     }
     na_dataset_free(train);

@@ -60,6 +60,14 @@ bool na_dist_built_with_nccl(void); /* NCCL compiled in (CUDA backend and NCCL f
  * failure (e.g. WORLD_SIZE > 1 in a build without MPI). One per process. */
 na_dist *na_dist_init(void);
 void na_dist_free(na_dist *d); /* finalizes MPI if init started it; NULL is fine */
+/* Ends the whole job from this rank: the program's decision (nanoamp itself never exits), for a
+ * rank that failed where the others cannot know it and would wait for it in a collective (a
+ * training step that failed on this rank only). With several ranks: aborts the NCCL
+ * communicator if one was made (ncclCommAbort), then MPI_Abort on d's communicator with code,
+ * which makes the launcher stop every rank (mpirun exits non-zero); it does not return. In a
+ * world of 1 (or NULL d) no other rank waits: it returns code and does nothing else, so that
+ * `return na_dist_abort(d, 1);` ends a lone process the ordinary way. */
+int na_dist_abort(na_dist *d, int code);
 /* NULL d answers as a world of 1: rank 0, size 1, local rank 0. */
 int na_dist_rank(const na_dist *d);
 int na_dist_world_size(const na_dist *d);

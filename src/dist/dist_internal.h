@@ -49,6 +49,7 @@ int na_nccl_all_gather(na_dist *d, const na_tensor *in, na_tensor *out, const ch
 int na_nccl_start_sum(na_dist *d, na_tensor *t, na_dist_req *r, const char *fn);
 int na_nccl_wait(na_dist *d, na_dist_req *r, const char *fn, const char *what);
 void na_nccl_free(na_dist *d);
+void na_nccl_abort(na_dist *d); /* ncclCommAbort, if a communicator was made */
 int na_nccl_select_device(int local_rank);
 #endif
 #endif

@@ -85,6 +85,12 @@ static na_nccl *comm_of(na_dist *d, const char *fn) {
     return d->nccl = c;
 }
 
+void na_nccl_abort(na_dist *d) {
+    na_nccl *c = d->nccl;
+    if (c && !c->aborted) ncclCommAbort(c->comm); /* frees kernels waiting for other ranks */
+    if (c) c->aborted = true;
+}
+
 void na_nccl_free(na_dist *d) {
     na_nccl *c = d->nccl;
     if (!c) return;
