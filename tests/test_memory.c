@@ -4,6 +4,7 @@
  * tensor used twice), and what the user holds stays intact. */
 #include "helpers.h"
 #include "nanoamp/nn.h"
+#include "nanoamp/threads.h"
 #include "src/tensor/arena.h"
 
 #define WIDTH 4096 /* f32: 16 KiB a tensor, so one gradient is one arena block of 16 KiB */
@@ -216,5 +217,20 @@ Test(memory, an_ops_saved_temporaries_go_back) {
               freed, idx);
     cr_assert_not_null(y->data, "the pool's output is the user's");
     TH_EXPECT_STATUS(na_backward(loss, NULL), NA_ESTATE, "max_pool2d", "na_backward_retain");
+    na_step_end();
+}
+
+/* The CPU kernels' scratch (here im2col columns of a convolution) is counted. */
+Test(memory, cpu_scratch_is_counted) {
+    size_t before = na_cpu_scratch_peak();
+    na_tensor *x = TH_OK(na_rand(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(8, 64, 64, 64), -1, 1));
+    na_tensor *w = TH_OK(na_rand(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(64, 64, 3, 3), -1, 1));
+    TH_OK(na_conv2d(x, w, NULL, &(na_conv2d_opts){.padding = {1, 1}}));
+    size_t cols = (size_t)64 * 9 * 64 * 64 * sizeof(float); /* one image's columns */
+    cr_assert_geq(na_cpu_scratch_peak(), before);
+    cr_assert_geq(na_cpu_scratch_peak(), cols, "scratch peak %zu bytes, one image's columns are "
+                  "%zu", na_cpu_scratch_peak(), cols);
+    cr_assert_geq(na_cpu_scratch_peak(), na_cpu_scratch_bytes());
+    cr_assert_gt(na_cpu_scratch_bytes(), 0);
     na_step_end();
 }
