@@ -238,6 +238,8 @@ int bench_train_main(int argc, char **argv) {
     bench_json_num(&j, "peak_rss_mib", bench_peak_rss_mib());
     bench_json_num(&j, "base_rss_mib", base_rss);
     bench_json_num(&j, "arena_peak_mib", (double)na_arena_peak(dev) / (1024.0 * 1024.0));
+    if (dev == NA_DEVICE_CPU) /* the kernels' per-thread scratch, outside the arena */
+        bench_json_num(&j, "scratch_peak_mib", (double)na_cpu_scratch_peak() / (1024.0 * 1024.0));
     if (dev == NA_DEVICE_CUDA) {
         bench_json_num(&j, "cuda_peak_mib", (double)na_cuda_peak_bytes() / (1024.0 * 1024.0));
         bench_json_num(&j, "syncs_per_step", (double)syncs / (double)(repeats * steps));

@@ -3,6 +3,8 @@
  * chain, freed blocks are reused, values stay exact where gradients share blocks (views, a
  * tensor used twice), and what the user holds stays intact. */
 #include "helpers.h"
+#include "nanoamp/nn.h"
+#include "nanoamp/threads.h"
 #include "src/tensor/arena.h"
 
 #define WIDTH 4096 /* f32: 16 KiB a tensor, so one gradient is one arena block of 16 KiB */
@@ -104,5 +106,131 @@ Test(memory, what_the_user_holds_survives_backward) {
         cr_assert(th_close(((float *)x->grad->data)[i], want, 1e-6, 1e-5), "x.grad[%d]", i);
     }
     cr_assert_null(root->grad, "an intermediate's gradient is given back after the pass");
+    na_step_end();
+}
+
+/* ---- saved activations ----------------------------------------------------------------- */
+
+#define SEQ_BATCH 64
+#define SEQ_WIDTH 256 /* an activation is 64 KiB */
+
+/* Eight Linear + ReLU: 16 activations a Sequential hands from child to child. */
+static na_module *deep_mlp(void) {
+    na_module *m = NA_SEQUENTIAL(na_linear_new(SEQ_WIDTH, SEQ_WIDTH, true), na_relu_new());
+    for (int i = 1; m && i < 8; i++) {
+        na_sequential_append(m, na_linear_new(SEQ_WIDTH, SEQ_WIDTH, true));
+        na_sequential_append(m, na_relu_new());
+    }
+    return m;
+}
+
+/* The parameters' gradients after one pass, in a malloc'ed copy. */
+static float *param_grads(na_module *m, size_t *n) {
+    na_tensor_list ps = na_module_parameters(m);
+    size_t total = 0;
+    for (int64_t i = 0; i < ps.n; i++) total += (size_t)ps.items[i]->numel;
+    float *g = malloc(total * sizeof *g), *at = g;
+    for (int64_t i = 0; i < ps.n; i++) {
+        memcpy(at, ps.items[i]->grad->data, (size_t)ps.items[i]->numel * sizeof *g);
+        at += ps.items[i]->numel;
+        TH_RC(na_tensor_zero_grad(ps.items[i]));
+    }
+    *n = total;
+    return g;
+}
+
+Test(memory, backward_gives_back_what_a_sequential_passes_between_children) {
+    na_manual_seed(3);
+    na_module *m = deep_mlp();
+    cr_assert_not_null(m, "%s", na_last_error());
+    na_tensor *x = TH_OK(na_rand(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(SEQ_BATCH, SEQ_WIDTH), -1, 1));
+    size_t before = na_arena_used(NA_DEVICE_CPU);
+    na_tensor *out = TH_OK(na_module_forward(m, x));
+    na_tensor *loss = TH_OK(na_sum(out));
+    float out0 = ((float *)out->data)[5];
+    size_t forward = na_arena_used(NA_DEVICE_CPU) - before;
+    size_t block = SEQ_BATCH * SEQ_WIDTH * sizeof(float);
+    cr_assert(forward >= 16 * block, "the forward holds %zu bytes", forward);
+
+    /* a walk that retains changes nothing, and gives the same gradients as one that frees */
+    TH_RC(na_backward_retain(loss, NULL));
+    cr_assert_geq(na_arena_used(NA_DEVICE_CPU) - before, forward);
+    size_t n1, n2;
+    float *g1 = param_grads(m, &n1);
+    TH_RC(na_backward(loss, NULL));
+    float *g2 = param_grads(m, &n2);
+    cr_assert_eq(n1, n2);
+    cr_assert_eq(memcmp(g1, g2, n1 * sizeof *g1), 0, "gradients differ when activations are freed");
+    free(g1);
+    free(g2);
+
+    /* what is left of the forward: the output, what the module's layers made inside (Linear's
+     * matmul before its bias), the loss; not the 15 activations handed along */
+    size_t after = na_arena_used(NA_DEVICE_CPU) - before;
+    cr_assert(after + 15 * block <= forward + 1024, "after backward %zu bytes of the forward's %zu "
+              "are still held (an activation is %zu)", after, forward, block);
+    for (int i = 0; i < 8; i++) TH_OK(na_rand(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(SEQ_BATCH, SEQ_WIDTH), 5, 6));
+    cr_assert_eq(((float *)out->data)[5], out0, "the model's output (held by the user) changed");
+
+    /* the graph is used up: walking it again fails and says how to keep it */
+    TH_EXPECT_STATUS(na_backward(loss, NULL), NA_ESTATE, "na_backward_retain");
+    na_step_end();
+    na_module_free(m);
+}
+
+/* A Sequential whose result is a view (Flatten) of what its last-but-one child made: that
+ * memory is the user's. */
+Test(memory, a_sequential_result_that_views_an_activation_survives) {
+    na_manual_seed(5);
+    na_module *m = NA_SEQUENTIAL(na_conv2d_new(2, 4, 3, 3, &(na_conv2d_opts){.padding = {1, 1}}, true),
+                                 na_relu_new(), na_flatten_new(1));
+    cr_assert_not_null(m, "%s", na_last_error());
+    na_tensor *x = TH_OK(na_rand(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(4, 2, 16, 16), -1, 1));
+    na_tensor *y = TH_OK(na_module_forward(m, x));
+    cr_assert_not_null(y->base, "Flatten should return a view");
+    size_t bytes = (size_t)y->numel * sizeof(float);
+    float *y0 = malloc(bytes);
+    memcpy(y0, y->data, bytes);
+    TH_RC(na_backward(TH_OK(na_sum(TH_OK(na_mul(y, y)))), NULL));
+    for (int i = 0; i < 8; i++) TH_OK(na_rand(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(4, 4, 16, 16), 5, 6));
+    cr_assert_not_null(y->base->data);
+    cr_assert_eq(memcmp(y->data, y0, bytes), 0, "the result the user holds changed");
+    free(y0);
+    na_step_end();
+    na_module_free(m);
+}
+
+/* What an op makes for its own backward (max pool's indices) goes back after that backward. */
+Test(memory, an_ops_saved_temporaries_go_back) {
+    na_tensor *x = TH_OK(na_rand(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(8, 16, 32, 32), -1, 1));
+    TH_RC(na_tensor_set_requires_grad(x, true));
+    na_tensor *y = TH_OK(na_max_pool2d(x, &(na_pool2d_opts){.kernel = {2, 2}}));
+    na_tensor *loss = TH_OK(na_sum(y));
+    size_t forward = na_arena_used(NA_DEVICE_CPU);
+    size_t idx = (size_t)y->numel * sizeof(int32_t);
+    TH_RC(na_backward_retain(loss, NULL));
+    size_t retained = na_arena_used(NA_DEVICE_CPU);
+    TH_RC(na_backward(loss, NULL));
+    size_t freed = na_arena_used(NA_DEVICE_CPU);
+    cr_assert(retained >= forward && freed + idx <= retained + 1024, /* + the root's ones */ "forward %zu, after the retaining "
+              "walk %zu, after the last %zu: the indices (%zu bytes) stay", forward, retained,
+              freed, idx);
+    cr_assert_not_null(y->data, "the pool's output is the user's");
+    TH_EXPECT_STATUS(na_backward(loss, NULL), NA_ESTATE, "max_pool2d", "na_backward_retain");
+    na_step_end();
+}
+
+/* The CPU kernels' scratch (here im2col columns of a convolution) is counted. */
+Test(memory, cpu_scratch_is_counted) {
+    size_t before = na_cpu_scratch_peak();
+    na_tensor *x = TH_OK(na_rand(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(8, 64, 64, 64), -1, 1));
+    na_tensor *w = TH_OK(na_rand(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(64, 64, 3, 3), -1, 1));
+    TH_OK(na_conv2d(x, w, NULL, &(na_conv2d_opts){.padding = {1, 1}}));
+    size_t cols = (size_t)64 * 9 * 64 * 64 * sizeof(float); /* one image's columns */
+    cr_assert_geq(na_cpu_scratch_peak(), before);
+    cr_assert_geq(na_cpu_scratch_peak(), cols, "scratch peak %zu bytes, one image's columns are "
+                  "%zu", na_cpu_scratch_peak(), cols);
+    cr_assert_geq(na_cpu_scratch_peak(), na_cpu_scratch_bytes());
+    cr_assert_gt(na_cpu_scratch_bytes(), 0);
     na_step_end();
 }

@@ -9,7 +9,16 @@
  * leaf is persistent (freed with it); graph nodes live in the step arena and vanish at
  * na_step_end(). Gradients of intermediates go back to the arena as soon as the pass has
  * used them (their memory is reused within the step), so after na_backward a non-leaf's
- * .grad is NULL; tensors the forward made stay as they were.
+ * .grad is NULL.
+ *
+ * Saved activations. na_backward also gives back, as soon as the last node that needs them
+ * has run, the forward tensors that no user code can reach: the outputs a Sequential passes
+ * from one child to the next, a Residual's body output, and what an op made for its own
+ * backward (masks, indices, statistics). Everything the user holds stays as it was: the root,
+ * the tensors ops returned to user code (a model's output, an intermediate of a module
+ * forward of your own), inputs, leaves and persistent tensors. The graph is then used up, as
+ * in PyTorch without retain_graph: walking it again fails with NA_ESTATE. To walk one graph
+ * several times, use na_backward_retain for every walk but the last.
  *
  *     na_tensor_set_requires_grad(w, true);
  *     na_tensor *loss = na_sum(na_mul(w, w));
@@ -30,6 +39,9 @@ extern "C" {
 /* Runs the backward pass. `grad` is the gradient of root (same shape, dtype and device);
  * NULL means 1 and is only allowed for a one-element root. Returns NA_OK or an error. */
 int na_backward(na_tensor *root, na_tensor *grad);
+/* The same, keeping every saved tensor, so the graph can be walked again (PyTorch's
+ * retain_graph=True); gradients of intermediates are still given back. */
+int na_backward_retain(na_tensor *root, na_tensor *grad);
 
 /* Only float leaves can require grad. */
 int na_tensor_set_requires_grad(na_tensor *t, bool requires_grad);

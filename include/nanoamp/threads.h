@@ -30,6 +30,11 @@ int na_set_num_threads(int n);
 /* The pool size now in force (resolving the default on first use). */
 int na_get_num_threads(void);
 
+/* Bytes of scratch (im2col columns, GEMM packing, rows) the CPU kernels hold now over all
+ * threads, and the most they ever held: memory outside the step arena's peak. */
+size_t na_cpu_scratch_bytes(void);
+size_t na_cpu_scratch_peak(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -4,6 +4,7 @@
  * may read a whole last line. Copies are memcpy and nothing is asynchronous.
  */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 
 #include "cpu/cpu_internal.h"
@@ -42,9 +43,21 @@ static _Thread_local scratch_set tls_scratch;
 static pthread_key_t scratch_key;
 static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
 
+/* Over all threads (workers grow their buffers concurrently). */
+static atomic_size_t scratch_held, scratch_peak;
+
+static void scratch_count(size_t freed, size_t taken) {
+    size_t now = atomic_fetch_add(&scratch_held, taken - freed) + taken - freed;
+    size_t peak = atomic_load(&scratch_peak);
+    while (now > peak && !atomic_compare_exchange_weak(&scratch_peak, &peak, now)) {}
+}
+size_t na_cpu_scratch_bytes(void) { return atomic_load(&scratch_held); }
+size_t na_cpu_scratch_peak(void) { return atomic_load(&scratch_peak); }
+
 static void scratch_release(void *arg) {
     scratch_set *s = arg;
     for (int i = 0; i < NA_CPU_SCRATCH_COUNT; i++) {
+        scratch_count(s->cap[i], 0);
         free(s->p[i]);
         s->p[i] = NULL;
         s->cap[i] = 0;
@@ -73,6 +86,7 @@ void *na_cpu_scratch(int slot, size_t bytes, const char *fn) {
         na_set_error(NA_ENOMEM, "%s: out of memory allocating %zu bytes of scratch", fn, want);
         return NULL;
     }
+    scratch_count(s->cap[slot], want);
     free(s->p[slot]);
     s->p[slot] = p;
     s->cap[slot] = want;

@@ -11,8 +11,8 @@
  *
  * Memory: alloc/free are cudaMalloc/cudaFree of the arena's big chunks and of persistent
  * tensors; a host-side table of live pointers keeps the bytes in use and the peak
- * (na_cuda_bytes_in_use / na_cuda_peak_bytes). Internal workspaces (cuBLASLt, scratch) are
- * not counted there. memcpy_d2h and synchronize wait for the stream and count one host
+ * (na_cuda_bytes_in_use / na_cuda_peak_bytes), which also count the internal workspaces
+ * (the cuBLASLt workspace, the scratch of cuDNN workspaces and im2col). memcpy_d2h and synchronize wait for the stream and count one host
  * round trip each (na_cuda_sync_count).
  */
 #include <stdarg.h>
@@ -83,6 +83,12 @@ static bool alloc_table_take(uintptr_t key, size_t *bytes) {
 }
 
 /* ---- memory ----------------------------------------------------------------------------- */
+static void count_in(size_t bytes) {
+    na_cuda_ctx.bytes_in_use += bytes;
+    if (na_cuda_ctx.bytes_in_use > na_cuda_ctx.peak_bytes)
+        na_cuda_ctx.peak_bytes = na_cuda_ctx.bytes_in_use;
+}
+
 static void *cuda_alloc(size_t bytes) {
     void *p = NULL;
     cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
@@ -103,9 +109,7 @@ static void *cuda_alloc(size_t bytes) {
         na_set_error(NA_ENOMEM, "cuda alloc: out of host memory for the allocation table");
         return NULL;
     }
-    na_cuda_ctx.bytes_in_use += bytes;
-    if (na_cuda_ctx.bytes_in_use > na_cuda_ctx.peak_bytes)
-        na_cuda_ctx.peak_bytes = na_cuda_ctx.bytes_in_use;
+    count_in(bytes);
     return p;
 }
 
@@ -181,6 +185,7 @@ void *na_cuda_scratch(size_t bytes) {
     if (na_cuda_ctx.scratch) {
         cudaError_t e = cudaStreamSynchronize(na_cuda_ctx.stream);
         if (e == cudaSuccess) e = cudaFree(na_cuda_ctx.scratch);
+        na_cuda_ctx.bytes_in_use -= na_cuda_ctx.scratch_size;
         na_cuda_ctx.scratch = NULL;
         na_cuda_ctx.scratch_size = 0;
         if (e != cudaSuccess) {
@@ -198,6 +203,7 @@ void *na_cuda_scratch(size_t bytes) {
                      want, cudaGetErrorString(e));
         return NULL;
     }
+    count_in(want);
     na_cuda_ctx.scratch = p;
     na_cuda_ctx.scratch_size = want;
     return p;
@@ -303,6 +309,7 @@ static bool cuda_init_once(void) {
     INIT_CUBLAS(cublasLtCreate(&c->lt));
     c->lt_workspace_size = (size_t)32 << 20; /* NVIDIA's advice for Hopper */
     INIT_CUDA(cudaMalloc(&c->lt_workspace, c->lt_workspace_size));
+    count_in(c->lt_workspace_size);
     /* NANOAMP_TF32=1: TF32 tensor-core math for f32 GEMMs and convolutions (see
      * na_cuda_apply_tf32); unset or 0 keeps strict f32, today's default. */
     if (na_cuda_apply_tf32(na_cuda_env_is("NANOAMP_TF32", "1")) < 0) {

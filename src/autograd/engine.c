@@ -183,15 +183,28 @@ static int fire_final(const leaf_final *e, size_t n, size_t *next, size_t i) {
     return rc;
 }
 
-/* ---- gradient blocks ----------------------------------------------------------------------- */
+/* ---- what the pass frees: gradient blocks and saved activations ---------------------------- */
 
-/* What the pass knows of the gradient blocks it made: owner tensor -> references. */
+/* A block's references, keyed by the tensor that owns it (views share their base's block). */
 typedef struct {
-    na_arena_mark mark; /* blocks whose owner was made after it are the pass's own */
-    na_tensor **keys;   /* open addressing, at most half full */
-    int *refs;
+    int refs;
+    bool io;     /* activations: some node has it as an input or output */
+    bool saved;  /* activations: some node keeps it in saved[] */
+    bool pinned; /* activations: also a gradient, or the root: never freed by the pass */
+} block_refs;
+
+typedef struct {
+    na_tensor **keys; /* open addressing, at most half full */
+    block_refs *vals;
     size_t cap, n;
     bool broken; /* out of memory for the table: free nothing more */
+} ref_table;
+
+typedef struct {
+    na_arena_mark mark; /* gradient blocks whose owner was made after it are the pass's own */
+    ref_table grads;    /* the pass's gradient blocks: .grad slots and gradients in flight */
+    ref_table acts;     /* the forward's blocks the nodes refer to (empty when retaining) */
+    bool free_saved;    /* give activations back after their last use (not na_backward_retain) */
 } pass;
 
 static na_tensor *owner_of(na_tensor *t) { return t->base ? t->base : t; }
@@ -206,55 +219,122 @@ static size_t slot_of(na_tensor *const *keys, size_t cap, const na_tensor *o) {
     return h;
 }
 
-static bool grow_refs(pass *p) {
-    size_t cap = p->cap ? 2 * p->cap : 256;
+static bool grow_table(ref_table *t) {
+    size_t cap = t->cap ? 2 * t->cap : 256;
     na_tensor **keys = calloc(cap, sizeof *keys);
-    int *refs = calloc(cap, sizeof *refs);
-    if (!keys || !refs) {
+    block_refs *vals = calloc(cap, sizeof *vals);
+    if (!keys || !vals) {
         free(keys);
-        free(refs);
+        free(vals);
         return false;
     }
-    for (size_t i = 0; i < p->cap; i++) {
-        if (!p->keys[i]) continue;
-        size_t h = slot_of(keys, cap, p->keys[i]);
-        keys[h] = p->keys[i];
-        refs[h] = p->refs[i];
+    for (size_t i = 0; i < t->cap; i++) {
+        if (!t->keys[i]) continue;
+        size_t h = slot_of(keys, cap, t->keys[i]);
+        keys[h] = t->keys[i];
+        vals[h] = t->vals[i];
     }
-    free(p->keys);
-    free(p->refs);
-    p->keys = keys, p->refs = refs, p->cap = cap;
+    free(t->keys);
+    free(t->vals);
+    t->keys = keys, t->vals = vals, t->cap = cap;
     return true;
 }
 
-/* The reference count of o, added (at 0) when `insert`; NULL when absent or out of memory. */
-static int *refs_of(pass *p, na_tensor *o, bool insert) {
-    if (p->broken) return NULL;
-    if (insert && 2 * (p->n + 1) > p->cap && !grow_refs(p)) {
-        p->broken = true;
+/* The entry of o, added (zeroed) when `insert`; NULL when absent or out of memory. */
+static block_refs *refs_of(ref_table *t, na_tensor *o, bool insert) {
+    if (t->broken) return NULL;
+    if (insert && 2 * (t->n + 1) > t->cap && !grow_table(t)) {
+        t->broken = true;
         return NULL;
     }
-    if (!p->cap) return NULL;
-    size_t h = slot_of(p->keys, p->cap, o);
-    if (!p->keys[h]) {
+    if (!t->cap) return NULL;
+    size_t h = slot_of(t->keys, t->cap, o);
+    if (!t->keys[h]) {
         if (!insert) return NULL;
-        p->keys[h] = o;
-        p->n++;
+        t->keys[h] = o;
+        t->n++;
     }
-    return &p->refs[h];
+    return &t->vals[h];
 }
 
 static void hold(pass *p, na_tensor *g) {
     na_tensor *o = owner_of(g);
-    int *r = pass_made(p, o) ? refs_of(p, o, true) : NULL;
-    if (r) ++*r;
+    if (!pass_made(p, o)) { /* a gradient that is (a view of) an activation keeps it alive */
+        block_refs *a = refs_of(&p->acts, o, false);
+        if (a) a->pinned = true;
+        return;
+    }
+    block_refs *r = refs_of(&p->grads, o, true);
+    if (r) ++r->refs;
 }
 
 /* One reference less; the block goes back to the arena when that was the last. */
 static void unhold(pass *p, na_tensor *g) {
     na_tensor *o = owner_of(g);
-    int *r = pass_made(p, o) ? refs_of(p, o, false) : NULL;
-    if (r && --*r == 0) na_tensor_release(o);
+    block_refs *r = pass_made(p, o) ? refs_of(&p->grads, o, false) : NULL;
+    if (r && --r->refs == 0) na_tensor_release(o);
+}
+
+/* A node's references to forward tensors: its inputs, saved tensors and output. */
+#define NODE_REFS(n) ((n)->n_inputs + NA_NODE_MAX_SAVED + 1)
+static na_tensor *node_ref(const na_node *n, int j) {
+    if (j < n->n_inputs) return n->inputs[j];
+    j -= n->n_inputs;
+    return j < NA_NODE_MAX_SAVED ? n->saved[j] : n->out;
+}
+
+/* Counts every node's references to the forward's step blocks; the root is the user's. */
+static void count_saved(pass *p, const node_list *order, na_tensor *root) {
+    for (size_t i = 0; i < order->n; i++)
+        for (int j = 0; j < NODE_REFS(order->items[i]); j++) {
+            na_tensor *t = node_ref(order->items[i], j), *o = t ? owner_of(t) : NULL;
+            block_refs *r = o && !o->persistent && o->data ? refs_of(&p->acts, o, true) : NULL;
+            if (!r) continue;
+            r->refs++;
+            bool in_saved = j >= order->items[i]->n_inputs && t != order->items[i]->out;
+            r->saved |= in_saved;
+            r->io |= !in_saved;
+        }
+    block_refs *r = refs_of(&p->acts, owner_of(root), false);
+    if (r) r->pinned = true;
+}
+
+/* Only what no user code can reach: an op's output marked internal, or a tensor an op made
+ * for its backward alone. */
+static bool freeable(const na_tensor *o, const block_refs *r) {
+    bool internal = o->grad_fn && o->grad_fn->out == o && o->grad_fn->out_internal;
+    return !r->pinned && (internal || (r->saved && !r->io && !o->grad_fn && !o->requires_grad));
+}
+
+/* After node n's backward: one reference less to each block it kept. */
+static void release_saved(pass *p, const na_node *n) {
+    if (!p->free_saved) return;
+    for (int j = 0; j < NODE_REFS(n); j++) {
+        na_tensor *t = node_ref(n, j), *o = t ? owner_of(t) : NULL;
+        block_refs *r = o ? refs_of(&p->acts, o, false) : NULL;
+        if (r && --r->refs == 0 && freeable(o, r)) na_tensor_release(o);
+    }
+}
+
+/* A node whose saved tensors an earlier na_backward gave back cannot run again. */
+static int check_not_freed(const na_node *n) {
+    for (int j = 0; j < NODE_REFS(n); j++) {
+        na_tensor *t = node_ref(n, j);
+        if (t && !owner_of(t)->data)
+            return na_set_error(NA_ESTATE, "na_backward: the graph of %s was already walked and "
+                                "its saved tensors given back; walk it with na_backward_retain "
+                                "every time but the last", n->op->name);
+    }
+    return NA_OK;
+}
+
+void na_graph_mark_internal(na_tensor *t) {
+    if (t && t->grad_fn && t->grad_fn->out == t && !t->base && !t->persistent)
+        t->grad_fn->out_internal = true;
+}
+void na_graph_unmark_internal(na_tensor *t) {
+    na_tensor *o = t ? owner_of(t) : NULL;
+    if (o && o->grad_fn && o->grad_fn->out == o) o->grad_fn->out_internal = false;
 }
 
 /* ---- accumulation -------------------------------------------------------------------------- */
@@ -304,8 +384,8 @@ static int accumulate(pass *p, na_tensor *t, na_tensor *g) {
     return add_same_shape(t->grad, t->grad, g);
 }
 
-int na_backward(na_tensor *root, na_tensor *grad) {
-    const char *fn = "na_backward";
+static int backward(na_tensor *root, na_tensor *grad, bool retain) {
+    const char *fn = retain ? "na_backward_retain" : "na_backward";
     char s1[NA_DESCRIBE_MAX], s2[NA_DESCRIBE_MAX];
     if (!na_check_tensor(fn, root, "root")) return na_last_status();
     if (!root->requires_grad)
@@ -323,7 +403,7 @@ int na_backward(na_tensor *root, na_tensor *grad) {
                             na_tensor_describe(grad, s1, sizeof s1),
                             na_tensor_describe(root, s2, sizeof s2));
     }
-    pass p = {.mark = na_arena_host_mark()};
+    pass p = {.mark = na_arena_host_mark(), .free_saved = !retain};
     if (!root->grad_fn) {
         int rc = accumulate(&p, root, grad);
         return !rc && leaf_hook.fn ? leaf_hook.fn(root, leaf_hook.ctx) : rc;
@@ -334,6 +414,7 @@ int na_backward(na_tensor *root, na_tensor *grad) {
     leaf_final *finals = NULL;
     size_t n_finals = 0, next_final = 0;
     if (!rc && leaf_hook.fn) rc = leaf_schedule(&order, &finals, &n_finals);
+    if (!rc && p.free_saved) count_saved(&p, &order, root);
     for (size_t i = 0; i < order.n; i++) order.items[i]->out->grad = NULL; /* fresh pass */
     na_no_grad_begin();
     /* Gradients are computed in the forward's dtypes: autocast reads in_backward and leaves
@@ -345,10 +426,12 @@ int na_backward(na_tensor *root, na_tensor *grad) {
         na_node *n = order.items[i];
         na_tensor *gout = n->out->grad;
         if (!gout) { /* nothing flowed into this node */
+            release_saved(&p, n);
             if (finals) rc = fire_final(finals, n_finals, &next_final, i);
             continue;
         }
         na_tensor *gin[NA_NODE_MAX_INPUTS] = {0};
+        if ((rc = check_not_freed(n))) break;
         rc = n->op->backward(n, gout, gin);
         if (rc) {
             na_set_error(rc, "%s: backward of %s failed: %s", fn, n->op->name, na_last_error());
@@ -365,6 +448,7 @@ int na_backward(na_tensor *root, na_tensor *grad) {
         if (!rc) { /* consumed */
             if (!n->op->keeps_gout) unhold(&p, gout);
             n->out->grad = NULL;
+            release_saved(&p, n);
         }
         if (finals && !rc) rc = fire_final(finals, n_finals, &next_final, i);
         if (na_profile_on()) na_profile_mark(n->op->name, true, n->out->device, n->layer);
@@ -373,7 +457,12 @@ int na_backward(na_tensor *root, na_tensor *grad) {
     na_no_grad_end();
     free(order.items);
     free(finals);
-    free(p.keys);
-    free(p.refs);
+    free(p.grads.keys);
+    free(p.grads.vals);
+    free(p.acts.keys);
+    free(p.acts.vals);
     return rc;
 }
+
+int na_backward(na_tensor *root, na_tensor *grad) { return backward(root, grad, false); }
+int na_backward_retain(na_tensor *root, na_tensor *grad) { return backward(root, grad, true); }

@@ -52,7 +52,7 @@ int na_gradcheck(na_gradcheck_fn f, void *ctx, na_tensor **inputs, int n_inputs,
     if (!y->requires_grad)
         return na_set_error(NA_ESTATE, "%s: output does not require grad", fn);
     na_tensor *v = na_randn(NA_DTYPE_F64, NA_DEVICE_CPU, y->ndim, y->shape, 0.0, 1.0);
-    if (!v || na_backward(y, v) != NA_OK) return na_last_status();
+    if (!v || na_backward_retain(y, v) != NA_OK) return na_last_status();
     const double *vd = v->data;
 
     /* a second backward (grads zeroed first) must give exactly the first: deterministic.
@@ -72,7 +72,7 @@ int na_gradcheck(na_gradcheck_fn f, void *ctx, na_tensor **inputs, int n_inputs,
     }
     if (!rc) {
         for (int k = 0; k < n_inputs; k++) na_tensor_zero_grad(inputs[k]);
-        rc = na_backward(y, v);
+        rc = na_backward_retain(y, v);
     }
     for (int k = 0; k < n_inputs && !rc; k++) {
         if (!first[k]) continue;
@@ -116,7 +116,7 @@ int na_gradcheck(na_gradcheck_fn f, void *ctx, na_tensor **inputs, int n_inputs,
     if (!rc) {
         for (int k = 0; k < n_inputs; k++) na_tensor_zero_grad(inputs[k]);
         na_tensor *z = na_zeros(NA_DTYPE_F64, NA_DEVICE_CPU, y->ndim, y->shape);
-        rc = z ? na_backward(y, z) : na_last_status();
+        rc = z ? na_backward(y, z) : /* the last walk */ na_last_status();
         for (int k = 0; k < n_inputs && !rc; k++) {
             if (!first[k]) continue;
             const double *g = inputs[k]->grad->data;

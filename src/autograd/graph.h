@@ -31,11 +31,14 @@ struct na_node {
     const na_graph_op *op;
     int n_inputs;
     na_tensor *inputs[NA_NODE_MAX_INPUTS]; /* NULL entries allowed (optional inputs) */
-    na_tensor *saved[NA_NODE_MAX_SAVED];   /* whatever the backward needs */
+    na_tensor *saved[NA_NODE_MAX_SAVED];   /* tensors the op made for its backward and gave
+                                              nobody else (a mask, indices, statistics): the
+                                              engine frees them after this node's backward */
     double f[4];                           /* scalar parameters */
     int64_t i[8];                          /* integer parameters (dims, flags) */
     void *extra;                           /* op-specific block in the arena */
     na_tensor *out;
+    bool out_internal; /* out is unreachable from user code (na_graph_mark_internal) */
     unsigned visit; /* topological-sort mark */
     int layer;      /* the profiler's layer of the forward (0: none; src/autograd/profile.h) */
 };
@@ -65,6 +68,14 @@ typedef struct {
     void *ctx;
 } na_graph_leaf_hook;
 na_graph_leaf_hook na_graph_set_leaf_hook(na_graph_leaf_hook hook);
+
+/* Says that t, an op's output, is handed to nothing but later ops of the graph (a
+ * Sequential's output of one child, passed to the next): once the nodes that use it have run
+ * backward, na_backward gives its memory back. Only a tensor that owns its memory and was made
+ * by a recorded op is marked; anything else is left alone. na_graph_unmark_internal(t) undoes
+ * it for t's memory (a container's result that is a view of an internal tensor). */
+void na_graph_mark_internal(na_tensor *t);
+void na_graph_unmark_internal(na_tensor *t);
 
 /* True on this thread while na_backward runs backward functions: the ops they call compute
  * in the forward's dtypes (autocast reads this and stays out). */

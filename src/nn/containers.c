@@ -2,6 +2,7 @@
  * with its name and type, so an error deep in a model says where it happened. */
 #include <stdio.h>
 
+#include "src/autograd/graph.h"
 #include "src/autograd/profile.h"
 #include "src/nn/module.h"
 
@@ -16,8 +17,15 @@ static na_tensor *child_forward(na_module *m, int i, na_tensor *x) {
     return y;
 }
 
+/* What one child hands the next is unreachable from user code: na_backward may give it back
+ * once used. Not the input, nor what the result (perhaps a view of it) refers to. */
 static na_tensor *sequential_forward(na_module *m, na_tensor *x) {
-    for (int i = 0; i < m->n_children && x; i++) x = child_forward(m, i, x);
+    na_tensor *in = x;
+    for (int i = 0; i < m->n_children && x; i++) {
+        if (x != in) na_graph_mark_internal(x);
+        x = child_forward(m, i, x);
+    }
+    na_graph_unmark_internal(x);
     return x;
 }
 
@@ -52,6 +60,7 @@ int na_sequential_append(na_module *seq, na_module *mod) {
 
 static na_tensor *residual_forward(na_module *m, na_tensor *x) {
     na_tensor *y = child_forward(m, 0, x);
+    if (y != x) na_graph_mark_internal(y);
     return y ? na_add(x, y) : NULL;
 }
 
