@@ -10,13 +10,13 @@
  *            train: gx = (gy - gbeta/M - xhat*ggamma/M) * (invstd * gamma)
  *            eval:  gx = gy * (invstd * gamma)
  *   relu     (BatchNorm + ReLU fused) y = relu(y) as it is stored; backward takes the fused
- *            output y and uses gy * relu'(y) for gy: ReLU's own math (common/elementwise.h),
- *            so fused and unfused f32 results are bit-identical.
+ *            output y and uses gy * relu'(y) for gy: ReLU's own expressions (the RELU row of
+ *            common/elementwise_ops.h, written out so the loops vectorize), so fused and
+ *            unfused f32 results are bit-identical (tests/test_ops.c checks it).
  * Sums are pairwise within each (n, c) row and pairwise across the N rows. Channels are
  * split over the thread pool, each computed whole by one thread. gamma/beta NULL
  * mean 1/0. Parameters and statistics may be of any float dtype (f32 normally, f64 for f64 x).
  */
-#include "common/elementwise.h"
 #include "cpu/cpu_internal.h"
 #include "cpu/cpu_parallel.h"
 
@@ -64,7 +64,7 @@ static void set_param(na_view *t, int64_t i, double v) {
                 for (int64_t i = 0; i < cnt; i++) out[i] = (v[i] - mean) * scale + shift;   \
                 if (relu)                                                                   \
                     for (int64_t i = 0; i < cnt; i++)                                       \
-                        out[i] = na_unary_##SFX(NA_UNARY_RELU, out[i], 0, 0);               \
+                        out[i] = out[i] > (T)0 ? out[i] : (T)0;                             \
                 na_cpu_store_##SFX(y->dtype, y->data, off, cnt, out);                       \
             }                                                                               \
     }                                                                                       \
@@ -106,7 +106,7 @@ static void set_param(na_view *t, int64_t i, double v) {
         if (!relu_y) return gv;                                                             \
         const T *yv = na_cpu_view_##SFX(relu_y->dtype, relu_y->data, off, cnt, yb);         \
         for (int64_t i = 0; i < cnt; i++)                                                   \
-            gm[i] = gv[i] * na_unary_grad_##SFX(NA_UNARY_RELU, yv[i], yv[i], 0, 0);         \
+            gm[i] = gv[i] * (yv[i] > (T)0 ? (T)1 : (T)0); /* ReLU's derivative */       \
         return gm;                                                                          \
     }                                                                                       \
     static void bn_backward_##SFX(const na_view *x, const na_view *gy,                      \
