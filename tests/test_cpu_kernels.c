@@ -1325,6 +1325,12 @@ Test(cpu_batchnorm, train_running_stats_hand_numbers) {
     cr_assert(fabs(get(&rv, 0) - (0.9 + 0.1 * 14.0 / 3.0)) < 1e-6, "running var %g", get(&rv, 0));
     for (int i = 0; i < 4; i++)
         cr_assert(fabs(get(&y, i) - ((xv[i] - 3) * invstd * 2 + 0.5)) < 1e-5);
+    /* relu fused: the same values with the negative ones (x = 1, 2) cut to 0 */
+    cr_assert_eq(B->batch_norm_train(&x, &gam, &bet, NULL, NULL, &y, &sm, &si, 2, 1, 2, 0.1, 1e-5,
+                                     true), NA_OK);
+    for (int i = 0; i < 4; i++)
+        cr_assert(fabs(get(&y, i) - fmax(0, (xv[i] - 3) * invstd * 2 + 0.5)) < 1e-5, "relu y[%d]", i);
+    cr_assert_eq(get(&y, 0), 0);
     /* without running stats or affine */
     cr_assert_eq(B->batch_norm_train(&x, NULL, NULL, NULL, NULL, &y, &sm, &si, 2, 1, 2, 0.1, 1e-5, false),
                  NA_OK);
