@@ -196,22 +196,25 @@ typedef struct {
      * stats and saved stats are f32 [C] (f64 for f64 x); x and y share a float dtype.      \
      * Training: batch mean and biased variance normalize; save_mean/save_invstd are        \
      * written; if running_mean != NULL: running = (1-momentum)*running + momentum*stat     \
-     * with the unbiased variance. gamma/beta may be NULL (affine off). ---- */             \
+     * with the unbiased variance. gamma/beta may be NULL (affine off). relu: y =           \
+     * relu(bn(x)) in the same pass (BatchNorm + ReLU fused, ReLU as NA_UNARY_RELU). */     \
     X(batch_norm_train, (const na_view *x, const na_view *gamma, const na_view *beta,       \
                          na_view *running_mean, na_view *running_var, na_view *y,           \
                          na_view *save_mean, na_view *save_invstd, int64_t n, int64_t c,    \
-                         int64_t s, double momentum, double eps))                           \
+                         int64_t s, double momentum, double eps, bool relu))                \
     X(batch_norm_eval, (const na_view *x, const na_view *gamma, const na_view *beta,        \
                         const na_view *running_mean, const na_view *running_var,            \
-                        na_view *y, int64_t n, int64_t c, int64_t s, double eps))           \
+                        na_view *y, int64_t n, int64_t c, int64_t s, double eps,            \
+                        bool relu))                                                         \
     /* training backward: gx = (gy - mean(gy) - xhat*mean(gy*xhat)) * invstd * gamma;       \
      * ggamma = sum(gy*xhat), gbeta = sum(gy) (each may be NULL). For eval-mode backward    \
      * the front-end passes the running stats as mean/invstd and train=false:               \
-     * gx = gy*invstd*gamma. */                                                             \
+     * gx = gy*invstd*gamma. relu_y: NULL, or the output y of a relu forward; then every    \
+     * gy above is gy * relu'(y) (0 where y <= 0), ReLU's backward fused in. */             \
     X(batch_norm_backward, (const na_view *x, const na_view *gy, const na_view *gamma,      \
                             const na_view *mean, const na_view *invstd, na_view *gx,        \
                             na_view *ggamma, na_view *gbeta, int64_t n, int64_t c,          \
-                            int64_t s, bool train))                                         \
+                            int64_t s, bool train, const na_view *relu_y))                  \
                                                                                             \
     /* ---- optimizers (src/optim; per-element math: kernels/common/optim.h) ----           \
      * SGD (PyTorch's rule): g' = g*inv_scale + wd*p; buf = steps==0 ? g' :                 \

@@ -142,6 +142,10 @@ const oc_case oc_cases[NA_OP_COUNT] = {
     [NA_OP_BATCH_NORM] = CUSTOM(NA_AMP_AS_IS, .forward = fw_batch_norm,
                                 .gradcheck = gc_batch_norm, .autocast = ac_batch_norm,
                                 .parity = par_batch_norm),
+    /* BatchNorm + ReLU fused: batch_norm's checks with relu applied (they read the row's op) */
+    [NA_OP_BATCH_NORM_RELU] = CUSTOM(NA_AMP_AS_IS, .forward = fw_batch_norm,
+                                     .gradcheck = gc_batch_norm, .autocast = ac_batch_norm,
+                                     .parity = par_batch_norm),
     [NA_OP_MAX_POOL2D] = CUSTOM(NA_AMP_AS_IS, .forward = fw_max_pool2d, .gradcheck = gc_pool,
                                 .autocast = ac_pool, .parity = par_pool),
     [NA_OP_AVG_POOL2D] = CUSTOM(NA_AMP_AS_IS, .forward = fw_avg_pool2d, .gradcheck = gc_pool,

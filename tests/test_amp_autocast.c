@@ -68,13 +68,19 @@ static na_tensor *f_conv2d(na_dtype s, na_dtype c) {
     return na_conv2d(mk(s, c, NA_SHAPE(1, 2, 4, 4), -1, 1), mk(s, c, NA_SHAPE(3, 2, 3, 3), -1, 1),
                      mk(s, c, NA_SHAPE(3), -1, 1), &(na_conv2d_opts){.padding = {1, 1}});
 }
-static na_tensor *f_batch_norm(na_dtype s, na_dtype c) {
+typedef na_tensor *(*bn_fn)(na_tensor *, na_tensor *, na_tensor *, na_tensor *, na_tensor *,
+                            bool, double, double);
+static na_tensor *call_bn(bn_fn bn, na_dtype s, na_dtype c) {
     na_tensor *x = mk(s, c, NA_SHAPE(2, 3, 2, 2), -1, 1);
     na_tensor *w = mk(NA_DTYPE_F32, NA_DTYPE_F32, NA_SHAPE(3), 0.5, 1.5);
     na_tensor *b = mk(NA_DTYPE_F32, NA_DTYPE_F32, NA_SHAPE(3), -1, 1);
     na_tensor *rm = TH_OK(na_zeros(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(3)));
     na_tensor *rv = TH_OK(na_ones(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(3)));
-    return na_batch_norm(x, rm, rv, w, b, true, 0.1, 1e-5);
+    return bn(x, rm, rv, w, b, true, 0.1, 1e-5);
+}
+static na_tensor *f_batch_norm(na_dtype s, na_dtype c) { return call_bn(na_batch_norm, s, c); }
+static na_tensor *f_batch_norm_relu(na_dtype s, na_dtype c) {
+    return call_bn(na_batch_norm_relu, s, c);
 }
 static na_tensor *f_max_pool2d(na_dtype s, na_dtype c) {
     return na_max_pool2d(mk(s, c, NA_SHAPE(1, 2, 4, 4), -1, 1),
@@ -107,6 +113,7 @@ static const op_fn custom_calls[NA_OP_COUNT] = {
     [NA_OP_CONTIGUOUS] = f_contiguous,
     [NA_OP_CONV2D] = f_conv2d,
     [NA_OP_BATCH_NORM] = f_batch_norm,
+    [NA_OP_BATCH_NORM_RELU] = f_batch_norm_relu,
     [NA_OP_MAX_POOL2D] = f_max_pool2d,
     [NA_OP_AVG_POOL2D] = f_avg_pool2d,
 };

@@ -1316,7 +1316,7 @@ Test(cpu_batchnorm, train_running_stats_hand_numbers) {
     double xv[4] = {1, 2, 3, 6};
     for (int i = 0; i < 4; i++) set(&x, i, xv[i]);
     set(&gam, 0, 2); set(&bet, 0, 0.5); set(&rm_, 0, 0); set(&rv, 0, 1);
-    cr_assert_eq(B->batch_norm_train(&x, &gam, &bet, &rm_, &rv, &y, &sm, &si, 2, 1, 2, 0.1, 1e-5),
+    cr_assert_eq(B->batch_norm_train(&x, &gam, &bet, &rm_, &rv, &y, &sm, &si, 2, 1, 2, 0.1, 1e-5, false),
                  NA_OK);
     double invstd = 1 / sqrt(3.5 + 1e-5);
     cr_assert(fabs(get(&sm, 0) - 3) < 1e-6);
@@ -1325,8 +1325,14 @@ Test(cpu_batchnorm, train_running_stats_hand_numbers) {
     cr_assert(fabs(get(&rv, 0) - (0.9 + 0.1 * 14.0 / 3.0)) < 1e-6, "running var %g", get(&rv, 0));
     for (int i = 0; i < 4; i++)
         cr_assert(fabs(get(&y, i) - ((xv[i] - 3) * invstd * 2 + 0.5)) < 1e-5);
+    /* relu fused: the same values with the negative ones (x = 1, 2) cut to 0 */
+    cr_assert_eq(B->batch_norm_train(&x, &gam, &bet, NULL, NULL, &y, &sm, &si, 2, 1, 2, 0.1, 1e-5,
+                                     true), NA_OK);
+    for (int i = 0; i < 4; i++)
+        cr_assert(fabs(get(&y, i) - fmax(0, (xv[i] - 3) * invstd * 2 + 0.5)) < 1e-5, "relu y[%d]", i);
+    cr_assert_eq(get(&y, 0), 0);
     /* without running stats or affine */
-    cr_assert_eq(B->batch_norm_train(&x, NULL, NULL, NULL, NULL, &y, &sm, &si, 2, 1, 2, 0.1, 1e-5),
+    cr_assert_eq(B->batch_norm_train(&x, NULL, NULL, NULL, NULL, &y, &sm, &si, 2, 1, 2, 0.1, 1e-5, false),
                  NA_OK);
     for (int i = 0; i < 4; i++) cr_assert(fabs(get(&y, i) - (xv[i] - 3) * invstd) < 1e-5);
     rm(&x); rm(&y); rm(&gam); rm(&bet); rm(&rm_); rm(&rv); rm(&sm); rm(&si);
@@ -1346,9 +1352,9 @@ static void check_bn(na_dtype dt, int64_t n, int64_t c, int64_t s, double tol) {
     fill_rand(&rv, 0.5, 2);
     double *rm0 = malloc(c * sizeof(double)), *rv0 = malloc(c * sizeof(double));
     for (int64_t ch = 0; ch < c; ch++) { rm0[ch] = get(&rm_, ch); rv0[ch] = get(&rv, ch); }
-    cr_assert_eq(B->batch_norm_train(&x, &gam, &bet, &rm_, &rv, &y, &sm, &si, n, c, s, 0.1, 1e-5),
+    cr_assert_eq(B->batch_norm_train(&x, &gam, &bet, &rm_, &rv, &y, &sm, &si, n, c, s, 0.1, 1e-5, false),
                  NA_OK);
-    cr_assert_eq(B->batch_norm_backward(&x, &gy, &gam, &sm, &si, &gx, &gg, &gb, n, c, s, true),
+    cr_assert_eq(B->batch_norm_backward(&x, &gy, &gam, &sm, &si, &gx, &gg, &gb, n, c, s, true, NULL),
                  NA_OK);
     int64_t M = n * s;
     for (int64_t ch = 0; ch < c; ch++) {
@@ -1384,10 +1390,10 @@ static void check_bn(na_dtype dt, int64_t n, int64_t c, int64_t s, double tol) {
             }
     }
     /* eval forward and eval backward */
-    cr_assert_eq(B->batch_norm_eval(&x, &gam, &bet, &rm_, &rv, &y, n, c, s, 1e-5), NA_OK);
+    cr_assert_eq(B->batch_norm_eval(&x, &gam, &bet, &rm_, &rv, &y, n, c, s, 1e-5, false), NA_OK);
     na_view eis = MK(pdt, c);
     for (int64_t ch = 0; ch < c; ch++) set(&eis, ch, 1 / sqrt(get(&rv, ch) + 1e-5));
-    cr_assert_eq(B->batch_norm_backward(&x, &gy, &gam, &rm_, &eis, &gx, &gg, NULL, n, c, s, false),
+    cr_assert_eq(B->batch_norm_backward(&x, &gy, &gam, &rm_, &eis, &gx, &gg, NULL, n, c, s, false, NULL),
                  NA_OK);
     for (int64_t ch = 0; ch < c; ch++) {
         double is = 1 / sqrt(get(&rv, ch) + 1e-5), sgx = 0;
@@ -1421,9 +1427,9 @@ Test(cpu_batchnorm, half_input_f32_params) {
     fill_rand(&gam, 0.5, 1.5);
     fill_rand(&bet, -1, 1);
     xf = widened(&x);
-    cr_assert_eq(B->batch_norm_train(&x, &gam, &bet, NULL, NULL, &y, &sm, &si, n, c, s, 0.1, 1e-5),
+    cr_assert_eq(B->batch_norm_train(&x, &gam, &bet, NULL, NULL, &y, &sm, &si, n, c, s, 0.1, 1e-5, false),
                  NA_OK);
-    cr_assert_eq(B->batch_norm_train(&xf, &gam, &bet, NULL, NULL, &yf, &sm, &si, n, c, s, 0.1, 1e-5),
+    cr_assert_eq(B->batch_norm_train(&xf, &gam, &bet, NULL, NULL, &yf, &sm, &si, n, c, s, 0.1, 1e-5, false),
                  NA_OK);
     na_view want = rounded(NA_DTYPE_F16, &yf);
     expect_same_bits(&y, &want, "bn f16");

@@ -355,7 +355,7 @@ typedef struct {
     int perm[NA_MAX_DIMS];
     int64_t shape[NA_MAX_DIMS];
     int ndim;
-    bool training, affine, running;
+    bool training, affine, running, relu;
     na_tensor *rm[2], *rv[2]; /* batch norm running stats per device */
 } op_ctx;
 
@@ -709,9 +709,9 @@ void par_pool(const oc_case *row, na_dtype dt) {
 static na_tensor *f_bn(na_tensor **in, void *cv) {
     op_ctx *c = cv;
     int d = g_side;
-    return na_batch_norm(in[0], c->running ? c->rm[d] : NULL, c->running ? c->rv[d] : NULL,
-                         c->affine ? in[1] : NULL, c->affine ? in[2] : NULL, c->training, 0.1,
-                         1e-5);
+    return (c->relu ? na_batch_norm_relu : na_batch_norm)(
+        in[0], c->running ? c->rm[d] : NULL, c->running ? c->rv[d] : NULL,
+        c->affine ? in[1] : NULL, c->affine ? in[2] : NULL, c->training, 0.1, 1e-5);
 }
 
 static na_tensor *stats_tensor(na_device dev, int64_t c, const double *v) {
@@ -730,7 +730,8 @@ void par_batch_norm(const oc_case *row, na_dtype dt) {
     for (int i = 0; i < 4; i++)
         for (int mode = 0; mode < 4; mode++) { /* train+running, train, eval, train no affine */
             int64_t C = shp[i][1];
-            op_ctx c = {.training = mode != 2, .running = mode != 1, .affine = mode != 3};
+            op_ctx c = {.training = mode != 2, .running = mode != 1, .affine = mode != 3,
+                        .relu = oc_op_of(row) == NA_OP_BATCH_NORM_RELU};
             double *rm = rand_vals(C, -0.5, 0.5), *rv = rand_vals(C, 0.5, 2);
             for (int d = 0; d < 2; d++) {
                 c.rm[d] = stats_tensor(d ? g_dev2 : NA_DEVICE_CPU, C, rm);
@@ -741,7 +742,8 @@ void par_batch_norm(const oc_case *row, na_dtype dt) {
             memcpy(sp[0].shape, shp[i], sizeof shp[i]);
             sp[1] = SPEC(NA_DTYPE_F32, 0.5, 1.5, true, C);
             sp[2] = SPEC(NA_DTYPE_F32, -0.5, 0.5, true, C);
-            snprintf(l, sizeof l, "batch_norm %s shape %d mode %d", na_dtype_name(dt), i, mode);
+            snprintf(l, sizeof l, "%s %s shape %d mode %d", na_op_name(oc_op_of(row)),
+                     na_dtype_name(dt), i, mode);
             run_parity(l, f_bn, &c, c.affine ? 3 : 1, sp, tol);
             if (c.running && c.training) {
                 char m[200];
@@ -1377,11 +1379,12 @@ Test(cuda_kernels, batch_norm) {
     static const int64_t geo[][3] = {{4, 3, 35}, {16, 5, 1}, {2, 33, 3}, {7, 1, 1}, {64, 8, 1025}};
     for (int d = 0; d < N_RAW_DTYPES; d++)
         for (int i = 0; i < 5; i++)
-            for (int affine = 0; affine < 2; affine++) {
+            for (int mode = 0; mode < 4; mode++) {
+                bool affine = mode & 1, relu = mode & 2; /* relu: BatchNorm + ReLU fused */
                 na_dtype dt = raw_dtypes[d], pdt = dt == NA_DTYPE_F64 ? NA_DTYPE_F64 : NA_DTYPE_F32;
                 int64_t N = geo[i][0], C = geo[i][1], S = geo[i][2];
-                what("batch_norm %s [%" PRId64 ",%" PRId64 ",%" PRId64 "] affine %d",
-                     na_dtype_name(dt), N, C, S, affine);
+                what("batch_norm %s [%" PRId64 ",%" PRId64 ",%" PRId64 "] affine %d relu %d",
+                     na_dtype_name(dt), N, C, S, affine, relu);
                 double ptol = dt == NA_DTYPE_F64 ? 1e-12 : 1e-5;
                 rt *x = RTR(dt, -2, 3, N, C, S);
                 rt *gamma = affine ? RTR(pdt, 0.5, 1.5, C) : NULL;
@@ -1390,7 +1393,8 @@ Test(cuda_kernels, batch_norm) {
                 rt *y = RT(dt, NULL, N, C, S);
                 rt *sm = RT(pdt, NULL, C), *si = RT(pdt, NULL, C);
                 BOTH(be->batch_norm_train(T(x), gamma ? T(gamma) : NULL, beta ? T(beta) : NULL,
-                                          T(rm), T(rv), T(y), T(sm), T(si), N, C, S, 0.1, 1e-5));
+                                          T(rm), T(rv), T(y), T(sm), T(si), N, C, S, 0.1, 1e-5,
+                                          relu));
                 rt_cmp(y, tol_of(dt), "batch_norm_train y");
                 rt_cmp(sm, ptol, "save_mean");
                 rt_cmp(si, ptol, "save_invstd");
@@ -1398,7 +1402,7 @@ Test(cuda_kernels, batch_norm) {
                 rt_cmp(rv, ptol, "running_var");
                 rt_poison(y);
                 BOTH(be->batch_norm_eval(T(x), gamma ? T(gamma) : NULL, beta ? T(beta) : NULL,
-                                         T(rm), T(rv), T(y), N, C, S, 1e-5));
+                                         T(rm), T(rv), T(y), N, C, S, 1e-5, relu));
                 rt_cmp(y, tol_of(dt), "batch_norm_eval y");
                 /* backward from the CPU's saved statistics */
                 double *v = rt_values(&sm->c);
@@ -1407,12 +1411,16 @@ Test(cuda_kernels, batch_norm) {
                 v = rt_values(&si->c);
                 rt_upload(si, v);
                 free(v);
+                v = rt_values(&y->c); /* the ReLU mask from the CPU's output too */
+                rt_upload(y, v);
+                free(v);
                 for (int train = 0; train < 2; train++) {
                     rt *gy = RTR(dt, -1, 1, N, C, S);
                     rt *gx = RT(dt, NULL, N, C, S);
                     rt *gg = RT(pdt, NULL, C), *gb = RT(pdt, NULL, C);
                     BOTH(be->batch_norm_backward(T(x), T(gy), gamma ? T(gamma) : NULL, T(sm),
-                                                 T(si), T(gx), T(gg), T(gb), N, C, S, train));
+                                                 T(si), T(gx), T(gg), T(gb), N, C, S, train,
+                                                 relu ? T(y) : NULL));
                     rt_cmp(gx, tol_of(dt), train ? "batch_norm_backward gx (train)" : "batch_norm_backward gx (eval)");
                     rt_cmp(gg, dt == NA_DTYPE_F64 ? 1e-12 : tol_of(dt), "ggamma");
                     rt_cmp(gb, dt == NA_DTYPE_F64 ? 1e-12 : tol_of(dt), "gbeta");
@@ -1436,9 +1444,9 @@ Test(cuda_kernels, batch_norm) {
  * Each runs whatever the switch says; with the CPU standing in (NANOAMP_PARITY_ON_CPU=1) the
  * device side is the CPU's composition, which checks the harness. */
 
-/* BatchNorm v2 (NANOAMP_CUDA_BN=v2) or, on the CPU, batch_norm_* then relu; which: 0 train,
- * 1 eval, 2 backward (a->train: of training or eval). The CPU's fused ReLU backward is relu's
- * backward (from the output y) into a temporary, then batch_norm_backward. */
+/* BatchNorm v2 (NANOAMP_CUDA_BN=v2) or, on the CPU, its batch_norm_* kernels (relu fused as
+ * the kernel list's relu / relu_y); which: 0 train, 1 eval, 2 backward (a->train: of training
+ * or eval). */
 static int bn2_call(const na_backend *be, int which, const na_cuda_bn_args *a) {
     if (be != cpu) {
 #if NA_HAVE_CUDA
@@ -1447,26 +1455,15 @@ static int bn2_call(const na_backend *be, int which, const na_cuda_bn_args *a) {
         return NA_EDEVICE;
 #endif
     }
-    if (which < 2) {
-        int rc = which == 0 ? be->batch_norm_train(a->x, a->gamma, a->beta, a->running_mean,
-                                                   a->running_var, a->y, a->save_mean,
-                                                   a->save_invstd, a->n, a->c, a->s, a->momentum,
-                                                   a->eps)
-                            : be->batch_norm_eval(a->x, a->gamma, a->beta, a->running_mean,
-                                                  a->running_var, a->y, a->n, a->c, a->s, a->eps);
-        return rc == NA_OK && a->relu ? be->unary(NA_UNARY_RELU, a->y, a->y, 0, 0) : rc;
-    }
-    if (!a->relu)
-        return be->batch_norm_backward(a->x, a->gy, a->gamma, a->mean, a->invstd, a->gx,
-                                       a->ggamma, a->gbeta, a->n, a->c, a->s, a->train);
-    na_view g = *a->gy;
-    g.data = be->alloc((size_t)g.numel * na_dtype_size(g.dtype) + 8);
-    int rc = be->unary_backward(NA_UNARY_RELU, a->y, a->y, a->gy, &g, 0, 0);
-    if (rc == NA_OK)
-        rc = be->batch_norm_backward(a->x, &g, a->gamma, a->mean, a->invstd, a->gx, a->ggamma,
-                                     a->gbeta, a->n, a->c, a->s, a->train);
-    be->free(g.data);
-    return rc;
+    if (which == 0)
+        return be->batch_norm_train(a->x, a->gamma, a->beta, a->running_mean, a->running_var,
+                                    a->y, a->save_mean, a->save_invstd, a->n, a->c, a->s,
+                                    a->momentum, a->eps, a->relu);
+    if (which == 1)
+        return be->batch_norm_eval(a->x, a->gamma, a->beta, a->running_mean, a->running_var,
+                                   a->y, a->n, a->c, a->s, a->eps, a->relu);
+    return be->batch_norm_backward(a->x, a->gy, a->gamma, a->mean, a->invstd, a->gx, a->ggamma,
+                                   a->gbeta, a->n, a->c, a->s, a->train, a->relu ? a->y : NULL);
 }
 
 /* [n, c, s] over buffer v from element `at` (1: misaligned, which refuses 16-byte loads) */

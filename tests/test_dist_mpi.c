@@ -153,11 +153,16 @@ static na_module *make_model(const run_cfg *c) {
     if (c->model == MODEL_MLP)
         return NN(NA_SEQUENTIAL(na_linear_new(20, c->hidden, true), na_relu_new(),
                                 na_linear_new(c->hidden, 3, true)));
-    return NN(NA_SEQUENTIAL(
+    na_module *m = NN(NA_SEQUENTIAL(
         na_conv2d_new(3, 8, 3, 3, &(na_conv2d_opts){.padding = {1, 1}}, true),
         na_batch_norm2d_new(8, NULL), na_relu_new(),
         na_max_pool2d_new(&(na_pool2d_opts){.kernel = {2, 2}}), na_flatten_new(1),
         na_linear_new(8 * 4 * 4, 3, true)));
+    /* fused as the trainers run it: the reference runs na_batch_norm_relu, SyncBatchNorm its
+     * own forward and then the ReLU */
+    int fused = na_module_fuse_bn_relu(m);
+    CHECK(fused == 1, "na_module_fuse_bn_relu fused %d pairs: %s", fused, na_last_error());
+    return m;
 }
 
 /* The global batch of step s (the same on every rank), rows [lo, hi). */

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "nanoamp/autocast.h"
 #include "nanoamp/autograd.h"
 #include "nanoamp/error.h"
 #include "nanoamp/nn.h"
@@ -593,4 +594,76 @@ Test(nn, losses_by_hand) {
     na_tensor *t = input(NA_SHAPE(1, 3), (float[]){0, 0, 0});
     expect_values(na_mse_loss(logits, t, NA_REDUCTION_MEAN), (double[]){5.0 / 3}, 1, 1e-6);
     na_module_free(lin);
+}
+
+/* ---- fusing BatchNorm + ReLU ------------------------------------------------------------------- */
+
+/* BN + ReLU pairs at the top level, in a Residual's body and after a Linear (BatchNorm1d), and
+ * a BatchNorm with no ReLU after it (left alone). */
+static na_module *fusable_net(void) {
+    na_conv2d_opts pad1 = {.padding = {1, 1}};
+    na_pool2d_opts pool2 = {.kernel = {2, 2}};
+    return NA_SEQUENTIAL(
+        na_conv2d_new(3, 4, 3, 3, &pad1, true), na_batch_norm2d_new(4, NULL), na_relu_new(),
+        na_max_pool2d_new(&pool2),
+        na_residual_new(NA_SEQUENTIAL(na_conv2d_new(4, 4, 3, 3, &pad1, false),
+                                      na_batch_norm2d_new(4, NULL), na_relu_new())),
+        na_flatten_new(1), na_linear_new(36, 5, true), na_batch_norm1d_new(5, NULL),
+        na_relu_new(), na_linear_new(5, 2, true), na_batch_norm1d_new(2, NULL));
+}
+
+static void expect_same_bits(const na_tensor *a, const na_tensor *b, const char *what, int i) {
+    cr_assert(a && b && a->numel == b->numel && a->dtype == NA_DTYPE_F32, "%s %d", what, i);
+    cr_assert(!memcmp(a->data, b->data, (size_t)a->numel * sizeof(float)), "%s %d differs", what, i);
+}
+
+static void count_op(const na_amp_trace_record *r, void *ctx) { ((int *)ctx)[r->op]++; }
+
+Test(nn, fuse_bn_relu_keeps_names_outputs_and_gradients) {
+    na_manual_seed(7);
+    na_module *plain = fusable_net();
+    na_manual_seed(7);
+    na_module *fused = fusable_net();
+    cr_assert(plain && fused, "%s", na_last_error());
+    cr_assert_eq(na_module_fuse_bn_relu(fused), 3, "three BN + ReLU pairs: %s", na_last_error());
+    cr_assert_eq(na_module_fuse_bn_relu(fused), 0, "a fused net has nothing left to fuse");
+    cr_assert_lt(na_module_fuse_bn_relu(NULL), 0);
+    na_named_tensors sp = {0}, sf = {0};
+    cr_assert_eq(na_module_state(plain, "", &sp), NA_OK);
+    cr_assert_eq(na_module_state(fused, "", &sf), NA_OK);
+    cr_assert_eq(sp.n, sf.n);
+    for (int64_t i = 0; i < sp.n; i++) cr_assert_str_eq(sf.items[i].name, sp.items[i].name);
+    for (int step = 0; step < 3; step++) { /* two training steps, then eval */
+        bool training = step < 2;
+        na_module_train(plain, training);
+        na_module_train(fused, training);
+        na_manual_seed(100 + step);
+        na_tensor *x = na_rand(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(4, 3, 6, 6), -1, 1);
+        int ops[NA_OP_COUNT] = {0};
+        na_tensor *y[2] = {na_module_forward(plain, x), NULL};
+        na_autocast_trace_callback(NA_AMP_TRACE_ALL, count_op, ops);
+        y[1] = na_module_forward(fused, x);
+        na_autocast_trace_callback(NA_AMP_TRACE_OFF, NULL, NULL);
+        cr_assert(y[0] && y[1], "%s", na_last_error());
+        cr_assert(ops[NA_OP_BATCH_NORM_RELU] == 3 && ops[NA_OP_BATCH_NORM] == 1 &&
+                  ops[NA_OP_RELU] == 0, "the fused net runs 3 fused ops, 1 batch_norm, no relu");
+        expect_same_bits(y[1], y[0], "output of step", step);
+        if (training) {
+            for (int k = 0; k < 2; k++) {
+                na_module_zero_grad(k ? fused : plain);
+                cr_assert_eq(na_backward(na_sum(na_mul(y[k], y[k])), NULL), NA_OK, "%s",
+                             na_last_error());
+            }
+            na_tensor_list gp = na_module_parameters(plain), gf = na_module_parameters(fused);
+            for (int64_t i = 0; i < gp.n; i++) expect_same_bits(gf.items[i]->grad, gp.items[i]->grad, "grad", (int)i);
+        }
+        for (int64_t i = 0; i < sp.n; i++) /* parameters and running statistics */
+            if (sp.items[i].tensor->dtype == NA_DTYPE_F32)
+                expect_same_bits(sf.items[i].tensor, sp.items[i].tensor, sp.items[i].name, step);
+        na_step_end();
+    }
+    na_named_tensors_free(&sp);
+    na_named_tensors_free(&sf);
+    na_module_free(plain);
+    na_module_free(fused);
 }

@@ -12,6 +12,7 @@
  * are chosen so that a kernel accumulating in f16/bf16 would give a different answer.
  */
 #include "op_cases.h"
+#include "nanoamp/threads.h"
 
 static const na_dtype FLOATS[] = {NA_DTYPE_F32, NA_DTYPE_F64};
 #define FOR_FLOATS(dt) \
@@ -542,8 +543,14 @@ void fw_avg_pool2d(const oc_case *row) {
 
 /* ---- batch norm ---------------------------------------------------------------------------- */
 
+typedef na_tensor *(*bn_fn)(na_tensor *, na_tensor *, na_tensor *, na_tensor *, na_tensor *,
+                            bool, double, double);
+
+/* batch_norm, and batch_norm_relu (the row's op) against relu of the same references */
 void fw_batch_norm(const oc_case *row) {
-    (void)row;
+    bool relu = oc_op_of(row) == NA_OP_BATCH_NORM_RELU;
+    bn_fn bn = relu ? na_batch_norm_relu : na_batch_norm;
+#define BN_WANT(v) (relu && (v) < 0 ? 0 : (v))
     const double eps = 1e-5, m = 0.1;
     FOR_FLOATS(dt) {
         double tol = dt == NA_DTYPE_F64 ? 1e-12 : 2e-6;
@@ -552,13 +559,13 @@ void fw_batch_norm(const oc_case *row) {
         na_tensor *x = T(dt, NA_SHAPE(4, 2), 1, 2, 2, 4, 3, 6, 4, 8);
         na_tensor *w = T(dt, NA_SHAPE(2), 2, 0.5), *b = T(dt, NA_SHAPE(2), 0.5, -1);
         na_tensor *rm = T(dt, NA_SHAPE(2), 0, 0), *rv = T(dt, NA_SHAPE(2), 1, 1);
-        na_tensor *y = TH_OK(na_batch_norm(x, rm, rv, w, b, true, m, eps));
+        na_tensor *y = TH_OK(bn(x, rm, rv, w, b, true, m, eps));
         expect_dtype(y, dt, W("batch_norm train", dt));
         double mean[2] = {2.5, 5}, var[2] = {1.25, 5}, uvar[2] = {5.0 / 3, 20.0 / 3};
         double wv[2] = {2, 0.5}, bv[2] = {0.5, -1}, xv[8] = {1, 2, 2, 4, 3, 6, 4, 8}, want[8];
         for (int i = 0; i < 8; i++) {
             int c = i % 2;
-            want[i] = (xv[i] - mean[c]) / sqrt(var[c] + eps) * wv[c] + bv[c];
+            want[i] = BN_WANT((xv[i] - mean[c]) / sqrt(var[c] + eps) * wv[c] + bv[c]);
         }
         th_expect(y, want, 8, tol, tol, W("batch_norm train output", dt));
         /* running stats after one step: (1-m)*running + m*stat, unbiased variance */
@@ -567,20 +574,74 @@ void fw_batch_norm(const oc_case *row) {
         th_expect(rm, rmw, 2, tol, tol, W("batch_norm running_mean", dt));
         th_expect(rv, rvw, 2, tol, tol, W("batch_norm running_var (unbiased)", dt));
         /* eval uses the running statistics and leaves them alone */
-        y = TH_OK(na_batch_norm(x, rm, rv, w, b, false, m, eps));
+        y = TH_OK(bn(x, rm, rv, w, b, false, m, eps));
         for (int i = 0; i < 8; i++) {
             int c = i % 2;
-            want[i] = (xv[i] - rmw[c]) / sqrt(rvw[c] + eps) * wv[c] + bv[c];
+            want[i] = BN_WANT((xv[i] - rmw[c]) / sqrt(rvw[c] + eps) * wv[c] + bv[c]);
         }
         th_expect(y, want, 8, tol, tol, W("batch_norm eval output", dt));
         th_expect(rm, rmw, 2, tol, tol, W("batch_norm eval keeps running_mean", dt));
         th_expect(rv, rvw, 2, tol, tol, W("batch_norm eval keeps running_var", dt));
         /* [N, C, H, W] without affine and without running stats: 8 values of one channel */
-        y = TH_OK(na_batch_norm(T(dt, NA_SHAPE(2, 1, 2, 2), 1, 2, 3, 4, 5, 6, 7, 8), NULL, NULL,
-                                NULL, NULL, true, m, eps));
-        for (int i = 0; i < 8; i++) want[i] = (i + 1 - 4.5) / sqrt(5.25 + eps);
+        y = TH_OK(bn(T(dt, NA_SHAPE(2, 1, 2, 2), 1, 2, 3, 4, 5, 6, 7, 8), NULL, NULL, NULL, NULL,
+                     true, m, eps));
+        for (int i = 0; i < 8; i++) want[i] = BN_WANT((i + 1 - 4.5) / sqrt(5.25 + eps));
         th_expect(y, want, 8, tol, tol, W("batch_norm train 4-d, no affine", dt));
     }
+#undef BN_WANT
+}
+
+/* One BatchNorm (+ ReLU) step in f32 from fixed inputs: y, running stats, gx, gw, gb. */
+enum { BNR_N = 8, BNR_C = 12, BNR_S = 1024 }; /* big enough for the pool to split channels */
+typedef struct {
+    na_tensor *out[6]; /* y, running_mean, running_var, gx, gweight, gbias */
+} bn_step;
+static na_tensor *bnr_rand(th_rng *r, int ndim, const int64_t *shape, double lo, double hi,
+                           bool grad) {
+    int64_t n = th_numel(ndim, shape);
+    double *v = malloc((size_t)n * sizeof *v);
+    for (int64_t i = 0; i < n; i++) v[i] = th_rng_uniform(r, lo, hi);
+    na_tensor *t = grad ? th_leaf(NA_DTYPE_F32, ndim, shape, v)
+                        : th_tensor(NA_DTYPE_F32, NA_DEVICE_CPU, ndim, shape, v);
+    free(v);
+    return t;
+}
+static bn_step bn_relu_step(bool fused, bool training) {
+    th_rng r = {1234};
+    na_tensor *x = bnr_rand(&r, NA_SHAPE(BNR_N, BNR_C, BNR_S), -2, 2, true);
+    na_tensor *gy = bnr_rand(&r, NA_SHAPE(BNR_N, BNR_C, BNR_S), -1, 1, false);
+    na_tensor *w = bnr_rand(&r, NA_SHAPE(BNR_C), 0.5, 1.5, true);
+    na_tensor *b = bnr_rand(&r, NA_SHAPE(BNR_C), -0.5, 0.5, true);
+    na_tensor *rm = bnr_rand(&r, NA_SHAPE(BNR_C), -0.5, 0.5, false);
+    na_tensor *rv = bnr_rand(&r, NA_SHAPE(BNR_C), 0.5, 2, false);
+    na_tensor *y = fused ? TH_OK(na_batch_norm_relu(x, rm, rv, w, b, training, 0.1, 1e-5))
+                         : TH_OK(na_relu(TH_OK(na_batch_norm(x, rm, rv, w, b, training, 0.1, 1e-5))));
+    TH_RC(na_backward(y, gy));
+    return (bn_step){{y, rm, rv, x->grad, w->grad, b->grad}};
+}
+
+/* The fused op is the unfused pair, bit for bit in f32: forward, running statistics and every
+ * gradient, in training and eval, whatever the thread count. */
+Test(ops, batch_norm_relu_equals_batch_norm_then_relu_bitwise) {
+    static const int threads[] = {1, 2, 4};
+    static const char *names[6] = {"y", "running_mean", "running_var", "gx", "gweight", "gbias"};
+    for (int t = 0; t < 3; t++)
+        for (int training = 0; training < 2; training++) {
+            TH_RC(na_set_num_threads(threads[t]));
+            bn_step f = bn_relu_step(true, training), u = bn_relu_step(false, training);
+            for (int i = 0; i < 6; i++) {
+                cr_assert_not_null(f.out[i]);
+                cr_assert_eq(f.out[i]->numel, u.out[i]->numel);
+                cr_assert(!memcmp(f.out[i]->data, u.out[i]->data,
+                                  (size_t)f.out[i]->numel * sizeof(float)),
+                          "%s differs (threads %d, training %d)", names[i], threads[t], training);
+            }
+            int64_t cut = 0; /* the inputs reach ReLU's cut */
+            for (int64_t i = 0; i < f.out[0]->numel; i++) cut += ((float *)f.out[0]->data)[i] == 0;
+            cr_assert(cut > 0 && cut < f.out[0]->numel, "ReLU cut %lld values", (long long)cut);
+            na_step_end();
+        }
+    TH_RC(na_set_num_threads(1));
 }
 
 /* ---- walking the table ------------------------------------------------------------------- */

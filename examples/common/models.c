@@ -55,6 +55,11 @@ na_module *model_by_name(const char *name, int64_t input_shape[4]) {
                      name ? name : "(null)", MODEL_NAMES);
         return NULL;
     }
+    /* BN + ReLU as one op each way: no pre-ReLU tensor kept, same names, same numbers */
+    if (m && na_module_fuse_bn_relu(m) < 0) {
+        na_module_free(m);
+        return NULL;
+    }
     if (m && input_shape) {
         input_shape[0] = 1, input_shape[1] = c, input_shape[2] = hw, input_shape[3] = hw;
     }

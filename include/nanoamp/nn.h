@@ -103,16 +103,24 @@ na_module *na_conv2d_new(int64_t in_channels, int64_t out_channels, int kh, int 
  *     stays on the CPU and in i32 through na_module_to / na_module_to_dtype). Off: batch
  *     statistics in eval mode too, and no buffers;
  *   momentum: running = (1 - momentum) * running + momentum * batch_stat (unbiased var);
- *   cumulative_average (PyTorch's momentum=None): momentum 1/num_batches_tracked instead. */
+ *   cumulative_average (PyTorch's momentum=None): momentum 1/num_batches_tracked instead;
+ *   fuse_relu: the output is relu(BatchNorm(x)), one na_batch_norm_relu op each way (a
+ *     replaced training forward, SyncBatchNorm's, is followed by a separate na_relu). */
 typedef struct {
     double eps, momentum;
-    bool affine, track_running_stats, cumulative_average;
+    bool affine, track_running_stats, cumulative_average, fuse_relu;
 } na_batch_norm_cfg;
 #define NA_BATCH_NORM_DEFAULTS \
     { .eps = 1e-5, .momentum = 0.1, .affine = true, .track_running_stats = true }
 /* BatchNorm1d takes [N, C] or [N, C, L], BatchNorm2d [N, C, H, W]; cfg NULL: defaults. */
 na_module *na_batch_norm1d_new(int64_t num_features, const na_batch_norm_cfg *cfg);
 na_module *na_batch_norm2d_new(int64_t num_features, const na_batch_norm_cfg *cfg);
+/* Fuses, in every Sequential of net's tree, each BatchNorm directly followed by a ReLU: the
+ * BatchNorm gets fuse_relu and the ReLU passes its input through. The ReLU stays in its place,
+ * so parameter and buffer names (state_dicts, checkpoints) do not change; outputs and
+ * gradients are those of the unfused net (bit for bit in f32 on the CPU). Returns the number
+ * of pairs fused (0 again on a fused net), or a negative status with an error. */
+int na_module_fuse_bn_relu(na_module *net);
 
 na_module *na_relu_new(void);
 na_module *na_gelu_new(void); /* exact (erf) form */

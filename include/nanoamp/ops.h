@@ -87,6 +87,7 @@ typedef enum {
     X(CONTIGUOUS,    "contiguous",    AS_IS, FIXED, NONE,       NOACC, true)          \
     X(CONV2D,        "conv2d",        LOWER, ASKS,  NONE,       ACC,   true)          \
     X(BATCH_NORM,    "batch_norm",    AS_IS, FIXED, NONE,       ACC,   true)          \
+    X(BATCH_NORM_RELU, "batch_norm_relu", AS_IS, FIXED, NONE,   ACC,   true)          \
     X(MAX_POOL2D,    "max_pool2d",    AS_IS, FIXED, NONE,       NOACC, true)          \
     X(AVG_POOL2D,    "avg_pool2d",    AS_IS, FIXED, NONE,       ACC,   true)
 
@@ -191,6 +192,12 @@ na_tensor *na_global_max_pool2d(na_tensor *x); /* [N, C, H, W] -> [N, C] */
 na_tensor *na_batch_norm(na_tensor *x, na_tensor *running_mean, na_tensor *running_var,
                          na_tensor *weight, na_tensor *bias, bool training, double momentum,
                          double eps);
+/* relu(na_batch_norm(...)) in one pass each way, same arguments and rules: the output is the
+ * only activation kept for backward (ReLU's mask is read from it), none before the ReLU. In
+ * f32 on the CPU its values and gradients equal the unfused pair's bit for bit. */
+na_tensor *na_batch_norm_relu(na_tensor *x, na_tensor *running_mean, na_tensor *running_var,
+                              na_tensor *weight, na_tensor *bias, bool training, double momentum,
+                              double eps);
 
 #ifdef __cplusplus
 }

@@ -9,6 +9,10 @@
  *   backward xhat = (x - mean)*invstd; ggamma = sum(gy*xhat); gbeta = sum(gy);
  *            train: gx = (gy - gbeta/M - xhat*ggamma/M) * (invstd * gamma)
  *            eval:  gx = gy * (invstd * gamma)
+ *   relu     (BatchNorm + ReLU fused) y = relu(y) as it is stored; backward takes the fused
+ *            output y and uses gy * relu'(y) for gy: ReLU's own expressions (the RELU row of
+ *            common/elementwise_ops.h, written out so the loops vectorize), so fused and
+ *            unfused f32 results are bit-identical (tests/test_ops.c checks it).
  * Sums are pairwise within each (n, c) row and pairwise across the N rows. Channels are
  * split over the thread pool, each computed whole by one thread. gamma/beta NULL
  * mean 1/0. Parameters and statistics may be of any float dtype (f32 normally, f64 for f64 x).
@@ -46,9 +50,10 @@ static void set_param(na_view *t, int64_t i, double v) {
             }                                                                               \
         return na_cpu_psum_total_##SFX(&acc);                                               \
     }                                                                                       \
-    /* y = (x - mean) * scale + shift over the channel */                                   \
+    /* y = (x - mean) * scale + shift over the channel, then relu when asked */             \
     static void chan_affine_##SFX(const na_view *x, na_view *y, int64_t n, int64_t c,       \
-                                  int64_t s, int64_t ch, T mean, T scale, T shift) {        \
+                                  int64_t s, int64_t ch, T mean, T scale, T shift,          \
+                                  bool relu) {                                              \
         T buf[NA_CPU_CHUNK], ob[NA_CPU_CHUNK];                                              \
         for (int64_t ni = 0; ni < n; ni++)                                                  \
             for (int64_t o = 0; o < s; o += NA_CPU_CHUNK) {                                 \
@@ -57,21 +62,24 @@ static void set_param(na_view *t, int64_t i, double v) {
                 const T *v = na_cpu_view_##SFX(x->dtype, x->data, off, cnt, buf);           \
                 T *out = na_cpu_out_##SFX(y->dtype, y->data, off, ob);                      \
                 for (int64_t i = 0; i < cnt; i++) out[i] = (v[i] - mean) * scale + shift;   \
+                if (relu)                                                                   \
+                    for (int64_t i = 0; i < cnt; i++)                                       \
+                        out[i] = out[i] > (T)0 ? out[i] : (T)0;                             \
                 na_cpu_store_##SFX(y->dtype, y->data, off, cnt, out);                       \
             }                                                                               \
     }                                                                                       \
     static void bn_train_##SFX(const na_view *x, const na_view *gamma,                      \
                                const na_view *beta, na_view *rm, na_view *rv,               \
                                na_view *y, na_view *sm, na_view *si, int64_t n,             \
-                               int64_t c, int64_t s, T momentum, T eps, int64_t c0,         \
-                               int64_t c1) {                                                \
+                               int64_t c, int64_t s, T momentum, T eps, bool relu,          \
+                               int64_t c0, int64_t c1) {                                    \
         int64_t M = n * s;                                                                  \
         for (int64_t ch = c0; ch < c1; ch++) {                                              \
             T mean = chan_sum_##SFX(x, n, c, s, ch) / (T)M;                                 \
             T var = chan_sqdev_##SFX(x, n, c, s, ch, mean) / (T)M;                          \
             T invstd = (T)1 / SQRT(var + eps);                                              \
             T scale = invstd * (T)param(gamma, ch, 1), shift = (T)param(beta, ch, 0);       \
-            chan_affine_##SFX(x, y, n, c, s, ch, mean, scale, shift);                       \
+            chan_affine_##SFX(x, y, n, c, s, ch, mean, scale, shift, relu);                 \
             set_param(sm, ch, mean);                                                        \
             set_param(si, ch, invstd);                                                      \
             if (rm) set_param(rm, ch, ((T)1 - momentum) * (T)param(rm, ch, 0) + momentum * mean); \
@@ -84,19 +92,31 @@ static void set_param(na_view *t, int64_t i, double v) {
     static void bn_eval_##SFX(const na_view *x, const na_view *gamma,                       \
                               const na_view *beta, const na_view *rm,                       \
                               const na_view *rv, na_view *y, int64_t n, int64_t c,          \
-                              int64_t s, T eps, int64_t c0, int64_t c1) {                   \
+                              int64_t s, T eps, bool relu, int64_t c0, int64_t c1) {        \
         for (int64_t ch = c0; ch < c1; ch++) {                                              \
             T invstd = (T)1 / SQRT((T)param(rv, ch, 1) + eps);                              \
             T scale = invstd * (T)param(gamma, ch, 1), shift = (T)param(beta, ch, 0);       \
-            chan_affine_##SFX(x, y, n, c, s, ch, (T)param(rm, ch, 0), scale, shift);        \
+            chan_affine_##SFX(x, y, n, c, s, ch, (T)param(rm, ch, 0), scale, shift, relu);  \
         }                                                                                   \
     }                                                                                       \
+    /* cnt values of gy at off, masked by relu'(y) when relu_y is given (into gm) */         \
+    static const T *chan_gy_##SFX(const na_view *gy, const na_view *relu_y, int64_t off,    \
+                                  int64_t cnt, T *gb_, T *yb, T *gm) {                      \
+        const T *gv = na_cpu_view_##SFX(gy->dtype, gy->data, off, cnt, gb_);                \
+        if (!relu_y) return gv;                                                             \
+        const T *yv = na_cpu_view_##SFX(relu_y->dtype, relu_y->data, off, cnt, yb);         \
+        for (int64_t i = 0; i < cnt; i++)                                                   \
+            gm[i] = gv[i] * (yv[i] > (T)0 ? (T)1 : (T)0); /* ReLU's derivative */       \
+        return gm;                                                                          \
+    }                                                                                       \
     static void bn_backward_##SFX(const na_view *x, const na_view *gy,                      \
-                                  const na_view *gamma, const na_view *mean_t,              \
-                                  const na_view *invstd_t, na_view *gx, na_view *gg,        \
-                                  na_view *gb, int64_t n, int64_t c, int64_t s, bool train,  \
-                                  int64_t c0, int64_t c1) {                                 \
+                                  const na_view *relu_y, const na_view *gamma,              \
+                                  const na_view *mean_t, const na_view *invstd_t,           \
+                                  na_view *gx, na_view *gg, na_view *gb, int64_t n,         \
+                                  int64_t c, int64_t s, bool train, int64_t c0,             \
+                                  int64_t c1) {                                             \
         T xb[NA_CPU_CHUNK], gb_[NA_CPU_CHUNK], t[NA_CPU_CHUNK], ob[NA_CPU_CHUNK];           \
+        T yb[NA_CPU_CHUNK], gm[NA_CPU_CHUNK];                                               \
         int64_t M = n * s;                                                                  \
         bool need_sums = train || gg || gb;                                                 \
         for (int64_t ch = c0; ch < c1; ch++) {                                              \
@@ -110,7 +130,7 @@ static void set_param(na_view *t, int64_t i, double v) {
                         int64_t cnt = s - o < NA_CPU_CHUNK ? s - o : NA_CPU_CHUNK;          \
                         int64_t off = (ni * c + ch) * s + o;                                \
                         const T *xv = na_cpu_view_##SFX(x->dtype, x->data, off, cnt, xb);   \
-                        const T *gv = na_cpu_view_##SFX(gy->dtype, gy->data, off, cnt, gb_); \
+                        const T *gv = chan_gy_##SFX(gy, relu_y, off, cnt, gb_, yb, gm);     \
                         na_cpu_psum_add_##SFX(&a1, na_cpu_sum_##SFX(gv, cnt));              \
                         for (int64_t i = 0; i < cnt; i++) t[i] = gv[i] * ((xv[i] - mean) * invstd); \
                         na_cpu_psum_add_##SFX(&a2, na_cpu_sum_##SFX(t, cnt));               \
@@ -126,7 +146,7 @@ static void set_param(na_view *t, int64_t i, double v) {
                 for (int64_t o = 0; o < s; o += NA_CPU_CHUNK) {                             \
                     int64_t cnt = s - o < NA_CPU_CHUNK ? s - o : NA_CPU_CHUNK;              \
                     int64_t off = (ni * c + ch) * s + o;                                    \
-                    const T *gv = na_cpu_view_##SFX(gy->dtype, gy->data, off, cnt, gb_);    \
+                    const T *gv = chan_gy_##SFX(gy, relu_y, off, cnt, gb_, yb, gm);         \
                     T *out = na_cpu_out_##SFX(gx->dtype, gx->data, off, ob);                \
                     if (train) {                                                            \
                         const T *xv = na_cpu_view_##SFX(x->dtype, x->data, off, cnt, xb);   \
@@ -151,8 +171,8 @@ enum { NA_CPU_BN_TASKS = 32 };
 
 typedef struct {
     int kind;
-    bool f64, train;
-    const na_view *x, *gy, *gamma, *beta, *mean, *invstd;
+    bool f64, train, relu;
+    const na_view *x, *gy, *relu_y, *gamma, *beta, *mean, *invstd;
     const na_view *eval_rm, *eval_rv; /* the running statistics eval normalizes with */
     na_view *rm, *rv, *y, *gx, *gg, *gb, *sm, *si;
     int64_t n, c, s, tasks;
@@ -167,26 +187,26 @@ static void bn_task(void *ctx, int64_t t) {
     case BN_TRAIN:
         if (j->f64)
             bn_train_d(j->x, j->gamma, j->beta, j->rm, j->rv, j->y, j->sm, j->si, j->n, j->c,
-                       j->s, j->momentum, j->eps, c0, c1);
+                       j->s, j->momentum, j->eps, j->relu, c0, c1);
         else
             bn_train_f(j->x, j->gamma, j->beta, j->rm, j->rv, j->y, j->sm, j->si, j->n, j->c,
-                       j->s, (float)j->momentum, (float)j->eps, c0, c1);
+                       j->s, (float)j->momentum, (float)j->eps, j->relu, c0, c1);
         break;
     case BN_EVAL:
         if (j->f64)
             bn_eval_d(j->x, j->gamma, j->beta, j->eval_rm, j->eval_rv, j->y, j->n, j->c, j->s,
-                      j->eps, c0, c1);
+                      j->eps, j->relu, c0, c1);
         else
             bn_eval_f(j->x, j->gamma, j->beta, j->eval_rm, j->eval_rv, j->y, j->n, j->c, j->s,
-                      (float)j->eps, c0, c1);
+                      (float)j->eps, j->relu, c0, c1);
         break;
     default:
         if (j->f64)
-            bn_backward_d(j->x, j->gy, j->gamma, j->mean, j->invstd, j->gx, j->gg, j->gb, j->n,
-                          j->c, j->s, j->train, c0, c1);
+            bn_backward_d(j->x, j->gy, j->relu_y, j->gamma, j->mean, j->invstd, j->gx, j->gg,
+                          j->gb, j->n, j->c, j->s, j->train, c0, c1);
         else
-            bn_backward_f(j->x, j->gy, j->gamma, j->mean, j->invstd, j->gx, j->gg, j->gb, j->n,
-                          j->c, j->s, j->train, c0, c1);
+            bn_backward_f(j->x, j->gy, j->relu_y, j->gamma, j->mean, j->invstd, j->gx, j->gg,
+                          j->gb, j->n, j->c, j->s, j->train, c0, c1);
         break;
     }
 }
@@ -209,7 +229,7 @@ static int check_extent(const char *fn, const na_view *x, int64_t n, int64_t c, 
 int na_cpu_batch_norm_train(const na_view *x, const na_view *gamma, const na_view *beta,
                             na_view *running_mean, na_view *running_var, na_view *y,
                             na_view *save_mean, na_view *save_invstd, int64_t n, int64_t c,
-                            int64_t s, double momentum, double eps) {
+                            int64_t s, double momentum, double eps, bool relu) {
     const char *fn = "cpu_batch_norm_train";
     NA_CPU_CHECK_FLOAT(fn, x);
     NA_CPU_CHECK_FLOAT(fn, y);
@@ -224,13 +244,15 @@ int na_cpu_batch_norm_train(const na_view *x, const na_view *gamma, const na_vie
     if (n * s == 0) return na_set_error(NA_EINVAL, "%s: no values per channel (N*S = 0)", fn);
     bn_run(&(bn_job){.kind = BN_TRAIN, .x = x, .gamma = gamma, .beta = beta,
                      .rm = running_mean, .rv = running_var, .y = y, .sm = save_mean,
-                     .si = save_invstd, .n = n, .c = c, .s = s, .momentum = momentum, .eps = eps});
+                     .si = save_invstd, .n = n, .c = c, .s = s, .momentum = momentum, .eps = eps,
+                     .relu = relu});
     return NA_OK;
 }
 
 int na_cpu_batch_norm_eval(const na_view *x, const na_view *gamma, const na_view *beta,
                            const na_view *running_mean, const na_view *running_var,
-                           na_view *y, int64_t n, int64_t c, int64_t s, double eps) {
+                           na_view *y, int64_t n, int64_t c, int64_t s, double eps,
+                           bool relu) {
     const char *fn = "cpu_batch_norm_eval";
     NA_CPU_CHECK_FLOAT(fn, x);
     NA_CPU_CHECK_FLOAT(fn, y);
@@ -242,14 +264,14 @@ int na_cpu_batch_norm_eval(const na_view *x, const na_view *gamma, const na_view
     if (st) return st;
     bn_run(&(bn_job){.kind = BN_EVAL, .x = x, .gamma = gamma, .beta = beta,
                      .eval_rm = running_mean, .eval_rv = running_var, .y = y, .n = n, .c = c,
-                     .s = s, .eps = eps});
+                     .s = s, .eps = eps, .relu = relu});
     return NA_OK;
 }
 
 int na_cpu_batch_norm_backward(const na_view *x, const na_view *gy, const na_view *gamma,
                                const na_view *mean, const na_view *invstd, na_view *gx,
                                na_view *ggamma, na_view *gbeta, int64_t n, int64_t c,
-                               int64_t s, bool train) {
+                               int64_t s, bool train, const na_view *relu_y) {
     const char *fn = "cpu_batch_norm_backward";
     NA_CPU_CHECK_FLOAT(fn, x);
     NA_CPU_CHECK_FLOAT(fn, gy);
@@ -259,9 +281,10 @@ int na_cpu_batch_norm_backward(const na_view *x, const na_view *gy, const na_vie
     NA_CPU_CHECK_FLOAT(fn, gx);
     NA_CPU_CHECK_FLOAT(fn, ggamma);
     NA_CPU_CHECK_FLOAT(fn, gbeta);
+    NA_CPU_CHECK_FLOAT(fn, relu_y);
     int st = check_extent(fn, x, n, c, s);
     if (st) return st;
-    bn_run(&(bn_job){.kind = BN_BACKWARD, .x = x, .gy = gy, .gamma = gamma, .mean = mean,
+    bn_run(&(bn_job){.kind = BN_BACKWARD, .x = x, .gy = gy, .relu_y = relu_y, .gamma = gamma, .mean = mean,
                      .invstd = invstd, .gx = gx, .gg = ggamma, .gb = gbeta, .n = n, .c = c,
                      .s = s, .train = train});
     return NA_OK;

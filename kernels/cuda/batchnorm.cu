@@ -10,11 +10,14 @@
  *   backward: xhat = (x - mean)*invstd; ggamma = sum(gy*xhat), gbeta = sum(gy);
  *             train: gx = (gy - mean(gy) - xhat*mean(gy*xhat)) * (invstd * gamma);
  *             eval (mean/invstd are the running stats): gx = gy * (invstd * gamma).
+ *   relu:     (BatchNorm + ReLU fused) y = relu(y) before the store; backward takes the fused
+ *             output y and uses gy * relu'(y) wherever gy appears above.
  * These are the CPU backend's formulas, term for term (kernels/cpu/cpu_batchnorm.c).
  * gamma/beta NULL means affine off (1 and 0); ggamma/gbeta/gx NULL are not written.
  */
 #include <type_traits>
 
+#include "common/elementwise.h"
 #include "common/welford.h"
 #include "cuda_common.cuh"
 #include "cuda_internal.h"
@@ -35,10 +38,23 @@ static __device__ __forceinline__ int64_t bn_off(const bn_geom &g, int64_t ch, i
     return (i * g.c + ch) * g.s + (j - i * g.s);
 }
 
+/* ReLU and its gradient factor from the output, as the elementwise kernels compute them */
+static __device__ __forceinline__ float bn_relu(float v) { return na_unary_f(NA_UNARY_RELU, v, 0, 0); }
+static __device__ __forceinline__ double bn_relu(double v) { return na_unary_d(NA_UNARY_RELU, v, 0, 0); }
+static __device__ __forceinline__ float bn_relu_grad(float y) { return na_unary_grad_f(NA_UNARY_RELU, y, y, 0, 0); }
+static __device__ __forceinline__ double bn_relu_grad(double y) { return na_unary_grad_d(NA_UNARY_RELU, y, y, 0, 0); }
+/* gy at o, times relu'(y) when the forward fused ReLU (ry, the forward's output, not NULL) */
+template <typename C>
+static __device__ __forceinline__ C bn_gy(const void *gy, int gydt, const void *ry, int rydt,
+                                          int64_t o) {
+    C g = na_ld<C>(gy, gydt, o);
+    return ry ? g * bn_relu_grad(na_ld<C>(ry, rydt, o)) : g;
+}
+
 template <typename C>
 __global__ void k_bn_train(const void *x, int xdt, const void *gamma, const void *beta, int pdt,
                            void *rmean, void *rvar, int rdt, void *y, int ydt, void *smean,
-                           void *sinvstd, int sdt, bn_geom g, C momentum, C eps) {
+                           void *sinvstd, int sdt, bn_geom g, C momentum, C eps, bool relu) {
     __shared__ C sm[32];
     for (int64_t ch = blockIdx.x; ch < g.c; ch += gridDim.x) {
         C s = (C)0;
@@ -70,7 +86,8 @@ __global__ void k_bn_train(const void *x, int xdt, const void *gamma, const void
         const C shift = beta ? na_ld<C>(beta, pdt, ch) : (C)0;
         for (int64_t j = threadIdx.x; j < g.m; j += blockDim.x) {
             int64_t o = bn_off(g, ch, j);
-            na_st(y, ydt, o, (na_ld<C>(x, xdt, o) - mean) * scale + shift);
+            C v = (na_ld<C>(x, xdt, o) - mean) * scale + shift;
+            na_st(y, ydt, o, relu ? bn_relu(v) : v);
         }
     }
 }
@@ -78,19 +95,21 @@ __global__ void k_bn_train(const void *x, int xdt, const void *gamma, const void
 template <typename C>
 __global__ void k_bn_eval(const void *x, int xdt, const void *gamma, const void *beta, int pdt,
                           const void *rmean, const void *rvar, int rdt, void *y, int ydt,
-                          int64_t c, int64_t s, int64_t total, C eps) {
+                          int64_t c, int64_t s, int64_t total, C eps, bool relu) {
     NA_GRID_STRIDE(e, total) {
         int64_t ch = (e / s) % c;
         C rv = rvar ? na_ld<C>(rvar, rdt, ch) : (C)1;
         C rm = rmean ? na_ld<C>(rmean, rdt, ch) : (C)0;
         C scale = ((C)1 / na_sqrt(rv + eps)) * (gamma ? na_ld<C>(gamma, pdt, ch) : (C)1);
         C shift = beta ? na_ld<C>(beta, pdt, ch) : (C)0;
-        na_st(y, ydt, e, (na_ld<C>(x, xdt, e) - rm) * scale + shift);
+        C v = (na_ld<C>(x, xdt, e) - rm) * scale + shift;
+        na_st(y, ydt, e, relu ? bn_relu(v) : v);
     }
 }
 
 template <typename C>
-__global__ void k_bn_bwd(const void *x, int xdt, const void *gy, int gydt, const void *gamma,
+__global__ void k_bn_bwd(const void *x, int xdt, const void *gy, int gydt, const void *ry,
+                         int rydt, const void *gamma,
                          int pdt, const void *mean, const void *invstd, int sdt, void *gx,
                          int gxdt, void *ggamma, void *gbeta, int gdt, bn_geom g, bool train) {
     __shared__ C sm[32];
@@ -100,7 +119,7 @@ __global__ void k_bn_bwd(const void *x, int xdt, const void *gy, int gydt, const
         C sg = (C)0, sgx = (C)0;
         for (int64_t j = threadIdx.x; j < g.m; j += blockDim.x) {
             int64_t o = bn_off(g, ch, j);
-            C gv = na_ld<C>(gy, gydt, o);
+            C gv = bn_gy<C>(gy, gydt, ry, rydt, o);
             sg += gv;
             sgx += gv * ((na_ld<C>(x, xdt, o) - mu) * is);
         }
@@ -115,7 +134,7 @@ __global__ void k_bn_bwd(const void *x, int xdt, const void *gy, int gydt, const
         const C mg = sg / (C)g.m, mgx = sgx / (C)g.m;
         for (int64_t j = threadIdx.x; j < g.m; j += blockDim.x) {
             int64_t o = bn_off(g, ch, j);
-            C gv = na_ld<C>(gy, gydt, o);
+            C gv = bn_gy<C>(gy, gydt, ry, rydt, o);
             C v;
             if (train) {
                 C xh = (na_ld<C>(x, xdt, o) - mu) * is;
@@ -139,12 +158,13 @@ static unsigned bn_blocks(int64_t c) {
 int na_cuda_batch_norm_train(const na_view *x, const na_view *gamma, const na_view *beta,
                              na_view *running_mean, na_view *running_var, na_view *y,
                              na_view *save_mean, na_view *save_invstd, int64_t n, int64_t c,
-                             int64_t s, double momentum, double eps) {
+                             int64_t s, double momentum, double eps, bool relu) {
     if (bn_v2()) {
         na_cuda_bn_args a = {};
         a.x = x, a.gamma = gamma, a.beta = beta, a.y = y, a.running_mean = running_mean;
         a.running_var = running_var, a.save_mean = save_mean, a.save_invstd = save_invstd;
         a.n = n, a.c = c, a.s = s, a.momentum = momentum, a.eps = eps, a.train = true;
+        a.relu = relu;
         return na_cuda_bn2_train(&a);
     }
     bn_geom g = {n, c, s, n * s};
@@ -157,7 +177,7 @@ int na_cuda_batch_norm_train(const na_view *x, const na_view *gamma, const na_vi
     k_bn_train<C><<<bn_blocks(c), tx, 0, na_cuda_ctx.stream>>>(                               \
         x->data, x->dtype, DATA_OR0(gamma), DATA_OR0(beta), pdt, DATA_OR0(running_mean),      \
         DATA_OR0(running_var), rdt, y->data, y->dtype, DATA_OR0(save_mean),                   \
-        DATA_OR0(save_invstd), sdt, g, (C)momentum, (C)eps)
+        DATA_OR0(save_invstd), sdt, g, (C)momentum, (C)eps, relu)
     if (x->dtype == NA_DTYPE_F64) LAUNCH_BN(double);
     else LAUNCH_BN(float);
 #undef LAUNCH_BN
@@ -167,12 +187,13 @@ int na_cuda_batch_norm_train(const na_view *x, const na_view *gamma, const na_vi
 
 int na_cuda_batch_norm_eval(const na_view *x, const na_view *gamma, const na_view *beta,
                             const na_view *running_mean, const na_view *running_var,
-                            na_view *y, int64_t n, int64_t c, int64_t s, double eps) {
+                            na_view *y, int64_t n, int64_t c, int64_t s, double eps,
+                            bool relu) {
     if (bn_v2()) { /* v2 reads the running stats only; the struct's fields serve training too */
         na_cuda_bn_args a = {};
         a.x = x, a.gamma = gamma, a.beta = beta, a.y = y;
         a.running_mean = (na_view *)running_mean, a.running_var = (na_view *)running_var;
-        a.n = n, a.c = c, a.s = s, a.eps = eps;
+        a.n = n, a.c = c, a.s = s, a.eps = eps, a.relu = relu;
         return na_cuda_bn2_eval(&a);
     }
     int64_t total = n * c * s;
@@ -183,7 +204,7 @@ int na_cuda_batch_norm_eval(const na_view *x, const na_view *gamma, const na_vie
 #define LAUNCH_BN(C)                                                                          \
     k_bn_eval<C><<<grid, NA_BLOCK, 0, na_cuda_ctx.stream>>>(                                  \
         x->data, x->dtype, DATA_OR0(gamma), DATA_OR0(beta), pdt, DATA_OR0(running_mean),      \
-        DATA_OR0(running_var), rdt, y->data, y->dtype, c, s, total, (C)eps)
+        DATA_OR0(running_var), rdt, y->data, y->dtype, c, s, total, (C)eps, relu)
     if (x->dtype == NA_DTYPE_F64) LAUNCH_BN(double);
     else LAUNCH_BN(float);
 #undef LAUNCH_BN
@@ -194,12 +215,13 @@ int na_cuda_batch_norm_eval(const na_view *x, const na_view *gamma, const na_vie
 int na_cuda_batch_norm_backward(const na_view *x, const na_view *gy, const na_view *gamma,
                                 const na_view *mean, const na_view *invstd, na_view *gx,
                                 na_view *ggamma, na_view *gbeta, int64_t n, int64_t c,
-                                int64_t s, bool train) {
+                                int64_t s, bool train, const na_view *relu_y) {
     if (bn_v2()) {
         na_cuda_bn_args a = {};
         a.x = x, a.gy = gy, a.gamma = gamma, a.mean = mean, a.invstd = invstd;
         a.gx = gx, a.ggamma = ggamma, a.gbeta = gbeta;
         a.n = n, a.c = c, a.s = s, a.train = train;
+        a.y = (na_view *)relu_y, a.relu = relu_y != NULL; /* v2 only reads y in backward */
         return na_cuda_bn2_backward(&a);
     }
     bn_geom g = {n, c, s, n * s};
@@ -214,7 +236,8 @@ int na_cuda_batch_norm_backward(const na_view *x, const na_view *gy, const na_vi
     int sdt = mean ? (int)mean->dtype : DT_OR0(invstd);
 #define LAUNCH_BN(C)                                                                          \
     k_bn_bwd<C><<<bn_blocks(c), tx, 0, na_cuda_ctx.stream>>>(                                 \
-        x->data, x->dtype, gy->data, gy->dtype, DATA_OR0(gamma), DT_OR0(gamma),               \
+        x->data, x->dtype, gy->data, gy->dtype, DATA_OR0(relu_y), DT_OR0(relu_y),            \
+        DATA_OR0(gamma), DT_OR0(gamma),                                                       \
         DATA_OR0(mean), DATA_OR0(invstd), sdt, DATA_OR0(gx), DT_OR0(gx), DATA_OR0(ggamma),    \
         DATA_OR0(gbeta), gdt, g, train)
     if (x->dtype == NA_DTYPE_F64) LAUNCH_BN(double);

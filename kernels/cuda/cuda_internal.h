@@ -27,7 +27,8 @@ extern "C" {
  *  backward: from x, gy (and, with relu, the forward's output y: gy counts where y > 0)
  *            with mean/invstd (the saved stats; the running ones and train = false in eval)
  *            into gx, ggamma, gbeta (each may be NULL).
- * relu = true is BatchNorm + ReLU in one pass each way; the ops layer has no such op yet. */
+ * relu = true is BatchNorm + ReLU in one pass each way (na_batch_norm_relu reaches it through
+ * the kernel list's relu / relu_y arguments). */
 typedef struct {
     const na_view *x, *gamma, *beta; /* gamma/beta NULL: affine off */
     na_view *y;                      /* forward output; backward input when relu */

@@ -34,17 +34,21 @@ static na_tensor *bn_forward(na_module *m, na_tensor *x) {
         return NULL;
     }
     bool track = s->cfg.track_running_stats;
+    na_tensor *(*bn)(na_tensor *, na_tensor *, na_tensor *, na_tensor *, na_tensor *, bool,
+                     double, double) = s->cfg.fuse_relu ? na_batch_norm_relu : na_batch_norm;
     if (!m->training && track) /* eval with running statistics */
-        return na_batch_norm(x, s->running_mean, s->running_var, s->weight, s->bias, false, 0.0,
-                             s->cfg.eps);
+        return bn(x, s->running_mean, s->running_var, s->weight, s->bias, false, 0.0, s->cfg.eps);
     double momentum = s->cfg.momentum;
     int32_t *count = track ? s->num_batches->data : NULL; /* host memory, see nn.h */
     if (track && s->cfg.cumulative_average) momentum = 1.0 / ((double)*count + 1.0);
     na_tensor *rm = track ? s->running_mean : NULL, *rv = track ? s->running_var : NULL;
-    na_tensor *y = m->training && s->impl
-                       ? s->impl(s->impl_ctx, x, rm, rv, s->weight, s->bias, true, momentum,
-                                 s->cfg.eps)
-                       : na_batch_norm(x, rm, rv, s->weight, s->bias, true, momentum, s->cfg.eps);
+    na_tensor *y;
+    if (m->training && s->impl) { /* the replacement has no fused form: ReLU on its own */
+        y = s->impl(s->impl_ctx, x, rm, rv, s->weight, s->bias, true, momentum, s->cfg.eps);
+        if (y && s->cfg.fuse_relu) y = na_relu(y);
+    } else {
+        y = bn(x, rm, rv, s->weight, s->bias, true, momentum, s->cfg.eps);
+    }
     if (y && count && *count < INT32_MAX) ++*count; /* counted once the batch was used */
     return y;
 }
@@ -90,4 +94,29 @@ na_module *na_batch_norm1d_new(int64_t num_features, const na_batch_norm_cfg *cf
 }
 na_module *na_batch_norm2d_new(int64_t num_features, const na_batch_norm_cfg *cfg) {
     return bn_new(NA_MODULE_BATCH_NORM2D, num_features, cfg);
+}
+
+/* the forward of a ReLU whose work its BatchNorm does */
+static na_tensor *fused_relu_forward(na_module *m, na_tensor *x) {
+    (void)m;
+    return x;
+}
+
+int na_module_fuse_bn_relu(na_module *net) {
+    if (!net) return na_set_error(NA_EINVAL, "na_module_fuse_bn_relu: net is NULL");
+    int fused = 0;
+    for (int i = 0; i < net->n_children; i++) {
+        na_module *c = net->children[i];
+        na_module *next = i + 1 < net->n_children ? net->children[i + 1] : NULL;
+        if (net->kind == NA_MODULE_SEQUENTIAL && na_module_is_batch_norm(c, NULL) && next &&
+            next->kind == NA_MODULE_RELU && next->forward != fused_relu_forward) {
+            ((bn_state *)c->state)->cfg.fuse_relu = true;
+            next->forward = fused_relu_forward;
+            fused++;
+        }
+        int k = na_module_fuse_bn_relu(c);
+        if (k < 0) return k;
+        fused += k;
+    }
+    return fused;
 }

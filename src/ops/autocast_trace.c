@@ -104,7 +104,7 @@ const char *na_amp_trace_format(const na_amp_trace_record *r, char *buf, size_t 
  * only its output. */
 static na_dtype true_compute(na_op op, na_dtype data) {
     bool low = data == NA_DTYPE_F16 || data == NA_DTYPE_BF16;
-    return op == NA_OP_BATCH_NORM && low ? NA_DTYPE_F32 : data;
+    return (op == NA_OP_BATCH_NORM || op == NA_OP_BATCH_NORM_RELU) && low ? NA_DTYPE_F32 : data;
 }
 
 /* What an op's sums (dot products, reductions, statistics, pooling windows) accumulate in on

@@ -20,10 +20,12 @@ static bool check_param(const char *fn, const na_tensor *p, const char *what, na
     return true;
 }
 
-na_tensor *na_batch_norm(na_tensor *x, na_tensor *running_mean, na_tensor *running_var,
-                         na_tensor *weight, na_tensor *bias, bool training, double momentum,
-                         double eps) {
-    const char *fn = "na_batch_norm";
+/* na_batch_norm, and with relu na_batch_norm_relu: relu(bn(x)) in one kernel pass, whose
+ * backward reads the node's output (the post-ReLU y) for ReLU's mask, so no pre-ReLU tensor
+ * is ever made or kept. */
+static na_tensor *batch_norm(const char *fn, na_op op, bool relu, na_tensor *x,
+                             na_tensor *running_mean, na_tensor *running_var, na_tensor *weight,
+                             na_tensor *bias, bool training, double momentum, double eps) {
     char s[NA_DESCRIBE_MAX];
     if (!na_check_float(fn, x, "input")) return NULL;
     if (x->ndim < 2 || x->ndim > 4) {
@@ -64,13 +66,13 @@ na_tensor *na_batch_norm(na_tensor *x, na_tensor *running_mean, na_tensor *runni
     int rc = training ? be->batch_norm_train(&x->view, NA_VIEW_OF(weight), NA_VIEW_OF(bias),
                                              NA_VIEW_OF(running_mean), NA_VIEW_OF(running_var),
                                              &y->view, &mean->view, &invstd->view, nb, c, sp,
-                                             momentum, eps)
+                                             momentum, eps, relu)
                       : be->batch_norm_eval(&x->view, NA_VIEW_OF(weight), NA_VIEW_OF(bias),
                                             &running_mean->view, &running_var->view, &y->view,
-                                            nb, c, sp, eps);
+                                            nb, c, sp, eps, relu);
     if (rc) return NULL;
     na_tensor *in[3] = {x, weight, bias};
-    na_node *n = na_op_record(NA_OP_BATCH_NORM, y, 3, in);
+    na_node *n = na_op_record(op, y, 3, in);
     if (n && !training) { /* backward in eval: the running statistics play the batch's role */
         na_no_grad_begin();
         na_tensor *v = na_rsqrt(na_add_scalar(running_var, eps));
@@ -86,7 +88,23 @@ na_tensor *na_batch_norm(na_tensor *x, na_tensor *running_mean, na_tensor *runni
     return y;
 }
 
-int na_bw_BATCH_NORM(na_node *n, na_tensor *gout, na_tensor **gin) {
+na_tensor *na_batch_norm(na_tensor *x, na_tensor *running_mean, na_tensor *running_var,
+                         na_tensor *weight, na_tensor *bias, bool training, double momentum,
+                         double eps) {
+    return batch_norm("na_batch_norm", NA_OP_BATCH_NORM, false, x, running_mean, running_var,
+                      weight, bias, training, momentum, eps);
+}
+
+na_tensor *na_batch_norm_relu(na_tensor *x, na_tensor *running_mean, na_tensor *running_var,
+                              na_tensor *weight, na_tensor *bias, bool training, double momentum,
+                              double eps) {
+    return batch_norm("na_batch_norm_relu", NA_OP_BATCH_NORM_RELU, true, x, running_mean,
+                      running_var, weight, bias, training, momentum, eps);
+}
+
+/* relu_y: the forward's output when ReLU was fused in, else NULL */
+static int batch_norm_backward(na_node *n, na_tensor *gout, na_tensor **gin,
+                               const na_tensor *relu_y) {
     na_tensor *x = n->inputs[0], *w = n->inputs[1], *gy = na_contiguous(gout);
     if (!gy) return na_last_status();
     na_tensor *gx = na_node_needs_grad(n, 0) ? na_empty_like(x) : NULL;
@@ -102,5 +120,13 @@ int na_bw_BATCH_NORM(na_node *n, na_tensor *gout, na_tensor **gin) {
     return na_be(x)->batch_norm_backward(&x->view, &gy->view, NA_VIEW_OF(w), &n->saved[0]->view,
                                          &n->saved[1]->view, &gx->view, NA_VIEW_OF(gw),
                                          NA_VIEW_OF(gb), n->i[0], n->i[1], n->i[2],
-                                         n->i[3] != 0);
+                                         n->i[3] != 0, NA_VIEW_OF(relu_y));
+}
+
+int na_bw_BATCH_NORM(na_node *n, na_tensor *gout, na_tensor **gin) {
+    return batch_norm_backward(n, gout, gin, NULL);
+}
+
+int na_bw_BATCH_NORM_RELU(na_node *n, na_tensor *gout, na_tensor **gin) {
+    return batch_norm_backward(n, gout, gin, n->out);
 }
