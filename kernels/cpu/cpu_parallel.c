@@ -4,15 +4,28 @@
  * pool's mutex, bumps the generation and wakes the workers; everyone then claims tasks from
  * one atomic counter until none are left. Workers that wake after the tasks are gone do
  * nothing, so the caller never waits for a sleeping worker to be scheduled, only for those
- * that are still running a task it must not outlive. Idle workers sleep on a condition
- * variable: nothing spins.
+ * that are still running a task it must not outlive.
+ *
+ * Waiting: a worker that finished a job polls for the next one for at most SPIN_NS, then
+ * sleeps on a condition variable; the caller polls the same way for workers still in its job.
+ * A training step runs many short loops back to back (an MLP step, about ten in a millisecond)
+ * and a wake-up through the scheduler costs tens of microseconds each time; the bound keeps
+ * an idle pool asleep (OpenBLAS's workers, which yielded without bound between calls, cost
+ * 35-40 s of system time per CNN epoch).
  */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define cpu_relax() _mm_pause()
+#else
+#define cpu_relax() ((void)0)
+#endif
 
 #include "cpu/cpu_parallel.h"
 #include "nanoamp/error.h"
@@ -33,9 +46,39 @@ static pthread_cond_t wake_cv = PTHREAD_COND_INITIALIZER;     /* workers wait fo
 static pthread_cond_t idle_cv = PTHREAD_COND_INITIALIZER;     /* the caller waits for them */
 static pthread_t *workers;
 static int n_workers;
-static bool stopping;
-static uint64_t generation;
-static int running; /* workers inside the current job */
+static atomic_bool stopping;
+static _Atomic uint64_t generation; /* written under mu; polled without it */
+static atomic_int running;          /* workers inside the current job; written under mu */
+
+#define SPIN_NS 50000 /* 50 us */
+
+static int64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* Polls until done(arg) or SPIN_NS have passed; true when done. */
+static bool spin_until(bool (*done)(uint64_t), uint64_t arg) {
+    int64_t end = 0;
+    for (unsigned i = 0;; i++) {
+        if (done(arg)) return true;
+        if ((i & 63) == 0) {
+            int64_t t = now_ns();
+            if (!end) end = t + SPIN_NS;
+            else if (t >= end) return false;
+        }
+        cpu_relax();
+    }
+}
+static bool new_job_or_stop(uint64_t seen) {
+    return atomic_load_explicit(&generation, memory_order_acquire) != seen ||
+           atomic_load_explicit(&stopping, memory_order_relaxed);
+}
+static bool workers_done(uint64_t unused) {
+    (void)unused;
+    return atomic_load_explicit(&running, memory_order_acquire) == 0;
+}
 static struct {
     void (*fn)(void *, int64_t);
     void *ctx;
@@ -60,6 +103,11 @@ static void *worker_main(void *arg) {
     in_task = true; /* a worker's own loops run inline */
     pthread_mutex_lock(&mu);
     for (;;) {
+        if (generation == seen && !stopping) {
+            pthread_mutex_unlock(&mu);
+            spin_until(new_job_or_stop, seen);
+            pthread_mutex_lock(&mu);
+        }
         while (generation == seen && !stopping) pthread_cond_wait(&wake_cv, &mu);
         if (stopping) break;
         seen = generation;
@@ -170,6 +218,7 @@ int na_cpu_parallel_for(int64_t n_tasks, void (*fn)(void *ctx, int64_t task), vo
     run_tasks();
     in_task = false;
 
+    spin_until(workers_done, 0);
     pthread_mutex_lock(&mu);
     while (running > 0) pthread_cond_wait(&idle_cv, &mu);
     pthread_mutex_unlock(&mu);
