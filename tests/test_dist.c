@@ -253,7 +253,8 @@ static void sgd_steps(na_dist *d, const na_ddp_config *cfg, double *loss, int st
     na_module *net = mlp();
     na_ddp *ddp = d ? na_ddp_new(d, net, cfg) : NULL;
     cr_assert(!d || ddp, "%s", na_last_error());
-    na_optim *opt = TH_OK(na_sgd_new(na_module_parameters(net), &(na_sgd_cfg){.lr = 0.1}));
+    na_optim *opt = na_sgd_new(na_module_parameters(net), &(na_sgd_cfg){.lr = 0.1});
+    cr_assert_not_null(opt, "%s", na_last_error());
     double g[1];
     for (int s = 0; s < steps; s++) {
         loss[s] = step_grads(net, ddp, g, 1);
