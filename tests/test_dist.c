@@ -2,13 +2,15 @@
  * or without MPI), and the engine's leaf hook they stand on. The multi-process checks are
  * tests/test_dist_mpi.c, run under mpirun. */
 #include "helpers.h"
+#include "nanoamp/cuda.h"
 #include "nanoamp/dist.h"
 #include "nanoamp/nn.h"
 #include "src/autograd/graph.h" /* the leaf hook */
 
 static void clear_launcher_env(void) {
     const char *vars[] = {"OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK",
-                          "OMPI_COMM_WORLD_LOCAL_RANK", "WORLD_SIZE", "RANK", "LOCAL_RANK"};
+                          "OMPI_COMM_WORLD_LOCAL_RANK", "WORLD_SIZE", "RANK", "LOCAL_RANK",
+                          "NANOAMP_DIST_COLLECTIVES"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
 }
 
@@ -230,4 +232,127 @@ Test(dist, sync_batchnorm_in_a_world_of_one_is_batchnorm) {
     free(g1);
     na_module_free(net);
     na_dist_free(d);
+}
+
+/* ---- NANOAMP_DIST_COLLECTIVES=1: a world of 1 through the real paths ----------------------- */
+
+static na_dist *world_of_one_with_collectives(void) {
+    clear_launcher_env();
+    setenv("NANOAMP_DIST_COLLECTIVES", "1", 1);
+    na_dist *d = na_dist_init();
+    unsetenv("NANOAMP_DIST_COLLECTIVES"); /* read once: d keeps it */
+    cr_assert_not_null(d, "%s", na_last_error());
+    cr_assert(na_dist_collectives(d) && na_dist_world_size(d) == 1);
+    return d;
+}
+
+/* Plain SGD on the MLP for a few steps; every loss into loss[], the parameters at the end into
+ * p[]. With ddp, its buckets carry the gradients. */
+static void sgd_steps(na_dist *d, const na_ddp_config *cfg, double *loss, int steps, double *p,
+                      int64_t np, int64_t *bytes_last) {
+    na_module *net = mlp();
+    na_ddp *ddp = d ? na_ddp_new(d, net, cfg) : NULL;
+    cr_assert(!d || ddp, "%s", na_last_error());
+    na_optim *opt = na_sgd_new(na_module_parameters(net), &(na_sgd_cfg){.lr = 0.1});
+    cr_assert_not_null(opt, "%s", na_last_error());
+    double g[1];
+    for (int s = 0; s < steps; s++) {
+        loss[s] = step_grads(net, ddp, g, 1);
+        TH_RC(na_optim_step(opt, NULL));
+        na_step_end();
+    }
+    na_tensor_list ps = na_module_parameters(net);
+    int64_t k = 0;
+    for (int64_t i = 0; i < ps.n; i++)
+        for (int64_t j = 0; j < ps.items[i]->numel && k < np; j++) p[k++] = na_get(ps.items[i], j);
+    if (bytes_last) *bytes_last = na_ddp_bytes_last_step(ddp);
+    na_optim_free(opt);
+    na_ddp_free(ddp);
+    na_module_free(net);
+}
+
+Test(dist, collectives_switch_runs_ddp_buckets_on_the_cpu_with_plain_results) {
+    na_dist *d = world_of_one_with_collectives();
+    na_module *probe = mlp();
+    int64_t np = na_module_num_params(probe);
+    na_named_tensors st = {0};
+    TH_RC(na_module_state(probe, "", &st));
+    int64_t state_bytes = 0; /* what na_ddp_new broadcasts from rank 0 */
+    for (int64_t k = 0; k < st.n; k++)
+        state_bytes += st.items[k].tensor->numel * (int64_t)na_dtype_size(st.items[k].tensor->dtype);
+    na_named_tensors_free(&st);
+    na_module_free(probe);
+    enum { STEPS = 4 };
+    double l0[STEPS], l1[STEPS];
+    double *p0 = calloc((size_t)np, sizeof *p0), *p1 = calloc((size_t)np, sizeof *p1);
+    int64_t bytes_last = 0;
+    sgd_steps(NULL, NULL, l0, STEPS, p0, np, NULL);
+    sgd_steps(d, &(na_ddp_config){.bucket_bytes = 256}, l1, STEPS, p1, np, &bytes_last);
+    for (int s = 0; s < STEPS; s++) cr_assert_eq(l0[s], l1[s], "loss of step %d", s);
+    for (int64_t i = 0; i < np; i++) cr_assert_eq(p0[i], p1[i], "parameter %" PRId64, i);
+    cr_assert_eq(bytes_last, 4 * np, "f32 buckets: 4 bytes a parameter, got %" PRId64, bytes_last);
+    /* the bucket path ran: the broadcast at start and every bucket were handed over */
+    cr_assert_eq(na_dist_bytes(d), state_bytes + STEPS * 4 * np, "counted %" PRId64,
+                 na_dist_bytes(d));
+    /* an f16 reduction really goes through f16 buckets: the parameters move, not bit-equal */
+    sgd_steps(d, &(na_ddp_config){.allreduce_dtype = NA_DTYPE_F16}, l1, STEPS, p1, np,
+              &bytes_last);
+    cr_assert_eq(bytes_last, 2 * np);
+    bool differs = false;
+    for (int64_t i = 0; i < np; i++) {
+        differs |= p0[i] != p1[i];
+        cr_assert_float_eq(p0[i], p1[i], 1e-3, "parameter %" PRId64, i);
+    }
+    cr_assert(differs, "f16 buckets round the gradients");
+    free(p0);
+    free(p1);
+    na_dist_free(d);
+}
+
+/* A CUDA tensor under the switch needs NCCL and a device: without them, a clear error, never
+ * a silent no-op. No CUDA tensor can be made without a device, so a host tensor is relabelled
+ * (the check fails before anything reads its data). */
+Test(dist, collectives_switch_without_a_device_fails_cleanly) {
+    if (na_cuda_available()) cr_skip_test("a CUDA device is present (dist_cuda covers it)");
+    na_dist *d = world_of_one_with_collectives();
+    na_tensor *t = TH_OK(na_zeros(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(4)));
+    na_tensor fake = *t;
+    fake.device = NA_DEVICE_CUDA;
+    int rc = na_dist_all_reduce(d, &fake, NA_DIST_SUM);
+    cr_assert(rc == NA_ENOTSUP || rc == NA_ECUDA, "got %d: %s", rc, na_last_error());
+    cr_assert(strstr(na_last_error(), na_dist_built_with_nccl() ? "NCCL needs a CUDA device"
+                                                                : "built without NCCL"),
+              "%s", na_last_error());
+    cr_assert(strstr(na_last_error(), "na_dist_all_reduce"), "%s", na_last_error());
+    na_dist_free(d);
+    na_step_end();
+}
+
+/* On a device (the GPU check): every collective over a one-rank NCCL communicator is an
+ * identity, ordered after the kernels that wrote its input, and counted. */
+Test(dist, collectives_switch_on_cuda_goes_through_nccl) {
+    if (!na_cuda_available() || !na_dist_built_with_nccl())
+        cr_skip_test("needs a CUDA device and NCCL");
+    na_dist *d = world_of_one_with_collectives();
+    na_tensor *h = TH_OK(na_from_host(NA_DTYPE_F64, NA_DEVICE_CPU, NA_SHAPE(3), TH_V(1, -2, 3)));
+    na_dtype dts[] = {NA_DTYPE_F32, NA_DTYPE_F16, NA_DTYPE_BF16};
+    int64_t bytes = 0;
+    for (size_t k = 0; k < sizeof dts / sizeof *dts; k++) {
+        /* made by a kernel just before: the collective must wait for it */
+        na_tensor *t = TH_OK(na_to_device(na_scale(na_cast(h, dts[k]), 1.0), NA_DEVICE_CUDA));
+        TH_RC(na_dist_all_reduce(d, t, NA_DIST_SUM));
+        TH_RC(na_dist_all_reduce(d, t, NA_DIST_AVG));
+        TH_RC(na_dist_all_reduce(d, t, NA_DIST_MAX));
+        TH_RC(na_dist_broadcast(d, t, 0));
+        na_tensor *g = TH_OK(na_zeros(dts[k], NA_DEVICE_CUDA, NA_SHAPE(1, 3)));
+        TH_RC(na_dist_all_gather(d, t, g));
+        bytes += 5 * 3 * (int64_t)na_dtype_size(dts[k]);
+        for (int i = 0; i < 3; i++) {
+            cr_assert_eq(na_get(t, i), na_get(h, i), "%s", na_dtype_name(dts[k]));
+            cr_assert_eq(na_get(g, i), na_get(h, i), "%s all-gather", na_dtype_name(dts[k]));
+        }
+    }
+    cr_assert_eq(na_dist_bytes(d), bytes);
+    na_dist_free(d);
+    na_step_end();
 }

@@ -19,6 +19,16 @@
  * without MPI (meson option -Ddist=disabled, or no MPI found), na_dist_init gives a world of
  * one process in which every collective is a no-op or a copy, so the same program runs alone.
  *
+ * NANOAMP_DIST_COLLECTIVES=1 (read once, by na_dist_init) makes a world of 1 run the real
+ * paths, to measure or exercise them with one process: collectives on CUDA tensors go through
+ * an NCCL communicator of one rank (its id made locally: no launcher or MPI needed) on the
+ * dist stream, DDP copies gradients into its buckets, starts them from the engine hook and
+ * waits for them in na_ddp_finish as with several ranks, and na_dist_bytes counts. Host
+ * tensors take the same path except the MPI call itself (MPI is never started for a world of
+ * 1); host arrays (na_dist_all_reduce_i64/_f64), barrier, na_dist_check_same and
+ * SyncBatchNorm stay no-ops. A CUDA tensor then needs NCCL and a device: NA_ENOTSUP / NA_ECUDA
+ * otherwise. Without the variable (or with world > 1) nothing changes.
+ *
  * Collectives are blocking and must be called by every rank in the same order with tensors of
  * the same shape and dtype. Host tensors go through MPI, CUDA tensors through NCCL on a stream
  * of its own that is ordered after nanoamp's stream (na_cuda_stream) and before whatever
@@ -91,6 +101,9 @@ int na_dist_check_same(na_dist *d, uint64_t hash, const char *what);
 /* Bytes this rank has handed to collectives so far (payload, not wire traffic: a ring
  * all-reduce of B bytes sends about 2 (N-1)/N * B per rank). */
 int64_t na_dist_bytes(const na_dist *d);
+/* Whether collectives do real work: world > 1, or NANOAMP_DIST_COLLECTIVES=1 was set at init
+ * (false for NULL). A program that skips data-parallel setup in a world of 1 asks this. */
+bool na_dist_collectives(const na_dist *d);
 
 /* ---- data-parallel training ------------------------------------------------------------- */
 typedef struct {
@@ -119,7 +132,8 @@ int na_ddp_set_sync(na_ddp *p, bool sync);
  * for the backward that runs, so sum several losses first, or use sync off for the others. */
 int na_ddp_finish(na_ddp *p);
 /* Payload bytes this rank handed to all-reduce in the last synced step (buckets in their
- * reduction dtype; counted in a world of 1 too, where nothing is sent). */
+ * reduction dtype; counted in a world of 1 too, where nothing is sent but with
+ * NANOAMP_DIST_COLLECTIVES=1 CUDA buckets go through a one-rank NCCL all-reduce). */
 int64_t na_ddp_bytes_last_step(const na_ddp *p);
 int na_ddp_num_buckets(const na_ddp *p);
 void na_ddp_free(na_ddp *p); /* removes the hook; NULL is fine */

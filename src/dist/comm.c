@@ -25,6 +25,7 @@ int na_dist_rank(const na_dist *d) { return d ? d->rank : 0; }
 int na_dist_world_size(const na_dist *d) { return d ? d->world : 1; }
 int na_dist_local_rank(const na_dist *d) { return d ? d->local_rank : 0; }
 int64_t na_dist_bytes(const na_dist *d) { return d ? d->bytes : 0; }
+bool na_dist_collectives(const na_dist *d) { return d && (d->world > 1 || d->collectives); }
 
 /* An integer environment variable: false when unset; *bad set when set but not a number. */
 static bool env_int(const char *name, int *v, bool *bad) {
@@ -174,6 +175,8 @@ na_dist *na_dist_init(void) {
         return NULL;
     }
     d->world = 1;
+    const char *coll = getenv("NANOAMP_DIST_COLLECTIVES");
+    d->collectives = coll && !strcmp(coll, "1");
 #if NA_HAVE_MPI
     d->comm = MPI_COMM_NULL;
     if (world > 1 && mpi_start(d, world, rank, local, fn) != NA_OK) {
@@ -248,9 +251,11 @@ static int check_tensor(na_dist *d, const char *fn, const na_tensor *t, const ch
     if (t->numel > INT_MAX)
         return na_set_error(NA_ENOTSUP, "%s: rank %d: %s %s has more than 2^31-1 elements", fn,
                             d->rank, what, describe(t, s, sizeof s));
-    if (t->device == NA_DEVICE_CUDA && d->world > 1 && !NA_HAVE_NCCL)
-        return na_set_error(NA_ENOTSUP, "%s: rank %d: %s %s is a CUDA tensor, but nanoamp was "
-                            "built without NCCL", fn, d->rank, what, describe(t, s, sizeof s));
+    if (t->device == NA_DEVICE_CUDA && na_dist_collectives(d) && !NA_HAVE_NCCL)
+        return na_set_error(NA_ENOTSUP, "%s: rank %d of %d%s: %s %s is a CUDA tensor, but "
+                            "nanoamp was built without NCCL", fn, d->rank, d->world,
+                            d->world == 1 ? " (NANOAMP_DIST_COLLECTIVES=1)" : "", what,
+                            describe(t, s, sizeof s));
     return NA_OK;
 }
 
@@ -283,11 +288,12 @@ int na_dist_all_reduce(na_dist *d, na_tensor *t, na_dist_op op) {
     const char *fn = "na_dist_all_reduce";
     int rc = check_tensor(d, fn, t, "tensor");
     if (!rc) rc = check_op(d, fn, t, op);
-    if (rc || d->world == 1) return rc;
+    if (rc || !na_dist_collectives(d)) return rc;
     d->bytes += bytes_of(t);
 #if NA_HAVE_NCCL
     if (t->device == NA_DEVICE_CUDA) return na_nccl_all_reduce(d, t, op, fn);
 #endif
+    if (d->world == 1) return NA_OK; /* a host tensor: MPI is not started for a world of 1 */
 #if NA_HAVE_MPI
     char s[2 * NA_DESCRIBE_MAX];
     rc = MPI_Allreduce(MPI_IN_PLACE, t->data, (int)t->numel, mpi_type(t->dtype),
@@ -304,11 +310,12 @@ int na_dist_broadcast(na_dist *d, na_tensor *t, int root) {
     if (root < 0 || root >= d->world)
         return na_set_error(NA_EINVAL, "%s: root %d is not a rank of a world of %d", fn, root,
                             d->world);
-    if (d->world == 1) return NA_OK;
+    if (!na_dist_collectives(d)) return NA_OK;
     d->bytes += bytes_of(t);
 #if NA_HAVE_NCCL
     if (t->device == NA_DEVICE_CUDA) return na_nccl_broadcast(d, t, root, fn);
 #endif
+    if (d->world == 1) return NA_OK; /* a host tensor */
 #if NA_HAVE_MPI
     char s[2 * NA_DESCRIBE_MAX];
     rc = MPI_Bcast(t->data, (int)t->numel, mpi_type(t->dtype), root, d->comm);
@@ -330,11 +337,12 @@ int na_dist_all_gather(na_dist *d, const na_tensor *in, na_tensor *out) {
         return na_set_error(NA_ESHAPE, "%s: rank %d: output %s must be [%d, *input.shape] of the "
                             "input's dtype and device; input %s", fn, d->rank,
                             describe(out, s1, sizeof s1), d->world, describe(in, s2, sizeof s2));
-    if (d->world == 1) return na_be(out)->copy(&out->view, &in->view);
+    if (!na_dist_collectives(d)) return na_be(out)->copy(&out->view, &in->view);
     d->bytes += bytes_of(in);
 #if NA_HAVE_NCCL
     if (in->device == NA_DEVICE_CUDA) return na_nccl_all_gather(d, in, out, fn);
 #endif
+    if (d->world == 1) return na_be(out)->copy(&out->view, &in->view); /* a host tensor */
 #if NA_HAVE_MPI
     MPI_Datatype ty = mpi_type(in->dtype);
     rc = MPI_Allgather(in->data, (int)in->numel, ty, out->data, (int)in->numel, ty, d->comm);
@@ -410,10 +418,12 @@ int na_dist_start_sum(na_dist *d, na_tensor *t, na_dist_req *r, const char *fn,
     r->active = false;
     r->event = NULL;
     int rc = check_tensor(d, fn, t, what);
-    if (rc || d->world == 1) return rc;
+    if (rc || !na_dist_collectives(d)) return rc;
+    d->bytes += bytes_of(t);
 #if NA_HAVE_NCCL
     if (t->device == NA_DEVICE_CUDA) return na_nccl_start_sum(d, t, r, fn);
 #endif
+    if (d->world == 1) return NA_OK; /* a host tensor: MPI is not started for a world of 1 */
 #if NA_HAVE_MPI
     rc = MPI_Iallreduce(MPI_IN_PLACE, t->data, (int)t->numel, mpi_type(t->dtype),
                         mpi_op(t->dtype, NA_DIST_SUM), d->comm, &r->req);

@@ -9,7 +9,8 @@
  * in a different order). na_ddp_finish waits and copies the averages back. The f32 path sums
  * and then divides by the world size; a compressed (f16/bf16) bucket is divided first, so the
  * sum stays in range, then summed in the narrow dtype. In a world of one nothing is copied or
- * sent: the wrapper only counts. */
+ * sent: the wrapper only counts; unless NANOAMP_DIST_COLLECTIVES=1, which runs every step of
+ * the path above with one rank (NCCL for CUDA buckets; host buckets skip only the MPI call). */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,7 +25,8 @@ typedef struct {
     int first, count; /* params [first, first + count) of na_ddp.params */
     int64_t numel;
     na_dtype dt;    /* reduction dtype */
-    na_tensor *buf; /* flat [numel], persistent, on the parameters' device (NULL in world 1) */
+    na_tensor *buf; /* flat [numel], persistent, on the parameters' device (NULL when
+                       !na_dist_collectives: a world of 1 without NANOAMP_DIST_COLLECTIVES) */
     int pending;    /* gradients not yet final in this backward */
     na_dist_req req;
     bool started;
@@ -91,7 +93,7 @@ static int start_ready_buckets(na_ddp *p) {
                  p->n_buckets);
         b->started = true;
         p->bytes_step += b->numel * (int64_t)na_dtype_size(b->dt);
-        if (p->d->world == 1) continue;
+        if (!na_dist_collectives(p->d)) continue;
         int rc = na_dist_start_sum(p->d, b->buf, &b->req, "na_ddp", what);
         if (rc) return rc;
     }
@@ -102,7 +104,7 @@ static int start_ready_buckets(na_ddp *p) {
 static int mark_ready(na_ddp *p, int i) {
     if (p->ready[i]) return NA_OK;
     p->ready[i] = true;
-    if (p->d->world > 1) {
+    if (na_dist_collectives(p->d)) {
         int rc = copy_in(p, i);
         if (rc) return na_set_error(rc, "na_ddp: rank %d: gradient of %s into its bucket: %s",
                                     p->d->rank, param_name(p->params[i]), na_last_error());
@@ -150,7 +152,7 @@ int na_ddp_finish(na_ddp *p) {
         bucket *b = &p->buckets[k];
         char what[64];
         snprintf(what, sizeof what, "gradient bucket %d of %d", k, p->n_buckets);
-        if (p->d->world == 1) continue;
+        if (!na_dist_collectives(p->d)) continue;
         rc = na_dist_wait(p->d, &b->req, fn, what);
         if (!rc && !compressed(b)) { /* summed: now the average */
             na_tensor *q = na_scale(b->buf, 1.0 / p->d->world);
@@ -232,7 +234,7 @@ static int make_buckets(na_ddp *p) {
         b->numel += t->numel;
         b->count++;
     }
-    for (int k = 0; k < p->n_buckets && p->d->world > 1; k++) {
+    for (int k = 0; k < p->n_buckets && na_dist_collectives(p->d); k++) {
         b = &p->buckets[k];
         b->buf = na_tensor_new(b->dt, p->params[b->first]->device, NA_SHAPE(b->numel));
         if (!b->buf) return na_last_status();

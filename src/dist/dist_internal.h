@@ -16,6 +16,7 @@ typedef struct na_nccl na_nccl; /* src/dist/nccl.c */
 struct na_dist {
     int rank, world, local_rank;
     bool mpi_started; /* this na_dist called MPI_Init, so it finalizes */
+    bool collectives; /* NANOAMP_DIST_COLLECTIVES=1 at init: a world of 1 runs the real paths */
 #if NA_HAVE_MPI
     MPI_Comm comm; /* a duplicate of MPI_COMM_WORLD with MPI_ERRORS_RETURN */
 #endif
@@ -32,8 +33,8 @@ typedef struct {
     void *event; /* NCCL: a cudaEvent_t recorded after the collective */
 } na_dist_req;
 
-/* Starts an in-place SUM of the contiguous tensor t over ranks (nothing to do in a world of
- * 1: r stays inactive); what names it in messages. Wait with na_dist_wait before reading t. */
+/* Starts an in-place SUM of the contiguous tensor t over ranks (nothing to do when
+ * !na_dist_collectives(d), nor for a host tensor in a world of 1: r stays inactive); what names it in messages. Wait with na_dist_wait before reading t. */
 int na_dist_start_sum(na_dist *d, na_tensor *t, na_dist_req *r, const char *fn,
                       const char *what);
 int na_dist_wait(na_dist *d, na_dist_req *r, const char *fn, const char *what);

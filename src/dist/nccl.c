@@ -46,7 +46,8 @@ int na_nccl_select_device(int local_rank) {
 }
 
 /* The communicator, made at the first collective over CUDA tensors (every rank gets there,
- * since collectives are called by all). */
+ * since collectives are called by all); in a world of 1 (NANOAMP_DIST_COLLECTIVES=1) a
+ * communicator of one rank whose id needs no broadcast. */
 static na_nccl *comm_of(na_dist *d, const char *fn) {
     if (d->nccl) {
         if (d->nccl->aborted) {
@@ -63,10 +64,17 @@ static na_nccl *comm_of(na_dist *d, const char *fn) {
     }
     ncclUniqueId id;
     ncclResult_t r = ncclSuccess;
-    if (d->rank == 0) r = ncclGetUniqueId(&id);
-    int rc = r != ncclSuccess ? nccl_error(d, fn, "ncclGetUniqueId", r) : NA_OK;
-    /* every rank joins the broadcast, so a failure on rank 0 does not strand the others */
-    int mrc = MPI_Bcast(&id, (int)sizeof id, MPI_BYTE, 0, d->comm);
+    int ndev = 0, rc = NA_OK;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) {
+        (void)cudaGetLastError();
+        rc = na_set_error(NA_ECUDA, "%s: rank %d of %d: NCCL needs a CUDA device and none is "
+                          "visible", fn, d->rank, d->world);
+    }
+    if (!rc && d->rank == 0 && (r = ncclGetUniqueId(&id)) != ncclSuccess)
+        rc = nccl_error(d, fn, "ncclGetUniqueId", r);
+    /* every rank joins the broadcast, so a failure on rank 0 does not strand the others; a
+     * world of 1 (NANOAMP_DIST_COLLECTIVES=1) has no MPI and needs none */
+    int mrc = d->world > 1 ? MPI_Bcast(&id, (int)sizeof id, MPI_BYTE, 0, d->comm) : MPI_SUCCESS;
     if (!rc && mrc != MPI_SUCCESS)
         rc = na_set_error(NA_EIO, "%s: rank %d: MPI_Bcast of the ncclUniqueId failed", fn,
                           d->rank);
