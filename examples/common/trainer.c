@@ -365,7 +365,8 @@ int trainer_run(const trainer_opts *opts, trainer_job *job) {
     char program[128];
     trainer_opts o = trainer_rank_opts(opts, d, program, sizeof program);
     bool failed_alone = false;
-    int rc = run(&o, job, na_dist_world_size(d) > 1 ? d : NULL, &failed_alone);
+    /* a world of 1 trains without the wrapper, unless NANOAMP_DIST_COLLECTIVES asks for it */
+    int rc = run(&o, job, na_dist_collectives(d) ? d : NULL, &failed_alone);
     /* The other ranks wait in a collective for this one, and finalizing would wait for them:
      * end the job instead (MPI_Abort: the launcher stops every rank, exit status rc). */
     if (failed_alone) return na_dist_abort(d, rc);
