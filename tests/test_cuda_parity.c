@@ -881,6 +881,13 @@ static double *rt_values(const na_view *t) {
     return v;
 }
 
+/* Both sides of t take the CPU's values: the next step starts from the same inputs. */
+static void rt_take_cpu(rt *t) {
+    double *v = rt_values(&t->c);
+    rt_upload(t, v);
+    free(v);
+}
+
 static void rt_cmp(const rt *t, double tol, const char *label) {
     double *a = rt_values(&t->g), *b = rt_values(&t->c);
     expect_close(a, b, t->c.numel, tf32_tol(t->c.dtype, tol), label);
@@ -1013,9 +1020,7 @@ Test(cuda_kernels, unary_and_backward, .timeout = 300) {
                 BOTH(be->unary((na_unary_op)op, T(x), T(y), a, b));
                 rt_cmp(y, tol_of(dt), "unary");
                 /* backward from the CPU's y on both sides */
-                double *yv = rt_values(&y->c);
-                rt_upload(y, yv);
-                free(yv);
+                rt_take_cpu(y);
                 rt *gy = RTR(dt, -1, 1, sizes[s]);
                 rt *gx = RT(dt, NULL, sizes[s]);
                 BOTH(be->unary_backward((na_unary_op)op, T(x), T(y), T(gy), T(gx), a, b));
@@ -1093,9 +1098,7 @@ Test(cuda_kernels, reductions, .timeout = 300) {
                         BOTH(be->argmax(T(x), T(am), O, R, I));
                         rt_cmp(am, 0, "argmax");
                         /* scatter of a gradient to the CPU's indices */
-                        double *iv = rt_values(&ix->c);
-                        rt_upload(ix, iv);
-                        free(iv);
+                        rt_take_cpu(ix);
                         rt *gy = RTR(odt, -1, 1, O, I);
                         rt *gx = RT(dt, NULL, O, R, I);
                         BOTH(be->scatter_max_grad(T(gy), T(ix), T(gx), O, R, I));
@@ -1125,9 +1128,7 @@ Test(cuda_kernels, softmax_and_backward) {
                     rt *y = RT(ydt, NULL, R, C);
                     BOTH(be->softmax(T(x), T(y), R, C, lg));
                     rt_cmp(y, tol_of(dt), "softmax forward");
-                    double *yv = rt_values(&y->c);
-                    rt_upload(y, yv);
-                    free(yv);
+                    rt_take_cpu(y);
                     rt *gy = RTR(ydt, -1, 1, R, C);
                     rt *gx = RT(dt, NULL, R, C);
                     BOTH(be->softmax_backward(T(y), T(gy), T(gx), R, C, lg));
@@ -1162,9 +1163,7 @@ Test(cuda_kernels, cross_entropy) {
                 BOTH(be->cross_entropy(T(x), T(labels), T(loss), T(lse), e));
                 rt_cmp(loss, tol_of(dt), "loss");
                 rt_cmp(lse, tol_of(dt), "lse");
-                double *lv = rt_values(&lse->c);
-                rt_upload(lse, lv);
-                free(lv);
+                rt_take_cpu(lse);
                 rt *gl = RTR(NA_DTYPE_F32, -1, 1, N);
                 rt *gx = RT(dt, NULL, N, C);
                 BOTH(be->cross_entropy_backward(T(x), T(labels), T(lse), T(gl), T(gx), e));
@@ -1405,15 +1404,9 @@ Test(cuda_kernels, batch_norm) {
                                          T(rm), T(rv), T(y), N, C, S, 1e-5, relu));
                 rt_cmp(y, tol_of(dt), "batch_norm_eval y");
                 /* backward from the CPU's saved statistics */
-                double *v = rt_values(&sm->c);
-                rt_upload(sm, v);
-                free(v);
-                v = rt_values(&si->c);
-                rt_upload(si, v);
-                free(v);
-                v = rt_values(&y->c); /* the ReLU mask from the CPU's output too */
-                rt_upload(y, v);
-                free(v);
+                rt_take_cpu(sm);
+                rt_take_cpu(si);
+                rt_take_cpu(y); /* the ReLU mask from the CPU's output too */
                 for (int train = 0; train < 2; train++) {
                     rt *gy = RTR(dt, -1, 1, N, C, S);
                     rt *gx = RT(dt, NULL, N, C, S);
@@ -1514,20 +1507,12 @@ static void bn2_case(na_dtype dt, int64_t N, int64_t C, int64_t S, bool affine, 
             rt_cmp(rm, ptol, "bn2 running_mean");
             rt_cmp(rv, ptol, "bn2 running_var");
             /* backward from the CPU's saved statistics and output */
-            double *v = rt_values(&sm->c);
-            rt_upload(sm, v);
-            free(v);
-            v = rt_values(&si->c);
-            rt_upload(si, v);
-            free(v);
-            v = rt_values(&y->c);
-            rt_upload(y, v);
-            free(v);
+            rt_take_cpu(sm);
+            rt_take_cpu(si);
+            rt_take_cpu(y);
         } else if (step == 1) {
             rt_cmp(y, tol_of(dt), "bn2 eval y");
-            double *v = rt_values(&y->c); /* one y on both sides: the relu mask */
-            rt_upload(y, v);
-            free(v);
+            rt_take_cpu(y); /* one y on both sides: the relu mask */
         } else {
             rt_cmp(gx, tol_of(dt), step == 2 ? "bn2 backward gx (train)" : "bn2 backward gx (eval)");
             rt_cmp(gg, dt == NA_DTYPE_F64 ? 1e-12 : tol_of(dt), "bn2 ggamma");
