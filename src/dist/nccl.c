@@ -74,10 +74,12 @@ static na_nccl *comm_of(na_dist *d, const char *fn) {
         rc = nccl_error(d, fn, "ncclGetUniqueId", r);
     /* every rank joins the broadcast, so a failure on rank 0 does not strand the others; a
      * world of 1 (NANOAMP_DIST_COLLECTIVES=1) has no MPI and needs none */
+#if NA_HAVE_MPI
     int mrc = d->world > 1 ? MPI_Bcast(&id, (int)sizeof id, MPI_BYTE, 0, d->comm) : MPI_SUCCESS;
     if (!rc && mrc != MPI_SUCCESS)
         rc = na_set_error(NA_EIO, "%s: rank %d: MPI_Bcast of the ncclUniqueId failed", fn,
                           d->rank);
+#endif /* without MPI there is no world larger than 1 (na_dist_init refuses it) */
     if (!rc && (r = ncclCommInitRank(&c->comm, d->world, id, d->rank)) != ncclSuccess)
         rc = nccl_error(d, fn, "ncclCommInitRank", r);
     cudaError_t e;
