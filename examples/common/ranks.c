@@ -34,17 +34,12 @@ bool trainer_ranks_ok(na_dist *d, const trainer_opts *o, bool ok) {
 
 /* ---- the same training on every rank --------------------------------------------------- */
 
-/* FNV-1a over bytes (hashes that only have to differ when the inputs do, on one machine or
- * several of the same byte order). */
-#define HASH_START 0xcbf29ce484222325ull
-static uint64_t hash_bytes(uint64_t h, const void *p, size_t n) {
-    const unsigned char *b = p;
-    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
-    return h;
+/* hashes of one flag's value (na_dist_hash: FNV-1a) */
+static uint64_t hash_str(const char *s) {
+    return s ? na_dist_hash(NA_DIST_HASH_START, s, strlen(s) + 1) : 0;
 }
-static uint64_t hash_str(const char *s) { return s ? hash_bytes(HASH_START, s, strlen(s) + 1) : 0; }
-static uint64_t hash_f64(double v) { return hash_bytes(HASH_START, &v, sizeof v); }
-static uint64_t hash_i64(int64_t v) { return hash_bytes(HASH_START, &v, sizeof v); }
+static uint64_t hash_f64(double v) { return na_dist_hash(NA_DIST_HASH_START, &v, sizeof v); }
+static uint64_t hash_i64(int64_t v) { return na_dist_hash(NA_DIST_HASH_START, &v, sizeof v); }
 
 /* ---- failures before training ---------------------------------------------------------- */
 
@@ -114,14 +109,8 @@ void trainer_start_failed(const trainer_opts *o, const char *fmt, ...) {
 /* The model: every parameter's and buffer's name, dtype and shape. */
 static uint64_t hash_model(na_module *net) {
     na_named_tensors state = {0};
-    uint64_t h = HASH_START;
     if (na_module_state(net, "", &state) != NA_OK) return 0; /* never equal to a real hash */
-    for (int64_t i = 0; i < state.n; i++) {
-        const na_tensor *t = state.items[i].tensor;
-        h = hash_bytes(h, state.items[i].name, strlen(state.items[i].name) + 1);
-        h = hash_bytes(h, &t->dtype, sizeof t->dtype);
-        h = hash_bytes(h, t->shape, (size_t)t->ndim * sizeof t->shape[0]);
-    }
+    uint64_t h = na_dist_hash_state(NA_DIST_HASH_START, &state);
     na_named_tensors_free(&state);
     return h;
 }
@@ -130,15 +119,15 @@ static uint64_t hash_model(na_module *net) {
  * Fashion-MNIST's training images). */
 static uint64_t hash_data(const na_dataset *ds) {
     int64_t head[5] = {ds->n, ds->channels, ds->height, ds->width, ds->num_classes};
-    uint64_t h = hash_bytes(HASH_START, head, sizeof head);
-    h = hash_bytes(h, ds->labels, (size_t)ds->n * sizeof *ds->labels);
+    uint64_t h = na_dist_hash(NA_DIST_HASH_START, head, sizeof head);
+    h = na_dist_hash(h, ds->labels, (size_t)ds->n * sizeof *ds->labels);
     size_t bytes = (size_t)ds->n * (size_t)ds->channels * (size_t)ds->height * (size_t)ds->width;
     uint64_t w = 0;
     for (size_t i = 0; i + 8 <= bytes; i += 8) {
         memcpy(&w, ds->images + i, 8);
         h = (h ^ w) * 0x100000001b3ull;
     }
-    return hash_bytes(h, ds->images + bytes / 8 * 8, bytes % 8);
+    return na_dist_hash(h, ds->images + bytes / 8 * 8, bytes % 8);
 }
 
 int trainer_check_ranks_agree(na_dist *d, const trainer_opts *o, const trainer_job *job) {

@@ -42,6 +42,7 @@
 #define NANOAMP_DIST_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "nanoamp/amp.h"
@@ -98,6 +99,13 @@ int na_dist_all_reduce_f64(na_dist *d, double *v, int n, na_dist_op op);
 /* All-gathers hash: NA_EINVAL "rank R's <what> differs from rank 0's" on every rank if any
  * rank's differs (ranks started with different flags or models). */
 int na_dist_check_same(na_dist *d, uint64_t hash, const char *what);
+/* The hashes na_dist_check_same compares: FNV-1a, h extended by n bytes (start from
+ * NA_DIST_HASH_START); equal inputs give equal hashes on machines of one byte order. */
+#define NA_DIST_HASH_START 0xcbf29ce484222325ull
+uint64_t na_dist_hash(uint64_t h, const void *p, size_t n);
+/* h extended by each state tensor's name, dtype and shape (na_module_state's list): ranks
+ * that built different models disagree on it. */
+uint64_t na_dist_hash_state(uint64_t h, const na_named_tensors *st);
 /* Bytes this rank has handed to collectives so far (payload, not wire traffic: a ring
  * all-reduce of B bytes sends about 2 (N-1)/N * B per rank). */
 int64_t na_dist_bytes(const na_dist *d);

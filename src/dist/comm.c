@@ -411,6 +411,22 @@ int na_dist_check_same(na_dist *d, uint64_t hash, const char *what) {
     return rc;
 }
 
+uint64_t na_dist_hash(uint64_t h, const void *p, size_t n) {
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
+    return h;
+}
+
+uint64_t na_dist_hash_state(uint64_t h, const na_named_tensors *st) {
+    for (int64_t k = 0; k < st->n; k++) {
+        const na_tensor *t = st->items[k].tensor;
+        h = na_dist_hash(h, st->items[k].name, strlen(st->items[k].name) + 1);
+        h = na_dist_hash(h, &t->dtype, sizeof t->dtype);
+        h = na_dist_hash(h, t->shape, (size_t)t->ndim * sizeof *t->shape);
+    }
+    return h;
+}
+
 /* ---- asynchronous sums (the DDP buckets) ------------------------------------------------- */
 
 int na_dist_start_sum(na_dist *d, na_tensor *t, na_dist_req *r, const char *fn,

@@ -193,25 +193,13 @@ void na_ddp_free(na_ddp *p) {
     free(p);
 }
 
-/* FNV-1a over the names, dtypes and shapes of the state, and the wrapper's settings: ranks
- * that built different models (or chose different reductions) disagree on it. */
-static uint64_t fnv(uint64_t h, const void *data, size_t n) {
-    const unsigned char *c = data;
-    for (size_t i = 0; i < n; i++) h = (h ^ c[i]) * 1099511628211ull;
-    return h;
-}
-
+/* The wrapper's settings, then the state's names, dtypes and shapes: ranks that built
+ * different models (or chose different reductions) disagree on it. Field by field: a
+ * struct's padding bytes are not part of its value. */
 static uint64_t model_hash(const na_named_tensors *st, const na_ddp_config *cfg) {
-    /* field by field: a struct's padding bytes are not part of its value */
-    uint64_t h = fnv(14695981039346656037ull, &cfg->bucket_bytes, sizeof cfg->bucket_bytes);
-    h = fnv(h, &cfg->allreduce_dtype, sizeof cfg->allreduce_dtype);
-    for (int64_t k = 0; k < st->n; k++) {
-        const na_tensor *t = st->items[k].tensor;
-        h = fnv(h, st->items[k].name, strlen(st->items[k].name) + 1);
-        h = fnv(h, &t->dtype, sizeof t->dtype);
-        h = fnv(h, t->shape, (size_t)t->ndim * sizeof *t->shape);
-    }
-    return h;
+    uint64_t h = na_dist_hash(NA_DIST_HASH_START, &cfg->bucket_bytes, sizeof cfg->bucket_bytes);
+    h = na_dist_hash(h, &cfg->allreduce_dtype, sizeof cfg->allreduce_dtype);
+    return na_dist_hash_state(h, st);
 }
 
 /* Buckets in reverse parameter order: a new one when the dtype or device changes or the next
