@@ -150,6 +150,9 @@ static double timeout_s(void) {
     return t > 0 ? t : 600;
 }
 
+/* Waits on the host (polling, bounded by NANOAMP_NCCL_TIMEOUT_S) so that a dead rank ends
+ * in an error, not a hang; this is one host wait per DDP step. A watchdog thread aborting the
+ * communicator would allow a stream wait instead (docs/distributed.md, "A rank that dies"). */
 int na_nccl_wait(na_dist *d, na_dist_req *r, const char *fn, const char *what) {
     na_nccl *c = d->nccl;
     cudaEvent_t ev = r->event;
