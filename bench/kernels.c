@@ -2,8 +2,14 @@
  * (the training step is na-bench's job). Each case prints the minimum over --repeats timed
  * calls, in milliseconds, which is the figure least disturbed by other work on the machine.
  *
- *   na-kbench [--repeats N] [case...]     cases: convert, maxpool, relu (default: all)
+ *   na-kbench [--repeats N] [--cpu-clock] [case...]
+ *             cases: conv, convert, maxpool, relu (default: all). --cpu-clock times CPU time
+ *             (all threads) instead of wall time: with NANOAMP_THREADS=1 it compares kernels
+ *             on a machine that is busy with other work.
  *
+ * conv:    the MNIST CNN's two convolutions (batch 128), forward and gradients, f32, through
+ *          the direct AVX-512 convolution and the im2col + GEMM path (cpu_direct_conv.c,
+ *          cpu_conv.c); "n" is the rate in GFLOP/s.
  * convert: f32 <-> f16 / bf16 of 4.8M elements (one CNN activation set), through the
  *          portable half.h loops and through the CPU's instructions (cpu_convert.c).
  * maxpool: the MNIST CNN's two 2x2 max pools (batch 128), forward with indices, f32 and f16,
@@ -13,20 +19,29 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "bench_util.h"
 #include "cpu/cpu_internal.h"
 
 static int repeats = 20;
+static bool cpu_clock; /* --cpu-clock: the process's CPU time instead of wall time */
+
+static double now_s(void) {
+    if (!cpu_clock) return bench_now_s();
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 /* min over `repeats` runs of body, in ms */
 #define BENCH_MIN_MS(result, body)                                                          \
     do {                                                                                    \
         double best_ = 1e300;                                                               \
         for (int r_ = 0; r_ < repeats; r_++) {                                              \
-            double t0_ = bench_now_s();                                                     \
+            double t0_ = now_s();                                                           \
             body;                                                                           \
-            double dt_ = (bench_now_s() - t0_) * 1e3;                                       \
+            double dt_ = (now_s() - t0_) * 1e3;                                             \
             if (dt_ < best_) best_ = dt_;                                                   \
         }                                                                                   \
         (result) = best_;                                                                   \
@@ -141,10 +156,54 @@ static int bench_relu(void) {
     return rc != 0;
 }
 
+/* The MNIST CNN's convolutions at batch 128 (3x3, padding 1): forward, data gradient (the
+ * second layer only: the first one's input needs none) and weight gradient, f32, through the
+ * direct convolution (where this CPU has it) and the im2col + GEMM path. */
+static int bench_conv(void) {
+    const int64_t layers[2][4] = {{1, 32, 28, 28}, {32, 64, 14, 14}}; /* c_in c_out h w */
+    int rc = 0;
+    for (int l = 0; l < 2; l++) {
+        const int64_t *L = layers[l];
+        na_conv_geom g = {.n = 128, .c_in = L[0], .h = L[2], .w = L[3], .c_out = L[1],
+                          .oh = L[2], .ow = L[3], .kh = 3, .kw = 3, .sh = 1, .sw = 1, .ph = 1,
+                          .pw = 1, .dh = 1, .dw = 1, .groups = 1};
+        int64_t xs[4] = {128, L[0], L[2], L[3]}, ys[4] = {128, L[1], L[2], L[3]},
+                ws[4] = {L[1], L[0], 3, 3}, bs[1] = {L[1]};
+        na_view x = bench_view(NA_DTYPE_F32, 4, xs), y = bench_view(NA_DTYPE_F32, 4, ys),
+                w = bench_view(NA_DTYPE_F32, 4, ws), b = bench_view(NA_DTYPE_F32, 1, bs),
+                gx = bench_view(NA_DTYPE_F32, 4, xs), gw = bench_view(NA_DTYPE_F32, 4, ws);
+        if (!x.data || !y.data || !w.data || !b.data || !gx.data || !gw.data) return 1;
+        bench_fill(&x), bench_fill(&w), bench_fill(&b), bench_fill(&y);
+        double gflop = 2.0 * 128 * L[0] * L[1] * 9 * L[2] * L[3] / 1e9;
+        for (int gemm = 1; gemm >= 0; gemm--) {
+            na_cpu_conv_force_gemm = gemm;
+            const char *v = gemm ? "im2col_gemm" : na_cpu_direct_conv_usable(&g, false)
+                                                       ? "direct_avx512" : "im2col_gemm";
+            char name[64];
+            double ms;
+            BENCH_MIN_MS(ms, rc |= na_cpu_conv2d(&g, &x, &w, &b, &y));
+            snprintf(name, sizeof name, "conv%d_forward", l + 1);
+            print_row(name, v, (int64_t)(gflop * 1e3 / ms), ms); /* n: GFLOP/s */
+            if (l == 1) {
+                BENCH_MIN_MS(ms, rc |= na_cpu_conv2d_backward_data(&g, &y, &w, &gx));
+                snprintf(name, sizeof name, "conv%d_backward_data", l + 1);
+                print_row(name, v, (int64_t)(gflop * 1e3 / ms), ms);
+            }
+            BENCH_MIN_MS(ms, rc |= na_cpu_conv2d_backward_weight(&g, &x, &y, &gw));
+            snprintf(name, sizeof name, "conv%d_backward_weight", l + 1);
+            print_row(name, v, (int64_t)(gflop * 1e3 / ms), ms);
+        }
+        na_cpu_conv_force_gemm = false;
+        free(x.data), free(y.data), free(w.data), free(b.data), free(gx.data), free(gw.data);
+    }
+    return rc != 0;
+}
+
 static const struct {
     const char *name;
     int (*run)(void);
 } cases[] = {
+    {"conv", bench_conv},
     {"convert", bench_convert},
     {"maxpool", bench_maxpool},
     {"relu", bench_relu},
@@ -155,6 +214,10 @@ int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--repeats")) {
             repeats = (int)bench_arg_i64(argc, argv, &i, 1);
+            continue;
+        }
+        if (!strcmp(argv[i], "--cpu-clock")) {
+            cpu_clock = true;
             continue;
         }
         size_t k = 0;

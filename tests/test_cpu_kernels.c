@@ -1078,17 +1078,21 @@ Test(cpu_reference, gemm_fast_paths_meet_the_specification) {
 }
 
 /* One random convolution: groups, stride, padding (up to past the kernel's reach), dilation,
- * bias, non-square everything, images per block; forward and both adjoints, with the
- * backend's GEMM and the built-in one, against the specification. */
-static void random_conv_case(na_dtype dt) {
+ * bias, non-square everything, images per block; forward and both adjoints, as shipped (the
+ * direct AVX-512 convolution where it applies), on the GEMM path with the backend's GEMM and
+ * the built-in one, against the specification. `big` draws more channels and pixels: several
+ * 8-channel blocks and 48-pixel chunks with partial tails. */
+static void random_conv_case(na_dtype dt, bool big) {
+    int64_t cmax = big ? 12 : 3, smax = big ? 24 : 10;
     na_conv_geom g = {.n = irand(1, 3), .groups = (int)irand(1, 3), .kh = (int)irand(1, 4),
                       .kw = (int)irand(1, 4), .sh = (int)irand(1, 3), .sw = (int)irand(1, 3),
                       .ph = (int)irand(0, 3), .pw = (int)irand(0, 3), .dh = (int)irand(1, 3),
                       .dw = (int)irand(1, 3)};
-    g.c_in = g.groups * irand(1, 3);
-    g.c_out = g.groups * irand(1, 3);
-    g.h = irand(1, 10);
-    g.w = irand(1, 10);
+    if (big && urand() < 0.7) g.sw = g.dw = 1; /* mostly shapes the direct path takes */
+    g.c_in = g.groups * irand(1, cmax);
+    g.c_out = g.groups * irand(1, cmax);
+    g.h = irand(1, smax);
+    g.w = irand(1, smax);
     g.oh = (g.h + 2 * g.ph - g.dh * (g.kh - 1) - 1) / g.sh + 1;
     g.ow = (g.w + 2 * g.pw - g.dw * (g.kw - 1) - 1) / g.sw + 1;
     if (g.oh < 1 || g.ow < 1) return; /* the kernel does not fit: not a convolution */
@@ -1114,9 +1118,10 @@ static void random_conv_case(na_dtype dt) {
     cr_assert_eq(na_cpu_ref_conv2d_backward_data(&g, &agy, &aw, &gx[1]), NA_OK);
     cr_assert_eq(na_cpu_ref_conv2d_backward_weight(&g, &ax, &agy, &gw[1]), NA_OK);
     int64_t keep = na_cpu_conv_block_budget;
-    for (int variant = 0; variant < 3; variant++) {
-        /* 0: as shipped; 1: the built-in GEMM; 2: one image per block */
+    for (int variant = 0; variant < 4; variant++) {
+        /* 0: as shipped; 1: the built-in GEMM; 2: one image per block; 3: the GEMM path */
         na_cpu_gemm_force_builtin = variant == 1;
+        na_cpu_conv_force_gemm = variant >= 1;
         if (variant == 2) na_cpu_conv_block_budget = 1;
         fill_rand(&y[2], 9, 10); /* every output is overwritten */
         fill_rand(&gx[2], 9, 10);
@@ -1125,6 +1130,7 @@ static void random_conv_case(na_dtype dt) {
         if (!rc) rc = B->conv2d_backward_data(&g, &gy, &w, &gx[2]);
         if (!rc) rc = B->conv2d_backward_weight(&g, &x, &gy, &gw[2]);
         na_cpu_gemm_force_builtin = false;
+        na_cpu_conv_force_gemm = false;
         na_cpu_conv_block_budget = keep;
         cr_assert_eq(rc, NA_OK, "%s", na_last_error());
         char what[200];
@@ -1141,7 +1147,46 @@ static void random_conv_case(na_dtype dt) {
 }
 
 Test(cpu_reference, conv_fast_paths_meet_the_specification) {
-    for (int t = 0; t < 400; t++) random_conv_case(float_dtypes[t % 4]);
+    for (int t = 0; t < 400; t++) random_conv_case(float_dtypes[t % 4], false);
+    for (int t = 0; t < 60; t++) random_conv_case(float_dtypes[t % 4], true);
+}
+
+/* The direct convolution is taken where it should be (this CPU permitting) and the MNIST
+ * CNN's second layer agrees with the GEMM path to f32 rounding, forward and data gradient. */
+Test(cpu_conv, direct_path_on_cnn_shapes) {
+    na_conv_geom g = conv_geom(4, 32, 14, 14, 64, 3, 1, 1, 1, 1);
+    if (!na_cpu_direct_conv_usable(&g, false))
+        cr_skip("this CPU has no AVX-512F (or NANOAMP_CPU_CONV=gemm): no direct convolution");
+    cr_assert(na_cpu_direct_conv_usable(&g, true));
+    na_conv_geom s2 = conv_geom(4, 32, 14, 14, 64, 3, 2, 1, 1, 1);
+    cr_assert(!na_cpu_direct_conv_usable(&s2, false), "horizontal stride 2: the GEMM path");
+    cr_assert(!na_cpu_direct_conv_usable(&s2, true));
+    na_view x = MK(NA_DTYPE_F32, 4, 32, 14, 14), w = MK(NA_DTYPE_F32, 64, 32, 3, 3),
+            b = MK(NA_DTYPE_F32, 64), y[2], gx[2], gy = MK(NA_DTYPE_F32, 4, 64, 14, 14);
+    fill_rand(&x, -1, 1);
+    fill_rand(&w, -1, 1);
+    fill_rand(&b, -1, 1);
+    fill_rand(&gy, -1, 1);
+    for (int v = 0; v < 2; v++) {
+        y[v] = MK(NA_DTYPE_F32, 4, 64, 14, 14);
+        gx[v] = MK(NA_DTYPE_F32, 4, 32, 14, 14);
+        na_cpu_conv_force_gemm = v == 1;
+        cr_assert_eq(B->conv2d(&g, &x, &w, &b, &y[v]), NA_OK);
+        cr_assert_eq(B->conv2d_backward_data(&g, &gy, &w, &gx[v]), NA_OK);
+        na_cpu_conv_force_gemm = false;
+    }
+    /* 288-term sums of products of magnitude < 1: within 288 * 2^-24 * 288 of each other */
+    na_view y64 = rounded(NA_DTYPE_F64, &y[1]), gx64 = rounded(NA_DTYPE_F64, &gx[1]);
+    expect_close_arr(&y[0], y64.data, 1e-4, 1e-5, "direct y against the GEMM path");
+    expect_close_arr(&gx[0], gx64.data, 1e-4, 1e-5, "direct gx against the GEMM path");
+    rm(&y64); rm(&gx64);
+    bool differs = false;
+    for (int64_t i = 0; i < y[0].numel && !differs; i++)
+        differs = get(&y[0], i) != get(&y[1], i);
+    cr_assert(differs, "the two paths sum in different orders: identical bits mean the direct "
+              "path did not run");
+    rm(&x); rm(&w); rm(&b); rm(&gy);
+    for (int v = 0; v < 2; v++) rm(&y[v]), rm(&gx[v]);
 }
 
 /* The specification itself, on numbers worked by hand. */

@@ -3,6 +3,7 @@
  * chain, freed blocks are reused, values stay exact where gradients share blocks (views, a
  * tensor used twice), and what the user holds stays intact. */
 #include "helpers.h"
+#include "cpu/cpu_internal.h"
 #include "nanoamp/nn.h"
 #include "nanoamp/threads.h"
 #include "src/tensor/arena.h"
@@ -220,8 +221,10 @@ Test(memory, an_ops_saved_temporaries_go_back) {
     na_step_end();
 }
 
-/* The CPU kernels' scratch (here im2col columns of a convolution) is counted. */
+/* The CPU kernels' scratch (here im2col columns of a convolution, on the GEMM path) is
+ * counted. */
 Test(memory, cpu_scratch_is_counted) {
+    na_cpu_conv_force_gemm = true;
     size_t before = na_cpu_scratch_peak();
     na_tensor *x = TH_OK(na_rand(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(8, 64, 64, 64), -1, 1));
     na_tensor *w = TH_OK(na_rand(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(64, 64, 3, 3), -1, 1));
@@ -232,5 +235,6 @@ Test(memory, cpu_scratch_is_counted) {
                   "%zu", na_cpu_scratch_peak(), cols);
     cr_assert_geq(na_cpu_scratch_peak(), na_cpu_scratch_bytes());
     cr_assert_gt(na_cpu_scratch_bytes(), 0);
+    na_cpu_conv_force_gemm = false;
     na_step_end();
 }

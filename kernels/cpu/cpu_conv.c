@@ -72,7 +72,7 @@ static int check_geom(const char *fn, const na_conv_geom *g, bool conv) {
 enum { NA_CPU_CONV_TASKS = 8 };            /* image ranges of a large convolution */
 #define NA_CPU_CONV_TASK_MACS ((int64_t)1 << 20) /* below this much work per task: one task */
 
-static int64_t conv_tasks(const na_conv_geom *g) {
+int64_t na_cpu_conv_tasks(const na_conv_geom *g) {
     int64_t per_image = g->c_out * (g->c_in / g->groups) * g->kh * g->kw * g->oh * g->ow;
     return g->n < 1 ? 1 : na_cpu_split(g->n * per_image, NA_CPU_CONV_TASK_MACS,
                                        g->n < NA_CPU_CONV_TASKS ? g->n : NA_CPU_CONV_TASKS);
@@ -81,11 +81,12 @@ static int64_t conv_tasks(const na_conv_geom *g) {
 /* The weight gradient's tasks: as conv_tasks, but their partials (wsize elements each) kept
  * within the block budget. */
 static int64_t weight_grad_tasks(const na_conv_geom *g, int64_t wsize) {
-    int64_t t = conv_tasks(g), fit = wsize > 0 ? na_cpu_conv_block_budget / wsize : t;
+    int64_t t = na_cpu_conv_tasks(g), fit = wsize > 0 ? na_cpu_conv_block_budget / wsize : t;
     return t < fit ? t : fit < 1 ? 1 : fit;
 }
 
 typedef struct conv_job conv_job;
+static int conv2d_bwd_weight_direct_range(const conv_job *j, int64_t lo, int64_t hi, int64_t t);
 struct conv_job {
     const na_conv_geom *g;
     const na_view *x, *gy, *bias;
@@ -281,7 +282,7 @@ static int conv_run(conv_job *j) {
         if (!wb || !bb) return NA_ENOMEM;                                                   \
         conv_job j = {.g = g, .x = x, .bias = bias, .y = y, .bb = bb,                       \
                       .wv = na_cpu_view_##SFX(w->dtype, w->data, 0, g->c_out * K, wb),      \
-                      .tasks = conv_tasks(g), .range = conv2d_range_##SFX};                 \
+                      .tasks = na_cpu_conv_tasks(g), .range = conv2d_range_##SFX};                 \
         if (bias) na_cpu_load_##SFX(bias->dtype, bias->data, 0, g->c_out, bb);              \
         else memset(bb, 0, (size_t)g->c_out * sizeof(T));                                  \
         return conv_run(&j);                                                                \
@@ -293,7 +294,7 @@ static int conv_run(conv_job *j) {
         int64_t K = g->c_in / g->groups * g->kh * g->kw;                                    \
         T *wb = na_cpu_scratch(NA_CPU_SCRATCH_3, (size_t)(g->c_out * K) * sizeof(T), fn);   \
         if (!wb) return NA_ENOMEM;                                                          \
-        conv_job j = {.g = g, .gy = gy, .gx = gx, .tasks = conv_tasks(g),                   \
+        conv_job j = {.g = g, .gy = gy, .gx = gx, .tasks = na_cpu_conv_tasks(g),                   \
                       .range = conv2d_bwd_data_range_##SFX,                                 \
                       .wv = na_cpu_view_##SFX(w->dtype, w->data, 0, g->c_out * K, wb)};     \
         return conv_run(&j);                                                                \
@@ -311,7 +312,9 @@ static int conv_run(conv_job *j) {
         T *gwv = tasks == 1 ? na_cpu_out_##SFX(gw->dtype, gw->data, 0, gwb) : gwb;          \
         if (g->n == 0) memset(gwv, 0, (size_t)wsize * sizeof(T));                           \
         conv_job j = {.g = g, .x = x, .gy = gy, .gw = gwv, .tasks = tasks,                  \
-                      .range = conv2d_bwd_weight_range_##SFX};                              \
+                      .range = sizeof(T) == sizeof(float) && na_cpu_direct_conv_usable(g, false) \
+                                   ? conv2d_bwd_weight_direct_range                         \
+                                   : conv2d_bwd_weight_range_##SFX};                        \
         int st = conv_run(&j);                                                              \
         if (st) return st;                                                                  \
         for (int64_t t = 1; t < tasks; t++)                                                 \
@@ -323,7 +326,16 @@ static int conv_run(conv_job *j) {
 NA_CPU_DEFINE_CONV(float, f, na_cpu_sgemm)
 NA_CPU_DEFINE_CONV(double, d, na_cpu_dgemm)
 
-#define NA_CPU_CONV_DISPATCH(fn, name, a, b, c, ...)                                        \
+/* task t's weight-gradient partial of images [lo, hi) on the direct path (cpu_direct_conv.c) */
+static int conv2d_bwd_weight_direct_range(const conv_job *j, int64_t lo, int64_t hi, int64_t t) {
+    const na_conv_geom *g = j->g;
+    float *gw = (float *)j->gw + t * g->c_out * (g->c_in / g->groups) * g->kh * g->kw;
+    return na_cpu_direct_conv2d_wgrad_range(g, j->x, j->gy, lo, hi, gw);
+}
+
+/* f64 (any operand) runs the GEMM path in double; f32 compute runs the direct convolution
+ * (cpu_direct_conv.c) where it applies (`direct_ok`), else the GEMM path in float. */
+#define NA_CPU_CONV_DISPATCH(fn, name, direct_ok, direct_call, a, b, c, ...)                \
     do {                                                                                    \
         NA_CPU_CHECK_FLOAT(fn, a);                                                          \
         NA_CPU_CHECK_FLOAT(fn, b);                                                          \
@@ -332,23 +344,28 @@ NA_CPU_DEFINE_CONV(double, d, na_cpu_dgemm)
         if (st_) return st_;                                                                \
         bool d_ = a->dtype == NA_DTYPE_F64 || b->dtype == NA_DTYPE_F64 ||                   \
                   c->dtype == NA_DTYPE_F64;                                                 \
-        return d_ ? name##_d(g, __VA_ARGS__) : name##_f(g, __VA_ARGS__);                    \
+        if (d_) return name##_d(g, __VA_ARGS__);                                            \
+        return (direct_ok) ? (direct_call) : name##_f(g, __VA_ARGS__);                      \
     } while (0)
 
 int na_cpu_conv2d(const na_conv_geom *g, const na_view *x, const na_view *w,
                   const na_view *bias, na_view *y) {
     NA_CPU_CHECK_FLOAT("cpu_conv2d", bias);
-    NA_CPU_CONV_DISPATCH("cpu_conv2d", conv2d, x, w, y, x, w, bias, y);
+    NA_CPU_CONV_DISPATCH("cpu_conv2d", conv2d, na_cpu_direct_conv_usable(g, false),
+                         na_cpu_direct_conv2d(g, x, w, bias, y, false), x, w, y, x, w, bias, y);
 }
 
 int na_cpu_conv2d_backward_data(const na_conv_geom *g, const na_view *gy, const na_view *w,
                                 na_view *gx) {
-    NA_CPU_CONV_DISPATCH("cpu_conv2d_backward_data", conv2d_bwd_data, gy, w, gx, gy, w, gx);
+    NA_CPU_CONV_DISPATCH("cpu_conv2d_backward_data", conv2d_bwd_data,
+                         na_cpu_direct_conv_usable(g, true),
+                         na_cpu_direct_conv2d(g, gy, w, NULL, gx, true), gy, w, gx, gy, w, gx);
 }
 
 int na_cpu_conv2d_backward_weight(const na_conv_geom *g, const na_view *x, const na_view *gy,
                                   na_view *gw) {
-    NA_CPU_CONV_DISPATCH("cpu_conv2d_backward_weight", conv2d_bwd_weight, x, gy, gw, x, gy, gw);
+    NA_CPU_CONV_DISPATCH("cpu_conv2d_backward_weight", conv2d_bwd_weight, false, NA_OK, x, gy,
+                         gw, x, gy, gw);
 }
 
 /* ---- pooling ---------------------------------------------------------------------------- */

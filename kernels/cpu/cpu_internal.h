@@ -257,6 +257,26 @@ extern bool na_cpu_pool_force_generic;
 /* Test hook: elements of scratch one convolution block (images per GEMM) may use. */
 extern int64_t na_cpu_conv_block_budget;
 
+/* ---- convolution (cpu_conv.c, cpu_direct_conv.c) ---------------------------------------- */
+
+/* Image-range tasks of a convolution: fixed by its size, never by the thread count. */
+int64_t na_cpu_conv_tasks(const na_conv_geom *g);
+/* Whether the direct AVX-512 convolution runs this forward (or, with backward_data, its data
+ * gradient) in f32 compute: the CPU has AVX-512F, horizontal stride and dilation are 1 (and
+ * for the data gradient stride 1, dilation 1, padding < kernel), NANOAMP_CPU_CONV is not
+ * "gemm" and the test hook below is off. */
+bool na_cpu_direct_conv_usable(const na_conv_geom *g, bool backward_data);
+/* y = conv(x, w) + bias, or with backward_data gx (as y) from gy (as x), bias NULL. Checked
+ * arguments; NA_OK or NA_ENOMEM. */
+int na_cpu_direct_conv2d(const na_conv_geom *g, const na_view *x, const na_view *w,
+                         const na_view *bias, na_view *y, bool backward_data);
+/* gw (c_out x K, f32) = the weight gradient of images [lo, hi) (lo < hi), on the direct path
+ * (where na_cpu_direct_conv_usable(g, false) said yes). NA_OK or NA_ENOMEM. */
+int na_cpu_direct_conv2d_wgrad_range(const na_conv_geom *g, const na_view *x, const na_view *gy,
+                                     int64_t lo, int64_t hi, float *gw);
+/* Test hook: when true, convolutions always take the im2col + GEMM path. */
+extern bool na_cpu_conv_force_gemm;
+
 /* ---- the specification (cpu_reference.c) ------------------------------------------------
  * Plain loops that define what the gemm and conv2d kernels compute (same arguments, same
  * numerics: f32 accumulation, f64 for f64, one rounding); the fast paths are tested against

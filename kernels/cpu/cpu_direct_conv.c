@@ -1,0 +1,376 @@
+/* kernels/cpu/cpu_direct_conv.c — direct 2-d convolution on AVX-512 (f32 compute, NCHW).
+ *
+ * The im2col + GEMM path (cpu_conv.c) moves every activation three or four times around the
+ * product: im2col, OpenBLAS's own packing, the output block back into NCHW, and for the data
+ * gradient a gather of gy, a zero fill and col2im. Here the product reads its input through a
+ * small packed panel and writes its output in place:
+ *
+ *   per image and group, per chunk of up to 48 output pixels (p = oy*OW + ox, three 16-lane
+ *   tiles), pack panel[k][lane] = x[ci][oy*sh - ph + ki*dh][ox - pw + kj] for k = (ci, ki, kj),
+ *   zero outside the input (masked unaligned loads, one per output row the tile touches);
+ *   then per block of 8 output channels an 8 x 48 register tile
+ *       acc[i][t] = bias[co] + sum over k of w[co][k] * panel[k][16t ..]
+ *   (24 accumulators, one FMA per accumulator per k), stored straight into y's rows.
+ *
+ * The data gradient of a stride-1, dilation-1 convolution is itself such a convolution: gy
+ * convolved with the weights flipped in space and transposed in channels, padded by k-1-p. So
+ * the same code writes gx directly, with no col2im and no zero fill.
+ *
+ * Each output element is one sum in a fixed order (k ascending) and tasks are image ranges
+ * fixed by the problem's size, so results do not depend on the thread count. The order
+ * differs from the GEMM path's, so the two agree to rounding, not bit for bit (tests in
+ * tests/test_cpu_kernels.c hold both to the specification's error bound).
+ *
+ * The weight gradient gW = gy . col^T reduces along both operands' rows, so it runs as dot
+ * products over 16-pixel lanes: the columns packed per block of images in whole 16-pixel
+ * tiles by the same packer, gy's rows copied beside them, and no OpenBLAS packing.
+ *
+ * Used for f32 compute (f32, f16 and bf16 tensors, widened per image as the GEMM path does;
+ * f64, the gradient checks' reference, keeps the GEMM path) when the CPU has AVX-512F, the
+ * horizontal stride and dilation are 1 (the panel's rows are then contiguous input runs), and
+ * NANOAMP_CPU_CONV is not "gemm". Measured in docs/benchmarks.md.
+ */
+#include <stdlib.h>
+
+#include "cpu/cpu_internal.h"
+#include "cpu/cpu_parallel.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define NA_DC_X86 1
+#include <immintrin.h>
+#define NA_AVX512 __attribute__((target("avx512f,fma")))
+#endif
+
+bool na_cpu_conv_force_gemm = false;
+
+enum { DC_MR = 8, DC_LANES = 16, DC_NT = 3, DC_CHUNK = DC_LANES * DC_NT };
+
+/* One group's convolution as the kernel runs it: cin planes of H x W in, cout planes of
+ * OH x OW out, horizontal stride and dilation 1. */
+typedef struct {
+    int64_t cin, H, W, cout, OH, OW, K, blocks; /* K = cin*KH*KW; blocks of DC_MR outputs */
+    int KH, KW, sh, ph, pw, dh;
+} dc_shape;
+
+static bool cpu_has_avx512f(void) {
+#ifdef NA_DC_X86
+    static _Atomic int has = -1;
+    if (has < 0) {
+        __builtin_cpu_init();
+        has = __builtin_cpu_supports("avx512f") != 0;
+    }
+    return has;
+#else
+    return false;
+#endif
+}
+
+static bool env_forces_gemm(void) {
+    static _Atomic int gemm = -1;
+    if (gemm < 0) {
+        const char *e = getenv("NANOAMP_CPU_CONV");
+        gemm = e && strcmp(e, "gemm") == 0;
+    }
+    return gemm;
+}
+
+bool na_cpu_direct_conv_usable(const na_conv_geom *g, bool backward_data) {
+    if (na_cpu_conv_force_gemm || env_forces_gemm() || !cpu_has_avx512f()) return false;
+    if (g->sw != 1 || g->dw != 1 || g->h * g->w > INT32_MAX || g->oh * g->ow > INT32_MAX)
+        return false;
+    /* the data gradient as a convolution of gy needs padding k-1-p >= 0 */
+    return !backward_data ||
+           (g->sh == 1 && g->dh == 1 && g->ph <= g->kh - 1 && g->pw <= g->kw - 1);
+}
+
+#ifdef NA_DC_X86
+
+/* ---- packing ------------------------------------------------------------------------------ */
+
+/* The input runs of one tile for one tap: lane l reads x[off[s] + l] where bit l of m[s] is
+ * set (a 16-lane tile touches at most 16 output rows). */
+typedef struct {
+    int n;
+    int64_t off[DC_LANES];
+    __mmask16 m[DC_LANES];
+} dc_runs;
+
+static void tile_runs(const dc_shape *s, int64_t pt, int ki, int kj, dc_runs *r) {
+    int64_t P = s->OH * s->OW, last = pt + DC_LANES < P ? pt + DC_LANES : P;
+    r->n = 0;
+    for (int64_t oy = pt / s->OW; oy * s->OW < last; oy++) {
+        int64_t iy = oy * s->sh - s->ph + (int64_t)ki * s->dh;
+        if (iy < 0 || iy >= s->H) continue;
+        int64_t row0 = oy * s->OW - pt;             /* lane of this row's ox = 0 */
+        int64_t a = row0 > 0 ? row0 : 0;            /* lanes of this output row */
+        int64_t b = row0 + s->OW < last - pt ? row0 + s->OW : last - pt;
+        int64_t xa = row0 + s->pw - kj, xb = xa + s->W; /* lanes whose ix is in [0, W) */
+        if (xa > a) a = xa;
+        if (xb < b) b = xb;
+        if (a >= b) continue;
+        r->off[r->n] = iy * s->W - xa;              /* lane l reads row iy, column l - xa */
+        r->m[r->n] = (__mmask16)(((1u << b) - 1) & ~((1u << a) - 1));
+        r->n++;
+    }
+}
+
+/* dst[k*ld + 16t + l] = the input under tap k = (ci, ki, kj) of output pixel p0 + 16t + l, for
+ * the nt tiles from p0 (zero outside the input and past the last pixel). With ld = 48 it is
+ * the forward's panel; with ld = the row length of an im2col block, the block's columns. */
+NA_AVX512 static void pack_tiles(const dc_shape *s, const float *x, int64_t p0, int64_t nt,
+                                 float *restrict dst, int64_t ld) {
+    const int64_t HW = s->H * s->W, taps = (int64_t)s->KH * s->KW;
+    dc_runs runs;
+    for (int64_t t = 0; t < nt; t++)
+        for (int ki = 0; ki < s->KH; ki++)
+            for (int kj = 0; kj < s->KW; kj++) {
+                tile_runs(s, p0 + t * DC_LANES, ki, kj, &runs);
+                float *d = dst + (ki * s->KW + kj) * ld + t * DC_LANES;
+                for (int64_t ci = 0; ci < s->cin; ci++, d += taps * ld) {
+                    /* masked-off lanes are neither read nor faulted: the address may lie
+                     * outside the plane, so it is formed as an integer */
+                    uintptr_t plane = (uintptr_t)(x + ci * HW);
+                    __m512 v = _mm512_setzero_ps();
+                    for (int q = 0; q < runs.n; q++)
+                        v = _mm512_mask_loadu_ps(
+                            v, runs.m[q],
+                            (const void *)(plane + (uintptr_t)runs.off[q] * sizeof(float)));
+                    _mm512_storeu_ps(d, v);
+                }
+            }
+}
+
+/* ---- the register tile ---------------------------------------------------------------------
+ * rows (<= 8) output channels x NT tiles from pixel p0: y[i*P + p] = bias[i] + w . panel;
+ * wp is the block's packed weights [K][8] (rows past `rows` are zero). */
+#define NA_DC_DEFINE_TILE(NT)                                                               \
+    NA_AVX512 static void tile##NT(int64_t K, const float *restrict wp,                    \
+                                   const float *restrict panel, const float *bias, int rows, \
+                                   float *restrict y, int64_t P, int64_t p0) {              \
+        __m512 acc[DC_MR][NT];                                                              \
+        _Pragma("GCC unroll 8") for (int i = 0; i < DC_MR; i++) {                           \
+            __m512 b0 = _mm512_set1_ps(bias && i < rows ? bias[i] : 0.0f);                  \
+            _Pragma("GCC unroll 3") for (int t = 0; t < NT; t++) acc[i][t] = b0;            \
+        }                                                                                   \
+        for (int64_t k = 0; k < K; k++) {                                                   \
+            __m512 v[NT];                                                                   \
+            _Pragma("GCC unroll 3") for (int t = 0; t < NT; t++)                            \
+                v[t] = _mm512_load_ps(panel + k * DC_CHUNK + t * DC_LANES);                 \
+            _Pragma("GCC unroll 8") for (int i = 0; i < DC_MR; i++) {                       \
+                __m512 wv = _mm512_set1_ps(wp[k * DC_MR + i]);                              \
+                _Pragma("GCC unroll 3") for (int t = 0; t < NT; t++)                        \
+                    acc[i][t] = _mm512_fmadd_ps(wv, v[t], acc[i][t]);                       \
+            }                                                                               \
+        }                                                                                   \
+        _Pragma("GCC unroll 8") for (int i = 0; i < DC_MR; i++) {                           \
+            if (i >= rows) break;                                                           \
+            _Pragma("GCC unroll 3") for (int t = 0; t < NT; t++) {                          \
+                int64_t p = p0 + t * DC_LANES;                                              \
+                __mmask16 m = P - p >= DC_LANES ? (__mmask16)0xFFFF                         \
+                                                : (__mmask16)((1u << (P - p)) - 1);         \
+                _mm512_mask_storeu_ps(y + i * P + p, m, acc[i][t]);                         \
+            }                                                                               \
+        }                                                                                   \
+    }
+NA_DC_DEFINE_TILE(1)
+NA_DC_DEFINE_TILE(2)
+NA_DC_DEFINE_TILE(3)
+
+/* y (s->cout planes) = the convolution of the s->cin planes at x; wp packed for the group */
+NA_AVX512 static void conv_image(const dc_shape *s, const float *x, const float *wp,
+                                 const float *bias, float *y, float *panel) {
+    const int64_t P = s->OH * s->OW;
+    for (int64_t p0 = 0; p0 < P; p0 += DC_CHUNK) {
+        int nt = (int)((P - p0 + DC_LANES - 1) / DC_LANES);
+        nt = nt > DC_NT ? DC_NT : nt;
+        pack_tiles(s, x, p0, nt, panel, DC_CHUNK);
+        for (int64_t b = 0; b < s->blocks; b++) {
+            int64_t co = b * DC_MR;
+            int rows = (int)(s->cout - co < DC_MR ? s->cout - co : DC_MR);
+            const float *wb = wp + b * s->K * DC_MR, *bb = bias ? bias + co : NULL;
+            if (nt == 3) tile3(s->K, wb, panel, bb, rows, y + co * P, P, p0);
+            else if (nt == 2) tile2(s->K, wb, panel, bb, rows, y + co * P, P, p0);
+            else tile1(s->K, wb, panel, bb, rows, y + co * P, P, p0);
+        }
+    }
+}
+
+/* ---- the weight gradient -------------------------------------------------------------------
+ * gW[co][k] = sum over pixels l of gy[co][l] * col[k][l], both as rows of L pixels (a block of
+ * images, each padded with zeros to whole 16-pixel vectors). The sum runs along the rows of
+ * both, so a 4 x 6 tile of gW keeps 24 vector accumulators of 16 pixel lanes: each step loads
+ * 4 + 6 vectors for 24 FMAs, and the lanes are summed once per tile. */
+NA_AVX512 static void abt(int64_t M, int64_t N, int64_t L, const float *A, int64_t lda,
+                          const float *B, float *C, int64_t ldc, bool accumulate) {
+    enum { TM = 4, TN = 6 };
+    for (int64_t n0 = 0; n0 < N; n0 += TN)
+        for (int64_t m0 = 0; m0 < M; m0 += TM) {
+            /* rows past M or N repeat the last one; their sums are not stored */
+            const float *ar[TM], *br[TN];
+            for (int i = 0; i < TM; i++) ar[i] = A + (m0 + i < M ? m0 + i : M - 1) * lda;
+            for (int j = 0; j < TN; j++) br[j] = B + (n0 + j < N ? n0 + j : N - 1) * L;
+            __m512 acc[TM][TN];
+            _Pragma("GCC unroll 4") for (int i = 0; i < TM; i++)
+                _Pragma("GCC unroll 6") for (int j = 0; j < TN; j++) acc[i][j] = _mm512_setzero_ps();
+            for (int64_t l = 0; l < L; l += DC_LANES) {
+                __m512 a[TM];
+                _Pragma("GCC unroll 4") for (int i = 0; i < TM; i++) a[i] = _mm512_loadu_ps(ar[i] + l);
+                _Pragma("GCC unroll 6") for (int j = 0; j < TN; j++) {
+                    __m512 b = _mm512_load_ps(br[j] + l);
+                    _Pragma("GCC unroll 4") for (int i = 0; i < TM; i++)
+                        acc[i][j] = _mm512_fmadd_ps(a[i], b, acc[i][j]);
+                }
+            }
+            for (int i = 0; i < TM && m0 + i < M; i++)
+                for (int j = 0; j < TN && n0 + j < N; j++) {
+                    float v = _mm512_reduce_add_ps(acc[i][j]);
+                    float *c = C + (m0 + i) * ldc + n0 + j;
+                    *c = accumulate ? *c + v : v;
+                }
+        }
+}
+
+/* gw (c_out x K, f32) = the weight gradient of images [lo, hi): per block of about 1024 pixels
+ * (a 6-row slice of the columns stays in L1), the im2col columns packed in whole 16-pixel
+ * tiles and gy's rows copied beside them with the same zero tails, then abt. An f32 gy whose
+ * images are whole vectors of at least 512 pixels is read in place, an image at a time (the
+ * copy would cost more than the product for few channels, as in a first layer). */
+static int wgrad_range(const na_conv_geom *g, const na_view *x, const na_view *gy, int64_t lo,
+                       int64_t hi, float *gw) {
+    const char *fn = "cpu_conv2d_backward_weight";
+    int64_t G = g->groups, cg = g->c_in / G, cog = g->c_out / G;
+    dc_shape s = {.cin = cg, .H = g->h, .W = g->w, .cout = cog, .OH = g->oh, .OW = g->ow,
+                  .KH = g->kh, .KW = g->kw, .sh = g->sh, .ph = g->ph, .pw = g->pw, .dh = g->dh};
+    s.K = cg * g->kh * g->kw;
+    int64_t P = g->oh * g->ow, HW = g->h * g->w, P16 = (P + DC_LANES - 1) / DC_LANES * DC_LANES;
+    bool in_place = gy->dtype == NA_DTYPE_F32 && P == P16 && P >= 512;
+    int64_t NB = in_place || 1024 / P16 < 1 ? 1 : 1024 / P16 > hi - lo ? hi - lo : 1024 / P16;
+    float *xb = na_cpu_scratch(NA_CPU_SCRATCH_0, (size_t)(cg * HW) * sizeof(float), fn);
+    float *col = na_cpu_scratch(NA_CPU_SCRATCH_1, (size_t)(s.K * NB * P16) * sizeof(float), fn);
+    float *gyb = na_cpu_scratch(NA_CPU_SCRATCH_2, (size_t)(cog * NB * P16) * sizeof(float), fn);
+    if (!xb || !col || !gyb) return NA_ENOMEM;
+    for (int64_t n0 = lo; n0 < hi; n0 += NB) {
+        int64_t nb = hi - n0 < NB ? hi - n0 : NB, L = nb * P16;
+        for (int64_t gi = 0; gi < G; gi++) {
+            for (int64_t b = 0; b < nb; b++) {
+                const float *xv = na_cpu_view_f(x->dtype, x->data,
+                                                ((n0 + b) * g->c_in + gi * cg) * HW, cg * HW, xb);
+                pack_tiles(&s, xv, 0, P16 / DC_LANES, col + b * P16, L);
+                for (int64_t co = 0; co < cog && !in_place; co++) {
+                    float *r = gyb + co * L + b * P16;
+                    na_cpu_load_f(gy->dtype, gy->data, ((n0 + b) * g->c_out + gi * cog + co) * P,
+                                  P, r);
+                    memset(r + P, 0, (size_t)(P16 - P) * sizeof(float));
+                }
+            }
+            const float *a = in_place ? (const float *)gy->data + (n0 * g->c_out + gi * cog) * P
+                                      : gyb;
+            abt(cog, s.K, L, a, in_place ? P : L, col, gw + gi * cog * s.K, s.K, n0 != lo);
+        }
+    }
+    return NA_OK;
+}
+
+#endif /* NA_DC_X86 */
+
+int na_cpu_direct_conv2d_wgrad_range(const na_conv_geom *g, const na_view *x, const na_view *gy,
+                                     int64_t lo, int64_t hi, float *gw) {
+#ifdef NA_DC_X86
+    return wgrad_range(g, x, gy, lo, hi, gw);
+#else
+    (void)g, (void)x, (void)gy, (void)lo, (void)hi, (void)gw;
+    return na_set_error(NA_EINVAL, "cpu_conv2d_backward_weight: no direct convolution here");
+#endif
+}
+
+/* ---- the call ------------------------------------------------------------------------------ */
+
+typedef struct {
+    const na_conv_geom *g;
+    dc_shape s;
+    const na_view *x; /* forward: x; data gradient: gy */
+    na_view *y;       /* forward: y; data gradient: gx */
+    int64_t x_ch, y_ch; /* channels per image of x and y (all groups) */
+    const float *wp, *bias;
+    int64_t tasks;
+    na_cpu_task_status status;
+} dc_job;
+
+static void dc_task(void *ctx, int64_t t) {
+#ifdef NA_DC_X86
+    dc_job *j = ctx;
+    const dc_shape *s = &j->s;
+    const char *fn = "cpu_conv2d_direct";
+    int64_t lo, hi, G = j->g->groups, in_n = s->cin * s->H * s->W, out_n = s->cout * s->OH * s->OW;
+    na_cpu_task_range(j->g->n, j->tasks, t, 1, &lo, &hi);
+    float *xb = na_cpu_scratch(NA_CPU_SCRATCH_0, (size_t)in_n * sizeof(float), fn);
+    float *panel = na_cpu_scratch(NA_CPU_SCRATCH_1, (size_t)(s->K * DC_CHUNK) * sizeof(float), fn);
+    float *yb = na_cpu_scratch(NA_CPU_SCRATCH_2, (size_t)out_n * sizeof(float), fn);
+    if (!xb || !panel || !yb) {
+        na_cpu_task_fail(&j->status);
+        return;
+    }
+    for (int64_t n = lo; n < hi; n++)
+        for (int64_t gi = 0; gi < G; gi++) {
+            int64_t xo = (n * j->x_ch + gi * s->cin) * s->H * s->W;
+            int64_t yo = (n * j->y_ch + gi * s->cout) * s->OH * s->OW;
+            const float *xv = na_cpu_view_f(j->x->dtype, j->x->data, xo, in_n, xb);
+            float *yv = na_cpu_out_f(j->y->dtype, j->y->data, yo, yb);
+            conv_image(s, xv, j->wp + gi * s->blocks * s->K * DC_MR,
+                       j->bias ? j->bias + gi * s->cout : NULL, yv, panel);
+            na_cpu_store_f(j->y->dtype, j->y->data, yo, out_n, yv);
+        }
+#else
+    (void)ctx;
+    (void)t;
+#endif
+}
+
+/* forward (w [C_out, C_in/G, KH, KW]) or, with backward_data, gx from gy: the weights of
+ * block b of group gi packed as wp[gi][b][k][i], zero past the group's outputs */
+int na_cpu_direct_conv2d(const na_conv_geom *g, const na_view *x, const na_view *w,
+                         const na_view *bias, na_view *y, bool backward_data) {
+    const char *fn = backward_data ? "cpu_conv2d_backward_data" : "cpu_conv2d";
+    int64_t G = g->groups, cg = g->c_in / G, cog = g->c_out / G, taps = (int64_t)g->kh * g->kw;
+    dc_job j = {.g = g, .x = x, .y = y, .tasks = na_cpu_conv_tasks(g)};
+    if (!backward_data)
+        j.s = (dc_shape){.cin = cg, .H = g->h, .W = g->w, .cout = cog, .OH = g->oh, .OW = g->ow,
+                         .KH = g->kh, .KW = g->kw, .sh = g->sh, .ph = g->ph, .pw = g->pw,
+                         .dh = g->dh};
+    else
+        j.s = (dc_shape){.cin = cog, .H = g->oh, .W = g->ow, .cout = cg, .OH = g->h, .OW = g->w,
+                         .KH = g->kh, .KW = g->kw, .sh = 1, .ph = g->kh - 1 - g->ph,
+                         .pw = g->kw - 1 - g->pw, .dh = 1};
+    dc_shape *s = &j.s;
+    s->K = s->cin * taps;
+    s->blocks = (s->cout + DC_MR - 1) / DC_MR;
+    j.x_ch = backward_data ? g->c_out : g->c_in;
+    j.y_ch = backward_data ? g->c_in : g->c_out;
+
+    int64_t wsize = g->c_out * cg * taps, psize = G * s->blocks * s->K * DC_MR;
+    float *wf = na_cpu_scratch(NA_CPU_SCRATCH_3, (size_t)(wsize + psize + g->c_out) * sizeof(float),
+                               fn);
+    if (!wf) return NA_ENOMEM;
+    float *wp = wf + wsize, *bf = wp + psize;
+    na_cpu_load_f(w->dtype, w->data, 0, wsize, wf);
+    /* wp[gi][b][k][i]: output o = b*8 + i of the group, k = (c, ki, kj) over its inputs */
+    for (int64_t gi = 0; gi < G; gi++)
+        for (int64_t b = 0; b < s->blocks; b++)
+            for (int64_t k = 0; k < s->K; k++)
+                for (int i = 0; i < DC_MR; i++) {
+                    int64_t o = b * DC_MR + i, c = k / taps, tap = k % taps;
+                    float v = 0.0f;
+                    if (o < s->cout)
+                        v = backward_data
+                                ? wf[((gi * cog + c) * cg + o) * taps + (taps - 1 - tap)]
+                                : wf[((gi * cog + o) * cg + c) * taps + tap];
+                    wp[((gi * s->blocks + b) * s->K + k) * DC_MR + i] = v;
+                }
+    j.wp = wp;
+    if (bias) {
+        na_cpu_load_f(bias->dtype, bias->data, 0, g->c_out, bf);
+        j.bias = bf;
+    }
+    na_cpu_parallel_for(g->n ? j.tasks : 0, dc_task, &j);
+    return na_cpu_task_status_raise(&j.status);
+}
