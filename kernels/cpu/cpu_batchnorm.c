@@ -99,15 +99,47 @@ static void set_param(na_view *t, int64_t i, double v) {
             chan_affine_##SFX(x, y, n, c, s, ch, (T)param(rm, ch, 0), scale, shift, relu);  \
         }                                                                                   \
     }                                                                                       \
-    /* cnt values of gy at off, masked by relu'(y) when relu_y is given (into gm) */         \
-    static const T *chan_gy_##SFX(const na_view *gy, const na_view *relu_y, int64_t off,    \
-                                  int64_t cnt, T *gb_, T *yb, T *gm) {                      \
-        const T *gv = na_cpu_view_##SFX(gy->dtype, gy->data, off, cnt, gb_);                \
-        if (!relu_y) return gv;                                                             \
-        const T *yv = na_cpu_view_##SFX(relu_y->dtype, relu_y->data, off, cnt, yb);         \
-        for (int64_t i = 0; i < cnt; i++)                                                   \
-            gm[i] = gv[i] * (yv[i] > (T)0 ? (T)1 : (T)0); /* ReLU's derivative */       \
-        return gm;                                                                          \
+    /* gy * relu'(y) when y is given (ReLU's derivative: 1 where y > 0), else gy */         \
+    static inline T masked_gy_##SFX(const T *g, const T *y, int64_t i) {                    \
+        return y ? g[i] * (y[i] > (T)0 ? (T)1 : (T)0) : g[i];                               \
+    }                                                                                       \
+    /* (sum of gm, sum of gm * xhat) over n values, gm = masked_gy: the order of            \
+     * na_cpu_sum (8 lanes, pairwise above 128) for each, in one pass with no buffers */    \
+    static void dual_sum_##SFX(const T *g, const T *y, const T *x, T mean, T invstd,        \
+                               int64_t n, T *s1, T *s2) {                                   \
+        if (n > 128) {                                                                      \
+            int64_t h = (n / 2 + 7) & ~(int64_t)7;                                          \
+            T a1, a2, b1, b2;                                                               \
+            dual_sum_##SFX(g, y, x, mean, invstd, h, &a1, &a2);                             \
+            dual_sum_##SFX(g + h, y ? y + h : NULL, x + h, mean, invstd, n - h, &b1, &b2);  \
+            *s1 = a1 + b1;                                                                  \
+            *s2 = a2 + b2;                                                                  \
+            return;                                                                         \
+        }                                                                                   \
+        T acc1[8] = {0}, acc2[8] = {0};                                                     \
+        int64_t i = 0;                                                                      \
+        if (y) /* two loops, so that each vectorizes */                                     \
+            for (; i + 8 <= n; i += 8)                                                      \
+                for (int j = 0; j < 8; j++) {                                               \
+                    T gm = g[i + j] * (y[i + j] > (T)0 ? (T)1 : (T)0);                      \
+                    acc1[j] += gm;                                                          \
+                    acc2[j] += gm * ((x[i + j] - mean) * invstd);                           \
+                }                                                                           \
+        else                                                                                \
+            for (; i + 8 <= n; i += 8)                                                      \
+                for (int j = 0; j < 8; j++) {                                               \
+                    acc1[j] += g[i + j];                                                    \
+                    acc2[j] += g[i + j] * ((x[i + j] - mean) * invstd);                     \
+                }                                                                           \
+        T t1 = ((acc1[0] + acc1[1]) + (acc1[2] + acc1[3])) + ((acc1[4] + acc1[5]) + (acc1[6] + acc1[7])); \
+        T t2 = ((acc2[0] + acc2[1]) + (acc2[2] + acc2[3])) + ((acc2[4] + acc2[5]) + (acc2[6] + acc2[7])); \
+        for (; i < n; i++) {                                                                \
+            T gm = masked_gy_##SFX(g, y, i);                                                \
+            t1 += gm;                                                                       \
+            t2 += gm * ((x[i] - mean) * invstd);                                            \
+        }                                                                                   \
+        *s1 = t1;                                                                           \
+        *s2 = t2;                                                                           \
     }                                                                                       \
     static void bn_backward_##SFX(const na_view *x, const na_view *gy,                      \
                                   const na_view *relu_y, const na_view *gamma,              \
@@ -115,8 +147,7 @@ static void set_param(na_view *t, int64_t i, double v) {
                                   na_view *gx, na_view *gg, na_view *gb, int64_t n,         \
                                   int64_t c, int64_t s, bool train, int64_t c0,             \
                                   int64_t c1) {                                             \
-        T xb[NA_CPU_CHUNK], gb_[NA_CPU_CHUNK], t[NA_CPU_CHUNK], ob[NA_CPU_CHUNK];           \
-        T yb[NA_CPU_CHUNK], gm[NA_CPU_CHUNK];                                               \
+        T xb[NA_CPU_CHUNK], gb_[NA_CPU_CHUNK], ob[NA_CPU_CHUNK], yb[NA_CPU_CHUNK];          \
         int64_t M = n * s;                                                                  \
         bool need_sums = train || gg || gb;                                                 \
         for (int64_t ch = c0; ch < c1; ch++) {                                              \
@@ -130,10 +161,14 @@ static void set_param(na_view *t, int64_t i, double v) {
                         int64_t cnt = s - o < NA_CPU_CHUNK ? s - o : NA_CPU_CHUNK;          \
                         int64_t off = (ni * c + ch) * s + o;                                \
                         const T *xv = na_cpu_view_##SFX(x->dtype, x->data, off, cnt, xb);   \
-                        const T *gv = chan_gy_##SFX(gy, relu_y, off, cnt, gb_, yb, gm);     \
-                        na_cpu_psum_add_##SFX(&a1, na_cpu_sum_##SFX(gv, cnt));              \
-                        for (int64_t i = 0; i < cnt; i++) t[i] = gv[i] * ((xv[i] - mean) * invstd); \
-                        na_cpu_psum_add_##SFX(&a2, na_cpu_sum_##SFX(t, cnt));               \
+                        const T *gv = na_cpu_view_##SFX(gy->dtype, gy->data, off, cnt, gb_); \
+                        const T *yv = relu_y ? na_cpu_view_##SFX(relu_y->dtype, relu_y->data, \
+                                                                 off, cnt, yb)              \
+                                             : NULL;                                        \
+                        T s1, s2;                                                           \
+                        dual_sum_##SFX(gv, yv, xv, mean, invstd, cnt, &s1, &s2);            \
+                        na_cpu_psum_add_##SFX(&a1, s1);                                     \
+                        na_cpu_psum_add_##SFX(&a2, s2);                                     \
                     }                                                                       \
                 sum_gy = na_cpu_psum_total_##SFX(&a1);                                      \
                 sum_gyxh = na_cpu_psum_total_##SFX(&a2);                                    \
@@ -146,12 +181,23 @@ static void set_param(na_view *t, int64_t i, double v) {
                 for (int64_t o = 0; o < s; o += NA_CPU_CHUNK) {                             \
                     int64_t cnt = s - o < NA_CPU_CHUNK ? s - o : NA_CPU_CHUNK;              \
                     int64_t off = (ni * c + ch) * s + o;                                    \
-                    const T *gv = chan_gy_##SFX(gy, relu_y, off, cnt, gb_, yb, gm);         \
+                    const T *gv = na_cpu_view_##SFX(gy->dtype, gy->data, off, cnt, gb_);    \
+                    const T *yv = relu_y ? na_cpu_view_##SFX(relu_y->dtype, relu_y->data,   \
+                                                             off, cnt, yb)                  \
+                                         : NULL;                                            \
                     T *out = na_cpu_out_##SFX(gx->dtype, gx->data, off, ob);                \
                     if (train) {                                                            \
                         const T *xv = na_cpu_view_##SFX(x->dtype, x->data, off, cnt, xb);   \
+                        if (yv)                                                             \
+                            for (int64_t i = 0; i < cnt; i++)                               \
+                                out[i] = (gv[i] * (yv[i] > (T)0 ? (T)1 : (T)0) - mgy -      \
+                                          ((xv[i] - mean) * invstd) * mgyxh) * scale;       \
+                        else                                                                \
+                            for (int64_t i = 0; i < cnt; i++)                               \
+                                out[i] = (gv[i] - mgy - ((xv[i] - mean) * invstd) * mgyxh) * scale; \
+                    } else if (yv) {                                                        \
                         for (int64_t i = 0; i < cnt; i++)                                   \
-                            out[i] = (gv[i] - mgy - ((xv[i] - mean) * invstd) * mgyxh) * scale; \
+                            out[i] = gv[i] * (yv[i] > (T)0 ? (T)1 : (T)0) * scale;          \
                     } else {                                                                \
                         for (int64_t i = 0; i < cnt; i++) out[i] = gv[i] * scale;           \
                     }                                                                       \
