@@ -3,13 +3,14 @@
  * calls, in milliseconds, which is the figure least disturbed by other work on the machine.
  *
  *   na-kbench [--repeats N] [--cpu-clock] [case...]
- *             cases: conv, convert, maxpool, relu (default: all). --cpu-clock times CPU time
+ *             cases: conv, conv-resnet9, convert, maxpool, relu (default: all). --cpu-clock times CPU time
  *             (all threads) instead of wall time: with NANOAMP_THREADS=1 it compares kernels
  *             on a machine that is busy with other work.
  *
  * conv:    the MNIST CNN's two convolutions (batch 128), forward and gradients, f32, through
  *          the direct AVX-512 convolution and the im2col + GEMM path (cpu_direct_conv.c,
- *          cpu_conv.c); "n" is the rate in GFLOP/s.
+ *          cpu_conv.c); "n" is the rate in GFLOP/s. conv-resnet9: the same for ResNet-9's
+ *          six distinct 3x3 layers at batch 32.
  * convert: f32 <-> f16 / bf16 of 4.8M elements (one CNN activation set), through the
  *          portable half.h loops and through the CPU's instructions (cpu_convert.c).
  * maxpool: the MNIST CNN's two 2x2 max pools (batch 128), forward with indices, f32 and f16,
@@ -156,41 +157,43 @@ static int bench_relu(void) {
     return rc != 0;
 }
 
-/* The MNIST CNN's convolutions at batch 128 (3x3, padding 1): forward, data gradient (the
- * second layer only: the first one's input needs none) and weight gradient, f32, through the
- * direct convolution (where this CPU has it) and the im2col + GEMM path. */
-static int bench_conv(void) {
-    const int64_t layers[2][4] = {{1, 32, 28, 28}, {32, 64, 14, 14}}; /* c_in c_out h w */
+/* Convolutions 3x3, padding 1, f32: forward, data gradient (not for a first layer: its input
+ * needs none) and weight gradient, through the direct convolution (where this CPU has it) and
+ * the im2col + GEMM path. One row per layer: {batch, c_in, c_out, h = w}. */
+static int bench_conv_layers(const char *net, const int64_t (*layers)[4], int count) {
     int rc = 0;
-    for (int l = 0; l < 2; l++) {
+    for (int l = 0; l < count; l++) {
         const int64_t *L = layers[l];
-        na_conv_geom g = {.n = 128, .c_in = L[0], .h = L[2], .w = L[3], .c_out = L[1],
-                          .oh = L[2], .ow = L[3], .kh = 3, .kw = 3, .sh = 1, .sw = 1, .ph = 1,
+        na_conv_geom g = {.n = L[0], .c_in = L[1], .h = L[3], .w = L[3], .c_out = L[2],
+                          .oh = L[3], .ow = L[3], .kh = 3, .kw = 3, .sh = 1, .sw = 1, .ph = 1,
                           .pw = 1, .dh = 1, .dw = 1, .groups = 1};
-        int64_t xs[4] = {128, L[0], L[2], L[3]}, ys[4] = {128, L[1], L[2], L[3]},
-                ws[4] = {L[1], L[0], 3, 3}, bs[1] = {L[1]};
+        int64_t xs[4] = {L[0], L[1], L[3], L[3]}, ys[4] = {L[0], L[2], L[3], L[3]},
+                ws[4] = {L[2], L[1], 3, 3}, bs[1] = {L[2]};
         na_view x = bench_view(NA_DTYPE_F32, 4, xs), y = bench_view(NA_DTYPE_F32, 4, ys),
                 w = bench_view(NA_DTYPE_F32, 4, ws), b = bench_view(NA_DTYPE_F32, 1, bs),
                 gx = bench_view(NA_DTYPE_F32, 4, xs), gw = bench_view(NA_DTYPE_F32, 4, ws);
         if (!x.data || !y.data || !w.data || !b.data || !gx.data || !gw.data) return 1;
         bench_fill(&x), bench_fill(&w), bench_fill(&b), bench_fill(&y);
-        double gflop = 2.0 * 128 * L[0] * L[1] * 9 * L[2] * L[3] / 1e9;
+        double gflop = 2.0 * L[0] * L[1] * L[2] * 9 * L[3] * L[3] / 1e9;
+        char name[96];
         for (int gemm = 1; gemm >= 0; gemm--) {
             na_cpu_conv_force_gemm = gemm;
             const char *v = gemm ? "im2col_gemm" : na_cpu_direct_conv_usable(&g, false)
                                                        ? "direct_avx512" : "im2col_gemm";
-            char name[64];
             double ms;
             BENCH_MIN_MS(ms, rc |= na_cpu_conv2d(&g, &x, &w, &b, &y));
-            snprintf(name, sizeof name, "conv%d_forward", l + 1);
+            snprintf(name, sizeof name, "%s_conv%d_%lldx%lld_forward", net, l + 1,
+                     (long long)L[1], (long long)L[2]);
             print_row(name, v, (int64_t)(gflop * 1e3 / ms), ms); /* n: GFLOP/s */
-            if (l == 1) {
+            if (L[1] > 3) {
                 BENCH_MIN_MS(ms, rc |= na_cpu_conv2d_backward_data(&g, &y, &w, &gx));
-                snprintf(name, sizeof name, "conv%d_backward_data", l + 1);
+                snprintf(name, sizeof name, "%s_conv%d_%lldx%lld_backward_data", net, l + 1,
+                         (long long)L[1], (long long)L[2]);
                 print_row(name, v, (int64_t)(gflop * 1e3 / ms), ms);
             }
             BENCH_MIN_MS(ms, rc |= na_cpu_conv2d_backward_weight(&g, &x, &y, &gw));
-            snprintf(name, sizeof name, "conv%d_backward_weight", l + 1);
+            snprintf(name, sizeof name, "%s_conv%d_%lldx%lld_backward_weight", net, l + 1,
+                     (long long)L[1], (long long)L[2]);
             print_row(name, v, (int64_t)(gflop * 1e3 / ms), ms);
         }
         na_cpu_conv_force_gemm = false;
@@ -199,11 +202,23 @@ static int bench_conv(void) {
     return rc != 0;
 }
 
+static int bench_conv(void) { /* the MNIST CNN, batch 128 */
+    static const int64_t layers[][4] = {{128, 1, 32, 28}, {128, 32, 64, 14}};
+    return bench_conv_layers("cnn", layers, 2);
+}
+
+static int bench_conv_resnet9(void) { /* ResNet-9's distinct 3x3 layers, batch 32 */
+    static const int64_t layers[][4] = {{32, 3, 64, 32},   {32, 64, 128, 32}, {32, 128, 128, 16},
+                                        {32, 128, 256, 16}, {32, 256, 512, 8}, {32, 512, 512, 4}};
+    return bench_conv_layers("resnet9", layers, 6);
+}
+
 static const struct {
     const char *name;
     int (*run)(void);
 } cases[] = {
     {"conv", bench_conv},
+    {"conv-resnet9", bench_conv_resnet9},
     {"convert", bench_convert},
     {"maxpool", bench_maxpool},
     {"relu", bench_relu},

@@ -1151,9 +1151,54 @@ Test(cpu_reference, conv_fast_paths_meet_the_specification) {
     for (int t = 0; t < 60; t++) random_conv_case(float_dtypes[t % 4], true);
 }
 
-/* The direct convolution is taken where it should be (this CPU permitting) and the MNIST
- * CNN's second layer agrees with the GEMM path to f32 rounding, forward and data gradient. */
-Test(cpu_conv, direct_path_on_cnn_shapes) {
+/* The direct convolution against the GEMM path on one geometry, f32: forward, data gradient
+ * (when the direct path takes it) and weight gradient agree to f32 rounding of K-term sums of
+ * products of magnitude < 1, and not bit for bit (identical bits would mean the direct path
+ * did not run: the two sum in different orders). */
+static void direct_against_gemm(na_conv_geom g) {
+    int64_t cg = g.c_in / g.groups, K = cg * g.kh * g.kw;
+    na_view x = MK(NA_DTYPE_F32, g.n, g.c_in, g.h, g.w),
+            w = MK(NA_DTYPE_F32, g.c_out, cg, g.kh, g.kw), b = MK(NA_DTYPE_F32, g.c_out),
+            gy = MK(NA_DTYPE_F32, g.n, g.c_out, g.oh, g.ow), y[2], gx[2], gw[2];
+    fill_rand(&x, -1, 1);
+    fill_rand(&w, -1, 1);
+    fill_rand(&b, -1, 1);
+    fill_rand(&gy, -1, 1);
+    bool data = na_cpu_direct_conv_usable(&g, true);
+    for (int v = 0; v < 2; v++) {
+        y[v] = MK(NA_DTYPE_F32, g.n, g.c_out, g.oh, g.ow);
+        gx[v] = MK(NA_DTYPE_F32, g.n, g.c_in, g.h, g.w);
+        gw[v] = MK(NA_DTYPE_F32, g.c_out, cg, g.kh, g.kw);
+        na_cpu_conv_force_gemm = v == 1;
+        cr_assert_eq(B->conv2d(&g, &x, &w, &b, &y[v]), NA_OK);
+        cr_assert_eq(B->conv2d_backward_data(&g, &gy, &w, &gx[v]), NA_OK);
+        cr_assert_eq(B->conv2d_backward_weight(&g, &x, &gy, &gw[v]), NA_OK);
+        na_cpu_conv_force_gemm = false;
+    }
+    char what[160];
+    snprintf(what, sizeof what, "direct against GEMM: n%lld c%lld->%lld %lldx%lld k%d p%d",
+             (long long)g.n, (long long)g.c_in, (long long)g.c_out, (long long)g.h,
+             (long long)g.w, g.kh, g.ph);
+    double tol = 4e-7 * (double)(K > g.n * g.oh * g.ow ? K : g.n * g.oh * g.ow);
+    na_view *got[3] = {&y[0], &gx[0], &gw[0]}, *want[3] = {&y[1], &gx[1], &gw[1]};
+    for (int q = 0; q < 3; q++) {
+        na_view w64 = rounded(NA_DTYPE_F64, want[q]);
+        expect_close_arr(got[q], w64.data, tol, 1e-5, what);
+        bool differs = false;
+        for (int64_t i = 0; i < got[q]->numel && !differs; i++)
+            differs = get(got[q], i) != get(want[q], i);
+        cr_assert(differs || (q == 1 && !data), "%s: output %d has the GEMM path's bits", what, q);
+        rm(&w64);
+    }
+    rm(&x); rm(&w); rm(&b); rm(&gy);
+    for (int v = 0; v < 2; v++) rm(&y[v]), rm(&gx[v]), rm(&gw[v]);
+}
+
+/* The direct convolution is taken where it should be (this CPU permitting) and agrees with
+ * the GEMM path on the MNIST CNN's layers, on channels enough for several K blocks, on
+ * images smaller than one 16-pixel tile (tiles of several images share a panel), and on a
+ * layer whose weight gradient is split by output channels. */
+Test(cpu_conv, direct_path_against_gemm_path) {
     na_conv_geom g = conv_geom(4, 32, 14, 14, 64, 3, 1, 1, 1, 1);
     if (!na_cpu_direct_conv_usable(&g, false))
         cr_skip("this CPU has no AVX-512F (or NANOAMP_CPU_CONV=gemm): no direct convolution");
@@ -1161,32 +1206,12 @@ Test(cpu_conv, direct_path_on_cnn_shapes) {
     na_conv_geom s2 = conv_geom(4, 32, 14, 14, 64, 3, 2, 1, 1, 1);
     cr_assert(!na_cpu_direct_conv_usable(&s2, false), "horizontal stride 2: the GEMM path");
     cr_assert(!na_cpu_direct_conv_usable(&s2, true));
-    na_view x = MK(NA_DTYPE_F32, 4, 32, 14, 14), w = MK(NA_DTYPE_F32, 64, 32, 3, 3),
-            b = MK(NA_DTYPE_F32, 64), y[2], gx[2], gy = MK(NA_DTYPE_F32, 4, 64, 14, 14);
-    fill_rand(&x, -1, 1);
-    fill_rand(&w, -1, 1);
-    fill_rand(&b, -1, 1);
-    fill_rand(&gy, -1, 1);
-    for (int v = 0; v < 2; v++) {
-        y[v] = MK(NA_DTYPE_F32, 4, 64, 14, 14);
-        gx[v] = MK(NA_DTYPE_F32, 4, 32, 14, 14);
-        na_cpu_conv_force_gemm = v == 1;
-        cr_assert_eq(B->conv2d(&g, &x, &w, &b, &y[v]), NA_OK);
-        cr_assert_eq(B->conv2d_backward_data(&g, &gy, &w, &gx[v]), NA_OK);
-        na_cpu_conv_force_gemm = false;
-    }
-    /* 288-term sums of products of magnitude < 1: within 288 * 2^-24 * 288 of each other */
-    na_view y64 = rounded(NA_DTYPE_F64, &y[1]), gx64 = rounded(NA_DTYPE_F64, &gx[1]);
-    expect_close_arr(&y[0], y64.data, 1e-4, 1e-5, "direct y against the GEMM path");
-    expect_close_arr(&gx[0], gx64.data, 1e-4, 1e-5, "direct gx against the GEMM path");
-    rm(&y64); rm(&gx64);
-    bool differs = false;
-    for (int64_t i = 0; i < y[0].numel && !differs; i++)
-        differs = get(&y[0], i) != get(&y[1], i);
-    cr_assert(differs, "the two paths sum in different orders: identical bits mean the direct "
-              "path did not run");
-    rm(&x); rm(&w); rm(&b); rm(&gy);
-    for (int v = 0; v < 2; v++) rm(&y[v]), rm(&gx[v]);
+    direct_against_gemm(g);
+    direct_against_gemm(conv_geom(3, 1, 28, 28, 32, 3, 1, 1, 1, 1)); /* first layer: 784 px */
+    direct_against_gemm(conv_geom(3, 320, 5, 6, 12, 3, 1, 1, 1, 1)); /* K 2880: 3 K blocks */
+    direct_against_gemm(conv_geom(5, 24, 3, 4, 20, 3, 1, 1, 1, 2));  /* 12-px images, groups */
+    /* a weight gradient too wide for one partial per image range: split by output channels */
+    direct_against_gemm(conv_geom(2, 256, 2, 3, 520, 3, 1, 1, 1, 1));
 }
 
 /* The specification itself, on numbers worked by hand. */

@@ -362,10 +362,19 @@ int na_cpu_conv2d_backward_data(const na_conv_geom *g, const na_view *gy, const 
                          na_cpu_direct_conv2d(g, gy, w, NULL, gx, true), gy, w, gx, gy, w, gx);
 }
 
+/* The weight gradient on the direct path is split by images (one partial per task, as the GEMM
+ * path) where the partials fit the block budget, else by output channels. */
+static bool wgrad_by_rows(const na_conv_geom *g) {
+    int64_t wsize = g->c_out * (g->c_in / g->groups) * g->kh * g->kw;
+    return g->groups == 1 && g->c_out >= 64 &&
+           weight_grad_tasks(g, wsize) < na_cpu_conv_tasks(g) &&
+           na_cpu_direct_conv_usable(g, false);
+}
+
 int na_cpu_conv2d_backward_weight(const na_conv_geom *g, const na_view *x, const na_view *gy,
                                   na_view *gw) {
-    NA_CPU_CONV_DISPATCH("cpu_conv2d_backward_weight", conv2d_bwd_weight, false, NA_OK, x, gy,
-                         gw, x, gy, gw);
+    NA_CPU_CONV_DISPATCH("cpu_conv2d_backward_weight", conv2d_bwd_weight, wgrad_by_rows(g),
+                         na_cpu_direct_conv2d_wgrad_rows(g, x, gy, gw), x, gy, gw, x, gy, gw);
 }
 
 /* ---- pooling ---------------------------------------------------------------------------- */

@@ -44,6 +44,7 @@
 bool na_cpu_conv_force_gemm = false;
 
 enum { DC_MR = 8, DC_LANES = 16, DC_NT = 3, DC_CHUNK = DC_LANES * DC_NT };
+enum { NA_CPU_DIRECT_ROW_TASKS = 8 }; /* most tasks of a weight gradient split by rows */
 
 /* One group's convolution as the kernel runs it: cin planes of H x W in, cout planes of
  * OH x OW out, horizontal stride and dilation 1. */
@@ -114,43 +115,48 @@ static void tile_runs(const dc_shape *s, int64_t pt, int ki, int kj, dc_runs *r)
     }
 }
 
-/* dst[k*ld + 16t + l] = the input under tap k = (ci, ki, kj) of output pixel p0 + 16t + l, for
- * the nt tiles from p0 (zero outside the input and past the last pixel). With ld = 48 it is
- * the forward's panel; with ld = the row length of an im2col block, the block's columns. */
-NA_AVX512 static void pack_tiles(const dc_shape *s, const float *x, int64_t p0, int64_t nt,
-                                 float *restrict dst, int64_t ld) {
+/* dst[k*ld + l] = the input under tap k = (ci - c0, ki, kj) of output pixel pt + l, for the
+ * channels [c0, c1) of the planes at x: zero outside the input and past the last pixel */
+NA_AVX512 static void pack_tile(const dc_shape *s, const float *x, int64_t pt, int64_t c0,
+                                int64_t c1, float *restrict dst, int64_t ld) {
     const int64_t HW = s->H * s->W, taps = (int64_t)s->KH * s->KW;
     dc_runs runs;
-    for (int64_t t = 0; t < nt; t++)
-        for (int ki = 0; ki < s->KH; ki++)
-            for (int kj = 0; kj < s->KW; kj++) {
-                tile_runs(s, p0 + t * DC_LANES, ki, kj, &runs);
-                float *d = dst + (ki * s->KW + kj) * ld + t * DC_LANES;
-                for (int64_t ci = 0; ci < s->cin; ci++, d += taps * ld) {
-                    /* masked-off lanes are neither read nor faulted: the address may lie
-                     * outside the plane, so it is formed as an integer */
-                    uintptr_t plane = (uintptr_t)(x + ci * HW);
-                    __m512 v = _mm512_setzero_ps();
-                    for (int q = 0; q < runs.n; q++)
-                        v = _mm512_mask_loadu_ps(
-                            v, runs.m[q],
-                            (const void *)(plane + (uintptr_t)runs.off[q] * sizeof(float)));
-                    _mm512_storeu_ps(d, v);
-                }
+    for (int ki = 0; ki < s->KH; ki++)
+        for (int kj = 0; kj < s->KW; kj++) {
+            tile_runs(s, pt, ki, kj, &runs);
+            float *d = dst + (ki * s->KW + kj) * ld;
+            for (int64_t ci = c0; ci < c1; ci++, d += taps * ld) {
+                /* masked-off lanes are neither read nor faulted: the address may lie outside
+                 * the plane, so it is formed as an integer */
+                uintptr_t plane = (uintptr_t)(x + ci * HW);
+                __m512 v = _mm512_setzero_ps();
+                for (int q = 0; q < runs.n; q++)
+                    v = _mm512_mask_loadu_ps(
+                        v, runs.m[q],
+                        (const void *)(plane + (uintptr_t)runs.off[q] * sizeof(float)));
+                _mm512_storeu_ps(d, v);
             }
+        }
 }
 
 /* ---- the register tile ---------------------------------------------------------------------
- * rows (<= 8) output channels x NT tiles from pixel p0: y[i*P + p] = bias[i] + w . panel;
- * wp is the block's packed weights [K][8] (rows past `rows` are zero). */
+ * rows (<= 8) output channels x NT tiles: out[t][i*P + l] (+)= bias[i] + w . panel, lanes
+ * l < valid[t]. wp: the block's packed weights [K][8] (rows past `rows` are zero). Starts from
+ * the stored partial sums when `partial` (a later K block), else from the bias. */
 #define NA_DC_DEFINE_TILE(NT)                                                               \
     NA_AVX512 static void tile##NT(int64_t K, const float *restrict wp,                    \
                                    const float *restrict panel, const float *bias, int rows, \
-                                   float *restrict y, int64_t P, int64_t p0) {              \
+                                   float *const *out, const int *valid, int64_t P,          \
+                                   bool partial) {                                          \
         __m512 acc[DC_MR][NT];                                                              \
+        __mmask16 m[NT];                                                                    \
+        _Pragma("GCC unroll 3") for (int t = 0; t < NT; t++)                                \
+            m[t] = (__mmask16)((1u << valid[t]) - 1);                                       \
         _Pragma("GCC unroll 8") for (int i = 0; i < DC_MR; i++) {                           \
             __m512 b0 = _mm512_set1_ps(bias && i < rows ? bias[i] : 0.0f);                  \
-            _Pragma("GCC unroll 3") for (int t = 0; t < NT; t++) acc[i][t] = b0;            \
+            _Pragma("GCC unroll 3") for (int t = 0; t < NT; t++)                            \
+                acc[i][t] = partial && i < rows ? _mm512_maskz_loadu_ps(m[t], out[t] + i * P) \
+                                                : b0;                                       \
         }                                                                                   \
         for (int64_t k = 0; k < K; k++) {                                                   \
             __m512 v[NT];                                                                   \
@@ -164,33 +170,56 @@ NA_AVX512 static void pack_tiles(const dc_shape *s, const float *x, int64_t p0, 
         }                                                                                   \
         _Pragma("GCC unroll 8") for (int i = 0; i < DC_MR; i++) {                           \
             if (i >= rows) break;                                                           \
-            _Pragma("GCC unroll 3") for (int t = 0; t < NT; t++) {                          \
-                int64_t p = p0 + t * DC_LANES;                                              \
-                __mmask16 m = P - p >= DC_LANES ? (__mmask16)0xFFFF                         \
-                                                : (__mmask16)((1u << (P - p)) - 1);         \
-                _mm512_mask_storeu_ps(y + i * P + p, m, acc[i][t]);                         \
-            }                                                                               \
+            _Pragma("GCC unroll 3") for (int t = 0; t < NT; t++)                            \
+                _mm512_mask_storeu_ps(out[t] + i * P, m[t], acc[i][t]);                     \
         }                                                                                   \
     }
 NA_DC_DEFINE_TILE(1)
 NA_DC_DEFINE_TILE(2)
 NA_DC_DEFINE_TILE(3)
 
-/* y (s->cout planes) = the convolution of the s->cin planes at x; wp packed for the group */
-NA_AVX512 static void conv_image(const dc_shape *s, const float *x, const float *wp,
-                                 const float *bias, float *y, float *panel) {
-    const int64_t P = s->OH * s->OW;
-    for (int64_t p0 = 0; p0 < P; p0 += DC_CHUNK) {
-        int nt = (int)((P - p0 + DC_LANES - 1) / DC_LANES);
-        nt = nt > DC_NT ? DC_NT : nt;
-        pack_tiles(s, x, p0, nt, panel, DC_CHUNK);
-        for (int64_t b = 0; b < s->blocks; b++) {
-            int64_t co = b * DC_MR;
-            int rows = (int)(s->cout - co < DC_MR ? s->cout - co : DC_MR);
-            const float *wb = wp + b * s->K * DC_MR, *bb = bias ? bias + co : NULL;
-            if (nt == 3) tile3(s->K, wb, panel, bb, rows, y + co * P, P, p0);
-            else if (nt == 2) tile2(s->K, wb, panel, bb, rows, y + co * P, P, p0);
-            else tile1(s->K, wb, panel, bb, rows, y + co * P, P, p0);
+/* Input channels per K block: the panel (K x 48 floats) stays within about 256 KiB of L2. */
+static int64_t block_channels(const dc_shape *s) {
+    int64_t taps = (int64_t)s->KH * s->KW, most = 1344 / taps < 1 ? 1 : 1344 / taps;
+    int64_t blocks = (s->cin + most - 1) / most;
+    return (s->cin + blocks - 1) / blocks;
+}
+
+/* the convolution of nb images of one group: image b's input planes at x + b*x_img, its
+ * output planes at y + b*y_img. The images' 16-pixel tiles are taken three at a time, across
+ * image boundaries, so small images fill whole panels. wp packed for the group. */
+NA_AVX512 static void conv_images(const dc_shape *s, int64_t nb, const float *x, int64_t x_img,
+                                  const float *wp, const float *bias, float *y, int64_t y_img,
+                                  float *panel) {
+    const int64_t P = s->OH * s->OW, tiles = (P + DC_LANES - 1) / DC_LANES, total = nb * tiles;
+    const int64_t taps = (int64_t)s->KH * s->KW, bc = block_channels(s);
+    for (int64_t t0 = 0; t0 < total; t0 += DC_NT) {
+        int nt = (int)(total - t0 < DC_NT ? total - t0 : DC_NT);
+        const float *xt[DC_NT];
+        float *out[DC_NT];
+        int64_t pt[DC_NT];
+        int valid[DC_NT];
+        for (int t = 0; t < nt; t++) {
+            int64_t b = (t0 + t) / tiles;
+            pt[t] = (t0 + t) % tiles * DC_LANES;
+            valid[t] = (int)(P - pt[t] < DC_LANES ? P - pt[t] : DC_LANES);
+            xt[t] = x + b * x_img;
+            out[t] = y + b * y_img + pt[t];
+        }
+        for (int64_t c0 = 0; c0 < s->cin; c0 += bc) {
+            int64_t c1 = c0 + bc < s->cin ? c0 + bc : s->cin, k0 = c0 * taps, kn = (c1 - c0) * taps;
+            for (int t = 0; t < nt; t++)
+                pack_tile(s, xt[t], pt[t], c0, c1, panel + t * DC_LANES, DC_CHUNK);
+            for (int64_t b = 0; b < s->blocks; b++) {
+                int64_t co = b * DC_MR;
+                int rows = (int)(s->cout - co < DC_MR ? s->cout - co : DC_MR);
+                const float *wb = wp + (b * s->K + k0) * DC_MR, *bb = bias ? bias + co : NULL;
+                float *o[DC_NT];
+                for (int t = 0; t < nt; t++) o[t] = out[t] + co * P;
+                if (nt == 3) tile3(kn, wb, panel, bb, rows, o, valid, P, c0 > 0);
+                else if (nt == 2) tile2(kn, wb, panel, bb, rows, o, valid, P, c0 > 0);
+                else tile1(kn, wb, panel, bb, rows, o, valid, P, c0 > 0);
+            }
         }
     }
 }
@@ -211,10 +240,12 @@ NA_AVX512 static void abt(int64_t M, int64_t N, int64_t L, const float *A, int64
             for (int j = 0; j < TN; j++) br[j] = B + (n0 + j < N ? n0 + j : N - 1) * L;
             __m512 acc[TM][TN];
             _Pragma("GCC unroll 4") for (int i = 0; i < TM; i++)
-                _Pragma("GCC unroll 6") for (int j = 0; j < TN; j++) acc[i][j] = _mm512_setzero_ps();
+                _Pragma("GCC unroll 6") for (int j = 0; j < TN; j++)
+                    acc[i][j] = _mm512_setzero_ps();
             for (int64_t l = 0; l < L; l += DC_LANES) {
                 __m512 a[TM];
-                _Pragma("GCC unroll 4") for (int i = 0; i < TM; i++) a[i] = _mm512_loadu_ps(ar[i] + l);
+                _Pragma("GCC unroll 4") for (int i = 0; i < TM; i++)
+                    a[i] = _mm512_loadu_ps(ar[i] + l);
                 _Pragma("GCC unroll 6") for (int j = 0; j < TN; j++) {
                     __m512 b = _mm512_load_ps(br[j] + l);
                     _Pragma("GCC unroll 4") for (int i = 0; i < TM; i++)
@@ -230,15 +261,16 @@ NA_AVX512 static void abt(int64_t M, int64_t N, int64_t L, const float *A, int64
         }
 }
 
-/* gw (c_out x K, f32) = the weight gradient of images [lo, hi): per block of about 1024 pixels
- * (a 6-row slice of the columns stays in L1), the im2col columns packed in whole 16-pixel
- * tiles and gy's rows copied beside them with the same zero tails, then abt. An f32 gy whose
- * images are whole vectors of at least 512 pixels is read in place, an image at a time (the
- * copy would cost more than the product for few channels, as in a first layer). */
+/* Rows [r0, r1) of every group's weight gradient (at gw + (gi*cog + r)*K, f32) over images
+ * [lo, hi): per block of about 1024 pixels (a 6-row slice of the columns stays in L1), the
+ * im2col columns packed in whole 16-pixel tiles and gy's rows copied beside them with the
+ * same zero tails, then abt. An f32 gy whose images are whole vectors of at least 512 pixels
+ * is read in place, an image at a time (the copy would cost more than the product for few
+ * channels, as in a first layer). */
 static int wgrad_range(const na_conv_geom *g, const na_view *x, const na_view *gy, int64_t lo,
-                       int64_t hi, float *gw) {
+                       int64_t hi, int64_t r0, int64_t r1, float *gw) {
     const char *fn = "cpu_conv2d_backward_weight";
-    int64_t G = g->groups, cg = g->c_in / G, cog = g->c_out / G;
+    int64_t G = g->groups, cg = g->c_in / G, cog = g->c_out / G, rows = r1 - r0;
     dc_shape s = {.cin = cg, .H = g->h, .W = g->w, .cout = cog, .OH = g->oh, .OW = g->ow,
                   .KH = g->kh, .KW = g->kw, .sh = g->sh, .ph = g->ph, .pw = g->pw, .dh = g->dh};
     s.K = cg * g->kh * g->kw;
@@ -247,28 +279,50 @@ static int wgrad_range(const na_conv_geom *g, const na_view *x, const na_view *g
     int64_t NB = in_place || 1024 / P16 < 1 ? 1 : 1024 / P16 > hi - lo ? hi - lo : 1024 / P16;
     float *xb = na_cpu_scratch(NA_CPU_SCRATCH_0, (size_t)(cg * HW) * sizeof(float), fn);
     float *col = na_cpu_scratch(NA_CPU_SCRATCH_1, (size_t)(s.K * NB * P16) * sizeof(float), fn);
-    float *gyb = na_cpu_scratch(NA_CPU_SCRATCH_2, (size_t)(cog * NB * P16) * sizeof(float), fn);
+    float *gyb = na_cpu_scratch(NA_CPU_SCRATCH_2, (size_t)(rows * NB * P16) * sizeof(float), fn);
     if (!xb || !col || !gyb) return NA_ENOMEM;
     for (int64_t n0 = lo; n0 < hi; n0 += NB) {
         int64_t nb = hi - n0 < NB ? hi - n0 : NB, L = nb * P16;
         for (int64_t gi = 0; gi < G; gi++) {
+            int64_t first = (n0 * g->c_out + gi * cog + r0) * P; /* gy row r0 of image n0 */
             for (int64_t b = 0; b < nb; b++) {
                 const float *xv = na_cpu_view_f(x->dtype, x->data,
                                                 ((n0 + b) * g->c_in + gi * cg) * HW, cg * HW, xb);
-                pack_tiles(&s, xv, 0, P16 / DC_LANES, col + b * P16, L);
-                for (int64_t co = 0; co < cog && !in_place; co++) {
-                    float *r = gyb + co * L + b * P16;
-                    na_cpu_load_f(gy->dtype, gy->data, ((n0 + b) * g->c_out + gi * cog + co) * P,
-                                  P, r);
-                    memset(r + P, 0, (size_t)(P16 - P) * sizeof(float));
+                for (int64_t pt = 0; pt < P; pt += DC_LANES)
+                    pack_tile(&s, xv, pt, 0, cg, col + b * P16 + pt, L);
+                for (int64_t r = 0; r < rows && !in_place; r++) {
+                    float *d = gyb + r * L + b * P16;
+                    na_cpu_load_f(gy->dtype, gy->data, first + (b * g->c_out + r) * P, P, d);
+                    memset(d + P, 0, (size_t)(P16 - P) * sizeof(float));
                 }
             }
-            const float *a = in_place ? (const float *)gy->data + (n0 * g->c_out + gi * cog) * P
-                                      : gyb;
-            abt(cog, s.K, L, a, in_place ? P : L, col, gw + gi * cog * s.K, s.K, n0 != lo);
+            const float *a = in_place ? (const float *)gy->data + first : gyb;
+            abt(rows, s.K, L, a, in_place ? P : L, col, gw + (gi * cog + r0) * s.K, s.K,
+                n0 != lo);
         }
     }
     return NA_OK;
+}
+
+/* ---- the weight gradient split by output channels -------------------------------------------
+ * Where one partial gradient per image range would not fit the block budget (ResNet-9's wide
+ * layers), task t computes rows [r0, r1) of gW (multiples of 4 rows, at least 32) over the
+ * whole batch, packing every image's columns itself: for 32 rows or more that repeats about
+ * 3% of the work, and needs no partials. Each element is one task's fixed-order sum. */
+typedef struct {
+    const na_conv_geom *g;
+    const na_view *x, *gy;
+    float *gw;
+    int64_t tasks;
+    na_cpu_task_status status;
+} wrows_job;
+
+static void wrows_task(void *ctx, int64_t t) {
+    wrows_job *j = ctx;
+    int64_t r0, r1;
+    na_cpu_task_range(j->g->c_out, j->tasks, t, 4, &r0, &r1);
+    if (r0 < r1 && wgrad_range(j->g, j->x, j->gy, 0, j->g->n, r0, r1, j->gw))
+        na_cpu_task_fail(&j->status);
 }
 
 #endif /* NA_DC_X86 */
@@ -276,9 +330,32 @@ static int wgrad_range(const na_conv_geom *g, const na_view *x, const na_view *g
 int na_cpu_direct_conv2d_wgrad_range(const na_conv_geom *g, const na_view *x, const na_view *gy,
                                      int64_t lo, int64_t hi, float *gw) {
 #ifdef NA_DC_X86
-    return wgrad_range(g, x, gy, lo, hi, gw);
+    return wgrad_range(g, x, gy, lo, hi, 0, g->c_out / g->groups, gw);
 #else
     (void)g, (void)x, (void)gy, (void)lo, (void)hi, (void)gw;
+    return na_set_error(NA_EINVAL, "cpu_conv2d_backward_weight: no direct convolution here");
+#endif
+}
+
+int na_cpu_direct_conv2d_wgrad_rows(const na_conv_geom *g, const na_view *x, const na_view *gy,
+                                    na_view *gw) {
+#ifdef NA_DC_X86
+    const char *fn = "cpu_conv2d_backward_weight";
+    int64_t wsize = g->c_out * (g->c_in / g->groups) * g->kh * g->kw;
+    float *gwb = gw->dtype == NA_DTYPE_F32
+                     ? gw->data
+                     : na_cpu_scratch(NA_CPU_SCRATCH_3, (size_t)wsize * sizeof(float), fn);
+    if (!gwb) return NA_ENOMEM;
+    if (g->n == 0) memset(gwb, 0, (size_t)wsize * sizeof(float));
+    int64_t most = g->c_out / 32 < 1 ? 1 : g->c_out / 32;
+    most = most < NA_CPU_DIRECT_ROW_TASKS ? most : NA_CPU_DIRECT_ROW_TASKS;
+    wrows_job j = {.g = g, .x = x, .gy = gy, .gw = gwb, .tasks = g->n ? most : 0};
+    na_cpu_parallel_for(j.tasks, wrows_task, &j);
+    int st = na_cpu_task_status_raise(&j.status);
+    if (!st) na_cpu_store_f(gw->dtype, gw->data, 0, wsize, gwb);
+    return st;
+#else
+    (void)g, (void)x, (void)gy, (void)gw;
     return na_set_error(NA_EINVAL, "cpu_conv2d_backward_weight: no direct convolution here");
 #endif
 }
@@ -296,29 +373,46 @@ typedef struct {
     na_cpu_task_status status;
 } dc_job;
 
+/* Task t's images, in passes: every image at once where x and y are f32 (read and written in
+ * place), else as many as about 1M floats of widened input and f32 output hold. */
 static void dc_task(void *ctx, int64_t t) {
 #ifdef NA_DC_X86
     dc_job *j = ctx;
     const dc_shape *s = &j->s;
     const char *fn = "cpu_conv2d_direct";
-    int64_t lo, hi, G = j->g->groups, in_n = s->cin * s->H * s->W, out_n = s->cout * s->OH * s->OW;
+    int64_t lo, hi, G = j->g->groups, HW = s->H * s->W, P = s->OH * s->OW;
+    int64_t in_n = s->cin * HW, out_n = s->cout * P;
     na_cpu_task_range(j->g->n, j->tasks, t, 1, &lo, &hi);
-    float *xb = na_cpu_scratch(NA_CPU_SCRATCH_0, (size_t)in_n * sizeof(float), fn);
-    float *panel = na_cpu_scratch(NA_CPU_SCRATCH_1, (size_t)(s->K * DC_CHUNK) * sizeof(float), fn);
-    float *yb = na_cpu_scratch(NA_CPU_SCRATCH_2, (size_t)out_n * sizeof(float), fn);
-    if (!xb || !panel || !yb) {
+    bool x_f32 = j->x->dtype == NA_DTYPE_F32, y_f32 = j->y->dtype == NA_DTYPE_F32;
+    int64_t fit = ((int64_t)1 << 20) / (in_n + out_n);
+    int64_t NB = x_f32 && y_f32 ? hi - lo : fit < 1 ? 1 : fit > hi - lo ? hi - lo : fit;
+    int64_t rows = block_channels(s) * s->KH * s->KW;
+    float *panel = na_cpu_scratch(NA_CPU_SCRATCH_1, (size_t)(rows * DC_CHUNK) * sizeof(float), fn);
+    size_t xbytes = (size_t)(NB * in_n) * sizeof(float), ybytes = (size_t)(NB * out_n) * sizeof(float);
+    float *xb = x_f32 ? NULL : na_cpu_scratch(NA_CPU_SCRATCH_0, xbytes, fn);
+    float *yb = y_f32 ? NULL : na_cpu_scratch(NA_CPU_SCRATCH_2, ybytes, fn);
+    if (!panel || (!x_f32 && !xb) || (!y_f32 && !yb)) {
         na_cpu_task_fail(&j->status);
         return;
     }
-    for (int64_t n = lo; n < hi; n++)
-        for (int64_t gi = 0; gi < G; gi++) {
-            int64_t xo = (n * j->x_ch + gi * s->cin) * s->H * s->W;
-            int64_t yo = (n * j->y_ch + gi * s->cout) * s->OH * s->OW;
-            const float *xv = na_cpu_view_f(j->x->dtype, j->x->data, xo, in_n, xb);
-            float *yv = na_cpu_out_f(j->y->dtype, j->y->data, yo, yb);
-            conv_image(s, xv, j->wp + gi * s->blocks * s->K * DC_MR,
-                       j->bias ? j->bias + gi * s->cout : NULL, yv, panel);
-            na_cpu_store_f(j->y->dtype, j->y->data, yo, out_n, yv);
+    for (int64_t gi = 0; gi < G; gi++)
+        for (int64_t n0 = lo; n0 < hi; n0 += NB) {
+            int64_t nb = hi - n0 < NB ? hi - n0 : NB;
+            int64_t xo = (n0 * j->x_ch + gi * s->cin) * HW, yo = (n0 * j->y_ch + gi * s->cout) * P;
+            const float *x = (const float *)j->x->data + xo;
+            float *y = (float *)j->y->data + yo;
+            int64_t x_img = j->x_ch * HW, y_img = j->y_ch * P;
+            if (!x_f32) {
+                for (int64_t b = 0; b < nb; b++)
+                    na_cpu_load_f(j->x->dtype, j->x->data, xo + b * x_img, in_n, xb + b * in_n);
+                x = xb, x_img = in_n;
+            }
+            if (!y_f32) y = yb, y_img = out_n;
+            conv_images(s, nb, x, x_img, j->wp + gi * s->blocks * s->K * DC_MR,
+                        j->bias ? j->bias + gi * s->cout : NULL, y, y_img, panel);
+            for (int64_t b = 0; b < nb && !y_f32; b++)
+                na_cpu_store_f(j->y->dtype, j->y->data, yo + b * j->y_ch * P, out_n,
+                               yb + b * out_n);
         }
 #else
     (void)ctx;

@@ -274,6 +274,11 @@ int na_cpu_direct_conv2d(const na_conv_geom *g, const na_view *x, const na_view 
  * (where na_cpu_direct_conv_usable(g, false) said yes). NA_OK or NA_ENOMEM. */
 int na_cpu_direct_conv2d_wgrad_range(const na_conv_geom *g, const na_view *x, const na_view *gy,
                                      int64_t lo, int64_t hi, float *gw);
+/* gw = the whole weight gradient, split over the pool by output channels (groups == 1, where
+ * na_cpu_direct_conv_usable(g, false)); the GEMM path's image split needs one partial gradient
+ * per task, which wide layers cannot afford. NA_OK or NA_ENOMEM. */
+int na_cpu_direct_conv2d_wgrad_rows(const na_conv_geom *g, const na_view *x, const na_view *gy,
+                                    na_view *gw);
 /* Test hook: when true, convolutions always take the im2col + GEMM path. */
 extern bool na_cpu_conv_force_gemm;
 
