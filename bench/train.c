@@ -24,6 +24,10 @@
  * bench/torch/train.py is the twin.
  * --profile: one more step after the timed ones runs under the profiler (nanoamp/profile.h),
  * whose table goes to stderr.
+ * --cuda-graph (CUDA only): after the warm-up (at least 2 steps), the step is captured once
+ * (trainer_amp_capture, the trainers' --cuda-graph) and the timed steps are replays of it;
+ * the key ends in /graph and "cuda_graph" is true. A step that cannot be captured fails the
+ * configuration with the reason (no silent eager figures under a graph key).
  *
  * Data parallel (--ddp, under mpirun -np N): every rank trains its own batch of --batch through
  * the trainers' na_ddp (trainer_amp_init_dist, gradients reduced in --allreduce-dtype); rank 0
@@ -98,7 +102,7 @@ int bench_train_main(int argc, char **argv) {
     na_device dev = NA_DEVICE_CPU;
     const char *amp = "off";
     int64_t batch = 128, warmup = 5, repeats = 10, steps = 5;
-    bool ddp = false, profile = false;
+    bool ddp = false, profile = false, cuda_graph = false;
     const char *allreduce = "f32";
     /* bench/run gives both sides its thread count in NANOAMP_BENCH_THREADS */
     const char *env_threads = getenv("NANOAMP_BENCH_THREADS");
@@ -136,21 +140,27 @@ int bench_train_main(int argc, char **argv) {
             }
         } else if (!strcmp(a, "--profile")) {
             profile = true;
+        } else if (!strcmp(a, "--cuda-graph")) {
+            cuda_graph = true;
         } else if (!strcmp(a, "--threads")) {
             threads = bench_arg_i64(argc, argv, &i, 1);
         } else {
             fprintf(stderr, "na-bench train: unknown option '%s'\n"
                             "usage: na-bench train --model %s [--device cpu|cuda] "
                             "[--amp off|fp16|bf16|o2] [--batch N] [--warmup N] [--repeats N] "
-                            "[--steps N] [--threads N] [--profile] "
+                            "[--steps N] [--threads N] [--profile] [--cuda-graph] "
                             "[--ddp [--allreduce-dtype f32|f16|bf16]]\n",
                     a, MODEL_NAMES);
             return 2;
         }
     }
     char key[128];
-    snprintf(key, sizeof key, "train/%s/%s/%s%s%s", na_device_name(dev), model, amp,
-             ddp ? "/ddp-" : "", ddp ? allreduce : "");
+    snprintf(key, sizeof key, "train/%s/%s/%s%s%s%s", na_device_name(dev), model, amp,
+             ddp ? "/ddp-" : "", ddp ? allreduce : "", cuda_graph ? "/graph" : "");
+    if (cuda_graph && dev != NA_DEVICE_CUDA) {
+        na_set_error(NA_EINVAL, "%s", TRAINER_CUDA_GRAPH_NEEDS_CUDA);
+        return bench_fail(key, "setup");
+    }
     if (bench_check_device(dev, key)) return 3;
     if (dev == NA_DEVICE_CUDA && !strcmp(amp, "bf16") && !na_cuda_bf16_supported()) {
         na_set_error(NA_EDTYPE, "bf16 needs a CUDA device of compute capability 8.0 or newer");
@@ -168,6 +178,9 @@ int bench_train_main(int argc, char **argv) {
     na_manual_seed(0);
     bench_trainer t = {0};
     if (setup(&t, model, amp, dev, batch, dist, ar_dtype)) return bench_fail(key, "setup");
+    /* before the warm-up, so that the warm-up steps make what the captured one needs */
+    if (cuda_graph && trainer_amp_graph_prepare(&t.amp, t.net, dev))
+        return bench_fail(key, "--cuda-graph");
 
     for (int64_t i = 0; i < warmup; i++) {
         if (train_step(&t)) return bench_fail(key, "warm-up step");
@@ -178,12 +191,24 @@ int bench_train_main(int argc, char **argv) {
     /* the last step's loss is copied here on the device (no round trip) and read at the end */
     na_tensor *last_loss = na_tensor_new(NA_DTYPE_F32, dev, 0, NULL);
     if (!last_loss) return bench_fail(key, "setup");
+    na_step_graph *graph = NULL; /* --cuda-graph: the step, writing its loss into last_loss */
+    if (cuda_graph) {
+        if (warmup < 2) {
+            na_set_error(NA_EINVAL, "--cuda-graph needs --warmup 2 or more (the step's memory "
+                         "must be in place before the capture)");
+            return bench_fail(key, "setup");
+        }
+        if (!(graph = trainer_amp_capture(&t.amp, t.net, t.x, t.y, 0.0, last_loss)))
+            return bench_fail(key, "--cuda-graph capture");
+    }
     uint64_t syncs = 0;
     for (int64_t r = 0; r < repeats; r++) {
         bench_sync(dev);
         uint64_t c0 = na_cuda_sync_count();
         double t0 = bench_now_s();
-        for (int64_t i = 0; i < steps; i++) {
+        for (int64_t i = 0; i < steps && graph; i++)
+            if (na_step_graph_replay(graph)) return bench_fail(key, "graph replay");
+        for (int64_t i = 0; i < steps && !graph; i++) {
             if (train_step(&t)) return bench_fail(key, "step");
             if (r == repeats - 1 && i == steps - 1 && na_copy_(last_loss, t.loss))
                 return bench_fail(key, "keeping the loss");
@@ -203,6 +228,7 @@ int bench_train_main(int argc, char **argv) {
         na_profile_print(stderr);
         na_profile_reset();
     }
+    na_step_graph_free(graph);
     na_tensor_free(last_loss);
 
     bench_stats st = bench_stats_of(per_step, (int)repeats);
@@ -221,6 +247,7 @@ int bench_train_main(int argc, char **argv) {
     bench_json_str(&j, "model", model);
     bench_json_str(&j, "device", na_device_name(dev));
     bench_json_str(&j, "amp", amp);
+    bench_json_bool(&j, "cuda_graph", cuda_graph);
     bench_json_int(&j, "batch", batch);
     bench_json_int(&j, "warmup", warmup);
     bench_json_int(&j, "repeats", repeats);

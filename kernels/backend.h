@@ -89,6 +89,8 @@ typedef struct {
  *    (params, state, steps, copies); read on the device, no host round trip;
  *  - copies (NULL, or n entries each NULL or shaped as params[i]): receives the updated
  *    parameter rounded to its own dtype (the f16 model copy of an f32 master weight).
+ * lr (f64 0-dim, or NULL): the learning rate, read on the device in place of h->lr (the same
+ * double, so the same update), so that a replayed CUDA graph sees each step's new value.
  * State is f32. steps[i] (f32 0-dim) counts the steps taken: the kernel increments it and
  * uses the new value (Adam's bias corrections; SGD: a step count of 0 before the step means
  * "no momentum history yet", so buf = g). */
@@ -104,6 +106,7 @@ typedef struct {
     na_view *const *copies;          /* may be NULL; entries may be NULL */
     const na_view *found_inf;        /* may be NULL */
     const na_view *inv_scale;        /* may be NULL */
+    const na_view *lr;               /* may be NULL: h->lr */
 } na_optim_tensors;
 
 /* Hyper-parameters of one call (one parameter group). */
@@ -262,6 +265,15 @@ typedef struct na_backend {
     void *(*event_record)(void);
     int (*event_elapsed_ms)(void *start, void *end, double *ms);
     void (*event_free)(void *event);
+    /* step graphs (optional, NULL where the device has none; src/tensor/step_graph.c):
+     * graph_begin starts recording the stream (nothing runs until a launch; a host sync, an
+     * allocation or a host->device copy until graph_end makes the recording fail, saying
+     * why); graph_end(ok, &graph) stops it and, when ok and nothing failed, instantiates the
+     * recording into *graph; graph_launch enqueues a recorded graph, graph_free frees one */
+    int (*graph_begin)(void);
+    int (*graph_end)(bool ok, void **graph);
+    int (*graph_launch)(void *graph);
+    void (*graph_free)(void *graph);
 
     /* the kernels of NA_BACKEND_KERNELS, one function pointer each */
 #define NA_BACKEND_FIELD_(kernel, params) int (*kernel) params;

@@ -152,6 +152,31 @@ Test(cpu_backend, missing_optional_kernel_is_named) {
               na_last_error());
 }
 
+/* The optimizer kernels read the learning rate from t->lr (f64 0-dim) when given: a replayed
+ * CUDA graph's way to see each step's value. */
+Test(cpu_backend, optim_reads_the_learning_rate_from_a_device_scalar) {
+    float p[2] = {1, 2}, g[2] = {1, 1}, step = 0;
+    double lr = 0.25;
+    na_view vp = {.data = p, .dtype = NA_DTYPE_F32, .ndim = 1, .shape = {2}, .stride = {1},
+                  .numel = 2};
+    na_view vg = vp, vs = {.data = &step, .dtype = NA_DTYPE_F32, .numel = 1};
+    vg.data = g;
+    na_view vlr = {.data = &lr, .dtype = NA_DTYPE_F64, .numel = 1};
+    na_view *ps[] = {&vp}, *ss[] = {&vs};
+    const na_view *gs[] = {&vg};
+    na_optim_tensors t = {.n = 1, .params = ps, .grads = gs, .steps = ss, .lr = &vlr};
+    na_optim_hparams h = {.lr = 0.5};
+    cr_assert_eq(B->sgd_step(&t, &h), NA_OK, "%s", na_last_error());
+    cr_assert(p[0] == 0.75f && p[1] == 1.75f, "lr from the scalar: %g %g", p[0], p[1]);
+    t.lr = NULL;
+    cr_assert_eq(B->sgd_step(&t, &h), NA_OK);
+    cr_assert(p[0] == 0.25f && p[1] == 1.25f, "lr from h: %g %g", p[0], p[1]);
+    vlr.dtype = NA_DTYPE_F32;
+    t.lr = &vlr;
+    cr_assert_eq(B->sgd_step(&t, &h), NA_EDTYPE);
+    cr_assert(strstr(na_last_error(), "lr must be an f64 scalar"), "%s", na_last_error());
+}
+
 /* ---- memory ------------------------------------------------------------------------------- */
 
 Test(cpu_memory, alloc_copy_free) {

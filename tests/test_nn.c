@@ -281,6 +281,40 @@ Test(nn, batch_norm_cumulative_average) {
     na_module_free(bn);
 }
 
+/* Counted by kernels (what a replayed CUDA graph needs), BatchNorm gives the same outputs and
+ * statistics and the same count as counted on the host; a cumulative average is refused. */
+Test(nn, batch_norm_counts_batches_on_device) {
+    na_module *host = NA_SEQUENTIAL(na_batch_norm2d_new(2, NULL));
+    na_module *dev = NA_SEQUENTIAL(na_batch_norm2d_new(2, NULL));
+    cr_assert_eq(na_module_count_batches_on_device(dev), 1, "%s", na_last_error());
+    for (int k = 1; k <= 3; k++) {
+        na_tensor *x = input(NA_SHAPE(2, 2, 1, 2), bn_x);
+        na_tensor *yh = na_module_forward(host, x), *yd = na_module_forward(dev, x);
+        cr_assert(yh && yd, "%s", na_last_error());
+        cr_assert(!memcmp(yh->data, yd->data, 8 * sizeof(float)), "batch %d: outputs", k);
+        cr_assert_eq(na_item(na_module_get(dev, "0.num_batches_tracked")), k);
+        na_step_end();
+    }
+    cr_assert_eq(na_item(na_module_get(host, "0.num_batches_tracked")), 3);
+    cr_assert(!memcmp(na_module_get(host, "0.running_var")->data,
+                      na_module_get(dev, "0.running_var")->data, 2 * sizeof(float)));
+    na_tensor *nbt = na_module_get(dev, "0.num_batches_tracked");
+    *(int32_t *)nbt->data = INT32_MAX; /* saturates as the host count does */
+    na_tensor *x = input(NA_SHAPE(2, 2, 1, 2), bn_x);
+    cr_assert_not_null(na_module_forward(dev, x));
+    cr_assert_eq(na_item(nbt), INT32_MAX);
+
+    na_batch_norm_cfg cfg = NA_BATCH_NORM_DEFAULTS;
+    cfg.cumulative_average = true;
+    na_module *cum = NA_SEQUENTIAL(na_batch_norm2d_new(2, NULL), na_batch_norm2d_new(2, &cfg));
+    cr_assert_eq(na_module_count_batches_on_device(cum), NA_ENOTSUP);
+    cr_assert(strstr(na_last_error(), "cumulative_average"), "%s", na_last_error());
+    cr_assert_not_null(na_module_forward(cum, x)); /* nothing changed: counted on the host */
+    cr_assert_eq(na_item(na_module_get(cum, "0.num_batches_tracked")), 1);
+    cr_assert_eq(na_module_count_batches_on_device(NULL), NA_EINVAL);
+    na_module_free(host), na_module_free(dev), na_module_free(cum);
+}
+
 Test(nn, batch_norm_without_running_stats_uses_batch_stats_in_eval) {
     na_batch_norm_cfg cfg = NA_BATCH_NORM_DEFAULTS;
     cfg.track_running_stats = false;

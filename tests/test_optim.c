@@ -602,6 +602,69 @@ Test(optim, schedule_sets_every_group_from_its_initial_lr) {
     na_tensor_free(a), na_tensor_free(b);
 }
 
+/* The learning rate read from the device scalar (what a replayed CUDA graph needs) gives the
+ * host value's update bit for bit, over a schedule that changes it every step. */
+static void lr_on_device_lockstep(na_optim *(*make)(na_tensor *p)) {
+    enum { N = 300, STEPS = 25 };
+    float v[N], g[N];
+    for (int i = 0; i < N; i++) v[i] = sinf((float)i);
+    na_tensor *a = param(N, v), *b = param(N, v);
+    na_optim *oa = make(a), *ob = make(b);
+    cr_assert_eq(na_optim_set_lr_on_device(ob, true), NA_OK, "%s", na_last_error());
+    cr_assert(na_optim_lr_on_device(ob) && !na_optim_lr_on_device(oa));
+    na_lr_schedule s = na_lr_one_cycle(STEPS);
+    for (int t = 0; t < STEPS; t++) {
+        cr_assert_eq(na_lr_schedule_apply(&s, oa, t), NA_OK);
+        cr_assert_eq(na_lr_schedule_apply(&s, ob, t), NA_OK);
+        for (int i = 0; i < N; i++) g[i] = cosf((float)(i * (t + 1)));
+        set_grad(a, g), set_grad(b, g);
+        cr_assert_eq(na_optim_step(oa, NULL), NA_OK);
+        cr_assert_eq(na_optim_step(ob, NULL), NA_OK, "%s", na_last_error());
+        cr_assert(!memcmp(a->data, b->data, sizeof v), "step %d: parameters differ", t);
+    }
+    /* a value loaded into the state list (the host copy) reaches the device copy at the step */
+    na_named_tensors l = {0};
+    cr_assert_eq(na_optim_state(ob, "", &l), NA_OK);
+    for (int64_t i = 0; i < l.n; i++)
+        if (!strcmp(l.items[i].name, "group.0.lr")) *(double *)l.items[i].tensor->data = 0;
+    na_named_tensors_free(&l);
+    memcpy(v, b->data, sizeof v);
+    cr_assert_eq(na_optim_step(ob, NULL), NA_OK);
+    cr_assert(!memcmp(v, b->data, sizeof v), "lr 0 loaded through the state list: no change");
+    cr_assert_eq(na_optim_set_lr_on_device(ob, false), NA_OK);
+    cr_assert_not(na_optim_lr_on_device(ob));
+    na_optim_free(oa), na_optim_free(ob);
+    na_tensor_free(a), na_tensor_free(b);
+}
+static na_optim *make_nesterov(na_tensor *p) {
+    return na_sgd_new(NA_TENSORS(p), &(na_sgd_cfg){.lr = 0.3, .momentum = 0.9, .nesterov = true,
+                                                   .weight_decay = 1e-3});
+}
+static na_optim *make_adamw_lr(na_tensor *p) {
+    na_adam_cfg c = NA_ADAMW_DEFAULTS;
+    c.lr = 0.01;
+    return na_adamw_new(NA_TENSORS(p), &c);
+}
+Test(optim, lr_on_device_matches_host_lr_over_a_schedule) {
+    lr_on_device_lockstep(make_nesterov);
+    lr_on_device_lockstep(make_adamw_lr);
+}
+
+Test(optim, lr_on_device_covers_groups_added_later) {
+    na_tensor *a = param(1, (float[]){1}), *b = param(1, (float[]){1});
+    na_optim *o = na_sgd_new(NA_TENSORS(a), &(na_sgd_cfg){.lr = 0.5});
+    cr_assert_eq(na_optim_set_lr_on_device(o, true), NA_OK);
+    cr_assert_geq(na_optim_add_group(o, NA_TENSORS(b)), 0, "%s", na_last_error());
+    cr_assert_eq(na_optim_set_lr(o, 1, 0.25), NA_OK);
+    set_grad(a, (float[]){1}), set_grad(b, (float[]){1});
+    cr_assert_eq(na_optim_step(o, NULL), NA_OK);
+    cr_assert_eq(na_item(a), 0.5);
+    cr_assert_eq(na_item(b), 0.75);
+    cr_assert_eq(na_optim_set_lr_on_device(NULL, true), NA_EINVAL);
+    na_optim_free(o);
+    na_tensor_free(a), na_tensor_free(b);
+}
+
 /* ---- clipping ------------------------------------------------------------------------------------- */
 
 Test(optim, clip_grad_norm) {

@@ -8,6 +8,7 @@
  */
 #include "common/philox.h"
 #include "helpers.h"
+#include "nanoamp/cuda.h"
 
 static const na_dtype ALL_DTYPES[] = {NA_DTYPE_F64, NA_DTYPE_F32, NA_DTYPE_F16,
                                       NA_DTYPE_BF16, NA_DTYPE_I32, NA_DTYPE_U8};
@@ -526,4 +527,29 @@ Test(errors, batch_norm_one_value_per_channel_in_training) {
                     NA_ESHAPE, "na_batch_norm", "weight", "f64");
     TH_EXPECT_ERROR(na_batch_norm(x2, NULL, NULL, NULL, NULL, false, 0.1, 1e-5), NA_EINVAL,
                     "na_batch_norm", "running");
+}
+
+/* ---- step graphs ------------------------------------------------------------------------ */
+
+static int count_calls(void *ctx) {
+    ++*(int *)ctx;
+    return NA_OK;
+}
+
+Test(tensor, step_graph_capture_is_refused_without_cuda) {
+    int calls = 0;
+    cr_assert_null(na_step_graph_capture(NA_DEVICE_CPU, count_calls, &calls));
+    cr_assert_eq(na_last_status(), NA_ENOTSUP);
+    cr_assert(strstr(na_last_error(), "na_step_graph_capture") &&
+              strstr(na_last_error(), "CUDA feature"), "%s", na_last_error());
+    if (!na_cuda_available()) {
+        cr_assert_null(na_step_graph_capture(NA_DEVICE_CUDA, count_calls, &calls));
+        cr_assert_eq(na_last_status(), NA_EDEVICE, "%s", na_last_error());
+    }
+    cr_assert_eq(calls, 0, "the step is not called");
+    cr_assert_null(na_step_graph_capture(NA_DEVICE_CPU, NULL, NULL));
+    cr_assert_eq(na_last_status(), NA_EINVAL);
+    cr_assert_eq(na_step_graph_replay(NULL), NA_EINVAL);
+    cr_assert_not(na_step_graph_capturing());
+    na_step_graph_free(NULL);
 }

@@ -144,6 +144,13 @@ check "mnist help" run 0 "$mnist" --help
 for want in "--lr X .*0.05 with sgd, 0.001 with adamw" "--weight-decay X .*0 with sgd, 0.01 with adamw"; do
     check "  mnist help: $want" grep -Eq -- "$want" "$tmp/out"
 done
+# --cuda-graph replays the CUDA stream: on the cpu it is a flag error, whatever the order
+check "cuda-graph on cpu" run 2 "$mnist" "${small[@]}" --cuda-graph
+check "  message" one_line "mnist-train: --cuda-graph needs --device cuda"
+check "cuda-graph before --device cpu" run 2 "$cifar" --cuda-graph --device cpu --synthetic 64
+check "  message" one_line "cifar-train: --cuda-graph needs --device cuda"
+check "cuda-graph takes no value" run 2 "$mnist" "${small[@]}" --cuda-graph=1
+check "  message" one_line -- "--cuda-graph takes no value"
 check "mnist has no --synthetic" run 2 "$mnist" --synthetic 64
 check "unwritable --log" run 1 "$mnist" "${small[@]}" --log "$tmp/no/dir/log.csv"
 check "  message" one_line "--log.*no/dir/log.csv"

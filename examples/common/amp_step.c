@@ -182,3 +182,36 @@ int trainer_amp_step(trainer_amp *a, na_tensor *loss) {
     }
     return rc ? na_last_status() : NA_OK;
 }
+
+/* ---- --cuda-graph -------------------------------------------------------------------------- */
+
+int trainer_amp_graph_prepare(trainer_amp *a, na_module *net, na_device dev) {
+    if (dev != NA_DEVICE_CUDA)
+        return na_set_error(NA_EINVAL, "%s", TRAINER_CUDA_GRAPH_NEEDS_CUDA);
+    if (a->ddp)
+        return na_set_error(NA_ENOTSUP, "data parallel steps wait on the host for NCCL "
+                            "(na_ddp_finish)");
+    int rc = na_optim_set_lr_on_device(a->opt, true);
+    if (!rc && net) rc = na_module_count_batches_on_device(net) < 0 ? na_last_status() : NA_OK;
+    return rc;
+}
+
+typedef struct {
+    trainer_amp *a;
+    na_module *net;
+    na_tensor *x, *y, *loss_out;
+    double label_smoothing;
+} captured_step;
+
+static int run_captured_step(void *ctx) {
+    captured_step *c = ctx;
+    na_tensor *loss = trainer_amp_loss(c->a, c->net, c->x, c->y, c->label_smoothing);
+    if (!loss || trainer_amp_step(c->a, loss) || na_copy_(c->loss_out, loss)) return na_last_status();
+    return NA_OK;
+}
+
+na_step_graph *trainer_amp_capture(trainer_amp *a, na_module *net, na_tensor *x, na_tensor *y,
+                                   double label_smoothing, na_tensor *loss_out) {
+    captured_step c = {a, net, x, y, loss_out, label_smoothing};
+    return na_step_graph_capture(x->device, run_captured_step, &c);
+}

@@ -63,7 +63,7 @@ enum opt_id {
     O_DATA, O_MODEL, O_EPOCHS, O_BATCH, O_LR, O_OPTIM, O_WEIGHT_DECAY, O_LABEL_SMOOTHING,
     O_SCHEDULE, O_DEVICE, O_AMP, O_LOSS_SCALE, O_GROWTH_INTERVAL, O_AMP_TRACE, O_LOG, O_SEED,
     O_SAVE, O_RESUME, O_LIMIT, O_TEST_LIMIT, O_SYNTHETIC, O_THREADS, O_JSON, O_QUIET, O_VERSION,
-    O_HELP, O_ALLREDUCE_DTYPE, O_BUCKET_MB, O_SYNC_BN
+    O_HELP, O_ALLREDUCE_DTYPE, O_BUCKET_MB, O_SYNC_BN, O_CUDA_GRAPH
 };
 
 static const struct {
@@ -101,6 +101,9 @@ static const struct {
      "halve the bytes)"},
     {O_BUCKET_MB, "--bucket-mb", "N", "data parallel: MiB of gradients per all-reduce bucket"},
     {O_SYNC_BN, "--sync-bn", NULL, "data parallel: BatchNorm statistics over all ranks' batches"},
+    {O_CUDA_GRAPH, "--cuda-graph", NULL,
+     "CUDA only: after 2 warm-up steps, each full batch's step is one replayed CUDA graph (no "
+     "host work per step); where a graph cannot serve, says why and trains eagerly"},
     {O_THREADS, "--threads", "N", "CPU threads (the CPU backend's pool; OpenBLAS uses one)"},
     {O_JSON, "--json", NULL, "last line of output: one JSON object with the results"},
     {O_QUIET, "--quiet", NULL, "no progress output"},
@@ -262,7 +265,7 @@ int trainer_parse_args(trainer_opts *o, int argc, char **argv, const char *model
             return 1;
         } else if (!takes) {
             *(id == O_JSON ? &o->json : id == O_QUIET ? &o->quiet : id == O_SYNC_BN ? &o->sync_bn
-              : &o->amp_trace) = true;
+              : id == O_CUDA_GRAPH ? &o->cuda_graph : &o->amp_trace) = true;
             continue;
         }
         const char *v = eq ? eq + 1 : i + 1 < argc ? argv[++i] : NULL;
@@ -273,6 +276,10 @@ int trainer_parse_args(trainer_opts *o, int argc, char **argv, const char *model
         char flag[32];
         snprintf(flag, sizeof flag, "%.*s", (int)name_len, a);
         if (set_option(o, id, flag, v, models)) return -1;
+    }
+    if (o->cuda_graph && o->device != NA_DEVICE_CUDA) {
+        trainer_start_failed(o, "%s", TRAINER_CUDA_GRAPH_NEEDS_CUDA);
+        return -1;
     }
     return 0;
 }

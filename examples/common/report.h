@@ -40,6 +40,7 @@ typedef struct {
     const char *amp_mode;
     double images_per_s, train_time_s, test_acc, test_loss, final_loss, final_scale;
     int64_t params, skipped_steps;
+    int64_t graph_steps;      /* --cuda-graph: steps taken by replaying the graph */
     int64_t diverged_at_step; /* 0: no divergence */
     int world_size;           /* ranks (mpirun -np); 0 is written as 1. images_per_s counts
                                  all ranks' images, "batch" is --batch (per rank) */

@@ -102,7 +102,14 @@ typedef struct {
     double last_draw;
     trainer_result res;
     int64_t images;
+    /* --cuda-graph: the persistent batch and loss the graph reads and writes, eager steps
+     * before the capture, the graph (NULL before the capture or when it failed) */
+    na_tensor *gx, *gy, *gloss;
+    int64_t warmup_left;
+    na_step_graph *graph;
 } run_state;
+
+#define GRAPH_WARMUP_STEPS 2 /* the second step of a shape allocates nothing new */
 
 /* Draws the bar: on a terminal at the first and last step and at most every 0.1 s between;
  * otherwise a plain line every 10 s. The scaler is read (a sync on CUDA) only where the loss
@@ -130,6 +137,31 @@ static const char *after_bar(const run_state *r) {
     return r->tty && !r->o->quiet ? "\n" : "";
 }
 
+/* A full batch's step with --cuda-graph: the batch into the graph's inputs, then an eager step
+ * (warm-up, or after a failed capture), the capture, or a replay. The loss, or NULL. */
+static na_tensor *graph_step(run_state *r, bool trace) {
+    const trainer_opts *o = r->o;
+    if (na_copy_from_host(r->gx, r->x) || na_copy_from_host(r->gy, r->y)) return NULL;
+    if (r->warmup_left == 0 && !r->graph) {
+        r->warmup_left = -1; /* one try */
+        r->graph = trainer_amp_capture(r->amp, r->job->net, r->gx, r->gy, o->label_smoothing,
+                                       r->gloss);
+        if (!r->graph)
+            fprintf(stderr, "%s%s: --cuda-graph: %s; training eagerly\n", after_bar(r), o->program,
+                    na_last_error());
+    }
+    if (r->graph) {
+        if (na_step_graph_replay(r->graph)) return NULL;
+        r->res.graph_steps++;
+        return r->gloss;
+    }
+    if (r->warmup_left > 0) r->warmup_left--;
+    if (trace) na_autocast_trace(r->amp->autocast ? NA_AMP_TRACE_REGIONS : NA_AMP_TRACE_ALL, stderr);
+    na_tensor *loss = trainer_amp_loss(r->amp, r->job->net, r->gx, r->gy, o->label_smoothing);
+    if (trace) na_autocast_trace(NA_AMP_TRACE_OFF, NULL);
+    return loss && !trainer_amp_step(r->amp, loss) ? loss : NULL;
+}
+
 /* One epoch; returns 0, or 1 after saying what failed (a step, a loss that is not finite). */
 static int train_epoch(run_state *r, int64_t epoch, double *train_loss) {
     const trainer_opts *o = r->o;
@@ -149,17 +181,23 @@ static int train_epoch(run_state *r, int64_t epoch, double *train_loss) {
         int64_t at = epoch * r->steps + step, shape[4] = {n, train->channels, train->height,
                                                           train->width};
         na_lr_schedule_apply(&r->sched, amp->opt, at);
-        na_tensor *xt = na_from_host(NA_DTYPE_F32, o->device, 4, shape, r->x);
-        na_tensor *yt = na_from_host(NA_DTYPE_I32, o->device, NA_SHAPE(n), r->y);
         bool trace = o->amp_trace && at == 0;
-        if (trace) /* the first step's forward: autocast regions, or every op for o2/off */
-            na_autocast_trace(amp->autocast ? NA_AMP_TRACE_REGIONS : NA_AMP_TRACE_ALL, stderr);
-        na_tensor *loss = trainer_amp_loss(amp, r->job->net, xt, yt, o->label_smoothing);
-        if (trace) na_autocast_trace(NA_AMP_TRACE_OFF, NULL);
+        bool graphed = r->gx && n == o->batch; /* a partial batch runs eagerly */
+        na_tensor *loss = NULL;
+        if (graphed) {
+            loss = graph_step(r, trace);
+        } else {
+            na_tensor *xt = na_from_host(NA_DTYPE_F32, o->device, 4, shape, r->x);
+            na_tensor *yt = na_from_host(NA_DTYPE_I32, o->device, NA_SHAPE(n), r->y);
+            if (trace) /* the first step's forward: autocast regions, or every op for o2/off */
+                na_autocast_trace(amp->autocast ? NA_AMP_TRACE_REGIONS : NA_AMP_TRACE_ALL, stderr);
+            loss = trainer_amp_loss(amp, r->job->net, xt, yt, o->label_smoothing);
+            if (trace) na_autocast_trace(NA_AMP_TRACE_OFF, NULL);
+        }
         if (loss && at + 1 == r->fail_step) /* after forward: the others go on to backward */
             loss = NULL, na_set_error(NA_EIO, "NANOAMP_TEST_FAIL_STEP=%" PRId64 " (a test hook)",
                                       r->fail_step);
-        if (!loss || trainer_amp_step(amp, loss) != NA_OK) {
+        if (!loss || (!graphed && trainer_amp_step(amp, loss) != NA_OK)) {
             /* the others wait for its gradients: trainer_run ends the job (na_dist_abort) */
             r->failed_alone = r->dist != NULL;
             fprintf(stderr, "%s%s%s: training step %" PRId64 " failed: %s%s\n", after_bar(r),
@@ -286,6 +324,28 @@ static bool all_ok(const run_state *r, int status, const char *option, const cha
     return trainer_ranks_ok(r->dist, o, status == NA_OK);
 }
 
+/* --cuda-graph: the learning rate and BatchNorm's count onto the device and the graph's
+ * persistent batch and loss; where a graph cannot serve (data parallel, a cumulative
+ * BatchNorm) it says why and the run trains eagerly. NA_OK, or a status after saying what
+ * failed. */
+static int graph_setup(run_state *r) {
+    const trainer_opts *o = r->o;
+    const trainer_job *job = r->job;
+    int rc = trainer_amp_graph_prepare(r->amp, job->net, o->device);
+    if (rc == NA_ENOTSUP) {
+        if (!o->quiet)
+            fprintf(stderr, "%s: --cuda-graph: %s; training eagerly\n", o->program, na_last_error());
+        return NA_OK;
+    }
+    int64_t shape[4] = {o->batch, job->train->channels, job->train->height, job->train->width};
+    if (!rc && (!(r->gx = na_tensor_new(NA_DTYPE_F32, o->device, 4, shape)) ||
+                !(r->gy = na_tensor_new(NA_DTYPE_I32, o->device, NA_SHAPE(o->batch))) ||
+                !(r->gloss = na_tensor_new(NA_DTYPE_F32, o->device, 0, NULL))))
+        rc = na_last_status();
+    r->warmup_left = GRAPH_WARMUP_STEPS;
+    return all_ok(r, rc, "--cuda-graph", NULL) ? NA_OK : NA_ESTATE;
+}
+
 /* trainer_run on the ranks of dist (NULL: one process). *failed_alone: this rank failed where
  * the others cannot know (they wait in a collective for it). */
 static int run(const trainer_opts *o, trainer_job *job, na_dist *dist, bool *failed_alone) {
@@ -332,6 +392,7 @@ static int run(const trainer_opts *o, trainer_job *job, na_dist *dist, bool *fai
         fprintf(stderr, "%s: setup failed: %s\n", o->program,
                 r.b ? "out of host memory" : na_last_error());
     if (!trainer_ranks_ok(dist, o, ready)) goto done;
+    if (o->cuda_graph && graph_setup(&r) != NA_OK) goto done;
     r.steps = na_batcher_steps_per_epoch(r.b);
     r.sched = !strcmp(o->schedule, "onecycle") ? na_lr_one_cycle(r.steps * o->epochs)
                                                 : na_lr_constant();
@@ -339,6 +400,8 @@ static int run(const trainer_opts *o, trainer_job *job, na_dist *dist, bool *fai
     report(&r, rc == 0);
 done:
     *failed_alone = r.failed_alone;
+    na_step_graph_free(r.graph);
+    na_tensor_free(r.gx), na_tensor_free(r.gy), na_tensor_free(r.gloss);
     free(r.x), free(r.y);
     na_batcher_free(r.b); /* stops the prefetch thread before the caller frees the data */
     trainer_amp_free(&amp);

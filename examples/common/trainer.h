@@ -38,6 +38,7 @@ typedef struct {
     int64_t bucket_mb;     /* 0 (not given: na_ddp's default, 25) */
     bool sync_bn;
     int threads;           /* --threads N; 0 (not given): $NANOAMP_THREADS, else the cores */
+    bool cuda_graph;       /* --cuda-graph: full batches replayed as a CUDA graph */
 } trainer_opts;
 
 /* The defaults every trainer starts from (a trainer changes what its recipe needs). */
@@ -112,6 +113,24 @@ na_tensor *trainer_amp_loss(const trainer_amp *a, na_module *net, na_tensor *x, 
                             double label_smoothing);
 /* Backward, optimizer step (skipped on the device on overflow), scale update, zero_grad. */
 int trainer_amp_step(trainer_amp *a, na_tensor *loss);
+
+/* --cuda-graph (nanoamp/tensor.h, na_step_graph_*): the step recorded once and replayed.
+ * trainer_amp_graph_prepare readies a and net for it, before the first step: the learning
+ * rate and BatchNorm's batch count move to the device (their values then change on the
+ * device, so replays stay right; the math is the same). A message and a negative status where
+ * a graph cannot serve: not on CUDA (NA_EINVAL), data parallel (NA_ENOTSUP: DDP waits on the
+ * host for NCCL), a BatchNorm with a cumulative average (NA_ENOTSUP).
+ * trainer_amp_capture records trainer_amp_loss + trainer_amp_step on the persistent batch x, y
+ * and a copy of the loss into the persistent f32 0-dim loss_out, without running it: capture
+ * after warm-up steps of the same shapes, right after na_step_end, then na_step_graph_replay
+ * (after copying each batch into x, y) takes the steps. NULL with the reason as the error
+ * (the step did not run: run it eagerly). */
+int trainer_amp_graph_prepare(trainer_amp *a, na_module *net, na_device dev);
+#define TRAINER_CUDA_GRAPH_NEEDS_CUDA                                                        \
+    "--cuda-graph needs --device cuda (a CUDA graph replays the CUDA stream; the cpu runs " \
+    "every step eagerly)"
+na_step_graph *trainer_amp_capture(trainer_amp *a, na_module *net, na_tensor *x, na_tensor *y,
+                                   double label_smoothing, na_tensor *loss_out);
 
 /* Accuracy and mean cross-entropy of net on ds (normalized by mean/std, inputs cast to
  * input_dtype). Prints nothing: a negative status with the library's message on failure. */

@@ -100,7 +100,8 @@ na_module *na_conv2d_new(int64_t in_channels, int64_t out_channels, int kh, int 
  *   affine: parameters weight (ones) and bias (zeros);
  *   track_running_stats: buffers running_mean (zeros), running_var (ones) and
  *     num_batches_tracked (i32, kept in host memory so reading it never synchronizes; it
- *     stays on the CPU and in i32 through na_module_to / na_module_to_dtype). Off: batch
+ *     stays on the CPU and in i32 through na_module_to / na_module_to_dtype; only
+ *     na_module_count_batches_on_device moves it to the device). Off: batch
  *     statistics in eval mode too, and no buffers;
  *   momentum: running = (1 - momentum) * running + momentum * batch_stat (unbiased var);
  *   cumulative_average (PyTorch's momentum=None): momentum 1/num_batches_tracked instead;
@@ -121,6 +122,13 @@ na_module *na_batch_norm2d_new(int64_t num_features, const na_batch_norm_cfg *cf
  * gradients are those of the unfused net (bit for bit in f32 on the CPU). Returns the number
  * of pairs fused (0 again on a fused net), or a negative status with an error. */
 int na_module_fuse_bn_relu(na_module *net);
+/* Moves every tracking BatchNorm's num_batches_tracked of net's tree to the device of its
+ * running statistics (still i32) and counts batches there by kernels, with no host value, so
+ * that a training step replayed as a CUDA graph (na_step_graph_capture) counts too. Reading
+ * the count is then a device read. Refused (NA_ENOTSUP, nothing changed) when a BatchNorm has
+ * cumulative_average, whose momentum is computed from the count on the host. Returns the
+ * number of BatchNorms that count on the device, or a negative status. */
+int na_module_count_batches_on_device(na_module *net);
 
 na_module *na_relu_new(void);
 na_module *na_gelu_new(void); /* exact (erf) form */

@@ -107,6 +107,16 @@ na_tensor_list na_optim_parameters(const na_optim *o);   /* all of them: a step 
 int na_optim_param_group(const na_optim *o, int64_t i);  /* the group of parameter i */
 /* group -1: every group. lr >= 0 and weight_decay >= 0. */
 int na_optim_set_lr(na_optim *o, int group, double lr);
+/* The learning rate read on the device, for a training step replayed as a CUDA graph
+ * (na_step_graph_capture, nanoamp/tensor.h), where a host value would be frozen at capture.
+ * On: every group keeps an f64 copy of its lr on each device of its parameters, which the
+ * optimizer kernels read in place of the host value (the same double: the same update, bit
+ * for bit). na_optim_set_lr and na_optim_set_initial_lr (so na_lr_schedule_apply) write it at
+ * once, a host->device copy enqueued on the stream (no sync), and so does every
+ * na_optim_step outside a capture (a value loaded through the state list). Groups added
+ * later get their copies too. Off (the default): the host value, passed at each launch. */
+int na_optim_set_lr_on_device(na_optim *o, bool on);
+bool na_optim_lr_on_device(const na_optim *o);
 int na_optim_set_weight_decay(na_optim *o, int group, double weight_decay);
 double na_optim_lr(const na_optim *o, int group);           /* NAN for a bad group */
 double na_optim_weight_decay(const na_optim *o, int group); /* NAN for a bad group */

@@ -99,6 +99,31 @@ void na_arena_peak_reset(void);
 size_t na_arena_chunk_allocs(na_device dev); /* raw allocations made so far (tests check it
                                                 stops growing once warm) */
 
+/* ---- a training step as a device graph (CUDA graphs) ------------------------------------
+ * na_step_graph_capture records what step(ctx) enqueues on dev's stream, without running
+ * it, then ends the step (na_step_end); na_step_graph_replay runs the recording again with
+ * no host work. Capture after a few eager steps of the same shapes (warm-up), when the step
+ * arena is empty (right after na_step_end) and has grown to the step's high-water mark;
+ * then replay to take the step. The contract (src/tensor/step_graph.c):
+ *  - the step reads only persistent tensors and step tensors it makes itself: copy each
+ *    batch into the same persistent input tensors before a replay, and copy what the host
+ *    reads afterwards (the loss) into persistent tensors inside the step;
+ *  - what changes between steps is read on the device: na_optim_set_lr_on_device,
+ *    na_module_count_batches_on_device, the loss scalers' state (always on the device);
+ *  - every persistent tensor the step uses stays alive and in place while the graph lives.
+ * Capture fails (NULL, a message naming why, and the step did not run: run it eagerly) on
+ * the cpu device, in a build or on a machine without CUDA, when the step waits for the
+ * device (a device->host copy, a synchronize: loss-scale reads, DDP's NCCL wait), allocates
+ * device memory (a first step, a new shape, a growing workspace), copies host data to the
+ * device, records profiler events or a step hook is installed, draws random numbers, or
+ * fails itself. */
+typedef struct na_step_graph na_step_graph;
+typedef int (*na_step_fn)(void *ctx); /* NA_OK or a negative status with a message */
+na_step_graph *na_step_graph_capture(na_device dev, na_step_fn step, void *ctx);
+int na_step_graph_replay(na_step_graph *g); /* enqueues the step on the stream; no sync */
+void na_step_graph_free(na_step_graph *g);  /* NULL is fine */
+bool na_step_graph_capturing(void);         /* within na_step_graph_capture's step */
+
 /* ---- the generator ------------------------------------------------------------------ */
 void na_manual_seed(uint64_t seed); /* also resets the offset */
 uint64_t na_rng_seed(void);

@@ -3,7 +3,7 @@
  * Each parameter is walked in chunks of NA_CPU_CHUNK: parameter and gradient are widened to
  * f32 (in place when already f32), updated with the per-element rules of common/optim.h
  * against the f32 state, and rounded once on store, as the CUDA kernels do. found_inf and
- * inv_scale are host memory here, so reading them costs nothing.
+ * inv_scale (and lr) are host memory here, so reading them costs nothing.
  */
 #include "common/optim.h"
 #include "cpu/cpu_internal.h"
@@ -57,8 +57,13 @@ static int optim_step(rule r, const na_optim_tensors *t, const na_optim_hparams 
                             r == RULE_SGD ? "cpu_sgd_step" : "cpu_adam_step");
     if (scalar(t->found_inf, 0.0f) != 0.0f) return NA_OK; /* skipped: nothing changes */
     float inv_scale = scalar(t->inv_scale, 1.0f);
+    if (t->lr && (t->lr->dtype != NA_DTYPE_F64 || t->lr->numel != 1))
+        return na_set_error(NA_EDTYPE, "%s: lr must be an f64 scalar",
+                            r == RULE_SGD ? "cpu_sgd_step" : "cpu_adam_step");
+    na_optim_hparams hh = *h;
+    if (t->lr) hh.lr = *(const double *)t->lr->data;
     for (int i = 0; i < t->n; i++) {
-        int rc = step_one(r, t, h, i, inv_scale);
+        int rc = step_one(r, t, &hh, i, inv_scale);
         if (rc) return rc;
     }
     return NA_OK;

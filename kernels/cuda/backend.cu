@@ -82,6 +82,19 @@ static bool alloc_table_take(uintptr_t key, size_t *bytes) {
     return false;
 }
 
+/* ---- graph capture guards ---------------------------------------------------------------- */
+int na_cuda_capture_forbids(const char *fn, const char *what, ...) {
+    if (!na_cuda_ctx.capturing) return NA_OK;
+    char msg[400];
+    va_list ap;
+    va_start(ap, what);
+    vsnprintf(msg, sizeof msg, what, ap);
+    va_end(ap);
+    if (!na_cuda_ctx.capture_error[0])
+        snprintf(na_cuda_ctx.capture_error, sizeof na_cuda_ctx.capture_error, "%s", msg);
+    return na_set_error(NA_ENOTSUP, "%s: not allowed in a CUDA graph capture: %s", fn, msg);
+}
+
 /* ---- memory ----------------------------------------------------------------------------- */
 static void count_in(size_t bytes) {
     na_cuda_ctx.bytes_in_use += bytes;
@@ -90,6 +103,10 @@ static void count_in(size_t bytes) {
 }
 
 static void *cuda_alloc(size_t bytes) {
+    if (na_cuda_capture_forbids("cuda alloc", "the step allocates %zu bytes of device memory (a "
+                                "first step, a new shape or a growing step arena: capture after "
+                                "warm-up steps of the same shapes)", bytes))
+        return NULL;
     void *p = NULL;
     cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
     if (e != cudaSuccess) {
@@ -115,6 +132,8 @@ static void *cuda_alloc(size_t bytes) {
 
 static void cuda_free(void *p) {
     if (!p) return;
+    /* freeing waits for the stream: during a capture the buffer is kept (the capture fails) */
+    if (na_cuda_capture_forbids("cuda free", "the step frees device memory (%p)", p)) return;
     size_t bytes = 0;
     if (alloc_table_take((uintptr_t)p, &bytes)) na_cuda_ctx.bytes_in_use -= bytes;
     /* kernels still queued may use the buffer: let them finish first */
@@ -128,6 +147,9 @@ static void cuda_free(void *p) {
 
 static int cuda_memcpy_h2d(void *dst, const void *src, size_t bytes) {
     if (!bytes) return NA_OK;
+    NA_TRY(na_cuda_capture_forbids("cuda memcpy_h2d", "the step copies %zu bytes from the host "
+                                   "(a replay would repeat the values of the capture: copy "
+                                   "inputs into persistent tensors before each replay)", bytes));
     /* From pageable memory this returns once src has been staged, so the caller may reuse
      * src right away; from pinned memory the copy is asynchronous. */
     NA_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, na_cuda_ctx.stream));
@@ -135,6 +157,9 @@ static int cuda_memcpy_h2d(void *dst, const void *src, size_t bytes) {
 }
 
 static int cuda_memcpy_d2h(void *dst, const void *src, size_t bytes) {
+    NA_TRY(na_cuda_capture_forbids("cuda memcpy_d2h", "the step waits for the device (a "
+                                   "device->host copy of %zu bytes: a value read on the host, "
+                                   "such as na_item or a check of the loss scale)", bytes));
     na_cuda_ctx.sync_count++;
     if (bytes)
         NA_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, na_cuda_ctx.stream));
@@ -149,6 +174,8 @@ static int cuda_memcpy_d2d(void *dst, const void *src, size_t bytes) {
 }
 
 static int cuda_synchronize(void) {
+    NA_TRY(na_cuda_capture_forbids("cuda synchronize", "the step synchronizes the device (a "
+                                   "host wait, such as DDP's wait for NCCL)"));
     na_cuda_ctx.sync_count++;
     NA_CUDA_CHECK(cudaStreamSynchronize(na_cuda_ctx.stream));
     return NA_OK;
@@ -156,6 +183,9 @@ static int cuda_synchronize(void) {
 
 /* The profiler's clock (nanoamp/profile.h): events on the one stream. */
 static void *cuda_event_record(void) {
+    if (na_cuda_capture_forbids("cuda event", "the profiler records events in the step (turn "
+                                "off NANOAMP_PROFILE / na_profile_begin)"))
+        return NULL;
     cudaEvent_t e = NULL;
     cudaError_t err = cudaEventCreate(&e);
     if (err == cudaSuccess) err = cudaEventRecord(e, na_cuda_ctx.stream);
@@ -180,8 +210,24 @@ static void cuda_event_free(void *event) {
 
 void *na_cuda_scratch(size_t bytes) {
     if (bytes <= na_cuda_ctx.scratch_size && na_cuda_ctx.scratch) return na_cuda_ctx.scratch;
+    if (na_cuda_capture_forbids("na_cuda_scratch", "a kernel workspace grows to %zu bytes (a "
+                                "first step or a new shape: capture after warm-up)", bytes))
+        return NULL;
     size_t want = bytes < ((size_t)1 << 20) ? ((size_t)1 << 20) : bytes;
     want = (want + want / 4 + 255) & ~(size_t)255; /* some headroom for the next shape */
+    if (na_cuda_ctx.scratch && na_cuda_ctx.graphs_live) {
+        /* recorded graphs still use it: keep it until the last of them is freed */
+        na_cuda_context::na_cuda_retired *r = (na_cuda_context::na_cuda_retired *)realloc(
+            na_cuda_ctx.retired, (size_t)(na_cuda_ctx.n_retired + 1) * sizeof *r);
+        if (!r) {
+            na_set_error(NA_ENOMEM, "na_cuda_scratch: out of host memory");
+            return NULL;
+        }
+        r[na_cuda_ctx.n_retired++] = {na_cuda_ctx.scratch, na_cuda_ctx.scratch_size};
+        na_cuda_ctx.retired = r;
+        na_cuda_ctx.scratch = NULL; /* still counted in bytes_in_use until freed */
+        na_cuda_ctx.scratch_size = 0;
+    }
     if (na_cuda_ctx.scratch) {
         cudaError_t e = cudaStreamSynchronize(na_cuda_ctx.stream);
         if (e == cudaSuccess) e = cudaFree(na_cuda_ctx.scratch);
@@ -209,6 +255,64 @@ void *na_cuda_scratch(size_t bytes) {
     return p;
 }
 
+/* ---- step graphs (src/tensor/step_graph.c) -------------------------------------------------
+ * Global capture mode: a CUDA call that is unsafe during a capture, from any thread, fails
+ * and invalidates it rather than running. The backend's own guards (na_cuda_capture_forbids)
+ * catch the usual causes first and name them. */
+static int cuda_graph_begin(void) {
+    na_cuda_ctx.capture_error[0] = 0;
+    NA_CUDA_CHECK(cudaStreamBeginCapture(na_cuda_ctx.stream, cudaStreamCaptureModeGlobal));
+    na_cuda_ctx.capturing = true;
+    return NA_OK;
+}
+
+static int cuda_graph_end(bool ok, void **out) {
+    cudaGraph_t graph = NULL;
+    cudaError_t e = cudaStreamEndCapture(na_cuda_ctx.stream, &graph);
+    na_cuda_ctx.capturing = false;
+    *out = NULL;
+    if (e != cudaSuccess) (void)cudaGetLastError();
+    int rc = NA_OK;
+    if (na_cuda_ctx.capture_error[0])
+        rc = na_set_error(NA_ENOTSUP, "%s", na_cuda_ctx.capture_error);
+    else if (e != cudaSuccess)
+        rc = na_set_error(NA_ECUDA, "cudaStreamEndCapture failed: %s (%s): a call in the step "
+                          "that a capture does not allow", cudaGetErrorString(e),
+                          cudaGetErrorName(e));
+    if (!rc && ok) {
+        cudaGraphExec_t exec = NULL;
+        e = cudaGraphInstantiate(&exec, graph, 0);
+        if (e != cudaSuccess) {
+            (void)cudaGetLastError();
+            rc = na_set_error(NA_ECUDA, "cudaGraphInstantiate failed: %s", cudaGetErrorString(e));
+        } else {
+            *out = (void *)exec;
+            na_cuda_ctx.graphs_live++;
+        }
+    }
+    if (graph) cudaGraphDestroy(graph);
+    return rc;
+}
+
+static int cuda_graph_launch(void *graph) {
+    NA_CUDA_CHECK(cudaGraphLaunch((cudaGraphExec_t)graph, na_cuda_ctx.stream));
+    return NA_OK;
+}
+
+static void cuda_graph_free(void *graph) {
+    if (!graph) return;
+    (void)cudaStreamSynchronize(na_cuda_ctx.stream); /* a replay may still run */
+    cudaGraphExecDestroy((cudaGraphExec_t)graph);
+    if (--na_cuda_ctx.graphs_live > 0) return;
+    for (int i = 0; i < na_cuda_ctx.n_retired; i++) {
+        (void)cudaFree(na_cuda_ctx.retired[i].p);
+        na_cuda_ctx.bytes_in_use -= na_cuda_ctx.retired[i].bytes;
+    }
+    free(na_cuda_ctx.retired);
+    na_cuda_ctx.retired = NULL;
+    na_cuda_ctx.n_retired = 0;
+}
+
 /* ---- the table -------------------------------------------------------------------------- */
 /* Filled at initialisation from the kernel list (kernels/backend.h). */
 static na_backend na_cuda_backend_table;
@@ -225,6 +329,10 @@ static void fill_table(na_backend *b) {
     b->event_record = cuda_event_record;
     b->event_elapsed_ms = cuda_event_elapsed_ms;
     b->event_free = cuda_event_free;
+    b->graph_begin = cuda_graph_begin;
+    b->graph_end = cuda_graph_end;
+    b->graph_launch = cuda_graph_launch;
+    b->graph_free = cuda_graph_free;
 #define NA_CUDA_ENTRY_(kernel, params) b->kernel = na_cuda_##kernel;
     NA_BACKEND_KERNELS(NA_CUDA_ENTRY_, NA_CUDA_ENTRY_)
 #undef NA_CUDA_ENTRY_

@@ -58,8 +58,22 @@ struct na_cuda_context {
     uint64_t bytes_in_use, peak_bytes;
     void *scratch; /* grown on demand, see na_cuda_scratch */
     size_t scratch_size;
+    /* step graphs (backend.cu): recording the stream now; why the recording cannot be used
+     * (the first forbidden call, "" when none); graphs alive; scratch buffers outgrown while
+     * graphs were alive (their recorded kernels still use them), freed with the last graph */
+    bool capturing;
+    char capture_error[512];
+    int graphs_live;
+    struct na_cuda_retired { void *p; size_t bytes; } *retired;
+    int n_retired;
 };
 extern na_cuda_context na_cuda_ctx;
+
+/* Called where a graph capture cannot follow (a sync, an allocation, a host copy): when
+ * capturing, keeps the first reason for graph_end and returns NA_ENOTSUP with it set as the
+ * error; otherwise NA_OK. `what` says what the step did. */
+int na_cuda_capture_forbids(const char *fn, const char *what, ...)
+    __attribute__((format(printf, 2, 3)));
 
 /* A device buffer of at least `bytes` for the op being enqueued (shared by all ops: the
  * stream orders them). NULL with an error set on failure. Growing it synchronizes the stream

@@ -3,8 +3,9 @@
  * The per-element rules are kernels/common/optim.h, shared with the CPU backend: parameter and
  * gradient widened to f32 (the gradient times *inv_scale when given), f32 state, the result
  * rounded once to the parameter's dtype (and to the copy's). Nothing here synchronizes:
- * found_inf, inv_scale and the step counts are read on the device, so an amp step that must
- * be skipped is skipped by the kernels themselves.
+ * found_inf, inv_scale, the step counts and (when given) the learning rate are read on the
+ * device, so an amp step that must be skipped is skipped by the kernels themselves, and a
+ * replayed CUDA graph takes each step's learning rate.
  *
  * Steps: every element of parameter i needs the step count after this step's increment.
  * The update kernel reads steps[i] and uses steps[i] + 1; a second, tiny kernel then stores
@@ -30,8 +31,9 @@ struct mt_optim {
 
 template <bool ADAM>
 __global__ void k_optim_step(mt_optim a, na_optim_hparams h, const float *found_inf,
-                             const float *inv_scale) {
+                             const float *inv_scale, const double *lr) {
     if (found_inf && *found_inf != 0.0f) return; /* skipped: nothing changes */
+    if (lr) h.lr = *lr;
     const float inv = inv_scale ? *inv_scale : 1.0f;
     const int64_t total = a.c.chunk_start[a.c.n];
     for (int64_t chunk = blockIdx.x; chunk < total; chunk += gridDim.x) {
@@ -79,6 +81,9 @@ static int optim_step(const na_optim_tensors *t, const na_optim_hparams *h) {
     NA_TRY(check_f32_scalar(t->inv_scale, who, "inv_scale"));
     const float *fi = t->found_inf ? (const float *)t->found_inf->data : NULL;
     const float *is = t->inv_scale ? (const float *)t->inv_scale->data : NULL;
+    if (t->lr && (t->lr->dtype != NA_DTYPE_F64 || t->lr->numel != 1))
+        return na_set_error(NA_EDTYPE, "%s (cuda): lr must be an f64 scalar", who);
+    const double *lr = t->lr ? (const double *)t->lr->data : NULL;
     cudaStream_t st = na_cuda_ctx.stream;
     int i = 0;
     while (i < t->n) {
@@ -109,7 +114,7 @@ static int optim_step(const na_optim_tensors *t, const na_optim_hparams *h) {
             s.step[s.n++] = a.step[k];
         }
         if (!a.c.n) continue;
-        k_optim_step<ADAM><<<na_mt_grid(na_mt_total(&a.c)), 256, 0, st>>>(a, *h, fi, is);
+        k_optim_step<ADAM><<<na_mt_grid(na_mt_total(&a.c)), 256, 0, st>>>(a, *h, fi, is, lr);
         NA_CUDA_LAUNCH_CHECK("k_optim_step");
         k_steps_inc<<<1, NA_MT_MAX, 0, st>>>(s, fi);
         NA_CUDA_LAUNCH_CHECK("k_steps_inc");

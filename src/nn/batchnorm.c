@@ -2,7 +2,9 @@
  * momentum or cumulative average (momentum=None), track_running_stats, affine. */
 #include <inttypes.h>
 
+#include "nanoamp/state.h"
 #include "src/nn/module.h"
+#include "src/tensor/tensor_internal.h"
 
 typedef struct {
     na_batch_norm_cfg cfg;
@@ -11,7 +13,21 @@ typedef struct {
     na_tensor *running_mean, *running_var, *num_batches; /* NULL when not tracking */
     na_batch_norm_fn impl; /* training mode's forward in place of na_batch_norm, or NULL */
     void *impl_ctx;
+    bool count_on_device;  /* na_module_count_batches_on_device: counted by kernels */
 } bn_state;
+
+/* ++count by kernels on the count's device, no host value (a replayed graph counts too):
+ * widened to f64, one added, stored back, saturating at INT32_MAX as the host count does. */
+static int count_by_kernels(na_tensor *count) {
+    const na_backend *be = na_be(count);
+    na_tensor *w = be ? na_empty(NA_DTYPE_F64, count->device, 0, NULL) : NULL;
+    na_tensor *w1 = w ? na_empty(NA_DTYPE_F64, count->device, 0, NULL) : NULL;
+    if (!w1) return na_last_status();
+    int rc = be->copy(&w->view, &count->view);
+    if (!rc) rc = be->unary(NA_UNARY_ADD_SCALAR, &w->view, &w1->view, 1.0, 0.0);
+    if (!rc) rc = be->copy(&count->view, &w1->view);
+    return rc;
+}
 
 int na_batch_norm_set_impl(na_module *bn, na_batch_norm_fn fn, void *ctx) {
     if (!bn || !na_module_is_batch_norm(bn, NULL))
@@ -39,7 +55,8 @@ static na_tensor *bn_forward(na_module *m, na_tensor *x) {
     if (!m->training && track) /* eval with running statistics */
         return bn(x, s->running_mean, s->running_var, s->weight, s->bias, false, 0.0, s->cfg.eps);
     double momentum = s->cfg.momentum;
-    int32_t *count = track ? s->num_batches->data : NULL; /* host memory, see nn.h */
+    /* host memory (see nn.h) unless counted on the device, which refuses a cumulative average */
+    int32_t *count = track ? s->num_batches->data : NULL;
     if (track && s->cfg.cumulative_average) momentum = 1.0 / ((double)*count + 1.0);
     na_tensor *rm = track ? s->running_mean : NULL, *rv = track ? s->running_var : NULL;
     na_tensor *y;
@@ -49,7 +66,9 @@ static na_tensor *bn_forward(na_module *m, na_tensor *x) {
     } else {
         y = bn(x, rm, rv, s->weight, s->bias, true, momentum, s->cfg.eps);
     }
-    if (y && count && *count < INT32_MAX) ++*count; /* counted once the batch was used */
+    /* counted once the batch was used */
+    if (y && count && s->count_on_device && count_by_kernels(s->num_batches)) return NULL;
+    if (y && count && !s->count_on_device && *count < INT32_MAX) ++*count;
     return y;
 }
 
@@ -94,6 +113,35 @@ na_module *na_batch_norm1d_new(int64_t num_features, const na_batch_norm_cfg *cf
 }
 na_module *na_batch_norm2d_new(int64_t num_features, const na_batch_norm_cfg *cfg) {
     return bn_new(NA_MODULE_BATCH_NORM2D, num_features, cfg);
+}
+
+static int count_batches_on_device(na_module *m, bool apply) {
+    int n = 0;
+    bn_state *s = na_module_is_batch_norm(m, NULL) ? m->state : NULL;
+    if (s && s->cfg.track_running_stats) {
+        if (s->cfg.cumulative_average)
+            return na_set_error(NA_ENOTSUP, "na_module_count_batches_on_device: a %s has "
+                                "cumulative_average (momentum=None): its momentum comes from "
+                                "the count on the host", m->type_name);
+        if (apply) {
+            int rc = na_tensor_convert_(s->num_batches, NA_DTYPE_I32, s->running_mean->device);
+            if (rc) return rc;
+            s->count_on_device = true;
+        }
+        n++;
+    }
+    for (int i = 0; i < m->n_children; i++) {
+        int k = count_batches_on_device(m->children[i], apply);
+        if (k < 0) return k;
+        n += k;
+    }
+    return n;
+}
+
+int na_module_count_batches_on_device(na_module *net) {
+    if (!net) return na_set_error(NA_EINVAL, "na_module_count_batches_on_device: net is NULL");
+    int rc = count_batches_on_device(net, false); /* refuse before changing anything */
+    return rc < 0 ? rc : count_batches_on_device(net, true);
 }
 
 /* the forward of a ReLU whose work its BatchNorm does */

@@ -22,6 +22,9 @@ static const char *const hp_names[HP_COUNT] = {"lr", "weight_decay", "initial_lr
 typedef struct {
     int64_t first, count;    /* its parameters: ps[first .. first+count) */
     na_tensor *hp[HP_COUNT]; /* NULL where the rule has no such hyper-parameter */
+    /* na_optim_set_lr_on_device: hp[HP_LR]'s value on each device of the group's parameters
+     * (f64 0-dim), which the kernels read; NULL when off */
+    na_tensor *lr_dev[NA_DEVICE_COUNT];
 } opt_group;
 
 typedef struct {
@@ -127,8 +130,16 @@ static void free_state(param_state *s) {
     na_tensor_free(s->max_exp_avg_sq);
 }
 
+static void free_lr_dev(opt_group *g) {
+    for (int d = 0; d < NA_DEVICE_COUNT; d++) {
+        na_tensor_free(g->lr_dev[d]);
+        g->lr_dev[d] = NULL;
+    }
+}
+
 static void free_group(opt_group *g) {
     for (int k = 0; k < HP_COUNT; k++) na_tensor_free(g->hp[k]);
+    free_lr_dev(g);
 }
 
 void na_optim_free(na_optim *o) {
@@ -145,6 +156,15 @@ void na_optim_free(na_optim *o) {
 
 static double hp(const opt_group *g, int k) { return *(const double *)g->hp[k]->data; }
 static void hp_set(opt_group *g, int k, double v) { *(double *)g->hp[k]->data = v; }
+
+/* The group's lr into its device copies (host->device copies on the stream, no sync). */
+static int upload_lr(const opt_group *g) {
+    for (int d = 0; d < NA_DEVICE_COUNT; d++) {
+        int rc = g->lr_dev[d] ? na_copy_from_host(g->lr_dev[d], g->hp[HP_LR]->data) : NA_OK;
+        if (rc) return rc;
+    }
+    return NA_OK;
+}
 
 static na_optim_hparams group_hparams(const na_optim *o, const opt_group *g) {
     na_optim_hparams h = o->cfg; /* flags (nesterov, amsgrad, decoupled) */
@@ -244,7 +264,10 @@ int na_optim_add_group(na_optim *o, na_tensor_list list) {
         return na_set_error(rc, "%s: %s", fn, na_last_error());
     }
     o->n = total;
-    return o->n_groups++;
+    bool lr_dev = na_optim_lr_on_device(o);
+    o->n_groups++;
+    if (lr_dev && (rc = na_optim_set_lr_on_device(o, true))) return rc;
+    return o->n_groups - 1;
 }
 
 /* ---- stepping ---------------------------------------------------------------------------- */
@@ -310,7 +333,7 @@ static int step_group(na_optim *o, const opt_group *g, na_device dev,
         .exp_avg = uses_exp_avg(o) ? o->l_m : NULL, .exp_avg_sq = sgd ? NULL : o->l_v,
         .max_exp_avg_sq = o->cfg.amsgrad && !sgd ? o->l_vmax : NULL,
         .copies = opts && opts->copies ? o->l_copies : NULL, .found_inf = NA_VIEW_OF(found_inf),
-        .inv_scale = NA_VIEW_OF(inv_scale)};
+        .inv_scale = NA_VIEW_OF(inv_scale), .lr = NA_VIEW_OF(g->lr_dev[dev])};
     return sgd ? be->sgd_step(&t, h) : be->adam_step(&t, h);
 }
 
@@ -321,6 +344,10 @@ int na_optim_step(na_optim *o, const na_optim_step_opts *opts) {
         na_optim_hparams h = group_hparams(o, g);
         int rc = validate("na_optim_step", o->kind, &h); /* loaded or set values too */
         if (rc) return na_set_error(rc, "%s (group %d)", na_last_error(), gi);
+        /* a value loaded into the state list reaches the device copies here; a capture
+         * records no copy (a replay reads what na_optim_set_lr last wrote) */
+        if (!na_step_graph_capturing() && (rc = upload_lr(g)))
+            return na_set_error(rc, "na_optim_step: %s", na_last_error());
         for (int dev = 0; dev < NA_DEVICE_COUNT && !rc; dev++)
             rc = step_group(o, g, (na_device)dev, opts, &h);
         if (rc) return rc;
@@ -366,8 +393,39 @@ static int set_hp(const char *fn, na_optim *o, int g, int k, double v) {
                             o ? o->n_groups : 0);
     if (!(v >= 0))
         return na_set_error(NA_EINVAL, "%s: invalid %s %g (expected >= 0)", fn, hp_names[k], v);
-    for (int i = g < 0 ? 0 : g; i < (g < 0 ? o->n_groups : g + 1); i++) hp_set(&o->groups[i], k, v);
+    for (int i = g < 0 ? 0 : g; i < (g < 0 ? o->n_groups : g + 1); i++) {
+        hp_set(&o->groups[i], k, v);
+        int rc = k == HP_LR ? upload_lr(&o->groups[i]) : NA_OK;
+        if (rc) return na_set_error(rc, "%s: %s", fn, na_last_error());
+    }
     return NA_OK;
+}
+
+int na_optim_set_lr_on_device(na_optim *o, bool on) {
+    const char *fn = "na_optim_set_lr_on_device";
+    if (!o) return na_set_error(NA_EINVAL, "%s: NULL optimizer", fn);
+    for (int gi = 0; gi < o->n_groups; gi++) {
+        opt_group *g = &o->groups[gi];
+        if (!on) {
+            free_lr_dev(g);
+            continue;
+        }
+        for (int64_t i = g->first; i < g->first + g->count; i++) {
+            na_device d = o->ps[i].param->device;
+            if (!g->lr_dev[d] && !(g->lr_dev[d] = na_tensor_new(NA_DTYPE_F64, d, 0, NULL)))
+                return na_set_error(na_last_status(), "%s: %s", fn, na_last_error());
+        }
+        int rc = upload_lr(g);
+        if (rc) return na_set_error(rc, "%s: %s", fn, na_last_error());
+    }
+    return NA_OK;
+}
+
+bool na_optim_lr_on_device(const na_optim *o) {
+    for (int gi = 0; o && gi < o->n_groups; gi++)
+        for (int d = 0; d < NA_DEVICE_COUNT; d++)
+            if (o->groups[gi].lr_dev[d]) return true;
+    return false;
 }
 int na_optim_set_lr(na_optim *o, int group, double lr) {
     return set_hp("na_optim_set_lr", o, group, HP_LR, lr);

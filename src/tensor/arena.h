@@ -32,4 +32,5 @@ bool na_arena_host_newer(na_arena_mark m, const void *p);
 unsigned long na_arena_generation(void);
 /* Called by na_step_end before the arena is reset (one hook: the profiler's env mode). */
 void na_arena_set_step_hook(void (*fn)(void));
+bool na_step_hook_installed(void);
 #endif

@@ -234,6 +234,7 @@ void na_tensor_free(na_tensor *t) {
 
 static void (*step_hook)(void);
 void na_arena_set_step_hook(void (*fn)(void)) { step_hook = fn; }
+bool na_step_hook_installed(void) { return step_hook != NULL; }
 
 void na_step_end(void) {
     if (step_hook) step_hook();
