@@ -388,7 +388,8 @@ static void dc_task(void *ctx, int64_t t) {
     int64_t NB = x_f32 && y_f32 ? hi - lo : fit < 1 ? 1 : fit > hi - lo ? hi - lo : fit;
     int64_t rows = block_channels(s) * s->KH * s->KW;
     float *panel = na_cpu_scratch(NA_CPU_SCRATCH_1, (size_t)(rows * DC_CHUNK) * sizeof(float), fn);
-    size_t xbytes = (size_t)(NB * in_n) * sizeof(float), ybytes = (size_t)(NB * out_n) * sizeof(float);
+    size_t xbytes = (size_t)(NB * in_n) * sizeof(float);
+    size_t ybytes = (size_t)(NB * out_n) * sizeof(float);
     float *xb = x_f32 ? NULL : na_cpu_scratch(NA_CPU_SCRATCH_0, xbytes, fn);
     float *yb = y_f32 ? NULL : na_cpu_scratch(NA_CPU_SCRATCH_2, ybytes, fn);
     if (!panel || (!x_f32 && !xb) || (!y_f32 && !yb)) {
