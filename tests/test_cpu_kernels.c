@@ -1513,6 +1513,52 @@ Test(cpu_batchnorm, train_eval_backward_vs_hand_loops) {
     check_bn(NA_DTYPE_F32, 16, 3, 1, 2e-6);   /* BatchNorm1d */
 }
 
+/* The backward's sums follow the documented order bit for bit: per (n, c) row a pairwise
+ * na_cpu_sum of gy' = gy * relu'(y) (gy alone unfused) and of gy' * xhat, rows added in n
+ * order by a pairwise counter. Rows of 1000 (past the 128-element leaves, with a tail). */
+Test(cpu_batchnorm, backward_sums_in_the_documented_order) {
+    const int64_t n = 5, c = 3, s = 1003;
+    for (int fused = 0; fused < 2; fused++) {
+        na_view x = MK(NA_DTYPE_F32, n, c, s), y = MK(NA_DTYPE_F32, n, c, s),
+                gy = MK(NA_DTYPE_F32, n, c, s), gx = MK(NA_DTYPE_F32, n, c, s),
+                gam = MK(NA_DTYPE_F32, c), bet = MK(NA_DTYPE_F32, c), sm = MK(NA_DTYPE_F32, c),
+                si = MK(NA_DTYPE_F32, c), gg = MK(NA_DTYPE_F32, c), gb = MK(NA_DTYPE_F32, c);
+        fill_rand(&x, -2, 3);
+        fill_rand(&gy, -1, 1);
+        fill_rand(&gam, 0.5, 1.5);
+        fill_rand(&bet, -1, 1);
+        cr_assert_eq(B->batch_norm_train(&x, &gam, &bet, NULL, NULL, &y, &sm, &si, n, c, s, 0.1,
+                                         1e-5, fused), NA_OK);
+        cr_assert_eq(B->batch_norm_backward(&x, &gy, &gam, &sm, &si, &gx, &gg, &gb, n, c, s, true,
+                                            fused ? &y : NULL), NA_OK);
+        float *t1 = malloc(s * sizeof(float)), *t2 = malloc(s * sizeof(float));
+        for (int64_t ch = 0; ch < c; ch++) {
+            float mean = (float)get(&sm, ch), invstd = (float)get(&si, ch);
+            na_cpu_psum_f a1 = {{0}, 0}, a2 = {{0}, 0};
+            for (int64_t a = 0; a < n; a++) {
+                const float *xr = (const float *)x.data + (a * c + ch) * s;
+                const float *gr = (const float *)gy.data + (a * c + ch) * s;
+                const float *yr = (const float *)y.data + (a * c + ch) * s;
+                for (int64_t i = 0; i < s; i++) {
+                    t1[i] = fused ? gr[i] * (yr[i] > 0 ? 1.0f : 0.0f) : gr[i];
+                    t2[i] = t1[i] * ((xr[i] - mean) * invstd);
+                }
+                na_cpu_psum_add_f(&a1, na_cpu_sum_f(t1, s));
+                na_cpu_psum_add_f(&a2, na_cpu_sum_f(t2, s));
+            }
+            float want_gb = na_cpu_psum_total_f(&a1), want_gg = na_cpu_psum_total_f(&a2);
+            float got_gb = (float)get(&gb, ch), got_gg = (float)get(&gg, ch);
+            cr_assert(memcmp(&got_gb, &want_gb, sizeof got_gb) == 0 &&
+                      memcmp(&got_gg, &want_gg, sizeof got_gg) == 0,
+                      "fused %d channel %lld: gbeta %.9g ggamma %.9g, want %.9g %.9g", fused,
+                      (long long)ch, got_gb, got_gg, want_gb, want_gg);
+        }
+        free(t1), free(t2);
+        rm(&x); rm(&y); rm(&gy); rm(&gx); rm(&gam); rm(&bet); rm(&sm); rm(&si); rm(&gg);
+        rm(&gb);
+    }
+}
+
 Test(cpu_batchnorm, half_input_f32_params) {
     int64_t n = 4, c = 2, s = 30;
     na_view x = MK(NA_DTYPE_F16, n, c, s), y = MK(NA_DTYPE_F16, n, c, s),

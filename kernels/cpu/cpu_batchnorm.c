@@ -116,21 +116,25 @@ static void set_param(na_view *t, int64_t i, double v) {
             *s2 = a2 + b2;                                                                  \
             return;                                                                         \
         }                                                                                   \
-        T acc1[8] = {0}, acc2[8] = {0};                                                     \
+        /* lane j of each 8-wide vector is acc[j] of na_cpu_sum: the same order */          \
+        typedef T v8 __attribute__((vector_size(8 * sizeof(T))));                           \
+        v8 zero = {0}, va1 = zero, va2 = zero, vm = zero + mean, vs = zero + invstd;         \
         int64_t i = 0;                                                                      \
-        if (y) /* two loops, so that each vectorizes */                                     \
-            for (; i + 8 <= n; i += 8)                                                      \
-                for (int j = 0; j < 8; j++) {                                               \
-                    T gm = g[i + j] * (y[i + j] > (T)0 ? (T)1 : (T)0);                      \
-                    acc1[j] += gm;                                                          \
-                    acc2[j] += gm * ((x[i + j] - mean) * invstd);                           \
-                }                                                                           \
-        else                                                                                \
-            for (; i + 8 <= n; i += 8)                                                      \
-                for (int j = 0; j < 8; j++) {                                               \
-                    acc1[j] += g[i + j];                                                    \
-                    acc2[j] += g[i + j] * ((x[i + j] - mean) * invstd);                     \
-                }                                                                           \
+        for (; i + 8 <= n; i += 8) {                                                        \
+            v8 gv, xv;                                                                      \
+            memcpy(&gv, g + i, sizeof gv);                                                  \
+            memcpy(&xv, x + i, sizeof xv);                                                  \
+            if (y) {                                                                        \
+                v8 yv;                                                                      \
+                memcpy(&yv, y + i, sizeof yv);                                              \
+                gv = gv * __builtin_convertvector((yv > zero) & 1, v8); /* relu' */         \
+            }                                                                               \
+            va1 += gv;                                                                      \
+            va2 += gv * ((xv - vm) * vs);                                                   \
+        }                                                                                   \
+        T acc1[8], acc2[8];                                                                 \
+        memcpy(acc1, &va1, sizeof acc1);                                                    \
+        memcpy(acc2, &va2, sizeof acc2);                                                    \
         T t1 = ((acc1[0] + acc1[1]) + (acc1[2] + acc1[3])) + ((acc1[4] + acc1[5]) + (acc1[6] + acc1[7])); \
         T t2 = ((acc2[0] + acc2[1]) + (acc2[2] + acc2[3])) + ((acc2[4] + acc2[5]) + (acc2[6] + acc2[7])); \
         for (; i < n; i++) {                                                                \
