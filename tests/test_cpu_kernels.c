@@ -1324,8 +1324,9 @@ Test(cpu_pool, max_pool_forward_backward) {
  * signs (the first NaN in window order wins, so its sign shows which one did). */
 Test(cpu_pool, max_pool_2x2_same_bits_and_indices_as_generic) {
     const double vals[] = {-1, 0, -0.0, 1, 2, 2, INFINITY, -INFINITY, NAN, -NAN};
+    /* vector blocks of 4 (SSE2) and 16 (AVX-512) windows, and their tails */
     const int64_t shapes[][4] = {{2, 3, 6, 8}, {1, 2, 7, 9}, {3, 1, 2, 2}, {1, 1, 5, 2},
-                                 {2, 2, 4, 15}}; /* vector blocks of 4 windows and tails */
+                                 {2, 2, 4, 15}, {1, 2, 4, 33}, {1, 1, 2, 34}, {2, 1, 4, 70}};
     const na_dtype dts[] = {NA_DTYPE_F32, NA_DTYPE_F64, NA_DTYPE_F16, NA_DTYPE_BF16};
     int nan_windows = 0, later_ties = 0;
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)

@@ -53,7 +53,7 @@ typedef struct {
     int KH, KW, sh, ph, pw, dh;
 } dc_shape;
 
-static bool cpu_has_avx512f(void) {
+bool na_cpu_has_avx512f(void) {
 #ifdef NA_DC_X86
     static _Atomic int has = -1;
     if (has < 0) {
@@ -76,7 +76,7 @@ static bool env_forces_gemm(void) {
 }
 
 bool na_cpu_direct_conv_usable(const na_conv_geom *g, bool backward_data) {
-    if (na_cpu_conv_force_gemm || env_forces_gemm() || !cpu_has_avx512f()) return false;
+    if (na_cpu_conv_force_gemm || env_forces_gemm() || !na_cpu_has_avx512f()) return false;
     if (g->sw != 1 || g->dw != 1 || g->h * g->w > INT32_MAX || g->oh * g->ow > INT32_MAX)
         return false;
     /* the data gradient as a convolution of gy needs padding k-1-p >= 0 */

@@ -259,6 +259,9 @@ extern int64_t na_cpu_conv_block_budget;
 
 /* ---- convolution (cpu_conv.c, cpu_direct_conv.c) ---------------------------------------- */
 
+/* Whether the CPU has AVX-512F (asked once); the direct convolution and the 2x2 max pool use
+ * it when so. */
+bool na_cpu_has_avx512f(void);
 /* Image-range tasks of a convolution: fixed by its size, never by the thread count. */
 int64_t na_cpu_conv_tasks(const na_conv_geom *g);
 /* Whether the direct AVX-512 convolution runs this forward (or, with backward_data, its data
