@@ -88,6 +88,12 @@ bool na_cpu_direct_conv_usable(const na_conv_geom *g, bool backward_data) {
 
 /* ---- packing ------------------------------------------------------------------------------ */
 
+/* Asks for n floats at p in L2 ahead of their packing: an image's planes come from L3 or
+ * memory, and the packer's masked loads stalled on them. */
+static void prefetch_l2(const float *p, int64_t n) {
+    for (int64_t i = 0; i < n; i += 16) __builtin_prefetch(p + i, 0, 2);
+}
+
 /* The input runs of one tile for one tap: lane l reads x[off[s] + l] where bit l of m[s] is
  * set (a 16-lane tile touches at most 16 output rows). */
 typedef struct {
@@ -193,8 +199,12 @@ NA_AVX512 static void conv_images(const dc_shape *s, int64_t nb, const float *x,
                                   float *panel) {
     const int64_t P = s->OH * s->OW, tiles = (P + DC_LANES - 1) / DC_LANES, total = nb * tiles;
     const int64_t taps = (int64_t)s->KH * s->KW, bc = block_channels(s);
+    int64_t fetched = (DC_NT - 1) / tiles; /* images asked for ahead so far */
     for (int64_t t0 = 0; t0 < total; t0 += DC_NT) {
         int nt = (int)(total - t0 < DC_NT ? total - t0 : DC_NT);
+        int64_t ahead = (t0 + 2 * DC_NT - 1) / tiles; /* the last image of the next chunk */
+        for (; fetched < ahead && fetched + 1 < nb; fetched++)
+            prefetch_l2(x + (fetched + 1) * x_img, s->cin * s->H * s->W);
         const float *xt[DC_NT];
         float *out[DC_NT];
         int64_t pt[DC_NT];
@@ -288,6 +298,8 @@ static int wgrad_range(const na_conv_geom *g, const na_view *x, const na_view *g
             for (int64_t b = 0; b < nb; b++) {
                 const float *xv = na_cpu_view_f(x->dtype, x->data,
                                                 ((n0 + b) * g->c_in + gi * cg) * HW, cg * HW, xb);
+                if (x->dtype == NA_DTYPE_F32 && n0 + b + 1 < hi)
+                    prefetch_l2(xv + g->c_in * HW, cg * HW);
                 for (int64_t pt = 0; pt < P; pt += DC_LANES)
                     pack_tile(&s, xv, pt, 0, cg, col + b * P16 + pt, L);
                 for (int64_t r = 0; r < rows && !in_place; r++) {
