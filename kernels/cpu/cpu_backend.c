@@ -81,13 +81,18 @@ void *na_cpu_scratch(int slot, size_t bytes, const char *fn) {
     size_t want = bytes + bytes / 2; /* grow geometrically so the high-water mark settles */
     if (want < bytes || want > SIZE_MAX - 63) want = bytes;
     want = (want + 63) & ~(size_t)63;
+    /* the old buffer goes first: its contents are not kept, and holding both would raise the
+     * process's peak memory by the old size */
+    scratch_count(s->cap[slot], 0);
+    free(s->p[slot]);
+    s->p[slot] = NULL;
+    s->cap[slot] = 0;
     void *p = aligned_alloc(64, want);
     if (!p) {
         na_set_error(NA_ENOMEM, "%s: out of memory allocating %zu bytes of scratch", fn, want);
         return NULL;
     }
-    scratch_count(s->cap[slot], want);
-    free(s->p[slot]);
+    scratch_count(0, want);
     s->p[slot] = p;
     s->cap[slot] = want;
     return p;
