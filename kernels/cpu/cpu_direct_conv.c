@@ -239,6 +239,27 @@ NA_AVX512 static void conv_images(const dc_shape *s, int64_t nb, const float *x,
  * images, each padded with zeros to whole 16-pixel vectors). The sum runs along the rows of
  * both, so a 4 x 6 tile of gW keeps 24 vector accumulators of 16 pixel lanes: each step loads
  * 4 + 6 vectors for 24 FMAs, and the lanes are summed once per tile. */
+/* Lane l of the result is the sum of the 16 lanes of in[l]: halves, quarters, pairs and
+ * single lanes of vectors added in four rounds of shuffles (15 adds per 16 sums where
+ * reducing each vector alone takes 4 adds and 4 shuffles). The inputs are taken in the order
+ * that makes the result come out in lane order. */
+NA_AVX512 static __m512 lane_sums16(const __m512 in[16]) {
+    static const int at[16] = {0, 2, 1, 3, 8, 10, 9, 11, 4, 6, 5, 7, 12, 14, 13, 15};
+    __m512 v[16], w[8], x[4], y[2];
+    for (int l = 0; l < 16; l++) v[at[l]] = in[l];
+    for (int k = 0; k < 8; k++) /* 256-bit halves: v[k] in lanes 0-7, v[k+8] in 8-15 */
+        w[k] = _mm512_add_ps(_mm512_shuffle_f32x4(v[k], v[k + 8], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_f32x4(v[k], v[k + 8], _MM_SHUFFLE(3, 2, 3, 2)));
+    for (int k = 0; k < 4; k++) /* 128-bit quarters */
+        x[k] = _mm512_add_ps(_mm512_shuffle_f32x4(w[k], w[k + 4], _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm512_shuffle_f32x4(w[k], w[k + 4], _MM_SHUFFLE(3, 1, 3, 1)));
+    for (int k = 0; k < 2; k++) /* pairs within each 128-bit lane */
+        y[k] = _mm512_add_ps(_mm512_shuffle_ps(x[k], x[k + 2], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_ps(x[k], x[k + 2], _MM_SHUFFLE(3, 2, 3, 2)));
+    return _mm512_add_ps(_mm512_shuffle_ps(y[0], y[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_ps(y[0], y[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
 NA_AVX512 static void abt(int64_t M, int64_t N, int64_t L, const float *A, int64_t lda,
                           const float *B, float *C, int64_t ldc, bool accumulate) {
     enum { TM = 4, TN = 6 };
@@ -262,11 +283,18 @@ NA_AVX512 static void abt(int64_t M, int64_t N, int64_t L, const float *A, int64
                         acc[i][j] = _mm512_fmadd_ps(a[i], b, acc[i][j]);
                 }
             }
+            /* the 24 lane sums, in two transposing reductions (16 + 8) */
+            float sums[32];
+            __m512 v[16];
+            for (int q = 0; q < 16; q++) v[q] = acc[q / TN][q % TN];
+            _mm512_storeu_ps(sums, lane_sums16(v));
+            for (int q = 0; q < 8; q++) v[q] = acc[(16 + q) / TN][(16 + q) % TN];
+            for (int q = 8; q < 16; q++) v[q] = _mm512_setzero_ps();
+            _mm512_storeu_ps(sums + 16, lane_sums16(v));
             for (int i = 0; i < TM && m0 + i < M; i++)
                 for (int j = 0; j < TN && n0 + j < N; j++) {
-                    float v = _mm512_reduce_add_ps(acc[i][j]);
-                    float *c = C + (m0 + i) * ldc + n0 + j;
-                    *c = accumulate ? *c + v : v;
+                    float *c = C + (m0 + i) * ldc + n0 + j, t = sums[i * TN + j];
+                    *c = accumulate ? *c + t : t;
                 }
         }
 }
