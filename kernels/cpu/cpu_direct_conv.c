@@ -131,10 +131,22 @@ NA_AVX512 static void pack_tile(const dc_shape *s, const float *x, int64_t pt, i
         for (int kj = 0; kj < s->KW; kj++) {
             tile_runs(s, pt, ki, kj, &runs);
             float *d = dst + (ki * s->KW + kj) * ld;
-            for (int64_t ci = c0; ci < c1; ci++, d += taps * ld) {
-                /* masked-off lanes are neither read nor faulted: the address may lie outside
-                 * the plane, so it is formed as an integer */
-                uintptr_t plane = (uintptr_t)(x + ci * HW);
+            /* masked-off lanes are neither read nor faulted: the address may lie outside the
+             * plane, so it is formed as an integer. A tile within two output rows (the usual
+             * case) takes the loop with its runs in registers. */
+            uintptr_t plane = (uintptr_t)(x + c0 * HW), step = (uintptr_t)HW * sizeof(float);
+            if (runs.n <= 2) {
+                __mmask16 m0 = runs.n > 0 ? runs.m[0] : 0, m1 = runs.n > 1 ? runs.m[1] : 0;
+                uintptr_t o0 = (uintptr_t)(runs.n > 0 ? runs.off[0] : 0) * sizeof(float);
+                uintptr_t o1 = (uintptr_t)(runs.n > 1 ? runs.off[1] : 0) * sizeof(float);
+                for (int64_t ci = c0; ci < c1; ci++, d += taps * ld, plane += step) {
+                    __m512 v = _mm512_maskz_loadu_ps(m0, (const void *)(plane + o0));
+                    v = _mm512_mask_loadu_ps(v, m1, (const void *)(plane + o1));
+                    _mm512_storeu_ps(d, v);
+                }
+                continue;
+            }
+            for (int64_t ci = c0; ci < c1; ci++, d += taps * ld, plane += step) {
                 __m512 v = _mm512_setzero_ps();
                 for (int q = 0; q < runs.n; q++)
                     v = _mm512_mask_loadu_ps(
