@@ -197,7 +197,7 @@ typedef struct {
                                   const na_view *mean_t, const na_view *invstd_t,            \
                                   na_view *gx, na_view *gg, na_view *gb, int64_t n,          \
                                   int64_t c, int64_t s, bool train, int64_t c0,              \
-                                  int64_t c1, T *xw, T *gw, T *yw) {                         \
+                                  int64_t c1, T *xw, T *gw) {                                \
         T xb[NA_CPU_CHUNK], gb_[NA_CPU_CHUNK], ob[NA_CPU_CHUNK], yb[NA_CPU_CHUNK];           \
         int64_t M = n * s;                                                                   \
         bool need_sums = train || gg || gb;                                                  \
@@ -206,7 +206,18 @@ typedef struct {
             T scale = invstd * (T)param(gamma, ch, 1);                                       \
             T sum_gy = 0, sum_gyxh = 0;                                                      \
             bn_rows xr = rows_##SFX(x, n, c, s, ch, xw), gr = rows_##SFX(gy, n, c, s, ch, gw); \
-            bn_rows yr = rows_##SFX(relu_y, n, c, s, ch, yw);                                \
+            bn_rows yr = rows_##SFX(relu_y, n, c, s, ch, NULL);                              \
+            if (relu_y && gr.v.data == gw) { /* widened gy: ReLU's mask applied once, here */ \
+                for (int64_t ni = 0; ni < n; ni++)                                           \
+                    for (int64_t o = 0; o < s; o += NA_CPU_CHUNK) {                          \
+                        int64_t cnt = s - o < NA_CPU_CHUNK ? s - o : NA_CPU_CHUNK;           \
+                        T *g = gw + ni * s + o;                                              \
+                        const T *yv = row_##SFX(&yr, ni, o, cnt, yb);                        \
+                        for (int64_t i = 0; i < cnt; i++)                                    \
+                            g[i] = g[i] * (yv[i] > (T)0 ? (T)1 : (T)0);                      \
+                    }                                                                        \
+                yr.v.data = NULL; /* gy now holds gy * relu'(y) */                           \
+            }                                                                                \
             if (need_sums) {                                                                 \
                 na_cpu_psum_##SFX a1 = {{0}, 0}, a2 = {{0}, 0};                              \
                 for (int64_t ni = 0; ni < n; ni++)                                           \
@@ -290,9 +301,6 @@ static void bn_task(void *ctx, int64_t t) {
     void *xw = j->kind == BN_EVAL ? NULL : widen_buffer(NA_CPU_SCRATCH_0, j->x, j->f64, j->n, j->s);
     void *gw = j->kind != BN_BACKWARD ? NULL
                                       : widen_buffer(NA_CPU_SCRATCH_1, j->gy, j->f64, j->n, j->s);
-    void *yw = j->kind != BN_BACKWARD
-                   ? NULL
-                   : widen_buffer(NA_CPU_SCRATCH_2, j->relu_y, j->f64, j->n, j->s);
     switch (j->kind) {
     case BN_TRAIN:
         if (j->f64)
@@ -313,10 +321,10 @@ static void bn_task(void *ctx, int64_t t) {
     default:
         if (j->f64)
             bn_backward_d(j->x, j->gy, j->relu_y, j->gamma, j->mean, j->invstd, j->gx, j->gg,
-                          j->gb, j->n, j->c, j->s, j->train, c0, c1, xw, gw, yw);
+                          j->gb, j->n, j->c, j->s, j->train, c0, c1, xw, gw);
         else
             bn_backward_f(j->x, j->gy, j->relu_y, j->gamma, j->mean, j->invstd, j->gx, j->gg,
-                          j->gb, j->n, j->c, j->s, j->train, c0, c1, xw, gw, yw);
+                          j->gb, j->n, j->c, j->s, j->train, c0, c1, xw, gw);
         break;
     }
 }
