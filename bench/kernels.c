@@ -225,7 +225,9 @@ static const struct {
 };
 
 int main(int argc, char **argv) {
-    int ran = 0, rc = 0;
+    enum { NCASES = sizeof cases / sizeof cases[0] };
+    bool chosen[NCASES] = {false}, any = false;
+    /* every argument is checked before anything runs: a mistake costs no benchmark time */
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--repeats")) {
             repeats = (int)bench_arg_i64(argc, argv, &i, 1);
@@ -236,14 +238,17 @@ int main(int argc, char **argv) {
             continue;
         }
         size_t k = 0;
-        while (k < sizeof cases / sizeof cases[0] && strcmp(cases[k].name, argv[i])) k++;
-        if (k == sizeof cases / sizeof cases[0]) {
-            fprintf(stderr, "na-kbench: unknown case '%s'\n", argv[i]);
+        while (k < NCASES && strcmp(cases[k].name, argv[i])) k++;
+        if (k == NCASES) {
+            fprintf(stderr, "na-kbench: unknown case '%s' (cases:", argv[i]);
+            for (size_t c = 0; c < NCASES; c++) fprintf(stderr, " %s", cases[c].name);
+            fprintf(stderr, ")\n");
             return 2;
         }
-        rc |= cases[k].run();
-        ran = 1;
+        chosen[k] = any = true;
     }
-    for (size_t k = 0; !ran && k < sizeof cases / sizeof cases[0]; k++) rc |= cases[k].run();
+    int rc = 0;
+    for (size_t k = 0; k < NCASES; k++)
+        if (chosen[k] || !any) rc |= cases[k].run();
     return rc;
 }

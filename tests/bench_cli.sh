@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The benchmark programs given bad arguments: each exits 2 (1 for a run that fails) with one
+# message, and na-kbench checks every argument before it runs any case (a typo at the end of a
+# long command costs no benchmark time). A one-repeat kernel case runs and prints JSON lines.
+# usage: bench_cli.sh NA_KBENCH NA_BENCH
+set -uo pipefail
+kbench="$1" bench="$2"
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+passed=0 failed=0
+check() { local name=$1; shift; if "$@"; then passed=$((passed + 1)); else echo "FAIL: $name"; failed=$((failed + 1)); fi; }
+# run WANT_RC CMD...: stdout/stderr kept in $tmp/out, $tmp/err
+run() {
+    local want=$1; shift
+    "$@" >"$tmp/out" 2>"$tmp/err"; local rc=$?
+    [ "$rc" = "$want" ] || { echo "  exit $rc, wanted $want: $*"; sed 's/^/  | /' "$tmp/err" | head -n 5; return 1; }
+}
+one_line() { [ "$(wc -l <"$tmp/err")" = 1 ] && grep -Eq -- "$1" "$tmp/err" || { echo "  stderr:"; sed 's/^/  | /' "$tmp/err"; return 1; }; }
+no_stdout() { [ ! -s "$tmp/out" ] || { echo "  something ran: $(head -c 200 "$tmp/out")"; return 1; }; }
+json_lines() { python3 -c 'import json,sys; rows=[json.loads(l) for l in open(sys.argv[1])]; assert rows and all("min_ms" in r for r in rows)' "$tmp/out"; }
+
+check "kbench unknown case" run 2 "$kbench" bogus
+check "  message names the cases" one_line "unknown case 'bogus' \(cases: conv conv-resnet9"
+check "kbench missing --repeats value" run 2 "$kbench" conv --repeats
+check "  nothing ran before the error" no_stdout
+check "kbench --repeats 0" run 2 "$kbench" --repeats 0 relu
+check "  message" one_line "--repeats expects an integer >= 1"
+check "kbench one repeat of relu" run 0 "$kbench" --repeats 1 --cpu-clock relu
+check "  JSON lines" json_lines
+check "bench unknown model" run 1 "$bench" train --model nope --warmup 0 --repeats 1 --steps 1
+check "  the JSON names the error" grep -q '"error": ".*unknown model' "$tmp/out"
+check "bench --batch 0" run 2 "$bench" train --batch 0
+check "  message" one_line "--batch expects an integer >= 1"
+echo "bench_cli: $passed passed, $failed failed"
+[ "$failed" = 0 ]
