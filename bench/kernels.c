@@ -3,9 +3,10 @@
  * calls, in milliseconds, which is the figure least disturbed by other work on the machine.
  *
  *   na-kbench [--repeats N] [--cpu-clock] [case...]
- *             cases: conv, conv-resnet9, convert, maxpool, relu (default: all). --cpu-clock times CPU time
- *             (all threads) instead of wall time: with NANOAMP_THREADS=1 it compares kernels
- *             on a machine that is busy with other work.
+ *             cases: conv, conv-resnet9, convert, maxpool, relu (default: all), run in this
+ *             order; every argument is checked first. --cpu-clock times CPU time (all
+ *             threads) instead of wall time: with NANOAMP_THREADS=1 it compares kernels on a
+ *             machine that is busy with other work.
  *
  * conv:    the MNIST CNN's two convolutions (batch 128), forward and gradients, f32, through
  *          the direct AVX-512 convolution and the im2col + GEMM path (cpu_direct_conv.c,

@@ -7,7 +7,10 @@ set -uo pipefail
 kbench="$1" bench="$2"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 passed=0 failed=0
-check() { local name=$1; shift; if "$@"; then passed=$((passed + 1)); else echo "FAIL: $name"; failed=$((failed + 1)); fi; }
+check() {
+    local name=$1; shift
+    if "$@"; then passed=$((passed + 1)); else echo "FAIL: $name"; failed=$((failed + 1)); fi
+}
 # run WANT_RC CMD...: stdout/stderr kept in $tmp/out, $tmp/err
 run() {
     local want=$1; shift
