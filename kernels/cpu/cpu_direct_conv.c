@@ -246,11 +246,8 @@ NA_AVX512 static void conv_images(const dc_shape *s, int64_t nb, const float *x,
     }
 }
 
-/* ---- the weight gradient -------------------------------------------------------------------
- * gW[co][k] = sum over pixels l of gy[co][l] * col[k][l], both as rows of L pixels (a block of
- * images, each padded with zeros to whole 16-pixel vectors). The sum runs along the rows of
- * both, so a 4 x 6 tile of gW keeps 24 vector accumulators of 16 pixel lanes: each step loads
- * 4 + 6 vectors for 24 FMAs, and the lanes are summed once per tile. */
+/* ---- the weight gradient ------------------------------------------------------------------- */
+
 /* Lane l of the result is the sum of the 16 lanes of in[l]: halves, quarters, pairs and
  * single lanes of vectors added in four rounds of shuffles (15 adds per 16 sums where
  * reducing each vector alone takes 4 adds and 4 shuffles). The inputs are taken in the order
@@ -272,6 +269,10 @@ NA_AVX512 static __m512 lane_sums16(const __m512 in[16]) {
                          _mm512_shuffle_ps(y[0], y[1], _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
+/* gW[co][k] = sum over pixels l of gy[co][l] * col[k][l], both as rows of L pixels (a block of
+ * images, each padded with zeros to whole 16-pixel vectors). The sum runs along the rows of
+ * both, so a 4 x 6 tile of gW keeps 24 vector accumulators of 16 pixel lanes: each step loads
+ * 4 + 6 vectors for 24 FMAs, and the lanes are summed once per tile. */
 NA_AVX512 static void abt(int64_t M, int64_t N, int64_t L, const float *A, int64_t lda,
                           const float *B, float *C, int64_t ldc, bool accumulate) {
     enum { TM = 4, TN = 6 };
@@ -312,8 +313,7 @@ NA_AVX512 static void abt(int64_t M, int64_t N, int64_t L, const float *A, int64
 }
 
 /* Rows [r0, r1) of every group's weight gradient (at gw + (gi*cog + r)*K, f32) over images
- * [lo, hi): per block of about 1024 pixels (a 6-row slice of the columns stays in L1) and
- * na_cpu_conv_block_budget elements of columns, the
+ * [lo, hi): per block of about 1024 pixels (a 6-row slice of the columns stays in L1), the
  * im2col columns packed in whole 16-pixel tiles and gy's rows copied beside them with the
  * same zero tails, then abt. An f32 gy whose images are whole vectors of at least 512 pixels
  * is read in place, an image at a time (the copy would cost more than the product for few
