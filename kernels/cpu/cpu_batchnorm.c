@@ -37,233 +37,233 @@ typedef struct {
     int64_t base, stride;
 } bn_rows;
 
-#define NA_CPU_DEFINE_BN(T, SFX, SQRT, DT)                                                   \
-    /* channel ch of v [n, c, s] as rows: widened into buf (n*s of T) when v is not of T     \
-     * and buf is given, else in place (read chunk by chunk, converting, when not of T) */   \
+#define NA_CPU_DEFINE_BN(T, SFX, SQRT, DT)                                                  \
+    /* channel ch of v [n, c, s] as rows: widened into buf (n*s of T) when v is not of T    \
+     * and buf is given, else in place (read chunk by chunk, converting, when not of T) */  \
     static bn_rows rows_##SFX(const na_view *v, int64_t n, int64_t c, int64_t s, int64_t ch, \
-                              T *buf) {                                                      \
-        bn_rows r = {.base = ch * s, .stride = c * s};                                       \
-        if (!v) return r;                                                                    \
-        r.v = *v;                                                                            \
-        if (v->dtype == DT || !buf) return r;                                                \
-        for (int64_t ni = 0; ni < n; ni++)                                                   \
-            na_cpu_load_##SFX(v->dtype, v->data, (ni * c + ch) * s, s, buf + ni * s);        \
-        r.v.dtype = DT;                                                                      \
-        r.v.data = buf;                                                                      \
-        r.base = 0;                                                                          \
-        r.stride = s;                                                                        \
-        return r;                                                                            \
-    }                                                                                        \
+                              T *buf) {                                                     \
+        bn_rows r = {.base = ch * s, .stride = c * s};                                      \
+        if (!v) return r;                                                                   \
+        r.v = *v;                                                                           \
+        if (v->dtype == DT || !buf) return r;                                               \
+        for (int64_t ni = 0; ni < n; ni++)                                                  \
+            na_cpu_load_##SFX(v->dtype, v->data, (ni * c + ch) * s, s, buf + ni * s);       \
+        r.v.dtype = DT;                                                                     \
+        r.v.data = buf;                                                                     \
+        r.base = 0;                                                                         \
+        r.stride = s;                                                                       \
+        return r;                                                                           \
+    }                                                                                       \
     /* sum over the channel's N rows, each row in the order na_cpu_sum_any takes for x's own \
-     * dtype (a widened half row: pairwise within chunks, chunks by a pairwise counter) */   \
-    static T chan_sum_##SFX(const bn_rows *x, na_dtype orig, int64_t n, int64_t s) {         \
-        na_cpu_psum_##SFX acc = {{0}, 0};                                                    \
-        for (int64_t ni = 0; ni < n; ni++) {                                                 \
-            int64_t off = x->base + ni * x->stride;                                          \
-            const T *row = (const T *)x->v.data + off;                                       \
-            if (x->v.dtype == orig || s <= NA_CPU_CHUNK) {                                   \
+     * dtype (a widened half row: pairwise within chunks, chunks by a pairwise counter) */  \
+    static T chan_sum_##SFX(const bn_rows *x, na_dtype orig, int64_t n, int64_t s) {        \
+        na_cpu_psum_##SFX acc = {{0}, 0};                                                   \
+        for (int64_t ni = 0; ni < n; ni++) {                                                \
+            int64_t off = x->base + ni * x->stride;                                         \
+            const T *row = (const T *)x->v.data + off;                                      \
+            if (x->v.dtype == orig || s <= NA_CPU_CHUNK) {                                  \
                 na_cpu_psum_add_##SFX(&acc, na_cpu_sum_any_##SFX(x->v.dtype, x->v.data, off, s)); \
-                continue;                                                                    \
-            }                                                                                \
-            na_cpu_psum_##SFX r = {{0}, 0};                                                  \
-            for (int64_t o = 0; o < s; o += NA_CPU_CHUNK)                                    \
-                na_cpu_psum_add_##SFX(&r, na_cpu_sum_##SFX(row + o, s - o < NA_CPU_CHUNK     \
+                continue;                                                                   \
+            }                                                                               \
+            na_cpu_psum_##SFX r = {{0}, 0};                                                 \
+            for (int64_t o = 0; o < s; o += NA_CPU_CHUNK)                                   \
+                na_cpu_psum_add_##SFX(&r, na_cpu_sum_##SFX(row + o, s - o < NA_CPU_CHUNK    \
                                                                         ? s - o : NA_CPU_CHUNK)); \
-            na_cpu_psum_add_##SFX(&acc, na_cpu_psum_total_##SFX(&r));                        \
-        }                                                                                    \
-        return na_cpu_psum_total_##SFX(&acc);                                                \
-    }                                                                                        \
-    static T chan_sqdev_##SFX(const bn_rows *x, int64_t n, int64_t s, T mean) {              \
-        T buf[NA_CPU_CHUNK], t[NA_CPU_CHUNK];                                                \
-        na_cpu_psum_##SFX acc = {{0}, 0};                                                    \
-        for (int64_t ni = 0; ni < n; ni++)                                                   \
-            for (int64_t o = 0; o < s; o += NA_CPU_CHUNK) {                                  \
-                int64_t cnt = s - o < NA_CPU_CHUNK ? s - o : NA_CPU_CHUNK;                   \
-                const T *v = na_cpu_view_##SFX(x->v.dtype, x->v.data,                        \
-                                               x->base + ni * x->stride + o, cnt, buf);      \
-                for (int64_t i = 0; i < cnt; i++) t[i] = (v[i] - mean) * (v[i] - mean);      \
-                na_cpu_psum_add_##SFX(&acc, na_cpu_sum_##SFX(t, cnt));                       \
-            }                                                                                \
-        return na_cpu_psum_total_##SFX(&acc);                                                \
-    }                                                                                        \
-    /* y = (x - mean) * scale + shift over the channel, then relu when asked */              \
-    static void chan_affine_##SFX(const bn_rows *x, na_view *y, int64_t n, int64_t c,        \
-                                  int64_t s, int64_t ch, T mean, T scale, T shift,           \
-                                  bool relu) {                                               \
-        T buf[NA_CPU_CHUNK], ob[NA_CPU_CHUNK];                                               \
-        for (int64_t ni = 0; ni < n; ni++)                                                   \
-            for (int64_t o = 0; o < s; o += NA_CPU_CHUNK) {                                  \
-                int64_t cnt = s - o < NA_CPU_CHUNK ? s - o : NA_CPU_CHUNK;                   \
-                int64_t off = (ni * c + ch) * s + o;                                         \
-                const T *v = na_cpu_view_##SFX(x->v.dtype, x->v.data,                        \
-                                               x->base + ni * x->stride + o, cnt, buf);      \
-                T *out = na_cpu_out_##SFX(y->dtype, y->data, off, ob);                       \
-                for (int64_t i = 0; i < cnt; i++) out[i] = (v[i] - mean) * scale + shift;    \
-                if (relu)                                                                    \
-                    for (int64_t i = 0; i < cnt; i++)                                        \
-                        out[i] = out[i] > (T)0 ? out[i] : (T)0;                              \
-                na_cpu_store_##SFX(y->dtype, y->data, off, cnt, out);                        \
-            }                                                                                \
-    }                                                                                        \
-    static void bn_train_##SFX(const na_view *x, const na_view *gamma,                       \
-                               const na_view *beta, na_view *rm, na_view *rv,                \
-                               na_view *y, na_view *sm, na_view *si, int64_t n,              \
-                               int64_t c, int64_t s, T momentum, T eps, bool relu,           \
-                               int64_t c0, int64_t c1, T *xw) {                              \
-        int64_t M = n * s;                                                                   \
-        for (int64_t ch = c0; ch < c1; ch++) {                                               \
-            bn_rows xr = rows_##SFX(x, n, c, s, ch, xw);                                     \
-            T mean = chan_sum_##SFX(&xr, x->dtype, n, s) / (T)M;                             \
-            T var = chan_sqdev_##SFX(&xr, n, s, mean) / (T)M;                                \
-            T invstd = (T)1 / SQRT(var + eps);                                               \
-            T scale = invstd * (T)param(gamma, ch, 1), shift = (T)param(beta, ch, 0);        \
-            chan_affine_##SFX(&xr, y, n, c, s, ch, mean, scale, shift, relu);                \
-            set_param(sm, ch, mean);                                                         \
-            set_param(si, ch, invstd);                                                       \
+            na_cpu_psum_add_##SFX(&acc, na_cpu_psum_total_##SFX(&r));                       \
+        }                                                                                   \
+        return na_cpu_psum_total_##SFX(&acc);                                               \
+    }                                                                                       \
+    static T chan_sqdev_##SFX(const bn_rows *x, int64_t n, int64_t s, T mean) {             \
+        T buf[NA_CPU_CHUNK], t[NA_CPU_CHUNK];                                               \
+        na_cpu_psum_##SFX acc = {{0}, 0};                                                   \
+        for (int64_t ni = 0; ni < n; ni++)                                                  \
+            for (int64_t o = 0; o < s; o += NA_CPU_CHUNK) {                                 \
+                int64_t cnt = s - o < NA_CPU_CHUNK ? s - o : NA_CPU_CHUNK;                  \
+                const T *v = na_cpu_view_##SFX(x->v.dtype, x->v.data,                       \
+                                               x->base + ni * x->stride + o, cnt, buf);     \
+                for (int64_t i = 0; i < cnt; i++) t[i] = (v[i] - mean) * (v[i] - mean);     \
+                na_cpu_psum_add_##SFX(&acc, na_cpu_sum_##SFX(t, cnt));                      \
+            }                                                                               \
+        return na_cpu_psum_total_##SFX(&acc);                                               \
+    }                                                                                       \
+    /* y = (x - mean) * scale + shift over the channel, then relu when asked */             \
+    static void chan_affine_##SFX(const bn_rows *x, na_view *y, int64_t n, int64_t c,       \
+                                  int64_t s, int64_t ch, T mean, T scale, T shift,          \
+                                  bool relu) {                                              \
+        T buf[NA_CPU_CHUNK], ob[NA_CPU_CHUNK];                                              \
+        for (int64_t ni = 0; ni < n; ni++)                                                  \
+            for (int64_t o = 0; o < s; o += NA_CPU_CHUNK) {                                 \
+                int64_t cnt = s - o < NA_CPU_CHUNK ? s - o : NA_CPU_CHUNK;                  \
+                int64_t off = (ni * c + ch) * s + o;                                        \
+                const T *v = na_cpu_view_##SFX(x->v.dtype, x->v.data,                       \
+                                               x->base + ni * x->stride + o, cnt, buf);     \
+                T *out = na_cpu_out_##SFX(y->dtype, y->data, off, ob);                      \
+                for (int64_t i = 0; i < cnt; i++) out[i] = (v[i] - mean) * scale + shift;   \
+                if (relu)                                                                   \
+                    for (int64_t i = 0; i < cnt; i++)                                       \
+                        out[i] = out[i] > (T)0 ? out[i] : (T)0;                             \
+                na_cpu_store_##SFX(y->dtype, y->data, off, cnt, out);                       \
+            }                                                                               \
+    }                                                                                       \
+    static void bn_train_##SFX(const na_view *x, const na_view *gamma,                      \
+                               const na_view *beta, na_view *rm, na_view *rv,               \
+                               na_view *y, na_view *sm, na_view *si, int64_t n,             \
+                               int64_t c, int64_t s, T momentum, T eps, bool relu,          \
+                               int64_t c0, int64_t c1, T *xw) {                             \
+        int64_t M = n * s;                                                                  \
+        for (int64_t ch = c0; ch < c1; ch++) {                                              \
+            bn_rows xr = rows_##SFX(x, n, c, s, ch, xw);                                    \
+            T mean = chan_sum_##SFX(&xr, x->dtype, n, s) / (T)M;                            \
+            T var = chan_sqdev_##SFX(&xr, n, s, mean) / (T)M;                               \
+            T invstd = (T)1 / SQRT(var + eps);                                              \
+            T scale = invstd * (T)param(gamma, ch, 1), shift = (T)param(beta, ch, 0);       \
+            chan_affine_##SFX(&xr, y, n, c, s, ch, mean, scale, shift, relu);               \
+            set_param(sm, ch, mean);                                                        \
+            set_param(si, ch, invstd);                                                      \
             if (rm) set_param(rm, ch, ((T)1 - momentum) * (T)param(rm, ch, 0) + momentum * mean); \
-            if (rv) {                                                                        \
-                T unbiased = M > 1 ? var * ((T)M / (T)(M - 1)) : var;                        \
+            if (rv) {                                                                       \
+                T unbiased = M > 1 ? var * ((T)M / (T)(M - 1)) : var;                       \
                 set_param(rv, ch, ((T)1 - momentum) * (T)param(rv, ch, 0) + momentum * unbiased); \
-            }                                                                                \
-        }                                                                                    \
-    }                                                                                        \
-    static void bn_eval_##SFX(const na_view *x, const na_view *gamma,                        \
-                              const na_view *beta, const na_view *rm,                        \
-                              const na_view *rv, na_view *y, int64_t n, int64_t c,           \
-                              int64_t s, T eps, bool relu, int64_t c0, int64_t c1) {         \
-        for (int64_t ch = c0; ch < c1; ch++) {                                               \
-            T invstd = (T)1 / SQRT((T)param(rv, ch, 1) + eps);                               \
-            T scale = invstd * (T)param(gamma, ch, 1), shift = (T)param(beta, ch, 0);        \
-            bn_rows xr = rows_##SFX(x, n, c, s, ch, NULL);                                   \
+            }                                                                               \
+        }                                                                                   \
+    }                                                                                       \
+    static void bn_eval_##SFX(const na_view *x, const na_view *gamma,                       \
+                              const na_view *beta, const na_view *rm,                       \
+                              const na_view *rv, na_view *y, int64_t n, int64_t c,          \
+                              int64_t s, T eps, bool relu, int64_t c0, int64_t c1) {        \
+        for (int64_t ch = c0; ch < c1; ch++) {                                              \
+            T invstd = (T)1 / SQRT((T)param(rv, ch, 1) + eps);                              \
+            T scale = invstd * (T)param(gamma, ch, 1), shift = (T)param(beta, ch, 0);       \
+            bn_rows xr = rows_##SFX(x, n, c, s, ch, NULL);                                  \
             chan_affine_##SFX(&xr, y, n, c, s, ch, (T)param(rm, ch, 0), scale, shift, relu); \
-        }                                                                                    \
-    }                                                                                        \
-    /* gy * relu'(y) when y is given (ReLU's derivative: 1 where y > 0), else gy */          \
-    static inline T masked_gy_##SFX(const T *g, const T *y, int64_t i) {                     \
-        return y ? g[i] * (y[i] > (T)0 ? (T)1 : (T)0) : g[i];                                \
-    }                                                                                        \
-    /* (sum of gm, sum of gm * xhat) over n values, gm = masked_gy: the order of             \
-     * na_cpu_sum (8 lanes, pairwise above 128) for each, in one pass with no buffers */     \
-    static void dual_sum_##SFX(const T *g, const T *y, const T *x, T mean, T invstd,         \
-                               int64_t n, T *s1, T *s2) {                                    \
-        if (n > 128) {                                                                       \
-            int64_t h = (n / 2 + 7) & ~(int64_t)7;                                           \
-            T a1, a2, b1, b2;                                                                \
-            dual_sum_##SFX(g, y, x, mean, invstd, h, &a1, &a2);                              \
-            dual_sum_##SFX(g + h, y ? y + h : NULL, x + h, mean, invstd, n - h, &b1, &b2);   \
-            *s1 = a1 + b1;                                                                   \
-            *s2 = a2 + b2;                                                                   \
-            return;                                                                          \
-        }                                                                                    \
-        /* lane j of each 8-wide vector is acc[j] of na_cpu_sum: the same order */           \
-        typedef T v8 __attribute__((vector_size(8 * sizeof(T))));                            \
-        v8 zero = {0}, va1 = zero, va2 = zero, vm = zero + mean, vs = zero + invstd;         \
-        int64_t i = 0;                                                                       \
-        for (; i + 8 <= n; i += 8) {                                                         \
-            v8 gv, xv;                                                                       \
-            memcpy(&gv, g + i, sizeof gv);                                                   \
-            memcpy(&xv, x + i, sizeof xv);                                                   \
-            if (y) {                                                                         \
-                v8 yv;                                                                       \
-                memcpy(&yv, y + i, sizeof yv);                                               \
-                gv = gv * __builtin_convertvector((yv > zero) & 1, v8); /* relu' */          \
-            }                                                                                \
-            va1 += gv;                                                                       \
-            va2 += gv * ((xv - vm) * vs);                                                    \
-        }                                                                                    \
-        T acc1[8], acc2[8];                                                                  \
-        memcpy(acc1, &va1, sizeof acc1);                                                     \
-        memcpy(acc2, &va2, sizeof acc2);                                                     \
-        T t1 = ((acc1[0] + acc1[1]) + (acc1[2] + acc1[3])) +                                 \
-               ((acc1[4] + acc1[5]) + (acc1[6] + acc1[7]));                                  \
-        T t2 = ((acc2[0] + acc2[1]) + (acc2[2] + acc2[3])) +                                 \
-               ((acc2[4] + acc2[5]) + (acc2[6] + acc2[7]));                                  \
-        for (; i < n; i++) {                                                                 \
-            T gm = masked_gy_##SFX(g, y, i);                                                 \
-            t1 += gm;                                                                        \
-            t2 += gm * ((x[i] - mean) * invstd);                                             \
-        }                                                                                    \
-        *s1 = t1;                                                                            \
-        *s2 = t2;                                                                            \
-    }                                                                                        \
+        }                                                                                   \
+    }                                                                                       \
+    /* gy * relu'(y) when y is given (ReLU's derivative: 1 where y > 0), else gy */         \
+    static inline T masked_gy_##SFX(const T *g, const T *y, int64_t i) {                    \
+        return y ? g[i] * (y[i] > (T)0 ? (T)1 : (T)0) : g[i];                               \
+    }                                                                                       \
+    /* (sum of gm, sum of gm * xhat) over n values, gm = masked_gy: the order of            \
+     * na_cpu_sum (8 lanes, pairwise above 128) for each, in one pass with no buffers */    \
+    static void dual_sum_##SFX(const T *g, const T *y, const T *x, T mean, T invstd,        \
+                               int64_t n, T *s1, T *s2) {                                   \
+        if (n > 128) {                                                                      \
+            int64_t h = (n / 2 + 7) & ~(int64_t)7;                                          \
+            T a1, a2, b1, b2;                                                               \
+            dual_sum_##SFX(g, y, x, mean, invstd, h, &a1, &a2);                             \
+            dual_sum_##SFX(g + h, y ? y + h : NULL, x + h, mean, invstd, n - h, &b1, &b2);  \
+            *s1 = a1 + b1;                                                                  \
+            *s2 = a2 + b2;                                                                  \
+            return;                                                                         \
+        }                                                                                   \
+        /* lane j of each 8-wide vector is acc[j] of na_cpu_sum: the same order */          \
+        typedef T v8 __attribute__((vector_size(8 * sizeof(T))));                           \
+        v8 zero = {0}, va1 = zero, va2 = zero, vm = zero + mean, vs = zero + invstd;        \
+        int64_t i = 0;                                                                      \
+        for (; i + 8 <= n; i += 8) {                                                        \
+            v8 gv, xv;                                                                      \
+            memcpy(&gv, g + i, sizeof gv);                                                  \
+            memcpy(&xv, x + i, sizeof xv);                                                  \
+            if (y) {                                                                        \
+                v8 yv;                                                                      \
+                memcpy(&yv, y + i, sizeof yv);                                              \
+                gv = gv * __builtin_convertvector((yv > zero) & 1, v8); /* relu' */         \
+            }                                                                               \
+            va1 += gv;                                                                      \
+            va2 += gv * ((xv - vm) * vs);                                                   \
+        }                                                                                   \
+        T acc1[8], acc2[8];                                                                 \
+        memcpy(acc1, &va1, sizeof acc1);                                                    \
+        memcpy(acc2, &va2, sizeof acc2);                                                    \
+        T t1 = ((acc1[0] + acc1[1]) + (acc1[2] + acc1[3])) +                                \
+               ((acc1[4] + acc1[5]) + (acc1[6] + acc1[7]));                                 \
+        T t2 = ((acc2[0] + acc2[1]) + (acc2[2] + acc2[3])) +                                \
+               ((acc2[4] + acc2[5]) + (acc2[6] + acc2[7]));                                 \
+        for (; i < n; i++) {                                                                \
+            T gm = masked_gy_##SFX(g, y, i);                                                \
+            t1 += gm;                                                                       \
+            t2 += gm * ((x[i] - mean) * invstd);                                            \
+        }                                                                                   \
+        *s1 = t1;                                                                           \
+        *s2 = t2;                                                                           \
+    }                                                                                       \
     /* cnt elements of rows r at row ni, offset o: in place, widened, or converted into buf */ \
-    static inline const T *row_##SFX(const bn_rows *r, int64_t ni, int64_t o, int64_t cnt,   \
-                                     T *buf) {                                               \
-        if (!r->v.data) return NULL;                                                         \
+    static inline const T *row_##SFX(const bn_rows *r, int64_t ni, int64_t o, int64_t cnt,  \
+                                     T *buf) {                                              \
+        if (!r->v.data) return NULL;                                                        \
         return na_cpu_view_##SFX(r->v.dtype, r->v.data, r->base + ni * r->stride + o, cnt, buf); \
-    }                                                                                        \
-    static void bn_backward_##SFX(const na_view *x, const na_view *gy,                       \
-                                  const na_view *relu_y, const na_view *gamma,               \
-                                  const na_view *mean_t, const na_view *invstd_t,            \
-                                  na_view *gx, na_view *gg, na_view *gb, int64_t n,          \
-                                  int64_t c, int64_t s, bool train, int64_t c0,              \
-                                  int64_t c1, T *xw, T *gw) {                                \
-        T xb[NA_CPU_CHUNK], gb_[NA_CPU_CHUNK], ob[NA_CPU_CHUNK], yb[NA_CPU_CHUNK];           \
-        int64_t M = n * s;                                                                   \
-        bool need_sums = train || gg || gb;                                                  \
-        for (int64_t ch = c0; ch < c1; ch++) {                                               \
-            T mean = (T)param(mean_t, ch, 0), invstd = (T)param(invstd_t, ch, 1);            \
-            T scale = invstd * (T)param(gamma, ch, 1);                                       \
-            T sum_gy = 0, sum_gyxh = 0;                                                      \
+    }                                                                                       \
+    static void bn_backward_##SFX(const na_view *x, const na_view *gy,                      \
+                                  const na_view *relu_y, const na_view *gamma,              \
+                                  const na_view *mean_t, const na_view *invstd_t,           \
+                                  na_view *gx, na_view *gg, na_view *gb, int64_t n,         \
+                                  int64_t c, int64_t s, bool train, int64_t c0,             \
+                                  int64_t c1, T *xw, T *gw) {                               \
+        T xb[NA_CPU_CHUNK], gb_[NA_CPU_CHUNK], ob[NA_CPU_CHUNK], yb[NA_CPU_CHUNK];          \
+        int64_t M = n * s;                                                                  \
+        bool need_sums = train || gg || gb;                                                 \
+        for (int64_t ch = c0; ch < c1; ch++) {                                              \
+            T mean = (T)param(mean_t, ch, 0), invstd = (T)param(invstd_t, ch, 1);           \
+            T scale = invstd * (T)param(gamma, ch, 1);                                      \
+            T sum_gy = 0, sum_gyxh = 0;                                                     \
             bn_rows xr = rows_##SFX(x, n, c, s, ch, xw), gr = rows_##SFX(gy, n, c, s, ch, gw); \
-            bn_rows yr = rows_##SFX(relu_y, n, c, s, ch, NULL);                              \
+            bn_rows yr = rows_##SFX(relu_y, n, c, s, ch, NULL);                             \
             if (relu_y && gr.v.data == gw) { /* widened gy: ReLU's mask applied once, here */ \
-                for (int64_t ni = 0; ni < n; ni++)                                           \
-                    for (int64_t o = 0; o < s; o += NA_CPU_CHUNK) {                          \
-                        int64_t cnt = s - o < NA_CPU_CHUNK ? s - o : NA_CPU_CHUNK;           \
-                        T *g = gw + ni * s + o;                                              \
-                        const T *yv = row_##SFX(&yr, ni, o, cnt, yb);                        \
-                        for (int64_t i = 0; i < cnt; i++)                                    \
-                            g[i] = g[i] * (yv[i] > (T)0 ? (T)1 : (T)0);                      \
-                    }                                                                        \
-                yr.v.data = NULL; /* gy now holds gy * relu'(y) */                           \
-            }                                                                                \
-            if (need_sums) {                                                                 \
-                na_cpu_psum_##SFX a1 = {{0}, 0}, a2 = {{0}, 0};                              \
-                for (int64_t ni = 0; ni < n; ni++)                                           \
-                    for (int64_t o = 0; o < s; o += NA_CPU_CHUNK) {                          \
-                        int64_t cnt = s - o < NA_CPU_CHUNK ? s - o : NA_CPU_CHUNK;           \
-                        const T *xv = row_##SFX(&xr, ni, o, cnt, xb);                        \
-                        const T *gv = row_##SFX(&gr, ni, o, cnt, gb_);                       \
-                        const T *yv = row_##SFX(&yr, ni, o, cnt, yb);                        \
-                        T s1, s2;                                                            \
-                        dual_sum_##SFX(gv, yv, xv, mean, invstd, cnt, &s1, &s2);             \
-                        na_cpu_psum_add_##SFX(&a1, s1);                                      \
-                        na_cpu_psum_add_##SFX(&a2, s2);                                      \
-                    }                                                                        \
-                sum_gy = na_cpu_psum_total_##SFX(&a1);                                       \
-                sum_gyxh = na_cpu_psum_total_##SFX(&a2);                                     \
-            }                                                                                \
-            set_param(gg, ch, sum_gyxh);                                                     \
-            set_param(gb, ch, sum_gy);                                                       \
-            if (!gx) continue;                                                               \
-            T mgy = sum_gy / (T)M, mgyxh = sum_gyxh / (T)M;                                  \
-            for (int64_t ni = 0; ni < n; ni++)                                               \
-                for (int64_t o = 0; o < s; o += NA_CPU_CHUNK) {                              \
-                    int64_t cnt = s - o < NA_CPU_CHUNK ? s - o : NA_CPU_CHUNK;               \
-                    int64_t off = (ni * c + ch) * s + o;                                     \
-                    const T *gv = row_##SFX(&gr, ni, o, cnt, gb_);                           \
-                    const T *yv = row_##SFX(&yr, ni, o, cnt, yb);                            \
-                    T *out = na_cpu_out_##SFX(gx->dtype, gx->data, off, ob);                 \
-                    if (train) {                                                             \
-                        const T *xv = row_##SFX(&xr, ni, o, cnt, xb);                        \
-                        if (yv)                                                              \
-                            for (int64_t i = 0; i < cnt; i++)                                \
-                                out[i] = (gv[i] * (yv[i] > (T)0 ? (T)1 : (T)0) - mgy -       \
-                                          ((xv[i] - mean) * invstd) * mgyxh) * scale;        \
-                        else                                                                 \
-                            for (int64_t i = 0; i < cnt; i++)                                \
-                                out[i] =                                                     \
+                for (int64_t ni = 0; ni < n; ni++)                                          \
+                    for (int64_t o = 0; o < s; o += NA_CPU_CHUNK) {                         \
+                        int64_t cnt = s - o < NA_CPU_CHUNK ? s - o : NA_CPU_CHUNK;          \
+                        T *g = gw + ni * s + o;                                             \
+                        const T *yv = row_##SFX(&yr, ni, o, cnt, yb);                       \
+                        for (int64_t i = 0; i < cnt; i++)                                   \
+                            g[i] = g[i] * (yv[i] > (T)0 ? (T)1 : (T)0);                     \
+                    }                                                                       \
+                yr.v.data = NULL; /* gy now holds gy * relu'(y) */                          \
+            }                                                                               \
+            if (need_sums) {                                                                \
+                na_cpu_psum_##SFX a1 = {{0}, 0}, a2 = {{0}, 0};                             \
+                for (int64_t ni = 0; ni < n; ni++)                                          \
+                    for (int64_t o = 0; o < s; o += NA_CPU_CHUNK) {                         \
+                        int64_t cnt = s - o < NA_CPU_CHUNK ? s - o : NA_CPU_CHUNK;          \
+                        const T *xv = row_##SFX(&xr, ni, o, cnt, xb);                       \
+                        const T *gv = row_##SFX(&gr, ni, o, cnt, gb_);                      \
+                        const T *yv = row_##SFX(&yr, ni, o, cnt, yb);                       \
+                        T s1, s2;                                                           \
+                        dual_sum_##SFX(gv, yv, xv, mean, invstd, cnt, &s1, &s2);            \
+                        na_cpu_psum_add_##SFX(&a1, s1);                                     \
+                        na_cpu_psum_add_##SFX(&a2, s2);                                     \
+                    }                                                                       \
+                sum_gy = na_cpu_psum_total_##SFX(&a1);                                      \
+                sum_gyxh = na_cpu_psum_total_##SFX(&a2);                                    \
+            }                                                                               \
+            set_param(gg, ch, sum_gyxh);                                                    \
+            set_param(gb, ch, sum_gy);                                                      \
+            if (!gx) continue;                                                              \
+            T mgy = sum_gy / (T)M, mgyxh = sum_gyxh / (T)M;                                 \
+            for (int64_t ni = 0; ni < n; ni++)                                              \
+                for (int64_t o = 0; o < s; o += NA_CPU_CHUNK) {                             \
+                    int64_t cnt = s - o < NA_CPU_CHUNK ? s - o : NA_CPU_CHUNK;              \
+                    int64_t off = (ni * c + ch) * s + o;                                    \
+                    const T *gv = row_##SFX(&gr, ni, o, cnt, gb_);                          \
+                    const T *yv = row_##SFX(&yr, ni, o, cnt, yb);                           \
+                    T *out = na_cpu_out_##SFX(gx->dtype, gx->data, off, ob);                \
+                    if (train) {                                                            \
+                        const T *xv = row_##SFX(&xr, ni, o, cnt, xb);                       \
+                        if (yv)                                                             \
+                            for (int64_t i = 0; i < cnt; i++)                               \
+                                out[i] = (gv[i] * (yv[i] > (T)0 ? (T)1 : (T)0) - mgy -      \
+                                          ((xv[i] - mean) * invstd) * mgyxh) * scale;       \
+                        else                                                                \
+                            for (int64_t i = 0; i < cnt; i++)                               \
+                                out[i] =                                                    \
                                     (gv[i] - mgy - ((xv[i] - mean) * invstd) * mgyxh) * scale; \
-                    } else if (yv) {                                                         \
-                        for (int64_t i = 0; i < cnt; i++)                                    \
-                            out[i] = gv[i] * (yv[i] > (T)0 ? (T)1 : (T)0) * scale;           \
-                    } else {                                                                 \
-                        for (int64_t i = 0; i < cnt; i++) out[i] = gv[i] * scale;            \
-                    }                                                                        \
-                    na_cpu_store_##SFX(gx->dtype, gx->data, off, cnt, out);                  \
-                }                                                                            \
-        }                                                                                    \
+                    } else if (yv) {                                                        \
+                        for (int64_t i = 0; i < cnt; i++)                                   \
+                            out[i] = gv[i] * (yv[i] > (T)0 ? (T)1 : (T)0) * scale;          \
+                    } else {                                                                \
+                        for (int64_t i = 0; i < cnt; i++) out[i] = gv[i] * scale;           \
+                    }                                                                       \
+                    na_cpu_store_##SFX(gx->dtype, gx->data, off, cnt, out);                 \
+                }                                                                           \
+        }                                                                                   \
     }
 
 NA_CPU_DEFINE_BN(float, f, sqrtf, NA_DTYPE_F32)

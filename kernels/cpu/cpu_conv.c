@@ -217,7 +217,7 @@ static int conv_run(conv_job *j) {
         return NA_OK;                                                                       \
     }                                                                                       \
     /* gx for images [lo, hi) */                                                            \
-    static int conv2d_bwd_data_range_##SFX(const conv_job *j, int64_t lo, int64_t hi,      \
+    static int conv2d_bwd_data_range_##SFX(const conv_job *j, int64_t lo, int64_t hi,       \
                                            int64_t t) {                                     \
         const char *fn = "cpu_conv2d_backward_data";                                        \
         const na_conv_geom *g = j->g;                                                       \
@@ -282,9 +282,9 @@ static int conv_run(conv_job *j) {
         if (!wb || !bb) return NA_ENOMEM;                                                   \
         conv_job j = {.g = g, .x = x, .bias = bias, .y = y, .bb = bb,                       \
                       .wv = na_cpu_view_##SFX(w->dtype, w->data, 0, g->c_out * K, wb),      \
-                      .tasks = na_cpu_conv_tasks(g), .range = conv2d_range_##SFX};                 \
+                      .tasks = na_cpu_conv_tasks(g), .range = conv2d_range_##SFX};          \
         if (bias) na_cpu_load_##SFX(bias->dtype, bias->data, 0, g->c_out, bb);              \
-        else memset(bb, 0, (size_t)g->c_out * sizeof(T));                                  \
+        else memset(bb, 0, (size_t)g->c_out * sizeof(T));                                   \
         return conv_run(&j);                                                                \
     }                                                                                       \
                                                                                             \
@@ -294,13 +294,13 @@ static int conv_run(conv_job *j) {
         int64_t K = g->c_in / g->groups * g->kh * g->kw;                                    \
         T *wb = na_cpu_scratch(NA_CPU_SCRATCH_3, (size_t)(g->c_out * K) * sizeof(T), fn);   \
         if (!wb) return NA_ENOMEM;                                                          \
-        conv_job j = {.g = g, .gy = gy, .gx = gx, .tasks = na_cpu_conv_tasks(g),                   \
+        conv_job j = {.g = g, .gy = gy, .gx = gx, .tasks = na_cpu_conv_tasks(g),            \
                       .range = conv2d_bwd_data_range_##SFX,                                 \
                       .wv = na_cpu_view_##SFX(w->dtype, w->data, 0, g->c_out * K, wb)};     \
         return conv_run(&j);                                                                \
     }                                                                                       \
                                                                                             \
-    /* one partial gradient per task, added in task order */                               \
+    /* one partial gradient per task, added in task order */                                \
     static int conv2d_bwd_weight_##SFX(const na_conv_geom *g, const na_view *x,             \
                                        const na_view *gy, na_view *gw) {                    \
         const char *fn = "cpu_conv2d_backward_weight";                                      \
@@ -312,7 +312,8 @@ static int conv_run(conv_job *j) {
         T *gwv = tasks == 1 ? na_cpu_out_##SFX(gw->dtype, gw->data, 0, gwb) : gwb;          \
         if (g->n == 0) memset(gwv, 0, (size_t)wsize * sizeof(T));                           \
         conv_job j = {.g = g, .x = x, .gy = gy, .gw = gwv, .tasks = tasks,                  \
-                      .range = sizeof(T) == sizeof(float) && na_cpu_direct_conv_usable(g, false) \
+                      .range = sizeof(T) == sizeof(float) &&                                \
+                                       na_cpu_direct_conv_usable(g, false)                  \
                                    ? conv2d_bwd_weight_direct_range                         \
                                    : conv2d_bwd_weight_range_##SFX};                        \
         int st = conv_run(&j);                                                              \
