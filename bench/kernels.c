@@ -3,7 +3,7 @@
  * calls, in milliseconds, which is the figure least disturbed by other work on the machine.
  *
  *   na-kbench [--repeats N] [--cpu-clock] [case...]
- *             cases: conv, conv-resnet9, convert, maxpool, relu (default: all), run in this
+ *             cases: conv, conv-resnet9, convert, maxpool, relu, bn (default: all), run in this
  *             order; every argument is checked first. --cpu-clock times CPU time (all
  *             threads) instead of wall time: with NANOAMP_THREADS=1 it compares kernels on a
  *             machine that is busy with other work.
@@ -17,7 +17,9 @@
  * maxpool: the MNIST CNN's two 2x2 max pools (batch 128), forward with indices, f32 and f16,
  *          through the generic window loop and the 2x2 path (cpu_conv.c).
  * relu:    ReLU forward and backward over the CNN's first activation (128x32x28x28), f32 and
- *          f16 (the unary kernels of cpu_elementwise.c). */
+ *          f16 (the unary kernels of cpu_elementwise.c).
+ * bn:      the MNIST CNN's two BatchNorm+ReLU layers (batch 128), training forward and
+ *          backward, f32, f16 and bf16 activations with f32 parameters (cpu_batchnorm.c). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -158,6 +160,41 @@ static int bench_relu(void) {
     return rc != 0;
 }
 
+static int bench_bn(void) {
+    const int64_t shapes[2][4] = {{128, 32, 28, 28}, {128, 64, 14, 14}};
+    const na_dtype dts[3] = {NA_DTYPE_F32, NA_DTYPE_F16, NA_DTYPE_BF16};
+    int rc = 0;
+    for (int l = 0; l < 2; l++)
+        for (int t = 0; t < 3; t++) {
+            const int64_t *xs = shapes[l], cs[1] = {xs[1]};
+            int64_t n = xs[0], c = xs[1], s = xs[2] * xs[3];
+            na_view x = bench_view(dts[t], 4, xs), y = bench_view(dts[t], 4, xs),
+                    gy = bench_view(dts[t], 4, xs), gx = bench_view(dts[t], 4, xs);
+            na_view p[6]; /* gamma, beta, running mean/var, saved mean/invstd: f32 */
+            for (int k = 0; k < 6; k++) p[k] = bench_view(NA_DTYPE_F32, 1, cs);
+            na_view gg = bench_view(NA_DTYPE_F32, 1, cs), gb = bench_view(NA_DTYPE_F32, 1, cs);
+            if (!x.data || !y.data || !gy.data || !gx.data || !gg.data || !gb.data) return 1;
+            bench_fill(&x), bench_fill(&gy), bench_fill(&p[0]), bench_fill(&p[1]);
+            char name[64];
+            const char *dt = na_dtype_name(dts[t]);
+            double ms;
+            BENCH_MIN_MS(ms, rc |= na_cpu_batch_norm_train(&x, &p[0], &p[1], &p[2], &p[3], &y,
+                                                           &p[4], &p[5], n, c, s, 0.1, 1e-5,
+                                                           true));
+            snprintf(name, sizeof name, "bn_relu_%s_%lldx%lld_forward", dt, (long long)c,
+                     (long long)xs[2]);
+            print_row(name, "", x.numel, ms);
+            BENCH_MIN_MS(ms, rc |= na_cpu_batch_norm_backward(&x, &gy, &p[0], &p[4], &p[5], &gx,
+                                                              &gg, &gb, n, c, s, true, &y));
+            snprintf(name, sizeof name, "bn_relu_%s_%lldx%lld_backward", dt, (long long)c,
+                     (long long)xs[2]);
+            print_row(name, "", x.numel, ms);
+            free(x.data), free(y.data), free(gy.data), free(gx.data), free(gg.data), free(gb.data);
+            for (int k = 0; k < 6; k++) free(p[k].data);
+        }
+    return rc != 0;
+}
+
 /* Convolutions 3x3, padding 1, f32: forward, data gradient (not for a first layer: its input
  * needs none) and weight gradient, through the direct convolution (where this CPU has it) and
  * the im2col + GEMM path. One row per layer: {batch, c_in, c_out, h = w}. */
@@ -223,6 +260,7 @@ static const struct {
     {"convert", bench_convert},
     {"maxpool", bench_maxpool},
     {"relu", bench_relu},
+    {"bn", bench_bn},
 };
 
 int main(int argc, char **argv) {
