@@ -19,10 +19,12 @@
 #include "backend.h"
 #include "common/elementwise.h"
 #include "common/half.h"
+#include "common/optim.h"
 #include "common/philox.h"
 #include "cpu/cpu_internal.h"
 #include "nanoamp/error.h"
 #include "nanoamp/tensor.h" /* NA_SHAPE */
+#include "nanoamp/threads.h"
 
 static const na_backend *B = &na_cpu_backend;
 
@@ -175,6 +177,74 @@ Test(cpu_backend, optim_reads_the_learning_rate_from_a_device_scalar) {
     t.lr = &vlr;
     cr_assert_eq(B->sgd_step(&t, &h), NA_EDTYPE);
     cr_assert(strstr(na_last_error(), "lr must be an f64 scalar"), "%s", na_last_error());
+}
+
+/* The optimizer steps over several tensors, large and small, f32 and f16 gradients, with a
+ * loss scale: every element is the rule of common/optim.h applied once per step, bit for bit,
+ * at any thread count (a chunk skipped or repeated, or a tensor's state mixed with another's,
+ * would show). */
+Test(cpu_backend, optim_steps_apply_the_element_rule_to_every_element) {
+    enum { NT = 3 };
+    const int64_t sizes[NT] = {150001, 3, 70000};
+    for (int adam = 0; adam <= 1; adam++)
+        for (int threads = 1; threads <= 4; threads *= 2) {
+            cr_assert_eq(na_set_num_threads(threads), NA_OK);
+            na_view p[NT], g[NT], m[NT], v[NT], vm[NT], st[NT];
+            na_view *ps[NT], *ms[NT], *vs[NT], *vms[NT], *ss[NT];
+            const na_view *gs[NT];
+            float steps[NT] = {0}, inv_scale = 0.5f;
+            float *ref[NT], *mref[NT], *vref[NT], *vmref[NT];
+            na_optim_hparams h = {.lr = 0.01, .weight_decay = 0.1, .momentum = 0.9,
+                                  .nesterov = true, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8,
+                                  .amsgrad = true};
+            for (int i = 0; i < NT; i++) {
+                int64_t n = sizes[i];
+                p[i] = mk(NA_DTYPE_F32, 1, &n);
+                g[i] = mk(i == 1 ? NA_DTYPE_F16 : NA_DTYPE_F32, 1, &n);
+                m[i] = mk(NA_DTYPE_F32, 1, &n);
+                v[i] = mk(NA_DTYPE_F32, 1, &n);
+                vm[i] = mk(NA_DTYPE_F32, 1, &n);
+                st[i] = (na_view){.data = &steps[i], .dtype = NA_DTYPE_F32, .numel = 1};
+                ref[i] = malloc((size_t)n * sizeof(float));
+                mref[i] = calloc((size_t)n, sizeof(float));
+                vref[i] = calloc((size_t)n, sizeof(float));
+                vmref[i] = calloc((size_t)n, sizeof(float));
+                for (int64_t k = 0; k < n; k++) {
+                    set(&p[i], k, sin(0.001 * (double)k + i));
+                    set(&g[i], k, cos(0.0007 * (double)k * (i + 1)));
+                    ref[i][k] = (float)get(&p[i], k);
+                }
+                ps[i] = &p[i], gs[i] = &g[i], ms[i] = &m[i], vs[i] = &v[i], vms[i] = &vm[i];
+                ss[i] = &st[i];
+            }
+            na_view vinv = {.data = &inv_scale, .dtype = NA_DTYPE_F32, .numel = 1};
+            na_optim_tensors t = {.n = NT, .params = ps, .grads = gs, .steps = ss, .exp_avg = ms,
+                                  .exp_avg_sq = adam ? vs : NULL,
+                                  .max_exp_avg_sq = adam ? vms : NULL, .inv_scale = &vinv};
+            for (int step = 1; step <= 2; step++) {
+                cr_assert_eq(adam ? B->adam_step(&t, &h) : B->sgd_step(&t, &h), NA_OK, "%s",
+                             na_last_error());
+                na_optim_scalars sc = na_optim_prepare(&h, (float)step);
+                for (int i = 0; i < NT; i++)
+                    for (int64_t k = 0; k < sizes[i]; k++) {
+                        float gk = (float)get(&g[i], k) * inv_scale;
+                        ref[i][k] = adam ? na_adam_elem(ref[i][k], gk, &mref[i][k], &vref[i][k],
+                                                        &vmref[i][k], &sc)
+                                         : na_sgd_elem(ref[i][k], gk, &mref[i][k], &sc);
+                    }
+            }
+            for (int i = 0; i < NT; i++) {
+                cr_assert_eq(steps[i], 2.0f);
+                for (int64_t k = 0; k < sizes[i]; k++)
+                    cr_assert(((float *)p[i].data)[k] == ref[i][k],
+                              "%s, %d threads: tensor %d element %lld: %.9g, the rule %.9g",
+                              adam ? "adam" : "sgd", threads, i, (long long)k,
+                              ((float *)p[i].data)[k], ref[i][k]);
+                free(p[i].data), free(g[i].data), free(m[i].data), free(v[i].data);
+                free(vm[i].data), free(ref[i]), free(mref[i]), free(vref[i]), free(vmref[i]);
+            }
+        }
+    na_set_num_threads(1);
 }
 
 /* ---- memory ------------------------------------------------------------------------------- */
