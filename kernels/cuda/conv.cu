@@ -579,7 +579,8 @@ static int cudnn_run(int kind, const conv_dims &d, const na_conv_geom *g, const 
         NA_TRY(na_cuda_conv_graph_run(graph_kind[kind], g, xv, wv, yv, done));
         if (*done) return NA_OK;
     }
-    return dnn_run(kind, d, xv->dtype, xv->data, wv->data, yv->data, done);
+    na_dtype dt = kind == CONV_BWD_DATA ? yv->dtype : xv->dtype; /* the one check_conv checked */
+    return dnn_run(kind, d, dt, xv->data, wv->data, yv->data, done);
 }
 #else
 static int cudnn_run(int, const conv_dims &, const na_conv_geom *, const na_view *,

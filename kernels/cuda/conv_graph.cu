@@ -480,7 +480,7 @@ static int cg_lookup(const na_cg_problem *p, void *const *ptrs, cg_plan **out) {
                     na_cg_problem_str(p, d, sizeof d), (long long)pl->engine,
                     (long long)pl->workspace);
         else
-            fprintf(stderr, "nanoamp: conv graph: legacy path: %s: %s\n",
+            fprintf(stderr, "nanoamp: conv graph: legacy path: %s -- %s\n",
                     na_cg_problem_str(p, d, sizeof d), why);
     }
     *out = pl;
@@ -497,7 +497,7 @@ static int cg_run(na_cg_kind kind, const na_conv_geom *g, const na_view *x, cons
     na_cg_problem p;
     if (na_cg_problem_init(&p, kind, g, x, w, y, bias, na_cuda_ctx.tf32,
                            na_cuda_env_is("NANOAMP_DETERMINISTIC", NULL), cg_find(), who[kind]) < 0) {
-        if (cg_verbose()) fprintf(stderr, "nanoamp: conv graph: legacy path: %s\n", na_last_error());
+        if (cg_verbose()) fprintf(stderr, "nanoamp: conv graph: legacy path: -- %s\n", na_last_error());
         na_clear_error(); /* the views are not describable here: the legacy path serves them */
         return NA_OK;
     }
@@ -521,7 +521,7 @@ static int cg_run(na_cg_kind kind, const na_conv_geom *g, const na_view *x, cons
     /* the plan refuses these buffers: the legacy path serves the problem from now on */
     na_cg_entry *e = na_cg_cache_find(&cg_cache, &p);
     if (cg_verbose())
-        fprintf(stderr, "nanoamp: conv graph: legacy path: %s: %s failed: %s\n",
+        fprintf(stderr, "nanoamp: conv graph: legacy path: %s -- %s failed: %s\n",
                 na_cg_problem_str(&p, d, sizeof d), s.call, cudnnGetErrorString(s.st));
     cg_status cs = {};
     cg_plan_free(pl, &cs);
