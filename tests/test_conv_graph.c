@@ -42,6 +42,11 @@ static na_conv_geom geom(void) {
     return g;
 }
 
+/* x, w, y: contiguous views of geom()'s tensors */
+#define GEOM_VIEWS(dt)                                                                     \
+    na_view x = view4(dt, 2, 4, 5, 7, NULL, 0), w = view4(dt, 6, 2, 3, 3, NULL, 0),        \
+            y = view4(dt, 2, 6, 3, 4, NULL, 0)
+
 static void expect_tensor(const na_cg_tensor *t, const int64_t dim[4], const int64_t str[4]) {
     for (int i = 0; i < 4; i++) {
         cr_expect_eq(t->dim[i], dim[i], "dim %d: %lld, want %lld", i, (long long)t->dim[i],
@@ -53,9 +58,7 @@ static void expect_tensor(const na_cg_tensor *t, const int64_t dim[4], const int
 
 Test(conv_graph, nchw_problem_takes_the_geometry_and_the_strides) {
     na_conv_geom g = geom();
-    na_view x = view4(NA_DTYPE_F16, 2, 4, 5, 7, NULL, 0);
-    na_view w = view4(NA_DTYPE_F16, 6, 2, 3, 3, NULL, 0);
-    na_view y = view4(NA_DTYPE_F16, 2, 6, 3, 4, NULL, 0);
+    GEOM_VIEWS(NA_DTYPE_F16);
     na_cg_problem p;
     cr_assert_eq(na_cg_problem_init(&p, NA_CG_FWD, &g, &x, &w, &y, NULL, false, true, false, "t"),
                  NA_OK, "%s", na_last_error());
@@ -74,18 +77,16 @@ Test(conv_graph, nchw_problem_takes_the_geometry_and_the_strides) {
 Test(conv_graph, channels_last_strides_pass_through_and_make_another_key) {
     na_conv_geom g = geom();
     /* channels-last: [N, C, H, W] with strides H*W*C, 1, W*C, C */
-    na_view x = view4(NA_DTYPE_BF16, 2, 4, 5, 7, (int64_t[]){140, 1, 28, 4}, 0);
-    na_view w = view4(NA_DTYPE_BF16, 6, 2, 3, 3, (int64_t[]){18, 1, 6, 2}, 0);
-    na_view y = view4(NA_DTYPE_BF16, 2, 6, 3, 4, (int64_t[]){72, 1, 24, 6}, 0);
+    na_view xl = view4(NA_DTYPE_BF16, 2, 4, 5, 7, (int64_t[]){140, 1, 28, 4}, 0);
+    na_view wl = view4(NA_DTYPE_BF16, 6, 2, 3, 3, (int64_t[]){18, 1, 6, 2}, 0);
+    na_view yl = view4(NA_DTYPE_BF16, 2, 6, 3, 4, (int64_t[]){72, 1, 24, 6}, 0);
     na_cg_problem nhwc, nchw;
-    cr_assert_eq(na_cg_problem_init(&nhwc, NA_CG_BWD_DATA, &g, &x, &w, &y, NULL, false, false,
+    cr_assert_eq(na_cg_problem_init(&nhwc, NA_CG_BWD_DATA, &g, &xl, &wl, &yl, NULL, false, false,
                                     false, "t"), NA_OK, "%s", na_last_error());
     expect_tensor(&nhwc.t[NA_CG_X], (int64_t[]){2, 4, 5, 7}, (int64_t[]){140, 1, 28, 4});
     expect_tensor(&nhwc.t[NA_CG_W], (int64_t[]){6, 2, 3, 3}, (int64_t[]){18, 1, 6, 2});
     expect_tensor(&nhwc.t[NA_CG_Y], (int64_t[]){2, 6, 3, 4}, (int64_t[]){72, 1, 24, 6});
-    x = view4(NA_DTYPE_BF16, 2, 4, 5, 7, NULL, 0);
-    w = view4(NA_DTYPE_BF16, 6, 2, 3, 3, NULL, 0);
-    y = view4(NA_DTYPE_BF16, 2, 6, 3, 4, NULL, 0);
+    GEOM_VIEWS(NA_DTYPE_BF16);
     cr_assert_eq(na_cg_problem_init(&nchw, NA_CG_BWD_DATA, &g, &x, &w, &y, NULL, false, false,
                                     false, "t"), NA_OK, "%s", na_last_error());
     cr_expect_neq(memcmp(&nhwc, &nchw, sizeof nhwc), 0, "layouts must not share a plan");
@@ -124,8 +125,7 @@ Test(conv_graph, tf32_is_part_of_the_key_for_f32_only) {
 
 Test(conv_graph, misaligned_data_is_another_problem) {
     na_conv_geom g = geom();
-    na_view x = view4(NA_DTYPE_F16, 2, 4, 5, 7, NULL, 0), w = view4(NA_DTYPE_F16, 6, 2, 3, 3, NULL, 0);
-    na_view y = view4(NA_DTYPE_F16, 2, 6, 3, 4, NULL, 0);
+    GEOM_VIEWS(NA_DTYPE_F16);
     na_cg_problem a, b;
     cr_assert_eq(na_cg_problem_init(&a, NA_CG_FWD, &g, &x, &w, &y, NULL, false, false, false, "t"), NA_OK);
     x.data = buf + 2;
@@ -148,8 +148,7 @@ Test(conv_graph, alignment_of_addresses) {
 
 Test(conv_graph, bias_of_k_or_1k11_is_described_as_1k11) {
     na_conv_geom g = geom();
-    na_view x = view4(NA_DTYPE_F16, 2, 4, 5, 7, NULL, 0), w = view4(NA_DTYPE_F16, 6, 2, 3, 3, NULL, 0);
-    na_view y = view4(NA_DTYPE_F16, 2, 6, 3, 4, NULL, 0);
+    GEOM_VIEWS(NA_DTYPE_F16);
     na_view b1 = view4(NA_DTYPE_F16, 1, 6, 1, 1, NULL, 32);
     na_view b0 = b1;
     b0.ndim = 1, b0.shape[0] = 6, b0.stride[0] = 1;
@@ -170,8 +169,7 @@ Test(conv_graph, bias_of_k_or_1k11_is_described_as_1k11) {
 
 Test(conv_graph, views_that_do_not_match_are_refused_with_the_shapes) {
     na_conv_geom g = geom();
-    na_view x = view4(NA_DTYPE_F32, 2, 4, 5, 7, NULL, 0), w = view4(NA_DTYPE_F32, 6, 2, 3, 3, NULL, 0);
-    na_view y = view4(NA_DTYPE_F32, 2, 6, 3, 4, NULL, 0);
+    GEOM_VIEWS(NA_DTYPE_F32);
     na_cg_problem p;
     na_view bad = view4(NA_DTYPE_F32, 2, 6, 3, 5, NULL, 0);
     cr_expect_eq(na_cg_problem_init(&p, NA_CG_FWD, &g, &x, &w, &bad, NULL, false, false, false, "conv2d"),
@@ -195,8 +193,7 @@ Test(conv_graph, views_that_do_not_match_are_refused_with_the_shapes) {
 
 Test(conv_graph, problem_string_names_kind_dtype_and_shapes) {
     na_conv_geom g = geom();
-    na_view x = view4(NA_DTYPE_F16, 2, 4, 5, 7, NULL, 0), w = view4(NA_DTYPE_F16, 6, 2, 3, 3, NULL, 0);
-    na_view y = view4(NA_DTYPE_F16, 2, 6, 3, 4, NULL, 0);
+    GEOM_VIEWS(NA_DTYPE_F16);
     na_cg_problem p;
     cr_assert_eq(na_cg_problem_init(&p, NA_CG_BWD_FILTER, &g, &x, &w, &y, NULL, false, false, false, "t"), NA_OK);
     char s[512];

@@ -153,6 +153,30 @@ static cg_desc cg_pointwise(cg_status *s, cg_plan *pl, cudnnPointwiseMode_t mode
     return *op;
 }
 
+/* The convolution operations' descriptor type and attributes, by kind: x, w, y are the
+ * graph's tensors (dx, dw, dy where the operation writes or reads a gradient). */
+struct cg_conv_op {
+    cudnnBackendDescriptorType_t type;
+    const char *name;
+    cudnnBackendAttributeName_t x, w, y, conv, alpha, beta;
+};
+static const cg_conv_op cg_conv_ops[3] = {
+    {CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR, "forward operation",
+     CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W,
+     CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC,
+     CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA},
+    {CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR, "backward data operation",
+     CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W,
+     CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC,
+     CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA},
+    {CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR, "backward filter operation",
+     CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW,
+     CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY,
+     CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC,
+     CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA,
+     CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA},
+};
+
 /* The operation graph of problem p into pl->part (its last part). */
 static void cg_build_graph(cg_status *s, cg_plan *pl, const na_cg_problem *p, cudnnHandle_t h) {
     const cudnnDataType_t dt = cg_type(p->dtype), f32 = CUDNN_DATA_FLOAT;
@@ -175,51 +199,27 @@ static void cg_build_graph(cg_status *s, cg_plan *pl, const na_cg_problem *p, cu
     CG_SET(s, *conv, CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, CUDNN_TYPE_INT64, 2, p->pad);
     cg_finalize(s, *conv, "convolution");
 
+    /* fused: the convolution writes a virtual f32 tensor shaped (and strided) as y, the bias
+     * is added into another, ReLU writes y */
+    cg_desc out = fused ? cg_tensor(s, pl, &p->t[NA_CG_Y], f32, CG_UID_V1, true) : y;
+    const cg_conv_op *k = &cg_conv_ops[fused ? 0 : p->kind];
     const float one = 1.0f, zero = 0.0f;
-    cg_desc ops[3];
-    int n_ops = 0;
     cg_desc *op = cg_part(pl);
-    ops[n_ops++] = NULL; /* set below, once made */
-    if (p->kind == NA_CG_BWD_DATA) {
-        cg_create(s, CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR, op, "backward data operation");
-        CG_SET(s, *op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x);
-        CG_SET(s, *op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &w);
-        CG_SET(s, *op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y);
-        CG_SET(s, *op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, conv);
-        CG_SET(s, *op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA, CUDNN_TYPE_FLOAT, 1, &one);
-        CG_SET(s, *op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA, CUDNN_TYPE_FLOAT, 1, &zero);
-    } else if (p->kind == NA_CG_BWD_FILTER) {
-        cg_create(s, CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR, op, "backward filter operation");
-        CG_SET(s, *op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x);
-        CG_SET(s, *op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &w);
-        CG_SET(s, *op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y);
-        CG_SET(s, *op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, conv);
-        CG_SET(s, *op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA, CUDNN_TYPE_FLOAT, 1, &one);
-        CG_SET(s, *op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA, CUDNN_TYPE_FLOAT, 1, &zero);
-    } else {
-        /* fused: the convolution writes a virtual f32 tensor shaped (and strided) as y, the
-         * bias is added into another, ReLU writes y */
-        cg_desc out = fused ? cg_tensor(s, pl, &p->t[NA_CG_Y], f32, CG_UID_V1, true) : y;
-        cg_create(s, CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR, op, "forward operation");
-        CG_SET(s, *op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x);
-        CG_SET(s, *op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &w);
-        CG_SET(s, *op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &out);
-        CG_SET(s, *op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, conv);
-        CG_SET(s, *op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, CUDNN_TYPE_FLOAT, 1, &one);
-        CG_SET(s, *op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, CUDNN_TYPE_FLOAT, 1, &zero);
-        if (fused) {
-            cg_finalize(s, *op, "forward operation");
-            cg_desc b = cg_tensor(s, pl, &p->t[NA_CG_BIAS], dt, CG_UID_BIAS, false);
-            cg_desc sum = cg_tensor(s, pl, &p->t[NA_CG_Y], f32, CG_UID_V2, true);
-            ops[n_ops++] = cg_pointwise(s, pl, CUDNN_POINTWISE_ADD, out, b, sum);
-            ops[n_ops++] = cg_pointwise(s, pl, CUDNN_POINTWISE_RELU_FWD, sum, NULL, y);
-            ops[0] = *op;
-            op = NULL;
-        }
-    }
-    if (op) {
-        cg_finalize(s, *op, "convolution operation");
-        ops[0] = *op;
+    cg_create(s, k->type, op, k->name);
+    cg_set_(s, *op, "operation x", k->x, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x);
+    cg_set_(s, *op, "operation w", k->w, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &w);
+    cg_set_(s, *op, "operation y", k->y, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &out);
+    cg_set_(s, *op, "operation conv", k->conv, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, conv);
+    cg_set_(s, *op, "operation alpha", k->alpha, CUDNN_TYPE_FLOAT, 1, &one);
+    cg_set_(s, *op, "operation beta", k->beta, CUDNN_TYPE_FLOAT, 1, &zero);
+    cg_finalize(s, *op, k->name);
+    cg_desc ops[3] = {*op};
+    int n_ops = 1;
+    if (fused) {
+        cg_desc b = cg_tensor(s, pl, &p->t[NA_CG_BIAS], dt, CG_UID_BIAS, false);
+        cg_desc sum = cg_tensor(s, pl, &p->t[NA_CG_Y], f32, CG_UID_V2, true);
+        ops[n_ops++] = cg_pointwise(s, pl, CUDNN_POINTWISE_ADD, out, b, sum);
+        ops[n_ops++] = cg_pointwise(s, pl, CUDNN_POINTWISE_RELU_FWD, sum, NULL, y);
     }
     cg_desc *graph = cg_part(pl);
     cg_create(s, CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, graph, "operation graph");
