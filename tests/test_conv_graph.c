@@ -159,6 +159,11 @@ Test(conv_graph, bias_of_k_or_1k11_is_described_as_1k11) {
                  NA_OK, "%s", na_last_error());
     expect_tensor(&p0.t[NA_CG_BIAS], (int64_t[]){1, 6, 1, 1}, (int64_t[]){6, 1, 1, 1});
     cr_expect_eq(memcmp(&p0, &p1, sizeof p0), 0);
+    /* with a channels-last y the bias's unit dims follow that layout */
+    na_view yl = view4(NA_DTYPE_F16, 2, 6, 3, 4, (int64_t[]){72, 1, 24, 6}, 0);
+    cr_assert_eq(na_cg_problem_init(&p1, NA_CG_FWD_BIAS_RELU, &g, &x, &w, &yl, &b1, false, false, false, "t"),
+                 NA_OK, "%s", na_last_error());
+    expect_tensor(&p1.t[NA_CG_BIAS], (int64_t[]){1, 6, 1, 1}, (int64_t[]){6, 1, 6, 6});
     b0.shape[0] = 5;
     cr_expect_eq(na_cg_problem_init(&p0, NA_CG_FWD_BIAS_RELU, &g, &x, &w, &y, &b0, false, false, false, "t"),
                  NA_ESHAPE);

@@ -414,8 +414,15 @@ static int cg_plan_make(const na_cg_problem *p, void *const *ptrs, cg_plan **out
     cg_candidate cand[NA_CG_MAX_TIMED] = {};
     int n = 0, want = p->autotune ? NA_CG_MAX_TIMED : 1, best = 0;
     const cudnnBackendHeurMode_t modes[2] = {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK};
-    for (int m = 0; m < 2 && !s.st && n < want; m++)
-        cg_candidates(&s, p, pl->part[pl->n_part - 1], h, modes[m], cand, &n, want, why, why_n);
+    for (int m = 0; m < 2 && !s.st && n < want; m++) {
+        /* a mode that refuses the graph leaves the other's plans standing */
+        cg_status ms = {};
+        cg_candidates(&ms, p, pl->part[pl->n_part - 1], h, modes[m], cand, &n, want, why, why_n);
+        if (ms.st && cg_unsupported(ms.st))
+            snprintf(why, why_n, "%s: %s", ms.call, cudnnGetErrorString(ms.st));
+        else if (ms.st)
+            s = ms;
+    }
     int rc = NA_OK;
     char d[512];
     if (s.st && !cg_unsupported(s.st))

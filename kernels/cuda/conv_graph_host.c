@@ -52,8 +52,11 @@ static int tensor_of(na_cg_tensor *t, const na_view *v, const int64_t want[4], n
     return NA_OK;
 }
 
-/* bias: [K] or [1, K, 1, 1], described as [1, K, 1, 1] */
-static int bias_of(na_cg_tensor *t, const na_view *b, int64_t k, na_dtype dt, const char *who) {
+/* bias: [K] or [1, K, 1, 1], described as [1, K, 1, 1] whose unit dims have the strides they
+ * would have in y's layout (NCHW y: [K, 1, 1, 1]; channels-last y: [K, 1, K, K]), as cuDNN's
+ * pointwise operations expect operands of one layout */
+static int bias_of(na_cg_tensor *t, const na_view *b, const na_cg_tensor *y, int64_t k,
+                   na_dtype dt, const char *who) {
     if (!b || !b->data) return na_set_error(NA_EINVAL, "%s: conv graph: no bias", who);
     if (b->dtype != dt)
         return na_set_error(NA_EDTYPE, "%s: conv graph: bias is %s, x is %s", who,
@@ -67,8 +70,10 @@ static int bias_of(na_cg_tensor *t, const na_view *b, int64_t k, na_dtype dt, co
                             "with a positive stride (it has %d dims, %lld elements)",
                             who, (long long)k, (long long)k, b->ndim, (long long)b->numel);
     int64_t s = b->stride[cdim];
-    t->dim[0] = 1, t->dim[1] = k, t->dim[2] = 1, t->dim[3] = 1;
-    t->stride[0] = s * k, t->stride[1] = s, t->stride[2] = 1, t->stride[3] = 1;
+    for (int i = 0; i < 4; i++) {
+        t->dim[i] = i == 1 ? k : 1;
+        t->stride[i] = i != 1 && y->stride[i] > y->stride[1] ? s * k : s;
+    }
     t->align = na_cg_alignment(b->data);
     return NA_OK;
 }
@@ -105,7 +110,7 @@ int na_cg_problem_init(na_cg_problem *p, na_cg_kind kind, const na_conv_geom *g,
         rc = tensor_of(&p->t[NA_CG_Y], y, ys, dt, who,
                        kind == NA_CG_BWD_DATA || kind == NA_CG_BWD_FILTER ? "gy" : "y");
     if (rc == NA_OK && kind == NA_CG_FWD_BIAS_RELU)
-        rc = bias_of(&p->t[NA_CG_BIAS], bias, g->c_out, dt, who);
+        rc = bias_of(&p->t[NA_CG_BIAS], bias, &p->t[NA_CG_Y], g->c_out, dt, who);
     if (rc < 0) {
         memset(p, 0, sizeof *p);
         return rc;
