@@ -11,6 +11,8 @@
  * skipped (their error is larger than the parity tolerance of f32). With
  * NANOAMP_DETERMINISTIC=1 only algorithms cuDNN reports as deterministic are taken.
  * Workspaces come from the backend's scratch buffer.
+ * NANOAMP_CUDNN_GRAPH=1: f32/f16/bf16 convolutions go through cuDNN's graph API first
+ * (conv_graph.cu, its own plan cache); a problem it does not serve comes back here.
  *
  * Without cuDNN, when cuDNN offers no algorithm, or with NANOAMP_CONV_IM2COL=1 (for tests):
  * im2col + gemm. Per group and per chunk of images, the patches of x are unfolded into a
@@ -22,6 +24,7 @@
 #include <string.h>
 
 #include "cuda_common.cuh"
+#include "cuda/conv_graph.h"
 
 struct conv_dims {
     int64_t n, cin, h, w, cout, oh, ow;
@@ -256,8 +259,8 @@ static int fallback_backward_weight(const conv_dims &d, const na_view *x, const 
 }
 
 /* ---- cuDNN ----------------------------------------------------------------------------------- */
-#if NA_HAVE_CUDNN
 enum { CONV_FWD, CONV_BWD_DATA, CONV_BWD_FILTER, CONV_KINDS };
+#if NA_HAVE_CUDNN
 enum { LAYOUT_NCHW }; /* the only layout today; part of the key for NHWC to come */
 
 /* One problem: geometry, dtype, layout, math and determinism settings. */
@@ -314,7 +317,7 @@ static int dnn_entry_release(dnn_entry *e) {
 }
 
 extern "C" int na_cuda_conv_cache_release(void) {
-    int rc = NA_OK;
+    int rc = na_cuda_conv_graph_release();
     for (int i = 0; i < DNN_CACHE; i++)
         if (dnn_cache[i].used) {
             int r = dnn_entry_release(&dnn_cache[i]);
@@ -562,13 +565,30 @@ static int dnn_run(int kind, const conv_dims &d, na_dtype dt, const void *x, con
 extern "C" int na_cuda_conv_cache_release(void) { return NA_OK; }
 #endif
 
-static bool use_cudnn(void) {
+/* cuDNN for one call (unless NANOAMP_CONV_IM2COL=1): the graph path when switched on and it
+ * serves the problem, else the legacy calls. The views as the legacy path takes them: x, w, y
+ * for forward, gx, w, gy for backward data, x, gw, gy for backward weight. *done = false:
+ * neither served it (the im2col fallback runs). */
 #if NA_HAVE_CUDNN
-    return !na_cuda_env_is("NANOAMP_CONV_IM2COL", NULL);
-#else
-    return false;
-#endif
+static int cudnn_run(int kind, const conv_dims &d, const na_conv_geom *g, const na_view *xv,
+                     const na_view *wv, const na_view *yv, bool *done) {
+    *done = false;
+    if (na_cuda_env_is("NANOAMP_CONV_IM2COL", NULL)) return NA_OK;
+    if (na_cuda_conv_graph_enabled()) {
+        static const na_cg_kind graph_kind[CONV_KINDS] = {NA_CG_FWD, NA_CG_BWD_DATA, NA_CG_BWD_FILTER};
+        NA_TRY(na_cuda_conv_graph_run(graph_kind[kind], g, xv, wv, yv, done));
+        if (*done) return NA_OK;
+    }
+    na_dtype dt = kind == CONV_BWD_DATA ? yv->dtype : xv->dtype; /* the one check_conv checked */
+    return dnn_run(kind, d, dt, xv->data, wv->data, yv->data, done);
 }
+#else
+static int cudnn_run(int, const conv_dims &, const na_conv_geom *, const na_view *,
+                     const na_view *, const na_view *, bool *done) {
+    *done = false;
+    return NA_OK;
+}
+#endif
 
 static int check_conv(const conv_dims &d, na_dtype dt, const char *who) {
     if (!na_dtype_is_float(dt))
@@ -586,9 +606,7 @@ int na_cuda_conv2d(const na_conv_geom *g, const na_view *x, const na_view *w,
     NA_TRY(check_conv(d, x->dtype, "conv2d"));
     if (d.n * d.cout * d.ohw == 0) return NA_OK;
     bool done = false;
-#if NA_HAVE_CUDNN
-    if (use_cudnn() && d.K > 0) NA_TRY(dnn_run(CONV_FWD, d, x->dtype, x->data, w->data, y->data, &done));
-#endif
+    if (d.K > 0) NA_TRY(cudnn_run(CONV_FWD, d, g, x, w, y, &done));
     if (!done) {
         if (d.K == 0) NA_TRY(na_cuda_fill(y, 0.0));
         else NA_TRY(fallback_forward(d, x, w, y));
@@ -604,9 +622,7 @@ int na_cuda_conv2d_backward_data(const na_conv_geom *g, const na_view *gy, const
     if (d.n * d.cin * d.h * d.w == 0) return NA_OK;
     if (d.ohw == 0 || d.cout == 0) return na_cuda_fill(gx, 0.0);
     bool done = false;
-#if NA_HAVE_CUDNN
-    if (use_cudnn()) NA_TRY(dnn_run(CONV_BWD_DATA, d, gy->dtype, gx->data, w->data, gy->data, &done));
-#endif
+    NA_TRY(cudnn_run(CONV_BWD_DATA, d, g, gx, w, gy, &done));
     if (!done) NA_TRY(fallback_backward_data(d, gy, w, gx));
     return NA_OK;
 }
@@ -618,9 +634,7 @@ int na_cuda_conv2d_backward_weight(const na_conv_geom *g, const na_view *x,
     if (d.cout * d.K == 0) return NA_OK;
     if (d.n * d.ohw == 0) return na_cuda_fill(gw, 0.0);
     bool done = false;
-#if NA_HAVE_CUDNN
-    if (use_cudnn()) NA_TRY(dnn_run(CONV_BWD_FILTER, d, x->dtype, x->data, gw->data, gy->data, &done));
-#endif
+    NA_TRY(cudnn_run(CONV_BWD_FILTER, d, g, x, gw, gy, &done));
     if (!done) NA_TRY(fallback_backward_weight(d, x, gy, gw));
     return NA_OK;
 }

@@ -1,0 +1,583 @@
+/* kernels/cuda/conv_graph.cu — conv2d through cuDNN's backend graph API (see conv_graph.h).
+ *
+ * Per problem (na_cg_problem: kind, dtype, dims, strides, alignments, math mode,
+ * determinism, autotune) the first call builds the operation graph, asks the heuristics
+ * (mode A, then FALLBACK) for engine configurations, drops those whose notes
+ * na_cg_engine_rejects, and finalizes execution plans: the first that builds, or with
+ * NANOAMP_CUDNN_FIND=1 the fastest of up to NA_CG_MAX_TIMED, timed with CUDA events on the
+ * call's own buffers (the warm-up). The plan and the descriptors it was made from stay in the
+ * cache (conv_graph_host.c) until evicted or na_cuda_conv_graph_release. Later calls make one
+ * variant pack (the data pointers and the workspace) and execute.
+ *
+ * A build failure whose status is of cuDNN's BAD_PARAM or NOT_SUPPORTED kind, or no engine
+ * left after the filter, sends the problem to the legacy path for good (the reason printed
+ * under NANOAMP_CUDNN_GRAPH_VERBOSE=1); any other failure is an error naming the call and
+ * the problem. Needs cuDNN 9 (the graph API's v9 names); with an older cuDNN or none, the
+ * graph path serves nothing.
+ */
+#include <stdio.h>
+
+#include "cuda_common.cuh"
+#include "cuda/conv_graph.h"
+
+#if NA_HAVE_CUDNN && CUDNN_MAJOR >= 9
+#define NA_CG_BUILT 1
+#else
+#define NA_CG_BUILT 0
+#endif
+
+extern "C" bool na_cuda_conv_graph_enabled(void) {
+    static int on = -1;
+    if (on < 0) on = NA_CG_BUILT && na_cuda_env_is("NANOAMP_CUDNN_GRAPH", "1");
+    return on == 1;
+}
+
+#if NA_CG_BUILT
+typedef cudnnBackendDescriptor_t cg_desc;
+
+static bool cg_verbose(void) {
+    static int on = -1;
+    if (on < 0) on = na_cuda_env_is("NANOAMP_CUDNN_GRAPH_VERBOSE", NULL);
+    return on == 1;
+}
+
+/* The first failing cuDNN call of a sequence; the calls after it are skipped. */
+struct cg_status {
+    cudnnStatus_t st;
+    char call[112];
+};
+
+static bool cg_note(cg_status *s, cudnnStatus_t st, const char *fn, const char *what) {
+    if (st == CUDNN_STATUS_SUCCESS) return true;
+    s->st = st;
+    snprintf(s->call, sizeof s->call, "%s(%s)", fn, what);
+    return false;
+}
+static bool cg_create(cg_status *s, cudnnBackendDescriptorType_t type, cg_desc *d,
+                      const char *what) {
+    *d = NULL;
+    return !s->st && cg_note(s, cudnnBackendCreateDescriptor(type, d), "cudnnBackendCreateDescriptor", what);
+}
+static bool cg_finalize(cg_status *s, cg_desc d, const char *what) {
+    return !s->st && cg_note(s, cudnnBackendFinalize(d), "cudnnBackendFinalize", what);
+}
+static bool cg_set_(cg_status *s, cg_desc d, const char *what, cudnnBackendAttributeName_t a,
+                    cudnnBackendAttributeType_t t, int64_t n, const void *v) {
+    return !s->st && cg_note(s, cudnnBackendSetAttribute(d, a, t, n, v), "cudnnBackendSetAttribute", what);
+}
+static bool cg_get_(cg_status *s, cg_desc d, const char *what, cudnnBackendAttributeName_t a,
+                    cudnnBackendAttributeType_t t, int64_t n, int64_t *got, void *v) {
+    return !s->st && cg_note(s, cudnnBackendGetAttribute(d, a, t, n, got, v), "cudnnBackendGetAttribute", what);
+}
+#define CG_SET(s, d, attr, type, n, v) cg_set_(s, d, #attr, attr, type, n, v)
+#define CG_GET(s, d, attr, type, n, got, v) cg_get_(s, d, #attr, attr, type, n, got, v)
+
+/* cuDNN 9 statuses come in kinds (thousands): BAD_PARAM and NOT_SUPPORTED say this problem or
+ * engine is not served, which sends the problem to the legacy path rather than failing. */
+static bool cg_unsupported(cudnnStatus_t st) {
+    int kind = (int)st / 1000 * 1000;
+    return kind == CUDNN_STATUS_BAD_PARAM || kind == CUDNN_STATUS_NOT_SUPPORTED;
+}
+
+/* Destroys *d (NULL is fine); a failure is noted in s when s has none yet. */
+static void cg_destroy(cg_desc *d, cg_status *s) {
+    if (*d) {
+        cudnnStatus_t st = cudnnBackendDestroyDescriptor(*d);
+        if (s && !s->st) cg_note(s, st, "cudnnBackendDestroyDescriptor", "");
+    }
+    *d = NULL;
+}
+
+/* A cached plan with everything it was made from: the graph's tensors, operations and
+ * operation graph, the chosen engine configuration and the execution plan. */
+#define CG_PARTS 16 /* the fused graph has 13 */
+struct cg_plan {
+    cg_desc part[CG_PARTS];
+    int n_part;
+    cg_desc cfg, plan;
+    int64_t workspace, engine;
+    int n_uids;
+};
+
+static void cg_plan_free(cg_plan *pl, cg_status *s) {
+    if (!pl) return;
+    cg_destroy(&pl->plan, s);
+    cg_destroy(&pl->cfg, s);
+    for (int i = pl->n_part - 1; i >= 0; i--) cg_destroy(&pl->part[i], s);
+    free(pl);
+}
+
+static cg_desc *cg_part(cg_plan *pl) { return &pl->part[pl->n_part++]; }
+
+static cudnnDataType_t cg_type(int64_t dt) {
+    return dt == NA_DTYPE_F16 ? CUDNN_DATA_HALF
+                              : dt == NA_DTYPE_BF16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
+}
+
+enum { CG_UID_X = 'x', CG_UID_W = 'w', CG_UID_Y = 'y', CG_UID_BIAS = 'b', CG_UID_V1 = 1001,
+       CG_UID_V2 = 1002 };
+
+static cg_desc cg_tensor(cg_status *s, cg_plan *pl, const na_cg_tensor *t, cudnnDataType_t dt,
+                         int64_t uid, bool is_virtual) {
+    cg_desc *d = cg_part(pl);
+    cg_create(s, CUDNN_BACKEND_TENSOR_DESCRIPTOR, d, "tensor");
+    CG_SET(s, *d, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &dt);
+    CG_SET(s, *d, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, t->dim);
+    CG_SET(s, *d, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, t->stride);
+    CG_SET(s, *d, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid);
+    CG_SET(s, *d, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &t->align);
+    if (is_virtual) {
+        bool v = true;
+        CG_SET(s, *d, CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &v);
+    }
+    cg_finalize(s, *d, "tensor");
+    return *d;
+}
+
+/* A pointwise operation y = mode(x[, b]) in f32 math. */
+static cg_desc cg_pointwise(cg_status *s, cg_plan *pl, cudnnPointwiseMode_t mode, cg_desc x,
+                            cg_desc b, cg_desc y) {
+    cg_desc *pw = cg_part(pl);
+    cudnnDataType_t prec = CUDNN_DATA_FLOAT;
+    cg_create(s, CUDNN_BACKEND_POINTWISE_DESCRIPTOR, pw, "pointwise");
+    CG_SET(s, *pw, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode);
+    CG_SET(s, *pw, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &prec);
+    cg_finalize(s, *pw, "pointwise");
+    cg_desc *op = cg_part(pl);
+    cg_create(s, CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, op, "pointwise operation");
+    CG_SET(s, *op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, pw);
+    CG_SET(s, *op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x);
+    if (b) CG_SET(s, *op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b);
+    CG_SET(s, *op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y);
+    cg_finalize(s, *op, "pointwise operation");
+    return *op;
+}
+
+/* The convolution operations' descriptor type and attributes, by kind: x, w, y are the
+ * graph's tensors (dx, dw, dy where the operation writes or reads a gradient). */
+struct cg_conv_op {
+    cudnnBackendDescriptorType_t type;
+    const char *name;
+    cudnnBackendAttributeName_t x, w, y, conv, alpha, beta;
+};
+static const cg_conv_op cg_conv_ops[3] = {
+    {CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR, "forward operation",
+     CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W,
+     CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC,
+     CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA},
+    {CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR, "backward data operation",
+     CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W,
+     CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC,
+     CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA},
+    {CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR, "backward filter operation",
+     CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW,
+     CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY,
+     CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC,
+     CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA,
+     CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA},
+};
+
+/* The operation graph of problem p into pl->part (its last part). */
+static void cg_build_graph(cg_status *s, cg_plan *pl, const na_cg_problem *p, cudnnHandle_t h) {
+    const cudnnDataType_t dt = cg_type(p->dtype), f32 = CUDNN_DATA_FLOAT;
+    const bool fused = p->kind == NA_CG_FWD_BIAS_RELU;
+    cg_desc x = cg_tensor(s, pl, &p->t[NA_CG_X], dt, CG_UID_X, false);
+    cg_desc w = cg_tensor(s, pl, &p->t[NA_CG_W], dt, CG_UID_W, false);
+    cg_desc y = cg_tensor(s, pl, &p->t[NA_CG_Y], dt, CG_UID_Y, false);
+    pl->n_uids = fused ? 4 : 3;
+
+    cg_desc *conv = cg_part(pl);
+    const int64_t spatial = 2;
+    const cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
+    cg_create(s, CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR, conv, "convolution");
+    CG_SET(s, *conv, CUDNN_ATTR_CONVOLUTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &f32);
+    CG_SET(s, *conv, CUDNN_ATTR_CONVOLUTION_CONV_MODE, CUDNN_TYPE_CONVOLUTION_MODE, 1, &mode);
+    CG_SET(s, *conv, CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, CUDNN_TYPE_INT64, 1, &spatial);
+    CG_SET(s, *conv, CUDNN_ATTR_CONVOLUTION_DILATIONS, CUDNN_TYPE_INT64, 2, p->dilation);
+    CG_SET(s, *conv, CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, CUDNN_TYPE_INT64, 2, p->stride);
+    CG_SET(s, *conv, CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, CUDNN_TYPE_INT64, 2, p->pad);
+    CG_SET(s, *conv, CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, CUDNN_TYPE_INT64, 2, p->pad);
+    cg_finalize(s, *conv, "convolution");
+
+    /* fused: the convolution writes a virtual f32 tensor shaped (and strided) as y, the bias
+     * is added into another, ReLU writes y */
+    cg_desc out = fused ? cg_tensor(s, pl, &p->t[NA_CG_Y], f32, CG_UID_V1, true) : y;
+    const cg_conv_op *k = &cg_conv_ops[fused ? 0 : p->kind];
+    const float one = 1.0f, zero = 0.0f;
+    cg_desc *op = cg_part(pl);
+    cg_create(s, k->type, op, k->name);
+    cg_set_(s, *op, "operation x", k->x, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x);
+    cg_set_(s, *op, "operation w", k->w, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &w);
+    cg_set_(s, *op, "operation y", k->y, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &out);
+    cg_set_(s, *op, "operation conv", k->conv, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, conv);
+    cg_set_(s, *op, "operation alpha", k->alpha, CUDNN_TYPE_FLOAT, 1, &one);
+    cg_set_(s, *op, "operation beta", k->beta, CUDNN_TYPE_FLOAT, 1, &zero);
+    cg_finalize(s, *op, k->name);
+    cg_desc ops[3] = {*op};
+    int n_ops = 1;
+    if (fused) {
+        cg_desc b = cg_tensor(s, pl, &p->t[NA_CG_BIAS], dt, CG_UID_BIAS, false);
+        cg_desc sum = cg_tensor(s, pl, &p->t[NA_CG_Y], f32, CG_UID_V2, true);
+        ops[n_ops++] = cg_pointwise(s, pl, CUDNN_POINTWISE_ADD, out, b, sum);
+        ops[n_ops++] = cg_pointwise(s, pl, CUDNN_POINTWISE_RELU_FWD, sum, NULL, y);
+    }
+    cg_desc *graph = cg_part(pl);
+    cg_create(s, CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, graph, "operation graph");
+    CG_SET(s, *graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, n_ops, ops);
+    CG_SET(s, *graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &h);
+    cg_finalize(s, *graph, "operation graph");
+}
+
+/* An engine's notes as NA_CG_NOTE_* bits. */
+static unsigned cg_engine_notes(cg_status *s, cg_desc engine) {
+    cudnnBackendNumericalNote_t num[CUDNN_NUMERICAL_NOTE_TYPE_COUNT];
+    cudnnBackendBehaviorNote_t beh[CUDNN_BEHAVIOR_NOTE_TYPE_COUNT];
+    int64_t n_num = 0, n_beh = 0;
+    CG_GET(s, engine, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE,
+           CUDNN_NUMERICAL_NOTE_TYPE_COUNT, &n_num, num);
+    CG_GET(s, engine, CUDNN_ATTR_ENGINE_BEHAVIOR_NOTE, CUDNN_TYPE_BEHAVIOR_NOTE,
+           CUDNN_BEHAVIOR_NOTE_TYPE_COUNT, &n_beh, beh);
+    unsigned bits = 0;
+    for (int64_t i = 0; i < n_num && i < CUDNN_NUMERICAL_NOTE_TYPE_COUNT; i++) switch (num[i]) {
+        case CUDNN_NUMERICAL_NOTE_TENSOR_CORE: bits |= NA_CG_NOTE_TENSOR_CORE; break;
+        case CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS: bits |= NA_CG_NOTE_DOWN_CONVERT; break;
+        case CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION: bits |= NA_CG_NOTE_REDUCED_PRECISION; break;
+        case CUDNN_NUMERICAL_NOTE_FFT: bits |= NA_CG_NOTE_FFT; break;
+        case CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC: bits |= NA_CG_NOTE_NONDETERMINISTIC; break;
+        case CUDNN_NUMERICAL_NOTE_WINOGRAD:
+        case CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_4x4:
+        case CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_6x6:
+        case CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_13x13: bits |= NA_CG_NOTE_WINOGRAD; break;
+        default: break;
+        }
+    for (int64_t i = 0; i < n_beh && i < CUDNN_BEHAVIOR_NOTE_TYPE_COUNT; i++)
+        if (beh[i] == CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION) bits |= NA_CG_NOTE_RUNTIME_COMPILED;
+    return bits;
+}
+
+/* A plan that built: its engine configuration, plan, workspace and engine index. */
+struct cg_candidate {
+    cg_desc cfg, plan;
+    int64_t workspace, engine;
+};
+
+/* Plans from one heuristic mode appended to cand (up to `want` in all). `why` keeps the last
+ * reason an engine was passed over. Failures of the unsupported kind are reasons, not errors. */
+static void cg_candidates(cg_status *s, const na_cg_problem *p, cg_desc graph, cudnnHandle_t h,
+                          cudnnBackendHeurMode_t mode, cg_candidate *cand, int *n_cand, int want,
+                          char *why, size_t why_n) {
+    cg_desc heur = NULL, cfgs[NA_CG_MAX_CONFIGS] = {};
+    int64_t count = 0;
+    cg_create(s, CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, &heur, "heuristics");
+    CG_SET(s, heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &graph);
+    CG_SET(s, heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
+    cg_finalize(s, heur, "heuristics");
+    CG_GET(s, heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, NULL);
+    if (count > NA_CG_MAX_CONFIGS) count = NA_CG_MAX_CONFIGS;
+    for (int64_t i = 0; i < count; i++)
+        cg_create(s, CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, &cfgs[i], "engine configuration");
+    int64_t got = 0;
+    CG_GET(s, heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &got, cfgs);
+    const bool fused = p->kind == NA_CG_FWD_BIAS_RELU;
+    for (int64_t i = 0; i < got && i < count && !s->st && *n_cand < want; i++) {
+        cg_status es = {};
+        cg_desc engine = NULL, plan = NULL;
+        int64_t one = 0, index = -1, ws = 0;
+        cg_create(&es, CUDNN_BACKEND_ENGINE_DESCRIPTOR, &engine, "engine");
+        CG_GET(&es, cfgs[i], CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &one, &engine);
+        CG_GET(&es, engine, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &one, &index);
+        unsigned notes = cg_engine_notes(&es, engine);
+        cg_destroy(&engine, &es);
+        const char *no = es.st ? NULL
+                               : na_cg_engine_rejects(notes, (na_dtype)p->dtype, p->tf32,
+                                                      p->deterministic, fused);
+        if (!es.st && !no) {
+            cg_create(&es, CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &plan, "execution plan");
+            CG_SET(&es, plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &h);
+            CG_SET(&es, plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfgs[i]);
+            cg_finalize(&es, plan, "execution plan");
+            CG_GET(&es, plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &one, &ws);
+            if (!es.st && ws > ((int64_t)1 << 30)) no = "needs over 1 GiB of workspace";
+        }
+        if (es.st && !cg_unsupported(es.st)) { /* a real failure: stop */
+            *s = es;
+            cg_destroy(&plan, NULL); /* the failure is reported already */
+            break;
+        }
+        if (es.st || no) {
+            snprintf(why, why_n, "engine %lld: %s", (long long)index,
+                     no ? no : cudnnGetErrorString(es.st));
+            cg_destroy(&plan, s);
+            continue;
+        }
+        cand[*n_cand].cfg = cfgs[i];
+        cand[*n_cand].plan = plan;
+        cand[*n_cand].workspace = ws;
+        cand[*n_cand].engine = index;
+        cfgs[i] = NULL; /* now the candidate's */
+        (*n_cand)++;
+    }
+    for (int i = 0; i < NA_CG_MAX_CONFIGS; i++) cg_destroy(&cfgs[i], s);
+    cg_destroy(&heur, s);
+}
+
+/* Runs a plan on the problem's buffers (ptrs in unique-id order) and a workspace. */
+static cudnnStatus_t cg_execute(cudnnHandle_t h, cg_desc plan, int n_uids, void *const *ptrs,
+                                void *workspace, cg_status *s) {
+    static const int64_t uids[4] = {CG_UID_X, CG_UID_W, CG_UID_Y, CG_UID_BIAS};
+    cg_desc vp = NULL;
+    cg_create(s, CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &vp, "variant pack");
+    CG_SET(s, vp, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, n_uids, uids);
+    CG_SET(s, vp, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, n_uids, ptrs);
+    CG_SET(s, vp, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace);
+    cg_finalize(s, vp, "variant pack");
+    if (!s->st) cg_note(s, cudnnBackendExecute(h, plan, vp), "cudnnBackendExecute", "plan");
+    cg_destroy(&vp, s);
+    return s->st;
+}
+
+/* The fastest candidate by CUDA events (each run once untimed, then 3 times timed). Runs that
+ * fail as unsupported count as not timed. Synchronizes once per candidate. */
+static int cg_time(cudnnHandle_t h, cg_candidate *cand, int n, int n_uids, void *const *ptrs,
+                   const na_cg_problem *p, int *best) {
+    int64_t ws = 0;
+    for (int i = 0; i < n; i++) ws = cand[i].workspace > ws ? cand[i].workspace : ws;
+    void *scratch = ws ? na_cuda_scratch((size_t)ws) : NULL;
+    if (ws && !scratch) return na_last_status();
+    cudaEvent_t ev[2] = {NULL, NULL};
+    float ms[NA_CG_MAX_TIMED];
+    int rc = NA_OK;
+    cudaError_t ce = cudaEventCreate(&ev[0]);
+    if (ce == cudaSuccess) ce = cudaEventCreate(&ev[1]);
+    for (int i = 0; i < n && ce == cudaSuccess && rc == NA_OK; i++) {
+        cg_status s = {};
+        ms[i] = -1;
+        if (cg_execute(h, cand[i].plan, n_uids, ptrs, scratch, &s)) {
+            if (!cg_unsupported(s.st)) rc = NA_ECUDA;
+            if (rc < 0) {
+                char d[512];
+                na_set_error(rc, "conv2d graph (%s): timing engine %lld: %s failed: %s",
+                             na_cg_problem_str(p, d, sizeof d), (long long)cand[i].engine,
+                             s.call, cudnnGetErrorString(s.st));
+            }
+            continue;
+        }
+        ce = cudaEventRecord(ev[0], na_cuda_ctx.stream);
+        for (int r = 0; r < 3 && ce == cudaSuccess && !s.st; r++)
+            cg_execute(h, cand[i].plan, n_uids, ptrs, scratch, &s);
+        if (ce == cudaSuccess) ce = cudaEventRecord(ev[1], na_cuda_ctx.stream);
+        if (ce == cudaSuccess) ce = cudaEventSynchronize(ev[1]);
+        na_cuda_ctx.sync_count++;
+        float t = 0;
+        if (ce == cudaSuccess) ce = cudaEventElapsedTime(&t, ev[0], ev[1]);
+        if (ce == cudaSuccess && !s.st) ms[i] = t / 3;
+    }
+    for (int i = 0; i < 2; i++)
+        if (ev[i]) (void)cudaEventDestroy(ev[i]);
+    if (ce != cudaSuccess) {
+        (void)cudaGetLastError();
+        char d[512];
+        return na_set_error(NA_ECUDA, "conv2d graph (%s): timing with CUDA events failed: %s",
+                            na_cg_problem_str(p, d, sizeof d), cudaGetErrorString(ce));
+    }
+    if (rc < 0) return rc;
+    *best = na_cg_fastest(ms, n);
+    if (cg_verbose() && *best >= 0)
+        fprintf(stderr, "nanoamp: conv graph: timed %d plans, engine %lld fastest (%.4f ms)\n", n,
+                (long long)cand[*best].engine, (double)ms[*best]);
+    return NA_OK;
+}
+
+static bool cg_find(void) {
+    static int on = -1;
+    if (on < 0) on = na_cuda_env_is("NANOAMP_CUDNN_FIND", NULL);
+    return on == 1;
+}
+
+static na_cg_cache cg_cache;
+
+/* Makes the plan of a new problem into *out (NULL, with the reason in why, when the graph
+ * path cannot serve it). ptrs: the call's buffers, for timing. */
+static int cg_plan_make(const na_cg_problem *p, void *const *ptrs, cg_plan **out, char *why,
+                        size_t why_n) {
+    *out = NULL;
+    snprintf(why, why_n, "no engine configuration from the heuristics");
+    cudnnHandle_t h;
+    NA_TRY(na_cuda_dnn(&h));
+    if (p->autotune)
+        NA_TRY(na_cuda_capture_forbids("conv2d graph", "a new convolution is autotuned "
+                                       "(NANOAMP_CUDNN_FIND=1: run warm-up steps before capture)"));
+    cg_plan *pl = (cg_plan *)calloc(1, sizeof *pl);
+    if (!pl) return na_set_error(NA_ENOMEM, "conv2d graph: out of host memory");
+    cg_status s = {};
+    cg_build_graph(&s, pl, p, h);
+    cg_candidate cand[NA_CG_MAX_TIMED] = {};
+    int n = 0, want = p->autotune ? NA_CG_MAX_TIMED : 1, best = 0;
+    const cudnnBackendHeurMode_t modes[2] = {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK};
+    for (int m = 0; m < 2 && !s.st && n < want; m++) {
+        /* a mode that refuses the graph leaves the other's plans standing */
+        cg_status ms = {};
+        cg_candidates(&ms, p, pl->part[pl->n_part - 1], h, modes[m], cand, &n, want, why, why_n);
+        if (ms.st && cg_unsupported(ms.st))
+            snprintf(why, why_n, "%s: %s", ms.call, cudnnGetErrorString(ms.st));
+        else if (ms.st)
+            s = ms;
+    }
+    int rc = NA_OK;
+    char d[512];
+    if (s.st && !cg_unsupported(s.st))
+        rc = na_set_error(NA_ECUDA, "conv2d graph (%s): %s failed: %s",
+                          na_cg_problem_str(p, d, sizeof d), s.call, cudnnGetErrorString(s.st));
+    else if (s.st)
+        snprintf(why, why_n, "%s: %s", s.call, cudnnGetErrorString(s.st));
+    if (rc == NA_OK && !s.st && n > 1) rc = cg_time(h, cand, n, pl->n_uids, ptrs, p, &best);
+    if (rc == NA_OK && !s.st && n > 0 && best >= 0) {
+        pl->cfg = cand[best].cfg;
+        pl->plan = cand[best].plan;
+        pl->workspace = cand[best].workspace;
+        pl->engine = cand[best].engine;
+        cand[best].cfg = cand[best].plan = NULL;
+        *out = pl;
+        pl = NULL;
+    } else if (rc == NA_OK && !s.st && n > 0) {
+        snprintf(why, why_n, "none of the %d plans ran", n);
+    }
+    cg_status cs = {};
+    for (int i = 0; i < n; i++) {
+        cg_destroy(&cand[i].plan, &cs);
+        cg_destroy(&cand[i].cfg, &cs);
+    }
+    cg_plan_free(pl, &cs);
+    if (cs.st && rc == NA_OK) {
+        cg_plan_free(*out, NULL);
+        *out = NULL;
+        rc = na_set_error(NA_ECUDA, "conv2d graph (%s): %s failed: %s",
+                          na_cg_problem_str(p, d, sizeof d), cs.call, cudnnGetErrorString(cs.st));
+    }
+    return rc;
+}
+
+/* The cached plan of p, made on the problem's first call; NULL: the legacy path serves it. */
+static int cg_lookup(const na_cg_problem *p, void *const *ptrs, cg_plan **out) {
+    na_cg_entry *e = na_cg_cache_find(&cg_cache, p);
+    if (e) {
+        *out = (cg_plan *)e->plan;
+        return NA_OK;
+    }
+    cg_plan *pl = NULL;
+    char why[256];
+    int rc = cg_plan_make(p, ptrs, &pl, why, sizeof why);
+    if (rc < 0) return rc;
+    void *evicted = NULL;
+    e = na_cg_cache_claim(&cg_cache, p, &evicted);
+    cg_status cs = {};
+    cg_plan_free((cg_plan *)evicted, &cs);
+    if (cs.st) {
+        cg_plan_free(pl, NULL);
+        na_cg_cache_drop(e);
+        return na_set_error(NA_ECUDA, "conv2d graph: freeing an evicted plan: %s failed: %s",
+                            cs.call, cudnnGetErrorString(cs.st));
+    }
+    e->plan = pl;
+    e->workspace = pl ? pl->workspace : 0;
+    if (cg_verbose()) {
+        char d[512];
+        if (pl)
+            fprintf(stderr, "nanoamp: conv graph: plan: %s: engine %lld, workspace %lld bytes\n",
+                    na_cg_problem_str(p, d, sizeof d), (long long)pl->engine,
+                    (long long)pl->workspace);
+        else
+            fprintf(stderr, "nanoamp: conv graph: legacy path: %s -- %s\n",
+                    na_cg_problem_str(p, d, sizeof d), why);
+    }
+    *out = pl;
+    return NA_OK;
+}
+
+static int cg_run(na_cg_kind kind, const na_conv_geom *g, const na_view *x, const na_view *w,
+                  const na_view *y, const na_view *bias, bool *done) {
+    static const char *const who[NA_CG_KINDS] = {"conv2d", "conv2d_backward_data",
+                                                 "conv2d_backward_weight", "conv2d_bias_relu"};
+    *done = false;
+    na_dtype dt = x->dtype;
+    if (dt != NA_DTYPE_F32 && dt != NA_DTYPE_F16 && dt != NA_DTYPE_BF16) return NA_OK;
+    na_cg_problem p;
+    if (na_cg_problem_init(&p, kind, g, x, w, y, bias, na_cuda_ctx.tf32,
+                           na_cuda_env_is("NANOAMP_DETERMINISTIC", NULL), cg_find(), who[kind]) < 0) {
+        if (cg_verbose()) fprintf(stderr, "nanoamp: conv graph: legacy path: -- %s\n", na_last_error());
+        na_clear_error(); /* the views are not describable here: the legacy path serves them */
+        return NA_OK;
+    }
+    void *ptrs[4] = {x->data, w->data, y->data, bias ? bias->data : NULL};
+    cg_plan *pl = NULL;
+    NA_TRY(cg_lookup(&p, ptrs, &pl));
+    if (!pl) return NA_OK;
+    void *ws = NULL;
+    if (pl->workspace && !(ws = na_cuda_scratch((size_t)pl->workspace))) return na_last_status();
+    cudnnHandle_t h;
+    NA_TRY(na_cuda_dnn(&h));
+    cg_status s = {};
+    if (cg_execute(h, pl->plan, pl->n_uids, ptrs, ws, &s) == CUDNN_STATUS_SUCCESS) {
+        *done = true;
+        return NA_OK;
+    }
+    char d[512];
+    if (!cg_unsupported(s.st))
+        return na_set_error(NA_ECUDA, "%s (cuda): conv graph (%s): %s failed: %s", who[kind],
+                            na_cg_problem_str(&p, d, sizeof d), s.call, cudnnGetErrorString(s.st));
+    /* the plan refuses these buffers: the legacy path serves the problem from now on */
+    na_cg_entry *e = na_cg_cache_find(&cg_cache, &p);
+    if (cg_verbose())
+        fprintf(stderr, "nanoamp: conv graph: legacy path: %s -- %s failed: %s\n",
+                na_cg_problem_str(&p, d, sizeof d), s.call, cudnnGetErrorString(s.st));
+    cg_status cs = {};
+    cg_plan_free(pl, &cs);
+    if (e) e->plan = NULL;
+    if (cs.st)
+        return na_set_error(NA_ECUDA, "%s (cuda): conv graph: freeing a refused plan: %s failed: %s",
+                            who[kind], cs.call, cudnnGetErrorString(cs.st));
+    return NA_OK;
+}
+
+extern "C" int na_cuda_conv_graph_run(na_cg_kind kind, const na_conv_geom *g, const na_view *x,
+                                      const na_view *w, const na_view *y, bool *done) {
+    if (kind == NA_CG_FWD_BIAS_RELU) {
+        *done = false;
+        return na_set_error(NA_EINVAL, "na_cuda_conv_graph_run: the fused kind takes a bias "
+                            "(na_cuda_conv_graph_bias_relu)");
+    }
+    return cg_run(kind, g, x, w, y, NULL, done);
+}
+
+extern "C" int na_cuda_conv_graph_bias_relu(const na_conv_geom *g, const na_view *x,
+                                            const na_view *w, const na_view *bias,
+                                            const na_view *y, bool *done) {
+    return cg_run(NA_CG_FWD_BIAS_RELU, g, x, w, y, bias, done);
+}
+
+extern "C" int na_cuda_conv_graph_release(void) {
+    cg_status cs = {};
+    for (int i = 0; i < NA_CG_CACHE_CAP; i++)
+        if (cg_cache.e[i].used) {
+            cg_plan_free((cg_plan *)cg_cache.e[i].plan, &cs);
+            na_cg_cache_drop(&cg_cache.e[i]);
+        }
+    if (cs.st)
+        return na_set_error(NA_ECUDA, "conv2d graph: freeing the cached plans: %s failed: %s",
+                            cs.call, cudnnGetErrorString(cs.st));
+    return NA_OK;
+}
+#else
+extern "C" int na_cuda_conv_graph_run(na_cg_kind, const na_conv_geom *, const na_view *,
+                                      const na_view *, const na_view *, bool *done) {
+    *done = false;
+    return NA_OK;
+}
+extern "C" int na_cuda_conv_graph_bias_relu(const na_conv_geom *, const na_view *,
+                                            const na_view *, const na_view *, const na_view *,
+                                            bool *done) {
+    *done = false;
+    return NA_OK;
+}
+extern "C" int na_cuda_conv_graph_release(void) { return NA_OK; }
+#endif

@@ -1,0 +1,162 @@
+/* kernels/cuda/conv_graph.h — 2-d convolutions through cuDNN's graph API (plain C interface).
+ *
+ * NANOAMP_CUDNN_GRAPH=1 (read once; off by default) sends conv2d's forward, backward data and
+ * backward weight in f32, f16 and bf16 through cuDNN's backend graph API (cudnnBackend*, in
+ * cudnn_graph.h) instead of the legacy convolution calls; f64 stays on the legacy path. Per
+ * problem a bounded cache keeps the execution plan, chosen on the problem's first call:
+ *  - the engines of heuristic mode A, then of mode FALLBACK, each filtered by its notes
+ *    (na_cg_engine_rejects: non-deterministic ones under NANOAMP_DETERMINISTIC=1; for f32
+ *    FFT/Winograd, down-converting and, unless TF32 is on, tensor-core engines);
+ *  - NANOAMP_CUDNN_FIND=1: up to NA_CG_MAX_TIMED plans that build are timed with CUDA events on
+ *    the call's own buffers, the fastest kept; otherwise the first plan that builds.
+ * A problem no plan serves takes the legacy path from then on (cached); the reason is printed
+ * to stderr under NANOAMP_CUDNN_GRAPH_VERBOSE=1, as is each plan chosen ("conv graph: ...").
+ * Workspaces come from the backend's scratch buffer (counted in the peak).
+ *
+ * Layout: tensor descriptors take the views' own strides in the logical order cuDNN wants
+ * (x, y: N, C, H, W; w: K, C/groups, R, S), so NCHW views and channels-last views (strides
+ * H*W*C, 1, W*C, C, as PyTorch writes them) are served by the same code.
+ *
+ * Two halves: the host logic here in plain C (conv_graph_host.c, built in every configuration
+ * and unit tested on the CPU by tests/test_conv_graph.c), and the cuDNN calls
+ * (conv_graph.cu, built with cuDNN 9 and the CUDA backend).
+ */
+#ifndef NANOAMP_KERNELS_CUDA_CONV_GRAPH_H
+#define NANOAMP_KERNELS_CUDA_CONV_GRAPH_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* What a graph computes. FWD_BIAS_RELU: y = relu(conv(x, w) + bias), one graph. */
+typedef enum {
+    NA_CG_FWD,
+    NA_CG_BWD_DATA,
+    NA_CG_BWD_FILTER,
+    NA_CG_FWD_BIAS_RELU,
+    NA_CG_KINDS
+} na_cg_kind;
+
+/* The tensors of a graph, in unique-id order: x (the input; gx for backward data), w (the
+ * filter; gw for backward weight), y (the output; gy for the backward kinds), bias ([1, K,
+ * 1, 1]; FWD_BIAS_RELU only). */
+enum { NA_CG_X, NA_CG_W, NA_CG_Y, NA_CG_BIAS, NA_CG_TENSORS };
+
+typedef struct {
+    int64_t dim[4];    /* x, y: N, C, H, W; w: K, C/groups, R, S; bias: 1, K, 1, 1 */
+    int64_t stride[4]; /* the view's strides in elements, in the order of dim */
+    int64_t align;     /* bytes the data pointer is aligned to: 2, 4, 8 or 16 */
+} na_cg_tensor;
+
+/* One problem, also the plan cache's key: zero-filled by na_cg_problem_init, then compared
+ * bytewise (padding included: there is none, every field is 64-bit). */
+typedef struct {
+    int64_t kind;  /* na_cg_kind */
+    int64_t dtype; /* na_dtype of every tensor */
+    int64_t tf32, deterministic, autotune;
+    na_cg_tensor t[NA_CG_TENSORS]; /* t[NA_CG_BIAS] all zero unless FWD_BIAS_RELU */
+    int64_t pad[2], stride[2], dilation[2];
+} na_cg_problem;
+
+/* Describes a problem from the geometry and the views (x, w, y as above; bias only for
+ * FWD_BIAS_RELU, else NULL). The views must be 4-d with the geometry's shapes, one float dtype
+ * (f32, f16, bf16: f64 is the legacy path's), strides >= 1. NA_OK, or NA_EDTYPE / NA_ESHAPE /
+ * NA_EINVAL with a message naming `who` and the shapes. */
+int na_cg_problem_init(na_cg_problem *p, na_cg_kind kind, const na_conv_geom *g,
+                       const na_view *x, const na_view *w, const na_view *y,
+                       const na_view *bias, bool tf32, bool deterministic, bool autotune,
+                       const char *who);
+
+/* "forward f16 x [8, 3, 32, 32] str [3072, 1024, 32, 1] w [...] y [...] stride 1x1 pad 1x1
+ * dil 1x1" into buf (truncated to n bytes); returns buf. */
+const char *na_cg_problem_str(const na_cg_problem *p, char *buf, size_t n);
+
+/* The largest of 16, 8, 4, 2 bytes that divides the address (16 for NULL). */
+int64_t na_cg_alignment(const void *p);
+
+/* An engine's numerical and behaviour notes as bits (conv_graph.cu maps cuDNN's notes). */
+enum {
+    NA_CG_NOTE_TENSOR_CORE = 1u << 0,
+    NA_CG_NOTE_DOWN_CONVERT = 1u << 1,     /* computes in a narrower type than the inputs */
+    NA_CG_NOTE_REDUCED_PRECISION = 1u << 2, /* reduces in a narrower type than f32 */
+    NA_CG_NOTE_FFT = 1u << 3,
+    NA_CG_NOTE_WINOGRAD = 1u << 4,          /* any Winograd tile */
+    NA_CG_NOTE_NONDETERMINISTIC = 1u << 5,
+    NA_CG_NOTE_RUNTIME_COMPILED = 1u << 6,  /* compiled with NVRTC when its plan is built */
+};
+
+/* NULL when an engine with these notes may serve the problem, else why not. The rules: never
+ * down-converting or reduced-precision engines (the CPU reference accumulates in f32); with
+ * `deterministic`, no non-deterministic engine; for f32 no FFT or Winograd (their error is
+ * above the f32 parity tolerance, as on the legacy path) and, unless `tf32`, no tensor-core
+ * engine (on f32 data that is TF32: strict f32 is the default); runtime-compiled engines only
+ * when `allow_runtime_compiled` (seconds of NVRTC in the warm-up for a plain convolution,
+ * which precompiled engines serve; fused graphs may need them). */
+const char *na_cg_engine_rejects(unsigned notes, na_dtype dt, bool tf32, bool deterministic,
+                                 bool allow_runtime_compiled);
+
+/* Most plans timed per problem under NANOAMP_CUDNN_FIND=1, and most engine configurations
+ * asked of each heuristic mode. */
+#define NA_CG_MAX_TIMED 8
+#define NA_CG_MAX_CONFIGS 32
+
+/* The index of the smallest time in ms[0..n) among the finite ones >= 0 (a failed run is
+ * given a negative time or NaN); the first on ties; -1 when none. */
+int na_cg_fastest(const float *ms, int n);
+
+/* ---- the plan cache: bounded, least recently used evicted ---------------------------------- */
+#define NA_CG_CACHE_CAP 64
+
+typedef struct {
+    bool used;
+    uint64_t hash, last_use;
+    na_cg_problem key;
+    void *plan;        /* owned by conv_graph.cu; NULL: the problem takes the legacy path */
+    int64_t workspace; /* bytes the plan needs */
+} na_cg_entry;
+
+typedef struct {
+    na_cg_entry e[NA_CG_CACHE_CAP];
+    uint64_t clock;
+} na_cg_cache;
+
+/* The entry of `key` (marked as just used), or NULL. */
+na_cg_entry *na_cg_cache_find(na_cg_cache *c, const na_cg_problem *key);
+/* A fresh entry for `key` (not yet in the cache): a free slot, else the least recently used
+ * one, whose plan is handed to *evicted for the caller to free (NULL when none). */
+na_cg_entry *na_cg_cache_claim(na_cg_cache *c, const na_cg_problem *key, void **evicted);
+/* Empties an entry (a claim whose plan could not be made); its plan is the caller's. */
+void na_cg_cache_drop(na_cg_entry *e);
+
+/* ---- the cuDNN side (conv_graph.cu; CUDA backend with cuDNN 9) ------------------------------- */
+
+/* NANOAMP_CUDNN_GRAPH=1, read once. */
+bool na_cuda_conv_graph_enabled(void);
+
+/* Runs one convolution (kind FWD, BWD_DATA or BWD_FILTER: x, w, y as above, the written one
+ * being y, x or w) through its cached plan, making the plan on the first call. *done = false
+ * when the graph path does not serve the problem (the caller takes the legacy path). NA_OK or
+ * a negative status (a cuDNN / CUDA failure, naming the call and the problem). */
+int na_cuda_conv_graph_run(na_cg_kind kind, const na_conv_geom *g, const na_view *x,
+                           const na_view *w, const na_view *y, bool *done);
+
+/* y = relu(conv(x, w) + bias) as one cuDNN graph (bias [K] or [1, K, 1, 1], x's dtype).
+ * Internal, for the conv op to use later; *done = false when no fused plan exists for the
+ * problem (then compute it unfused). Forward only: the backward needs relu's mask, which
+ * the op keeps as y. */
+int na_cuda_conv_graph_bias_relu(const na_conv_geom *g, const na_view *x, const na_view *w,
+                                 const na_view *bias, const na_view *y, bool *done);
+
+/* Frees every cached plan (at exit, from na_cuda_conv_cache_release). */
+int na_cuda_conv_graph_release(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

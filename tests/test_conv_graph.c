@@ -1,0 +1,296 @@
+/* tests/test_conv_graph.c — the host logic of the cuDNN graph convolutions
+ * (kernels/cuda/conv_graph_host.c), on the CPU: problems described from views (NCHW and
+ * channels-last strides, groups, bias), their errors, pointer alignment, the engine filter,
+ * the choice of the fastest timed plan and the bounded plan cache. The cuDNN calls themselves
+ * need a GPU: scripts/gpu-switch-check runs the parity suites with NANOAMP_CUDNN_GRAPH=1.
+ */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "cuda/conv_graph.h"
+#include "nanoamp/error.h"
+
+static _Alignas(64) unsigned char buf[256];
+
+/* A 4-d view over buf (+ `at` bytes) with the given shape and strides (NULL: contiguous). */
+static na_view view4(na_dtype dt, int64_t a, int64_t b, int64_t c, int64_t d,
+                     const int64_t *strides, size_t at) {
+    na_view v;
+    memset(&v, 0, sizeof v);
+    v.dtype = dt;
+    v.device = NA_DEVICE_CUDA;
+    v.ndim = 4;
+    v.shape[0] = a, v.shape[1] = b, v.shape[2] = c, v.shape[3] = d;
+    if (strides)
+        for (int i = 0; i < 4; i++) v.stride[i] = strides[i];
+    else
+        v.stride[3] = 1, v.stride[2] = d, v.stride[1] = c * d, v.stride[0] = b * c * d;
+    v.numel = a * b * c * d;
+    v.data = buf + at;
+    return v;
+}
+
+/* n=2, c_in=4 -> c_out=6, 5x7 input, 3x3 kernel, stride 2, pad 1, dilation 1, groups 2:
+ * output 3x4 */
+static na_conv_geom geom(void) {
+    na_conv_geom g;
+    memset(&g, 0, sizeof g);
+    g.n = 2, g.c_in = 4, g.h = 5, g.w = 7, g.c_out = 6, g.oh = 3, g.ow = 4;
+    g.kh = 3, g.kw = 3, g.sh = 2, g.sw = 2, g.ph = 1, g.pw = 1, g.dh = 1, g.dw = 1, g.groups = 2;
+    return g;
+}
+
+/* x, w, y: contiguous views of geom()'s tensors */
+#define GEOM_VIEWS(dt)                                                                     \
+    na_view x = view4(dt, 2, 4, 5, 7, NULL, 0), w = view4(dt, 6, 2, 3, 3, NULL, 0),        \
+            y = view4(dt, 2, 6, 3, 4, NULL, 0)
+
+static void expect_tensor(const na_cg_tensor *t, const int64_t dim[4], const int64_t str[4]) {
+    for (int i = 0; i < 4; i++) {
+        cr_expect_eq(t->dim[i], dim[i], "dim %d: %lld, want %lld", i, (long long)t->dim[i],
+                     (long long)dim[i]);
+        cr_expect_eq(t->stride[i], str[i], "stride %d: %lld, want %lld", i,
+                     (long long)t->stride[i], (long long)str[i]);
+    }
+}
+
+Test(conv_graph, nchw_problem_takes_the_geometry_and_the_strides) {
+    na_conv_geom g = geom();
+    GEOM_VIEWS(NA_DTYPE_F16);
+    na_cg_problem p;
+    cr_assert_eq(na_cg_problem_init(&p, NA_CG_FWD, &g, &x, &w, &y, NULL, false, true, false, "t"),
+                 NA_OK, "%s", na_last_error());
+    expect_tensor(&p.t[NA_CG_X], (int64_t[]){2, 4, 5, 7}, (int64_t[]){140, 35, 7, 1});
+    expect_tensor(&p.t[NA_CG_W], (int64_t[]){6, 2, 3, 3}, (int64_t[]){18, 9, 3, 1});
+    expect_tensor(&p.t[NA_CG_Y], (int64_t[]){2, 6, 3, 4}, (int64_t[]){72, 12, 4, 1});
+    cr_expect_eq(p.kind, NA_CG_FWD);
+    cr_expect_eq(p.dtype, NA_DTYPE_F16);
+    cr_expect_eq(p.deterministic, 1);
+    cr_expect_eq(p.stride[0], 2);
+    cr_expect_eq(p.pad[1], 1);
+    cr_expect_eq(p.dilation[0], 1);
+    cr_expect_eq(p.t[NA_CG_BIAS].dim[1], 0, "no bias outside the fused kind");
+}
+
+Test(conv_graph, channels_last_strides_pass_through_and_make_another_key) {
+    na_conv_geom g = geom();
+    /* channels-last: [N, C, H, W] with strides H*W*C, 1, W*C, C */
+    na_view xl = view4(NA_DTYPE_BF16, 2, 4, 5, 7, (int64_t[]){140, 1, 28, 4}, 0);
+    na_view wl = view4(NA_DTYPE_BF16, 6, 2, 3, 3, (int64_t[]){18, 1, 6, 2}, 0);
+    na_view yl = view4(NA_DTYPE_BF16, 2, 6, 3, 4, (int64_t[]){72, 1, 24, 6}, 0);
+    na_cg_problem nhwc, nchw;
+    cr_assert_eq(na_cg_problem_init(&nhwc, NA_CG_BWD_DATA, &g, &xl, &wl, &yl, NULL, false, false,
+                                    false, "t"), NA_OK, "%s", na_last_error());
+    expect_tensor(&nhwc.t[NA_CG_X], (int64_t[]){2, 4, 5, 7}, (int64_t[]){140, 1, 28, 4});
+    expect_tensor(&nhwc.t[NA_CG_W], (int64_t[]){6, 2, 3, 3}, (int64_t[]){18, 1, 6, 2});
+    expect_tensor(&nhwc.t[NA_CG_Y], (int64_t[]){2, 6, 3, 4}, (int64_t[]){72, 1, 24, 6});
+    GEOM_VIEWS(NA_DTYPE_BF16);
+    cr_assert_eq(na_cg_problem_init(&nchw, NA_CG_BWD_DATA, &g, &x, &w, &y, NULL, false, false,
+                                    false, "t"), NA_OK, "%s", na_last_error());
+    cr_expect_neq(memcmp(&nhwc, &nchw, sizeof nhwc), 0, "layouts must not share a plan");
+}
+
+Test(conv_graph, unset_stride_and_dilation_mean_1_and_groups_0_means_1) {
+    na_conv_geom g = geom();
+    g.sh = g.sw = g.dh = g.dw = 0, g.groups = 0, g.c_out = 4, g.oh = 5, g.ow = 7;
+    na_view x = view4(NA_DTYPE_F32, 2, 4, 5, 7, NULL, 0);
+    na_view w = view4(NA_DTYPE_F32, 4, 4, 3, 3, NULL, 0);
+    na_view y = view4(NA_DTYPE_F32, 2, 4, 5, 7, NULL, 0);
+    na_cg_problem p;
+    cr_assert_eq(na_cg_problem_init(&p, NA_CG_BWD_FILTER, &g, &x, &w, &y, NULL, true, false,
+                                    true, "t"), NA_OK, "%s", na_last_error());
+    cr_expect(p.stride[0] == 1 && p.stride[1] == 1 && p.dilation[0] == 1 && p.dilation[1] == 1);
+    cr_expect_eq(p.t[NA_CG_W].dim[1], 4, "one group: the filter sees every input channel");
+    cr_expect_eq(p.tf32, 1, "f32 keeps the TF32 setting");
+    cr_expect_eq(p.autotune, 1);
+}
+
+Test(conv_graph, tf32_is_part_of_the_key_for_f32_only) {
+    na_conv_geom g = geom();
+    na_cg_problem a, b;
+    for (int half = 0; half < 2; half++) {
+        na_dtype dt = half ? NA_DTYPE_F16 : NA_DTYPE_F32;
+        na_view x = view4(dt, 2, 4, 5, 7, NULL, 0), w = view4(dt, 6, 2, 3, 3, NULL, 0);
+        na_view y = view4(dt, 2, 6, 3, 4, NULL, 0);
+        cr_assert_eq(na_cg_problem_init(&a, NA_CG_FWD, &g, &x, &w, &y, NULL, false, false, false, "t"), NA_OK);
+        cr_assert_eq(na_cg_problem_init(&b, NA_CG_FWD, &g, &x, &w, &y, NULL, true, false, false, "t"), NA_OK);
+        if (half)
+            cr_expect_eq(memcmp(&a, &b, sizeof a), 0, "f16 has no TF32: one plan serves both");
+        else
+            cr_expect_neq(memcmp(&a, &b, sizeof a), 0, "f32 strict and TF32 are two plans");
+    }
+}
+
+Test(conv_graph, misaligned_data_is_another_problem) {
+    na_conv_geom g = geom();
+    GEOM_VIEWS(NA_DTYPE_F16);
+    na_cg_problem a, b;
+    cr_assert_eq(na_cg_problem_init(&a, NA_CG_FWD, &g, &x, &w, &y, NULL, false, false, false, "t"), NA_OK);
+    x.data = buf + 2;
+    cr_assert_eq(na_cg_problem_init(&b, NA_CG_FWD, &g, &x, &w, &y, NULL, false, false, false, "t"), NA_OK);
+    cr_expect_eq(a.t[NA_CG_X].align, 16);
+    cr_expect_eq(b.t[NA_CG_X].align, 2);
+    cr_expect_neq(memcmp(&a, &b, sizeof a), 0);
+}
+
+Test(conv_graph, alignment_of_addresses) {
+    cr_expect_eq(na_cg_alignment(buf), 16);
+    cr_expect_eq(na_cg_alignment(buf + 2), 2);
+    cr_expect_eq(na_cg_alignment(buf + 4), 4);
+    cr_expect_eq(na_cg_alignment(buf + 8), 8);
+    cr_expect_eq(na_cg_alignment(buf + 24), 8);
+    cr_expect_eq(na_cg_alignment(buf + 48), 16);
+    cr_expect_eq(na_cg_alignment(buf + 1), 2, "below 2 bytes is reported as 2 (f16's size)");
+    cr_expect_eq(na_cg_alignment(NULL), 16);
+}
+
+Test(conv_graph, bias_of_k_or_1k11_is_described_as_1k11) {
+    na_conv_geom g = geom();
+    GEOM_VIEWS(NA_DTYPE_F16);
+    na_view b1 = view4(NA_DTYPE_F16, 1, 6, 1, 1, NULL, 32);
+    na_view b0 = b1;
+    b0.ndim = 1, b0.shape[0] = 6, b0.stride[0] = 1;
+    na_cg_problem p0, p1;
+    cr_assert_eq(na_cg_problem_init(&p0, NA_CG_FWD_BIAS_RELU, &g, &x, &w, &y, &b0, false, false, false, "t"),
+                 NA_OK, "%s", na_last_error());
+    cr_assert_eq(na_cg_problem_init(&p1, NA_CG_FWD_BIAS_RELU, &g, &x, &w, &y, &b1, false, false, false, "t"),
+                 NA_OK, "%s", na_last_error());
+    expect_tensor(&p0.t[NA_CG_BIAS], (int64_t[]){1, 6, 1, 1}, (int64_t[]){6, 1, 1, 1});
+    cr_expect_eq(memcmp(&p0, &p1, sizeof p0), 0);
+    /* with a channels-last y the bias's unit dims follow that layout */
+    na_view yl = view4(NA_DTYPE_F16, 2, 6, 3, 4, (int64_t[]){72, 1, 24, 6}, 0);
+    cr_assert_eq(na_cg_problem_init(&p1, NA_CG_FWD_BIAS_RELU, &g, &x, &w, &yl, &b1, false, false, false, "t"),
+                 NA_OK, "%s", na_last_error());
+    expect_tensor(&p1.t[NA_CG_BIAS], (int64_t[]){1, 6, 1, 1}, (int64_t[]){6, 1, 6, 6});
+    b0.shape[0] = 5;
+    cr_expect_eq(na_cg_problem_init(&p0, NA_CG_FWD_BIAS_RELU, &g, &x, &w, &y, &b0, false, false, false, "t"),
+                 NA_ESHAPE);
+    cr_expect(strstr(na_last_error(), "[6] or [1, 6, 1, 1]"), "%s", na_last_error());
+    cr_expect_eq(na_cg_problem_init(&p0, NA_CG_FWD_BIAS_RELU, &g, &x, &w, &y, NULL, false, false, false, "t"),
+                 NA_EINVAL);
+}
+
+Test(conv_graph, views_that_do_not_match_are_refused_with_the_shapes) {
+    na_conv_geom g = geom();
+    GEOM_VIEWS(NA_DTYPE_F32);
+    na_cg_problem p;
+    na_view bad = view4(NA_DTYPE_F32, 2, 6, 3, 5, NULL, 0);
+    cr_expect_eq(na_cg_problem_init(&p, NA_CG_FWD, &g, &x, &w, &bad, NULL, false, false, false, "conv2d"),
+                 NA_ESHAPE);
+    cr_expect(strstr(na_last_error(), "conv2d") && strstr(na_last_error(), "[2, 6, 3, 5]") &&
+              strstr(na_last_error(), "[2, 6, 3, 4]"), "%s", na_last_error());
+    bad = view4(NA_DTYPE_F16, 6, 2, 3, 3, NULL, 0);
+    cr_expect_eq(na_cg_problem_init(&p, NA_CG_FWD, &g, &x, &bad, &y, NULL, false, false, false, "t"),
+                 NA_EDTYPE);
+    bad = view4(NA_DTYPE_F32, 2, 4, 5, 7, (int64_t[]){140, 35, 0, 1}, 0);
+    cr_expect_eq(na_cg_problem_init(&p, NA_CG_FWD, &g, &bad, &w, &y, NULL, false, false, false, "t"),
+                 NA_EINVAL);
+    x.dtype = w.dtype = y.dtype = NA_DTYPE_F64;
+    cr_expect_eq(na_cg_problem_init(&p, NA_CG_FWD, &g, &x, &w, &y, NULL, false, false, false, "t"),
+                 NA_EDTYPE, "f64 is the legacy path's");
+    x.dtype = w.dtype = y.dtype = NA_DTYPE_F32;
+    g.groups = 4; /* 6 output channels are not divisible by 4 */
+    cr_expect_eq(na_cg_problem_init(&p, NA_CG_FWD, &g, &x, &w, &y, NULL, false, false, false, "t"),
+                 NA_EINVAL);
+}
+
+Test(conv_graph, problem_string_names_kind_dtype_and_shapes) {
+    na_conv_geom g = geom();
+    GEOM_VIEWS(NA_DTYPE_F16);
+    na_cg_problem p;
+    cr_assert_eq(na_cg_problem_init(&p, NA_CG_BWD_FILTER, &g, &x, &w, &y, NULL, false, false, false, "t"), NA_OK);
+    char s[512];
+    na_cg_problem_str(&p, s, sizeof s);
+    cr_expect(strstr(s, "backward weight f16"), "%s", s);
+    cr_expect(strstr(s, "x [2, 4, 5, 7] str [140, 35, 7, 1]"), "%s", s);
+    cr_expect(strstr(s, "w [6, 2, 3, 3]") && strstr(s, "y [2, 6, 3, 4]"), "%s", s);
+    cr_expect(strstr(s, "stride 2x2 pad 1x1 dil 1x1"), "%s", s);
+    char small[12];
+    na_cg_problem_str(&p, small, sizeof small);
+    cr_expect_eq(strlen(small), sizeof small - 1, "truncated, terminated");
+}
+
+Test(conv_graph, engine_filter) {
+    const na_dtype f32 = NA_DTYPE_F32, f16 = NA_DTYPE_F16, bf16 = NA_DTYPE_BF16;
+    cr_expect_null(na_cg_engine_rejects(0, f32, false, false, false));
+    cr_expect_null(na_cg_engine_rejects(NA_CG_NOTE_TENSOR_CORE, f16, false, true, false));
+    cr_expect_null(na_cg_engine_rejects(NA_CG_NOTE_TENSOR_CORE, f32, true, false, false),
+                   "TF32 on: tensor cores serve f32");
+    cr_expect_not_null(na_cg_engine_rejects(NA_CG_NOTE_TENSOR_CORE, f32, false, false, false),
+                       "strict f32: no TF32");
+    cr_expect_not_null(na_cg_engine_rejects(NA_CG_NOTE_FFT, f32, true, false, false));
+    cr_expect_not_null(na_cg_engine_rejects(NA_CG_NOTE_WINOGRAD, f32, false, false, false));
+    cr_expect_null(na_cg_engine_rejects(NA_CG_NOTE_WINOGRAD | NA_CG_NOTE_TENSOR_CORE, f16, false,
+                                        false, false), "as the legacy path: Winograd on f16");
+    cr_expect_not_null(na_cg_engine_rejects(NA_CG_NOTE_NONDETERMINISTIC, bf16, false, true, false));
+    cr_expect_null(na_cg_engine_rejects(NA_CG_NOTE_NONDETERMINISTIC, bf16, false, false, false));
+    cr_expect_not_null(na_cg_engine_rejects(NA_CG_NOTE_DOWN_CONVERT, f32, true, false, false));
+    cr_expect_not_null(na_cg_engine_rejects(NA_CG_NOTE_REDUCED_PRECISION, f16, false, false, false));
+    cr_expect_not_null(na_cg_engine_rejects(NA_CG_NOTE_RUNTIME_COMPILED, f16, false, false, false));
+    cr_expect_null(na_cg_engine_rejects(NA_CG_NOTE_RUNTIME_COMPILED, f16, false, false, true));
+    const char *why = na_cg_engine_rejects(NA_CG_NOTE_NONDETERMINISTIC, f16, false, true, false);
+    cr_expect(why && strstr(why, "NANOAMP_DETERMINISTIC"), "%s", why ? why : "(null)");
+}
+
+Test(conv_graph, fastest_skips_failed_runs) {
+    cr_expect_eq(na_cg_fastest((float[]){0.5f, 0.25f, 0.75f}, 3), 1);
+    cr_expect_eq(na_cg_fastest((float[]){-1.0f, 0.5f, NAN, 0.5f}, 4), 1, "first on ties");
+    cr_expect_eq(na_cg_fastest((float[]){-1.0f, NAN, INFINITY}, 3), -1);
+    cr_expect_eq(na_cg_fastest(NULL, 0), -1);
+    cr_expect_eq(na_cg_fastest((float[]){0.0f, 0.1f}, 2), 0);
+}
+
+/* distinct problems: the same geometry with N = i + 1 */
+static na_cg_problem problem_n(int i) {
+    na_conv_geom g = geom();
+    g.n = i + 1;
+    na_view x = view4(NA_DTYPE_F16, g.n, 4, 5, 7, NULL, 0), w = view4(NA_DTYPE_F16, 6, 2, 3, 3, NULL, 0);
+    na_view y = view4(NA_DTYPE_F16, g.n, 6, 3, 4, NULL, 0);
+    na_cg_problem p;
+    cr_assert_eq(na_cg_problem_init(&p, NA_CG_FWD, &g, &x, &w, &y, NULL, false, false, false, "t"), NA_OK);
+    return p;
+}
+
+Test(conv_graph, cache_is_bounded_and_evicts_the_least_recently_used) {
+    static na_cg_cache c; /* large: not on the stack */
+    memset(&c, 0, sizeof c);
+    static int plans[NA_CG_CACHE_CAP + 1];
+    void *evicted = (void *)1;
+    for (int i = 0; i < NA_CG_CACHE_CAP; i++) {
+        na_cg_problem p = problem_n(i);
+        cr_assert_null(na_cg_cache_find(&c, &p));
+        na_cg_entry *e = na_cg_cache_claim(&c, &p, &evicted);
+        cr_assert_null(evicted, "slot %d: a free slot evicts nothing", i);
+        e->plan = &plans[i];
+    }
+    for (int i = 0; i < NA_CG_CACHE_CAP; i++) {
+        na_cg_problem p = problem_n(i);
+        na_cg_entry *e = na_cg_cache_find(&c, &p);
+        cr_assert_not_null(e, "problem %d cached", i);
+        cr_expect_eq(e->plan, &plans[i]);
+    }
+    /* every problem was used in order 0..CAP-1; use problem 0 again: 1 is now the oldest */
+    na_cg_problem p0 = problem_n(0), p1 = problem_n(1), pn = problem_n(NA_CG_CACHE_CAP);
+    cr_assert_not_null(na_cg_cache_find(&c, &p0));
+    na_cg_entry *e = na_cg_cache_claim(&c, &pn, &evicted);
+    cr_expect_eq(evicted, &plans[1], "the least recently used plan is handed back to be freed");
+    e->plan = &plans[NA_CG_CACHE_CAP];
+    cr_expect_null(na_cg_cache_find(&c, &p1));
+    cr_expect_not_null(na_cg_cache_find(&c, &p0));
+    e = na_cg_cache_find(&c, &pn);
+    cr_assert_not_null(e);
+    cr_expect_eq(e->plan, &plans[NA_CG_CACHE_CAP]);
+    int used = 0;
+    for (int i = 0; i < NA_CG_CACHE_CAP; i++) used += c.e[i].used;
+    cr_expect_eq(used, NA_CG_CACHE_CAP);
+    /* a dropped entry is free again and found no more */
+    e = na_cg_cache_find(&c, &p0);
+    cr_assert_not_null(e);
+    na_cg_cache_drop(e);
+    cr_expect_null(na_cg_cache_find(&c, &p0));
+    e = na_cg_cache_claim(&c, &p1, &evicted);
+    cr_expect_null(evicted, "the dropped slot is reused before evicting");
+    cr_expect_null(e->plan, "a fresh entry has no plan (the legacy path) until one is set");
+}
