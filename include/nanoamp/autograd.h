@@ -21,7 +21,8 @@
  * code that reads a gradient's memory itself between zero_grad and the next backward (t->
  * grad->data, na_get, an op on t->grad) calls na_grad_settle() first. The values are those of
  * fill + add, bit for bit, except that a gradient that is exactly -0 now stays -0 (0 + -0
- * was +0), as in PyTorch with set_to_none.
+ * was +0), as in PyTorch with set_to_none. On CUDA this waits for a GPU check: zero_grad
+ * fills CUDA gradients at once unless NANOAMP_GRAD_INPLACE=1.
  *
  * Saved activations. na_backward also gives back, as soon as the last node that needs them
  * has run, the forward tensors that no user code can reach: the outputs a Sequential passes

@@ -6,16 +6,30 @@
 #include "src/tensor/deferred_zero.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #include "src/tensor/tensor_internal.h"
 
 static na_tensor **marked;
 static size_t n_marked, cap_marked;
 
+/* On CUDA the marks wait for a GPU run that shows parity and speed (issue 14): the switch
+ * NANOAMP_GRAD_INPLACE=1 turns them on; off, zero_grad fills as before. Read once. */
+static bool defer_on(na_device dev) {
+    static int cuda_on = -1;
+    if (dev == NA_DEVICE_CPU) return true;
+    if (cuda_on < 0) {
+        const char *v = getenv("NANOAMP_GRAD_INPLACE");
+        cuda_on = v && v[0] && strcmp(v, "0") != 0;
+    }
+    return cuda_on;
+}
+
 int na_zero_defer(na_tensor *t) {
     if (!t || t->zero_deferred) return NA_OK;
     /* a step graph records the fill: a mark is host state, which a replay never sees */
-    if (!t->persistent || !na_is_contiguous(t) || na_step_graph_capturing())
+    if (!t->persistent || !na_is_contiguous(t) || na_step_graph_capturing() ||
+        !defer_on(t->device))
         return na_fill_(t, 0.0);
     if (n_marked == cap_marked) {
         size_t cap = cap_marked ? 2 * cap_marked : 64;

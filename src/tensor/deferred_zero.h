@@ -7,7 +7,8 @@
  * The marked tensors are listed (on the host, one list for the process, as the arena), so
  * that the backward pass can settle the ones it did not reach and na_tensor_free can forget
  * one. Only a contiguous persistent tensor is marked, and never while a step graph is
- * captured (a replay would not see the mark): anything else is filled at once. */
+ * captured (a replay would not see the mark), and on CUDA only with NANOAMP_GRAD_INPLACE=1
+ * (docs/gpu-check.md): anything else is filled at once. */
 #ifndef NANOAMP_SRC_DEFERRED_ZERO_H
 #define NANOAMP_SRC_DEFERRED_ZERO_H
 
