@@ -245,3 +245,19 @@ Test(grad_into, no_weight_sized_temporary_in_the_backward) {
         na_tensor_free(w);
     }
 }
+
+/* Converting a module moves real zeros, not a zeroed gradient's stale memory. */
+Test(grad_into, module_conversion_moves_zeros) {
+    na_module *lin = na_linear_new(3, 2, true);
+    cr_assert_not_null(lin, "%s", na_last_error());
+    na_tensor *x = TH_OK(na_ones(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(1, 3)));
+    TH_RC(na_backward(TH_OK(na_sum(TH_OK(na_module_forward(lin, x)))), NULL));
+    na_step_end();
+    na_tensor *w = na_module_get(lin, "weight");
+    TH_RC(na_module_zero_grad(lin));
+    poison(w->grad);
+    TH_RC(na_module_to_dtype(lin, NA_DTYPE_F64, NULL, NULL));
+    for (int64_t k = 0; k < w->grad->numel; k++)
+        cr_assert(((double *)w->grad->data)[k] == 0.0, "element %" PRId64, k);
+    na_module_free(lin);
+}
