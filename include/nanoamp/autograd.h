@@ -17,12 +17,12 @@
  * or copies its first contribution there, instead of a fill, a temporary and an add. A
  * gradient nobody wrote still reads as zeros: na_backward ends with every mark filled in,
  * and every nanoamp function that reads or writes gradients (optimizers, clipping, the
- * scaler, the fp16 optimizer, DDP, module conversion, step graphs) fills them in first. Only
- * code that reads a gradient's memory itself between zero_grad and the next backward (t->
- * grad->data, na_get, an op on t->grad) calls na_grad_settle() first. The values are those of
- * fill + add, bit for bit, except that a gradient that is exactly -0 now stays -0 (0 + -0
- * was +0), as in PyTorch with set_to_none. On CUDA this waits for a GPU check: zero_grad
- * fills CUDA gradients at once unless NANOAMP_GRAD_INPLACE=1.
+ * scaler, the fp16 optimizer, DDP, module conversion, step graphs, na_get, na_copy_to_host)
+ * fills them in first. Only code that reads a gradient's memory otherwise between zero_grad
+ * and the next backward (t->grad->data, an op on t->grad) calls na_grad_settle() first.
+ * The values are those of fill + add, bit for bit, except that a gradient that is exactly -0
+ * now stays -0 (0 + -0 was +0), as in PyTorch with set_to_none. On CUDA this waits for a
+ * GPU check: zero_grad fills CUDA gradients at once unless NANOAMP_GRAD_INPLACE=1.
  *
  * Saved activations. na_backward also gives back, as soon as the last node that needs them
  * has run, the forward tensors that no user code can reach: the outputs a Sequential passes
