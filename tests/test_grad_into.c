@@ -63,7 +63,8 @@ static na_tensor *loss_of(net *m, na_dtype dt, uint64_t seed) {
 /* zero_grad (the marks) or, for the reference, a fill by hand: the add path of before. */
 static void zero(net *m, bool mark) {
     for (int i = 0; i < N_PARAMS; i++)
-        if (m->p[i]->grad) TH_RC(mark ? na_tensor_zero_grad(m->p[i]) : na_fill_(m->p[i]->grad, 0.0));
+        if (m->p[i]->grad)
+            TH_RC(mark ? na_tensor_zero_grad(m->p[i]) : na_fill_(m->p[i]->grad, 0.0));
 }
 
 static void expect_same_grads(net *a, net *b, const char *what) {
@@ -140,7 +141,8 @@ Test(grad_into, backward_writes_marked_gradients_without_reading_them) {
     na_step_end();
     expect_same_grads(&a, &b, "after a backward over stale memory");
     for (int64_t k = 0; k < 7; k++) /* outside the graph: the backward's end filled it */
-        cr_assert(((float *)a.p[5]->grad->data)[k] == 0.0f, "unused parameter, element %" PRId64, k);
+        cr_assert(((float *)a.p[5]->grad->data)[k] == 0.0f, "unused parameter, element %" PRId64,
+                  k);
     net_free(&a);
     net_free(&b);
 }
@@ -154,10 +156,11 @@ Test(grad_into, readers_see_zeros_without_a_backward) {
     float before = ((float *)w->data)[0];
     zero(&a, true);
     for (int i = 0; i < N_PARAMS - 1; i++) poison(a.p[i]->grad);
-    na_tensor *norm = TH_OK(na_clip_grad_norm((na_tensor_list){.n = N_PARAMS - 1, .items = a.p}, 1.0));
+    na_tensor_list list = {.n = N_PARAMS - 1, .items = a.p};
+    na_tensor *norm = TH_OK(na_clip_grad_norm(list, 1.0));
     cr_assert(na_item(norm) == 0.0, "clip: norm %g of zeroed gradients", na_item(norm));
     na_sgd_cfg sc = {.lr = 0.1, .momentum = 0.9};
-    na_optim *o = na_sgd_new((na_tensor_list){.n = N_PARAMS - 1, .items = a.p}, &sc);
+    na_optim *o = na_sgd_new(list, &sc);
     cr_assert_not_null(o, "%s", na_last_error());
     zero(&a, true);
     poison(w->grad);
