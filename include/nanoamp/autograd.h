@@ -11,6 +11,19 @@
  * used them (their memory is reused within the step), so after na_backward a non-leaf's
  * .grad is NULL.
  *
+ * Zeroed gradients. zero_grad does not fill a gradient: it marks it zero (t->grad->
+ * zero_deferred), and the next backward writes it whole where an op can (the weight and
+ * bias gradients of conv2d, linear and matmul go straight into .grad, as a GEMM with beta 0)
+ * or copies its first contribution there, instead of a fill, a temporary and an add. A
+ * gradient nobody wrote still reads as zeros: na_backward ends with every mark filled in,
+ * and every nanoamp function that reads or writes gradients (optimizers, clipping, the
+ * scaler, the fp16 optimizer, DDP, module conversion, step graphs, na_get, na_copy_to_host)
+ * fills them in first. Only code that reads a gradient's memory otherwise between zero_grad
+ * and the next backward (t->grad->data, an op on t->grad) calls na_grad_settle() first.
+ * The values are those of fill + add, bit for bit, except that a gradient that is exactly -0
+ * now stays -0 (0 + -0 was +0), as in PyTorch with set_to_none. On CUDA this waits for a
+ * GPU check: zero_grad fills CUDA gradients at once unless NANOAMP_GRAD_INPLACE=1.
+ *
  * Saved activations. na_backward also gives back, as soon as the last node that needs them
  * has run, the forward tensors that no user code can reach: the outputs a Sequential passes
  * from one child to the next, a Residual's body output, and what an op made for its own
@@ -45,7 +58,11 @@ int na_backward_retain(na_tensor *root, na_tensor *grad);
 
 /* Only float leaves can require grad. */
 int na_tensor_set_requires_grad(na_tensor *t, bool requires_grad);
-int na_tensor_zero_grad(na_tensor *t); /* zeroes t->grad if it exists */
+int na_tensor_zero_grad(na_tensor *t); /* marks t->grad zero if it exists (see above) */
+/* Fills in every gradient zero_grad marked and no backward wrote since: the memory then
+ * holds the zeros it reads as. Needed only to read a gradient's memory yourself between
+ * zero_grad and the next backward. */
+int na_grad_settle(void);
 
 /* No-grad regions nest; ops inside record nothing. */
 void na_no_grad_begin(void);

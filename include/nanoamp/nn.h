@@ -83,7 +83,8 @@ na_tensor *na_module_forward(na_module *m, na_tensor *x);
 void na_module_train(na_module *m, bool training);
 void na_module_eval(na_module *m); /* na_module_train(m, false) */
 bool na_module_is_training(const na_module *m);
-/* Zeroes the .grad of every parameter that has one (gradients accumulate; autograd.h). */
+/* Zeroes the .grad of every parameter that has one (gradients accumulate; the zeros are
+ * written lazily, by the next backward: nanoamp/autograd.h, "Zeroed gradients"). */
 int na_module_zero_grad(na_module *m);
 void na_module_free(na_module *m); /* the tree, its parameters, buffers and grads; NULL ok */
 

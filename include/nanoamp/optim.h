@@ -22,9 +22,11 @@
  * lists a model's trainable parameters, NA_TENSORS(w, b) any tensors of one's own.
  *
  * Gradients: a parameter whose .grad is NULL is skipped (its state and step count do not
- * change). na_optim_zero_grad fills gradients with zeros rather than freeing them, so their
- * memory stays put from step to step; a zero gradient is still a step (weight decay and
- * momentum apply), as PyTorch with set_to_none=False.
+ * change). na_optim_zero_grad zeroes gradients rather than freeing them, so their memory
+ * stays put from step to step; a zero gradient is still a step (weight decay and momentum
+ * apply), as PyTorch with set_to_none=False. The zeros are written lazily: the next backward
+ * writes over a zeroed gradient instead of adding to it (nanoamp/autograd.h, "Zeroed
+ * gradients"); na_optim_step and clipping read one nobody wrote as zeros.
  *
  * State is allocated when a parameter is added, f32, on the parameter's device: make the
  * optimizer after moving the model (na_module_to, nanoamp/nn.h). Parameters may be f32, f16 or
@@ -96,7 +98,7 @@ typedef struct {
 } na_optim_step_opts;
 /* One step for every parameter that has a gradient. opts may be NULL. */
 int na_optim_step(na_optim *o, const na_optim_step_opts *opts);
-int na_optim_zero_grad(na_optim *o); /* zero-fills every existing gradient */
+int na_optim_zero_grad(na_optim *o); /* zeroes every existing gradient (lazily: see above) */
 
 /* ---- inspecting and changing ------------------------------------------------------------- */
 na_optim_kind na_optim_kind_of(const na_optim *o);

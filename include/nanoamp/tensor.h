@@ -52,6 +52,8 @@ struct na_tensor {
     bool requires_grad;
     na_tensor *grad;       /* accumulated gradient of a leaf (same shape, dtype, device) */
     na_node *grad_fn;      /* the graph node that produced this tensor; NULL for leaves */
+    bool zero_deferred;    /* a gradient zero_grad marked: it reads as zeros but its memory
+                              is not filled yet (nanoamp/autograd.h, na_grad_settle) */
     const char *name;      /* optional ("features.0.weight"), used in messages */
 };
 

@@ -436,7 +436,7 @@ int na_prep_param_lists(na_module *model, bool flat, na_param_lists *out) {
 
 int na_model_grads_to_master_grads(na_param_lists *pl) {
     if (!pl) return na_set_error(NA_EINVAL, "na_model_grads_to_master_grads: NULL lists");
-    int rc = NA_OK;
+    int rc = na_grad_settle(); /* gradients zero_grad marked read as zeros */
     for (int64_t i = 0, off = 0; i < pl->n_model && !rc; off += pl->model[i++]->numel) {
         const na_tensor *g = pl->model[i]->grad;
         na_tensor *dst = master_at(pl, i, off, true);

@@ -352,6 +352,7 @@ int na_grad_scaler_unscale_into_(na_grad_scaler *gs, int n, const na_view *const
     const na_backend *be = na_backend_get(gs->device);
     if (!be) return na_last_status();
     int rc = NA_BACKEND_NEED(be, amp_unscale);
+    if (!rc) rc = na_grad_settle(); /* a marked gradient reads (or is written over) as zeros */
     /* disabled: a scale of 1 (the copy and the inf/NaN check still happen) */
     const na_tensor *scale = gs->enabled ? gs->scale : na_scalar(NA_DTYPE_F32, gs->device, 1.0);
     if (!rc && !scale) rc = na_last_status();

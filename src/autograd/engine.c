@@ -4,13 +4,22 @@
  * leaves that require grad accumulate (+=) into their .grad, which for a persistent leaf is
  * persistent. A gradient block made by the pass goes back to the arena as soon as nothing
  * holds it: the pass counts, per block, the non-leaf .grad slots and the node's own
- * gradients in flight that refer to it (views and adopted gradients share blocks). */
+ * gradients in flight that refer to it (views and adopted gradients share blocks).
+ *
+ * zero_grad only marks a gradient as zero (src/tensor/deferred_zero.h). The first
+ * contribution to a marked gradient is written, not added: by the op itself where it can
+ * (node->grad_into: the weight gradients of conv2d, linear and matmul go straight into
+ * .grad), else copied. Later contributions add, as before: adding with a GEMM's beta = 1
+ * would round f16/bf16 once instead of twice and let BLAS add K-blocked partial sums, so
+ * results would change. The pass ends by filling the marks it did not reach, and fills a
+ * leaf's before the leaf hook reads it: after na_backward nothing is left marked. */
 #include <inttypes.h>
 #include <stdlib.h>
 
 #include "src/autograd/graph.h"
 #include "src/autograd/profile.h"
 #include "src/tensor/arena.h"
+#include "src/tensor/deferred_zero.h"
 #include "src/tensor/tensor_internal.h"
 
 static _Thread_local int no_grad_depth;
@@ -64,9 +73,9 @@ int na_tensor_set_requires_grad(na_tensor *t, bool requires_grad) {
     return NA_OK;
 }
 
-int na_tensor_zero_grad(na_tensor *t) {
-    return (t && t->grad) ? na_fill_(t->grad, 0.0) : NA_OK;
-}
+int na_tensor_zero_grad(na_tensor *t) { return t ? na_zero_defer(t->grad) : NA_OK; }
+
+int na_grad_settle(void) { return na_zero_settle_all(); }
 
 na_tensor *na_detach(na_tensor *t) {
     if (!na_check_tensor("na_detach", t, "input")) return NULL;
@@ -179,7 +188,8 @@ static int leaf_schedule(const node_list *order, leaf_final **out, size_t *n) {
 static int fire_final(const leaf_final *e, size_t n, size_t *next, size_t i) {
     int rc = NA_OK;
     for (; !rc && *next < n && e[*next].last == i; ++*next)
-        rc = leaf_hook.fn(e[*next].leaf, leaf_hook.ctx);
+        if (!(rc = na_zero_settle(e[*next].leaf->grad))) /* no node wrote it */
+            rc = leaf_hook.fn(e[*next].leaf, leaf_hook.ctx);
     return rc;
 }
 
@@ -339,6 +349,18 @@ void na_graph_unmark_internal(na_tensor *t) {
 
 /* ---- accumulation -------------------------------------------------------------------------- */
 
+/* Offers each input of n that is a leaf with a marked gradient of the input's own shape,
+ * dtype and device as the place to write that gradient (node->grad_into). */
+static void offer_grad_into(na_node *n) {
+    for (int k = 0; k < n->n_inputs; k++) {
+        na_tensor *t = n->inputs[k], *g = t ? t->grad : NULL;
+        bool ok = na_node_needs_grad(n, k) && !t->grad_fn && na_zero_deferred(g) &&
+                  g->dtype == t->dtype && g->device == t->device && na_same_shape(g, t);
+        for (int j = 0; ok && j < k; j++) ok = n->inputs[j] != t; /* written once */
+        n->grad_into[k] = ok ? g : NULL;
+    }
+}
+
 /* out = a + b through the backend (shapes, dtype and device equal; a and b may be views). */
 static int add_same_shape(na_tensor *out, const na_tensor *a, const na_tensor *b) {
     na_broadcast bc = {.ndim = out->ndim};
@@ -355,6 +377,10 @@ static int accumulate(pass *p, na_tensor *t, na_tensor *g) {
     if (!na_same_shape(t, g))
         return na_set_error(NA_ESTATE, "na_backward: internal error: gradient %s for tensor %s",
                             na_tensor_describe(g, a, sizeof a), na_tensor_describe(t, b, sizeof b));
+    if (!t->grad_fn && na_zero_deferred(t->grad)) { /* the first contribution: written */
+        na_zero_claim(t->grad);
+        return na_copy_(t->grad, g);
+    }
     if (g->dtype != t->dtype || g->device != t->device) { /* into t's dtype, onto its device */
         na_tensor *c = na_empty(t->dtype, t->device, g->ndim, g->shape);
         if (!c || na_copy_(c, g) != NA_OK) return na_last_status();
@@ -406,6 +432,7 @@ static int backward(na_tensor *root, na_tensor *grad, bool retain) {
     pass p = {.mark = na_arena_host_mark(), .free_saved = !retain};
     if (!root->grad_fn) {
         int rc = accumulate(&p, root, grad);
+        if (!rc) rc = na_zero_settle_all();
         return !rc && leaf_hook.fn ? leaf_hook.fn(root, leaf_hook.ctx) : rc;
     }
 
@@ -432,7 +459,15 @@ static int backward(na_tensor *root, na_tensor *grad, bool retain) {
         }
         na_tensor *gin[NA_NODE_MAX_INPUTS] = {0};
         if ((rc = check_not_freed(n))) break;
+        offer_grad_into(n);
         rc = n->op->backward(n, gout, gin);
+        for (int k = 0; k < n->n_inputs; k++) {
+            if (gin[k] && gin[k] == n->grad_into[k]) { /* written in place: accumulated */
+                na_zero_claim(gin[k]);
+                gin[k] = NULL;
+            }
+            n->grad_into[k] = NULL; /* a retained graph's next walk offers anew */
+        }
         if (rc) {
             na_set_error(rc, "%s: backward of %s failed: %s", fn, n->op->name, na_last_error());
             break;
@@ -455,6 +490,8 @@ static int backward(na_tensor *root, na_tensor *grad, bool retain) {
     }
     if (outer) in_backward = false;
     na_no_grad_end();
+    int settled = na_zero_settle_all(); /* the marked gradients no node wrote: zeros */
+    if (!rc) rc = settled;
     free(order.items);
     free(finals);
     free(p.grads.keys);

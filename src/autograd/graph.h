@@ -15,7 +15,9 @@
 #define NA_NODE_MAX_SAVED 4
 
 /* gin[k] receives the gradient for inputs[k] (same shape and device, any float dtype: the
- * engine converts to the input's dtype); leave it NULL when !na_node_needs_grad(n, k). */
+ * engine converts to the input's dtype); leave it NULL when !na_node_needs_grad(n, k).
+ * Where n->grad_into[k] is set, the backward may write input k's whole gradient there
+ * instead of into a tensor of its own, and says so with gin[k] = n->grad_into[k]. */
 typedef int (*na_backward_fn)(na_node *n, na_tensor *gout, na_tensor **gin);
 
 /* An op as the recorder sees it (one static instance per op, in the ops layer's table). */
@@ -37,6 +39,12 @@ struct na_node {
     double f[4];                           /* scalar parameters */
     int64_t i[8];                          /* integer parameters (dims, flags) */
     void *extra;                           /* op-specific block in the arena */
+    /* Set by the engine just before the backward runs: for an input that is a leaf whose
+     * .grad zero_grad marked (it reads as zeros; same shape, dtype and device as the input;
+     * contiguous), that .grad, so that an op which computes the gradient whole (a GEMM with
+     * beta 0, cuDNN's weight gradient) writes it in place: no temporary, no fill, no add.
+     * NULL elsewhere, and for every input but the first where one leaf is input twice. */
+    na_tensor *grad_into[NA_NODE_MAX_INPUTS];
     na_tensor *out;
     bool out_internal; /* out is unreachable from user code (na_graph_mark_internal) */
     unsigned visit; /* topological-sort mark */
@@ -83,5 +91,11 @@ bool na_graph_in_backward(void);
 
 static inline bool na_node_needs_grad(const na_node *n, int k) {
     return n->inputs[k] && n->inputs[k]->requires_grad;
+}
+/* Where a backward that computes input k's gradient whole writes it: the engine's
+ * grad_into[k] when it offered one (the backward then sets gin[k] to it), else a new step
+ * tensor shaped as `like`. */
+static inline na_tensor *na_node_grad_buffer(const na_node *n, int k, const na_tensor *like) {
+    return n->grad_into[k] ? n->grad_into[k] : na_empty_like(like);
 }
 #endif

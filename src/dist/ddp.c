@@ -144,7 +144,7 @@ int na_ddp_finish(na_ddp *p) {
     const char *fn = "na_ddp_finish";
     if (!p) return na_set_error(NA_EINVAL, "%s: the wrapper is NULL", fn);
     if (!p->sync) return NA_OK;
-    int rc = NA_OK;
+    int rc = na_grad_settle(); /* gradients zero_grad marked and no backward wrote */
     /* parameters that got no gradient in this backward count as zeros */
     for (int i = 0; i < p->n && !rc; i++) rc = mark_ready(p, i);
     na_no_grad_begin();

@@ -2,6 +2,7 @@
  *
  * In place means the na_tensor struct is kept and only its storage is swapped: an optimizer,
  * a cast cache or a user holding the pointer sees the new device/dtype. */
+#include "nanoamp/autograd.h" /* na_grad_settle */
 #include "src/nn/module.h"
 
 /* t gets storage of dtype dt on dev holding its values (converted); its gradient too. */
@@ -20,6 +21,8 @@ typedef struct {
 } convert_job;
 
 static int convert_tree(na_module *m, const convert_job *j) {
+    int settled = na_grad_settle(); /* zero_grad's marks: real zeros move, not stale memory */
+    if (settled) return settled;
     bool skip = !j->to_device && j->skip && j->skip(m, j->ctx);
     for (int i = 0; i < m->n_slots && !skip; i++) {
         na_tensor *t = m->slots[i].t;

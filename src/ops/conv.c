@@ -64,14 +64,14 @@ int na_bw_CONV2D(na_node *n, na_tensor *gout, na_tensor **gin) {
         if (!(gin[0] = na_empty_like(x))) return na_last_status();
         if ((rc = be->conv2d_backward_data(g, &gy->view, &w->view, &gin[0]->view))) return rc;
     }
-    if (na_node_needs_grad(n, 1)) {
-        if (!(gin[1] = na_empty_like(w))) return na_last_status();
+    if (na_node_needs_grad(n, 1)) { /* into the weight's .grad when the engine offers it */
+        if (!(gin[1] = na_node_grad_buffer(n, 1, w))) return na_last_status();
         if ((rc = be->conv2d_backward_weight(g, &x->view, &gy->view, &gin[1]->view))) return rc;
     }
     if (na_node_needs_grad(n, 2)) { /* gb = sum of gy over N, H, W */
         na_tensor *r = na_reshape(gy, 3, (const int64_t[]){g->n, g->c_out, -1});
         r = r ? na_sum_dim(r, 2, false) : NULL;
-        if (!(gin[2] = r ? na_sum_dim(r, 0, false) : NULL)) return na_last_status();
+        if (!(gin[2] = r ? na_grad_sum_rows(n, 2, r) : NULL)) return na_last_status();
     }
     return NA_OK;
 }

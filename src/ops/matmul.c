@@ -47,6 +47,24 @@ static na_tensor *gemm_operand(na_tensor *t, bool *trans, int64_t *ld, int64_t *
     return c;
 }
 
+/* out = a @ b (out NULL: a new step tensor), shaped `shape` (nb batch dims, then m, n): the
+ * GEMM of na_matmul, for operands it checked. *a and *b become the operands the GEMM read
+ * (contiguous copies where their layout needed one). */
+static na_tensor *gemm_into(na_tensor **a, na_tensor **b, na_tensor *out, int nb,
+                            const int64_t *shape) {
+    int64_t m = shape[nb], n = shape[nb + 1];
+    na_gemm_args g = {.dtype = (*a)->dtype, .m = m, .n = n, .k = (*a)->shape[(*a)->ndim - 1],
+                      .alpha = 1.0f, .beta = 0.0f};
+    *a = gemm_operand(*a, &g.ta, &g.lda, &g.stride_a);
+    *b = gemm_operand(*b, &g.tb, &g.ldb, &g.stride_b);
+    if (!*a || !*b || (!out && !(out = na_empty((*a)->dtype, (*a)->device, nb + 2, shape))))
+        return NULL;
+    g.a = (*a)->data, g.b = (*b)->data, g.c = out->data;
+    g.ldc = n, g.stride_c = m * n;
+    g.batch = na_shape_numel(nb, shape);
+    return na_be(out)->gemm(&g) == NA_OK ? out : NULL;
+}
+
 na_tensor *na_matmul(na_tensor *a, na_tensor *b) {
     const char *fn = "na_matmul";
     char x[NA_DESCRIBE_MAX], y[NA_DESCRIBE_MAX];
@@ -85,33 +103,34 @@ na_tensor *na_matmul(na_tensor *a, na_tensor *b) {
     int64_t shape[NA_MAX_DIMS];
     for (int i = 0; i < nb; i++) shape[i] = big->shape[i];
     shape[nb] = m, shape[nb + 1] = n;
-    na_gemm_args g = {.dtype = a->dtype, .m = m, .n = n, .k = k, .alpha = 1.0f, .beta = 0.0f};
-    a = gemm_operand(a, &g.ta, &g.lda, &g.stride_a);
-    b = gemm_operand(b, &g.tb, &g.ldb, &g.stride_b);
-    na_tensor *out = (a && b) ? na_empty(a->dtype, a->device, nb + 2, shape) : NULL;
+    na_tensor *out = gemm_into(&a, &b, NULL, nb, shape);
     if (!out) return NULL;
-    g.a = a->data, g.b = b->data, g.c = out->data;
-    g.ldc = n, g.stride_c = m * n;
-    g.batch = na_shape_numel(nb, shape);
-    if (na_be(out)->gemm(&g) != NA_OK) return NULL;
     na_tensor *in[2] = {a, b};
     na_op_record(NA_OP_MATMUL, out, 2, in);
     return out;
 }
 
+/* Input k's gradient l @ r: into the engine's n->grad_into[k] when it offered one and no
+ * batch sum follows (input k has the product's dims), else as na_matmul (summed to the
+ * input's shape when it was shared over the batch). */
+static na_tensor *grad_product(const na_node *n, int k, na_tensor *l, na_tensor *r, int nd) {
+    const na_tensor *in = n->inputs[k];
+    na_tensor *into = n->grad_into[k];
+    if (into && in->ndim == nd && l && r && l->dtype == into->dtype)
+        return gemm_into(&l, &r, into, nd - 2, in->shape);
+    na_tensor *g = na_matmul(l, r);
+    return g && in->ndim < nd ? na_sum_to_shape(g, in->ndim, in->shape) : g;
+}
+
 int na_bw_MATMUL(na_node *n, na_tensor *gout, na_tensor **gin) {
     na_tensor *a = n->inputs[0], *b = n->inputs[1];
     int nd = gout->ndim;
-    if (na_node_needs_grad(n, 0)) { /* ga = gout @ b^T, summed over batch if a was shared */
-        na_tensor *ga = na_matmul(gout, na_transpose(b, b->ndim - 2, b->ndim - 1));
-        if (ga && a->ndim < nd) ga = na_sum_to_shape(ga, a->ndim, a->shape);
-        if (!(gin[0] = ga)) return na_last_status();
-    }
-    if (na_node_needs_grad(n, 1)) { /* gb = a^T @ gout */
-        na_tensor *gb = na_matmul(na_transpose(a, a->ndim - 2, a->ndim - 1), gout);
-        if (gb && b->ndim < nd) gb = na_sum_to_shape(gb, b->ndim, b->shape);
-        if (!(gin[1] = gb)) return na_last_status();
-    }
+    if (na_node_needs_grad(n, 0) && /* ga = gout @ b^T */
+        !(gin[0] = grad_product(n, 0, gout, na_transpose(b, b->ndim - 2, b->ndim - 1), nd)))
+        return na_last_status();
+    if (na_node_needs_grad(n, 1) && /* gb = a^T @ gout */
+        !(gin[1] = grad_product(n, 1, na_transpose(a, a->ndim - 2, a->ndim - 1), gout, nd)))
+        return na_last_status();
     return NA_OK;
 }
 
@@ -159,10 +178,19 @@ int na_bw_LINEAR(na_node *n, na_tensor *gout, na_tensor **gin) {
         na_tensor *gx = na_matmul(g2, w);
         if (!(gin[0] = gx ? na_reshape(gx, x->ndim, x->shape) : NULL)) return na_last_status();
     }
-    if (na_node_needs_grad(n, 1)) { /* gw = gout^T @ x */
+    if (na_node_needs_grad(n, 1)) { /* gw = gout^T @ x, into the weight's .grad if offered */
         na_tensor *x2 = na_reshape(x, 2, (const int64_t[]){-1, in});
-        if (!(gin[1] = x2 ? na_matmul(na_transpose(g2, 0, 1), x2) : NULL)) return na_last_status();
+        if (!(gin[1] = grad_product(n, 1, na_transpose(g2, 0, 1), x2, 2))) return na_last_status();
     }
-    if (na_node_needs_grad(n, 2) && !(gin[2] = na_sum_dim(g2, 0, false))) return na_last_status();
+    if (na_node_needs_grad(n, 2) && !(gin[2] = na_grad_sum_rows(n, 2, g2))) return na_last_status();
     return NA_OK;
+}
+
+na_tensor *na_grad_sum_rows(const na_node *n, int k, na_tensor *x) {
+    na_tensor *into = n->grad_into[k];
+    if (!into || x->ndim != 2 || x->dtype != into->dtype) return na_sum_dim(x, 0, false);
+    if (!(x = na_contiguous(x))) return NULL;
+    int rc = na_be(x)->reduce(NA_REDUCE_SUM, &x->view, &into->view, NULL, 1, x->shape[0],
+                              x->shape[1]);
+    return rc ? NULL : into;
 }

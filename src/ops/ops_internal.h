@@ -35,6 +35,10 @@ static inline na_node *na_op_record(na_op op, na_tensor *out, int n_inputs,
     return na_graph_record(&na_op_defs[op].graph, out, n_inputs, inputs);
 }
 
+/* Input k's gradient as the sum of x's rows (x [rows, cols] -> [cols]: a bias's gradient),
+ * written into the engine's n->grad_into[k] when it offered one (matmul.c). */
+na_tensor *na_grad_sum_rows(const na_node *n, int k, na_tensor *x);
+
 /* ---- autocast (autocast.c) and its trace (autocast_trace.c) ------------------------------ */
 
 /* Autocast for one op call: replaces ins[k] by casts when an enabled region is open (and no

@@ -20,7 +20,7 @@ static int scale_in_place(na_view *g, na_tensor *coef) {
 
 na_tensor *na_clip_grad_norm(na_tensor_list list, double max_norm) {
     const char *fn = "na_clip_grad_norm";
-    if (na_tensor_list_check(fn, list)) return NULL;
+    if (na_tensor_list_check(fn, list) || na_grad_settle()) return NULL;
     if (!(max_norm >= 0)) {
         na_set_error(NA_EINVAL, "%s: need max_norm >= 0 (got %g)", fn, max_norm);
         return NULL;

@@ -339,6 +339,8 @@ static int step_group(na_optim *o, const opt_group *g, na_device dev,
 
 int na_optim_step(na_optim *o, const na_optim_step_opts *opts) {
     if (!o) return na_set_error(NA_EINVAL, "na_optim_step: NULL optimizer");
+    int settled = na_grad_settle(); /* gradients zero_grad marked and no backward wrote */
+    if (settled) return settled;
     for (int gi = 0; gi < o->n_groups; gi++) {
         const opt_group *g = &o->groups[gi];
         na_optim_hparams h = group_hparams(o, g);

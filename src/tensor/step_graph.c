@@ -23,6 +23,7 @@
 #include "nanoamp/error.h"
 #include "nanoamp/tensor.h"
 #include "src/tensor/arena.h"
+#include "src/tensor/deferred_zero.h"
 
 struct na_step_graph {
     na_device dev;
@@ -83,7 +84,9 @@ na_step_graph *na_step_graph_capture(na_device dev, na_step_fn step, void *ctx) 
     }
     *g = (na_step_graph){.dev = dev, .be = be};
     uint64_t rng = na_rng_offset();
-    int rc = be->graph_begin();
+    /* gradients zeroed before: filled now, outside the recording, as a replay fills them */
+    int rc = na_zero_settle_all();
+    if (!rc) rc = be->graph_begin();
     if (rc) {
         free(g);
         na_set_error(rc, "%s: %s", fn, na_last_error());
@@ -117,7 +120,8 @@ int na_step_graph_replay(na_step_graph *g) {
     if (!g) return na_set_error(NA_EINVAL, "na_step_graph_replay: NULL graph");
     if (capturing)
         return na_set_error(NA_ESTATE, "na_step_graph_replay: called during a capture");
-    int rc = g->be->graph_launch(g->graph);
+    int rc = na_zero_settle_all(); /* gradients zeroed since: the recording reads them */
+    if (!rc) rc = g->be->graph_launch(g->graph);
     return rc ? na_set_error(rc, "na_step_graph_replay: %s", na_last_error()) : NA_OK;
 }
 

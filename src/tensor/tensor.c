@@ -7,6 +7,7 @@
 
 #include "common/half.h"
 #include "src/tensor/arena.h"
+#include "src/tensor/deferred_zero.h"
 #include "src/tensor/tensor_internal.h"
 
 /* ---- geometry ------------------------------------------------------------------------ */
@@ -225,6 +226,7 @@ na_tensor *na_tensor_new(na_dtype dt, na_device dev, int ndim, const int64_t *sh
 void na_tensor_free(na_tensor *t) {
     if (!t || !t->persistent) return;
     na_tensor_free(t->grad);
+    na_zero_forget(t); /* zero_grad's list may name it */
     if (!t->base) {
         const na_backend *be = na_backend_get(t->device);
         if (be) be->free(t->data);
@@ -248,6 +250,7 @@ const na_backend *na_be(const na_tensor *t) { return na_backend_get(t->device); 
 int na_copy_to_host(const na_tensor *t, void *host) {
     const na_backend *be = na_be(t);
     if (!be) return na_last_status();
+    if (na_zero_settle_memory(t)) return na_last_status(); /* a gradient zero_grad marked */
     size_t bytes = (size_t)t->numel * na_dtype_size(t->dtype);
     if (na_is_contiguous(t)) return be->memcpy_d2h(host, t->data, bytes);
     na_tensor *c = na_empty(t->dtype, t->device, t->ndim, t->shape);
@@ -319,7 +322,7 @@ double na_get(const na_tensor *t, int64_t i) {
     size_t es = na_dtype_size(t->dtype);
     unsigned char raw[8];
     const na_backend *be = na_be(t);
-    if (!be || be->memcpy_d2h(raw, (const char *)t->data + off * (int64_t)es, es)) return 0.0 / 0.0;
+    if (!be || na_zero_settle_memory(t) || be->memcpy_d2h(raw, (const char *)t->data + off * (int64_t)es, es)) return 0.0 / 0.0;
     switch (t->dtype) {
     case NA_DTYPE_F64: { double v; memcpy(&v, raw, 8); return v; }
     case NA_DTYPE_F32: { float v; memcpy(&v, raw, 4); return v; }
