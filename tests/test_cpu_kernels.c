@@ -1630,6 +1630,56 @@ Test(cpu_batchnorm, backward_sums_in_the_documented_order) {
     }
 }
 
+/* The AVX2 build of BatchNorm's f32 loops gives the baseline build's bits: training forward
+ * (running statistics too), eval forward and the training backward, fused with ReLU and not,
+ * for f32, f16 and bf16 activations, rows of odd lengths on both sides of the pairwise split
+ * (it fails with FMA let into the AVX2 build). On a CPU without AVX2 both runs take the
+ * baseline and the test checks nothing new. */
+Test(cpu_batchnorm, avx2_build_gives_the_baseline_bits) {
+    const int64_t shapes[2][3] = {{3, 4, 37}, {5, 3, 1003}};
+    const na_dtype dts[3] = {NA_DTYPE_F32, NA_DTYPE_F16, NA_DTYPE_BF16};
+    for (int sh = 0; sh < 2; sh++)
+        for (int t = 0; t < 3; t++)
+            for (int relu = 0; relu < 2; relu++) {
+                int64_t n = shapes[sh][0], c = shapes[sh][1], s = shapes[sh][2];
+                na_dtype dt = dts[t];
+                na_view x = MK(dt, n, c, s), gy = MK(dt, n, c, s), gam = MK(NA_DTYPE_F32, c),
+                        bet = MK(NA_DTYPE_F32, c);
+                fill_rand(&x, -2, 3);
+                fill_rand(&gy, -1, 1);
+                fill_rand(&gam, 0.5, 1.5);
+                fill_rand(&bet, -1, 1);
+                na_view out[2][9]; /* y, sm, si, rm, rv, gx, gg, gb, eval y */
+                for (int base = 0; base < 2; base++) {
+                    na_view *o = out[base];
+                    o[0] = MK(dt, n, c, s), o[5] = MK(dt, n, c, s), o[8] = MK(dt, n, c, s);
+                    for (int k = 1; k <= 4; k++) o[k] = MK(NA_DTYPE_F32, c);
+                    o[6] = MK(NA_DTYPE_F32, c), o[7] = MK(NA_DTYPE_F32, c);
+                    for (int64_t ch = 0; ch < c; ch++) set(&o[4], ch, 1.0);
+                    na_cpu_bn_force_baseline = base;
+                    cr_assert_eq(B->batch_norm_train(&x, &gam, &bet, &o[3], &o[4], &o[0], &o[1],
+                                                     &o[2], n, c, s, 0.1, 1e-5, relu), NA_OK);
+                    cr_assert_eq(B->batch_norm_backward(&x, &gy, &gam, &o[1], &o[2], &o[5], &o[6],
+                                                        &o[7], n, c, s, true,
+                                                        relu ? &o[0] : NULL), NA_OK);
+                    cr_assert_eq(B->batch_norm_eval(&x, &gam, &bet, &o[3], &o[4], &o[8], n, c, s,
+                                                    1e-5, relu), NA_OK);
+                }
+                na_cpu_bn_force_baseline = false;
+                const char *what[9] = {"y", "saved mean", "saved invstd", "running mean",
+                                       "running var", "gx", "ggamma", "gbeta", "eval y"};
+                for (int k = 0; k < 9; k++) {
+                    char msg[96];
+                    snprintf(msg, sizeof msg, "%s, %s, relu %d, shape %d", what[k],
+                             na_dtype_name(dt), relu, sh);
+                    expect_same_bits(&out[0][k], &out[1][k], msg);
+                }
+                for (int base = 0; base < 2; base++)
+                    for (int k = 0; k < 9; k++) rm(&out[base][k]);
+                rm(&x); rm(&gy); rm(&gam); rm(&bet);
+            }
+}
+
 Test(cpu_batchnorm, half_input_f32_params) {
     int64_t n = 4, c = 2, s = 30;
     na_view x = MK(NA_DTYPE_F16, n, c, s), y = MK(NA_DTYPE_F16, n, c, s),

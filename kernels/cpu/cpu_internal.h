@@ -254,6 +254,10 @@ extern bool na_cpu_gemm_force_builtin;
  * path is checked against it). */
 extern bool na_cpu_pool_force_generic;
 
+/* Test hook: when true, BatchNorm runs its baseline (SSE2) f32 loops even where the CPU has
+ * AVX2 (the AVX2 build of the same loops is checked bit for bit against them). */
+extern bool na_cpu_bn_force_baseline;
+
 /* Test hook: elements of scratch one convolution block (images per GEMM) may use. */
 extern int64_t na_cpu_conv_block_budget;
 
