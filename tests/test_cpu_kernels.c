@@ -649,6 +649,28 @@ Test(cpu_reduce, sum_mean_max_middle_and_last_axis) {
     rm(&x); rm(&o); rm(&idx); rm(&o2); rm(&i2);
 }
 
+/* na_cpu_sum_f's AVX2 build adds in the baseline build's order: the same bits for every
+ * length from 0 to 3000 over random signs and magnitudes (on a CPU without AVX2 both runs
+ * take the baseline). */
+Test(cpu_reduce, sum_avx2_build_gives_the_baseline_bits) {
+    enum { N = 3000 };
+    float *x = malloc(N * sizeof(float));
+    uint64_t z = 0x9E3779B97F4A7C15ull;
+    for (int i = 0; i < N; i++) {
+        z = z * 6364136223846793005ull + 1442695040888963407ull;
+        x[i] = (float)((int64_t)(z >> 33) % 200001 - 100000) * ldexpf(1.0f, (int)(z >> 20 & 15) - 12);
+    }
+    for (int64_t n = 0; n <= N; n++) {
+        na_cpu_force_baseline = true;
+        float base = na_cpu_sum_f(x, n);
+        na_cpu_force_baseline = false;
+        float fast = na_cpu_sum_f(x, n);
+        cr_assert(memcmp(&base, &fast, sizeof base) == 0, "n = %lld: %.9g against %.9g",
+                  (long long)n, fast, base);
+    }
+    free(x);
+}
+
 Test(cpu_reduce, long_sums_accurate_and_f16_to_f32) {
     int64_t n = 1 << 21;
     na_view x = MK(NA_DTYPE_F32, n), o = MK(NA_DTYPE_F32, 1);
@@ -1656,7 +1678,7 @@ Test(cpu_batchnorm, avx2_build_gives_the_baseline_bits) {
                     for (int k = 1; k <= 4; k++) o[k] = MK(NA_DTYPE_F32, c);
                     o[6] = MK(NA_DTYPE_F32, c), o[7] = MK(NA_DTYPE_F32, c);
                     for (int64_t ch = 0; ch < c; ch++) set(&o[4], ch, 1.0);
-                    na_cpu_bn_force_baseline = base;
+                    na_cpu_force_baseline = base;
                     cr_assert_eq(B->batch_norm_train(&x, &gam, &bet, &o[3], &o[4], &o[0], &o[1],
                                                      &o[2], n, c, s, 0.1, 1e-5, relu), NA_OK);
                     cr_assert_eq(B->batch_norm_backward(&x, &gy, &gam, &o[1], &o[2], &o[5], &o[6],
@@ -1665,7 +1687,7 @@ Test(cpu_batchnorm, avx2_build_gives_the_baseline_bits) {
                     cr_assert_eq(B->batch_norm_eval(&x, &gam, &bet, &o[3], &o[4], &o[8], n, c, s,
                                                     1e-5, relu), NA_OK);
                 }
-                na_cpu_bn_force_baseline = false;
+                na_cpu_force_baseline = false;
                 const char *what[9] = {"y", "saved mean", "saved invstd", "running mean",
                                        "running var", "gx", "ggamma", "gbeta", "eval y"};
                 for (int k = 0; k < 9; k++) {

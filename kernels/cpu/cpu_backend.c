@@ -105,8 +105,9 @@ int na_cpu_bad_dtype(const char *fn, const char *what, na_dtype dt) {
 
 /* ---- pairwise sums ---------------------------------------------------------------------- */
 
-#define NA_CPU_DEFINE_SUMS(T, SFX)                                                          \
-    T na_cpu_sum_##SFX(const T *x, int64_t n) {                                             \
+/* The pairwise sum of x[0..n): 8 lanes up to 128 values, halves above (na_cpu_sum_f/_d). */
+#define NA_CPU_DEFINE_PAIRWISE(T, NAME)                                                     \
+    static T NAME(const T *x, int64_t n) {                                                  \
         if (n <= 128) {                                                                     \
             T acc[8] = {0};                                                                 \
             int64_t i = 0;                                                                  \
@@ -117,8 +118,39 @@ int na_cpu_bad_dtype(const char *fn, const char *what, na_dtype dt) {
             return s;                                                                       \
         }                                                                                   \
         int64_t h = (n / 2 + 7) & ~(int64_t)7;                                              \
-        return na_cpu_sum_##SFX(x, h) + na_cpu_sum_##SFX(x + h, n - h);                     \
-    }                                                                                       \
+        return NAME(x, h) + NAME(x + h, n - h);                                             \
+    }
+NA_CPU_DEFINE_PAIRWISE(float, pairwise_f)
+NA_CPU_DEFINE_PAIRWISE(double, pairwise_d)
+
+bool na_cpu_force_baseline = false;
+
+/* The same sum built for AVX2 (GCC on x86-64): twice the lanes per instruction, the same
+ * order of additions, so the same bits (tests/test_cpu_kernels.c compares the builds). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#pragma GCC push_options
+#pragma GCC target("avx2")
+NA_CPU_DEFINE_PAIRWISE(float, pairwise_f_avx2)
+#pragma GCC pop_options
+
+bool na_cpu_use_avx2(void) {
+    static _Atomic int has = -1;
+    if (has < 0) {
+        __builtin_cpu_init();
+        has = __builtin_cpu_supports("avx2") != 0;
+    }
+    return has && !na_cpu_force_baseline;
+}
+float na_cpu_sum_f(const float *x, int64_t n) {
+    return na_cpu_use_avx2() ? pairwise_f_avx2(x, n) : pairwise_f(x, n);
+}
+#else
+bool na_cpu_use_avx2(void) { return false; }
+float na_cpu_sum_f(const float *x, int64_t n) { return pairwise_f(x, n); }
+#endif
+double na_cpu_sum_d(const double *x, int64_t n) { return pairwise_d(x, n); }
+
+#define NA_CPU_DEFINE_SUMS(T, SFX)                                                          \
     void na_cpu_psum_add_##SFX(na_cpu_psum_##SFX *s, T v) {                                 \
         /* binary counter: level k holds the sum of 2^k values */                           \
         int k = 0;                                                                          \

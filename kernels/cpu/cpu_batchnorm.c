@@ -275,8 +275,6 @@ typedef struct {
 NA_CPU_DEFINE_BN(float, f, f, sqrtf, NA_DTYPE_F32)
 NA_CPU_DEFINE_BN(double, d, d, sqrt, NA_DTYPE_F64)
 
-bool na_cpu_bn_force_baseline = false;
-
 /* The AVX2 build of the f32 loops (GCC on x86-64; clang and other targets keep the baseline).
  * The compiler clears the upper register halves at every return and call out of these
  * functions (tests/avx_upper_state.py checks the library for exits that do not). */
@@ -287,16 +285,8 @@ bool na_cpu_bn_force_baseline = false;
 NA_CPU_DEFINE_BN(float, f, f_avx2, sqrtf, NA_DTYPE_F32)
 #pragma GCC pop_options
 
-static bool bn_use_avx2(void) {
-    static _Atomic int has = -1;
-    if (has < 0) {
-        __builtin_cpu_init();
-        has = __builtin_cpu_supports("avx2") != 0;
-    }
-    return has && !na_cpu_bn_force_baseline;
-}
 /* f32 compute through the AVX2 build where the CPU has it */
-#define NA_BN_F32(name, ...) (bn_use_avx2() ? name##_f_avx2 : name##_f)(__VA_ARGS__)
+#define NA_BN_F32(name, ...) (na_cpu_use_avx2() ? name##_f_avx2 : name##_f)(__VA_ARGS__)
 #else
 #define NA_BN_F32(name, ...) name##_f(__VA_ARGS__)
 #endif

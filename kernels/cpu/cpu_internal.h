@@ -254,9 +254,12 @@ extern bool na_cpu_gemm_force_builtin;
  * path is checked against it). */
 extern bool na_cpu_pool_force_generic;
 
-/* Test hook: when true, BatchNorm runs its baseline (SSE2) f32 loops even where the CPU has
- * AVX2 (the AVX2 build of the same loops is checked bit for bit against them). */
-extern bool na_cpu_bn_force_baseline;
+/* Whether the CPU has AVX2 (asked once) and the hook below is off: then BatchNorm's f32 loops
+ * and na_cpu_sum_f run their AVX2 builds (the same code under another target, the same bits;
+ * GCC on x86-64 only). Test hook: na_cpu_force_baseline keeps the baseline (SSE2) builds, so
+ * that the tests can compare the two bit for bit. */
+bool na_cpu_use_avx2(void);
+extern bool na_cpu_force_baseline;
 
 /* Test hook: elements of scratch one convolution block (images per GEMM) may use. */
 extern int64_t na_cpu_conv_block_budget;
