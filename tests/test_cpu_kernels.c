@@ -1235,11 +1235,13 @@ static void random_conv_case(na_dtype dt, bool big) {
     cr_assert_eq(na_cpu_ref_conv2d_backward_data(&g, &agy, &aw, &gx[1]), NA_OK);
     cr_assert_eq(na_cpu_ref_conv2d_backward_weight(&g, &ax, &agy, &gw[1]), NA_OK);
     int64_t keep = na_cpu_conv_block_budget;
-    for (int variant = 0; variant < 4; variant++) {
-        /* 0: as shipped; 1: the built-in GEMM; 2: one image per block; 3: the GEMM path */
+    for (int variant = 0; variant < 5; variant++) {
+        /* 0: as shipped; 1: the built-in GEMM; 2: one image per block; 3: the GEMM path;
+         * 4: as shipped with the least scratch (the direct path's weight gradient then packs
+         * its columns one input channel at a time) */
         na_cpu_gemm_force_builtin = variant == 1;
-        na_cpu_conv_force_gemm = variant >= 1;
-        if (variant == 2) na_cpu_conv_block_budget = 1;
+        na_cpu_conv_force_gemm = variant >= 1 && variant <= 3;
+        if (variant == 2 || variant == 4) na_cpu_conv_block_budget = 1;
         fill_rand(&y[2], 9, 10); /* every output is overwritten */
         fill_rand(&gx[2], 9, 10);
         fill_rand(&gw[2], 9, 10);

@@ -313,50 +313,63 @@ NA_AVX512 static void abt(int64_t M, int64_t N, int64_t L, const float *A, int64
 }
 
 /* Rows [r0, r1) of every group's weight gradient (at gw + (gi*cog + r)*K, f32) over images
- * [lo, hi): per block of about 1024 pixels (a 6-row slice of the columns stays in L1), the
- * im2col columns packed in whole 16-pixel tiles and gy's rows copied beside them with the
- * same zero tails, then abt. An f32 gy whose images are whole vectors of at least 512 pixels
- * is read in place, an image at a time (the copy would cost more than the product for few
- * channels, as in a first layer). */
+ * [lo, hi): per block of about 1024 pixels, gy's rows copied with zero tails to whole 16-pixel
+ * tiles, then per slice of whole input channels the block's im2col columns packed the same
+ * way and abt. A tile of abt sums its lanes once per product, so a product needs many pixels:
+ * with all K rows of columns in one block, ResNet-9's deep layers (2304-4608 rows) fit only
+ * 112-256 pixels in the budget, and the lane sums cost a third of their weight gradient; the
+ * slices keep the pixels and put the budget's limit on the rows instead. An f32 gy whose images
+ * are whole vectors of at least 512 pixels is read in place, an image at a time (the copy
+ * would cost more than the product for few channels, as in a first layer). */
 static int wgrad_range(const na_conv_geom *g, const na_view *x, const na_view *gy, int64_t lo,
                        int64_t hi, int64_t r0, int64_t r1, float *gw) {
     const char *fn = "cpu_conv2d_backward_weight";
     int64_t G = g->groups, cg = g->c_in / G, cog = g->c_out / G, rows = r1 - r0;
     dc_shape s = {.cin = cg, .H = g->h, .W = g->w, .cout = cog, .OH = g->oh, .OW = g->ow,
                   .KH = g->kh, .KW = g->kw, .sh = g->sh, .ph = g->ph, .pw = g->pw, .dh = g->dh};
-    s.K = cg * g->kh * g->kw;
+    int64_t taps = (int64_t)g->kh * g->kw;
+    s.K = cg * taps;
     int64_t P = g->oh * g->ow, HW = g->h * g->w, P16 = (P + DC_LANES - 1) / DC_LANES * DC_LANES;
     bool in_place = gy->dtype == NA_DTYPE_F32 && P == P16 && P >= 512;
-    /* about 1024 pixels per product, the columns within half the block budget: ResNet-9's
-     * last layers have 2304-4608 rows of them, and at the whole budget its step's RSS growth
-     * was 219 MiB against 215 (the GEMM path: 216), for 7% of its step time */
-    int64_t NB = 1024 / P16, fit = na_cpu_conv_block_budget / 2 / (s.K * P16);
-    NB = in_place || NB < 1 ? 1 : NB > fit ? (fit < 1 ? 1 : fit) : NB;
+    int64_t NB = in_place || 1024 / P16 < 1 ? 1 : 1024 / P16;
     NB = NB > hi - lo ? hi - lo : NB;
-    float *xb = na_cpu_scratch(NA_CPU_SCRATCH_0, (size_t)(cg * HW) * sizeof(float), fn);
-    float *col = na_cpu_scratch(NA_CPU_SCRATCH_1, (size_t)(s.K * NB * P16) * sizeof(float), fn);
-    float *gyb = na_cpu_scratch(NA_CPU_SCRATCH_2, (size_t)(rows * NB * P16) * sizeof(float), fn);
-    if (!xb || !col || !gyb) return NA_ENOMEM;
+    /* channels per slice: the columns within half the block budget (ResNet-9's step's RSS
+     * growth stays at 215 MiB; at the whole budget it was 219), in near-equal slices */
+    int64_t most = na_cpu_conv_block_budget / 2 / (taps * NB * P16), slices;
+    most = most < 1 ? 1 : most > cg ? cg : most;
+    slices = (cg + most - 1) / most;
+    int64_t sc = (cg + slices - 1) / slices;
+    float *xb = na_cpu_scratch(NA_CPU_SCRATCH_0, (size_t)(sc * HW) * sizeof(float), fn);
+    float *col = na_cpu_scratch(NA_CPU_SCRATCH_1, (size_t)(sc * taps * NB * P16) * sizeof(float),
+                                fn);
+    float *gyb = in_place ? NULL
+                          : na_cpu_scratch(NA_CPU_SCRATCH_2,
+                                           (size_t)(rows * NB * P16) * sizeof(float), fn);
+    if (!xb || !col || (!in_place && !gyb)) return NA_ENOMEM;
     for (int64_t n0 = lo; n0 < hi; n0 += NB) {
         int64_t nb = hi - n0 < NB ? hi - n0 : NB, L = nb * P16;
         for (int64_t gi = 0; gi < G; gi++) {
             int64_t first = (n0 * g->c_out + gi * cog + r0) * P; /* gy row r0 of image n0 */
-            for (int64_t b = 0; b < nb; b++) {
-                const float *xv = na_cpu_view_f(x->dtype, x->data,
-                                                ((n0 + b) * g->c_in + gi * cg) * HW, cg * HW, xb);
-                if (x->dtype == NA_DTYPE_F32 && n0 + b + 1 < hi)
-                    prefetch_l2(xv + g->c_in * HW, cg * HW);
-                for (int64_t pt = 0; pt < P; pt += DC_LANES)
-                    pack_tile(&s, xv, pt, 0, cg, col + b * P16 + pt, L);
-                for (int64_t r = 0; r < rows && !in_place; r++) {
+            for (int64_t b = 0; b < nb && !in_place; b++)
+                for (int64_t r = 0; r < rows; r++) {
                     float *d = gyb + r * L + b * P16;
                     na_cpu_load_f(gy->dtype, gy->data, first + (b * g->c_out + r) * P, P, d);
                     memset(d + P, 0, (size_t)(P16 - P) * sizeof(float));
                 }
-            }
             const float *a = in_place ? (const float *)gy->data + first : gyb;
-            abt(rows, s.K, L, a, in_place ? P : L, col, gw + (gi * cog + r0) * s.K, s.K,
-                n0 != lo);
+            for (int64_t c0 = 0; c0 < cg; c0 += sc) {
+                int64_t c1 = c0 + sc < cg ? c0 + sc : cg;
+                for (int64_t b = 0; b < nb; b++) {
+                    int64_t at = ((n0 + b) * g->c_in + gi * cg + c0) * HW;
+                    const float *xv = na_cpu_view_f(x->dtype, x->data, at, (c1 - c0) * HW, xb);
+                    if (x->dtype == NA_DTYPE_F32 && n0 + b + 1 < hi)
+                        prefetch_l2(xv + g->c_in * HW, (c1 - c0) * HW);
+                    for (int64_t pt = 0; pt < P; pt += DC_LANES)
+                        pack_tile(&s, xv, pt, 0, c1 - c0, col + b * P16 + pt, L);
+                }
+                abt(rows, (c1 - c0) * taps, L, a, in_place ? P : L, col,
+                    gw + (gi * cog + r0) * s.K + c0 * taps, s.K, n0 != lo);
+            }
         }
     }
     return NA_OK;
