@@ -1333,6 +1333,36 @@ Test(cpu_conv, direct_path_against_gemm_path) {
     direct_against_gemm(conv_geom(2, 256, 2, 3, 520, 3, 1, 1, 1, 1));
 }
 
+/* The weight gradient split by output channels takes as many tasks as the thread count asks
+ * for (two per thread): its bits must not depend on that. A layer wide enough for the split,
+ * at 1, 2, 3 and 4 threads. */
+Test(cpu_conv, weight_gradient_by_rows_same_bits_at_any_thread_count) {
+    na_conv_geom g = conv_geom(6, 32, 16, 16, 256, 3, 1, 1, 1, 1); /* blocks of 4 images */
+    if (!na_cpu_direct_conv_usable(&g, false))
+        cr_skip("this CPU has no AVX-512F (or NANOAMP_CPU_CONV=gemm): no direct convolution");
+    na_view x = MK(NA_DTYPE_F32, g.n, g.c_in, g.h, g.w),
+            gy = MK(NA_DTYPE_F32, g.n, g.c_out, g.oh, g.ow), gw[4];
+    fill_rand(&x, -1, 1);
+    fill_rand(&gy, -1, 1);
+    int64_t keep = na_cpu_conv_block_budget;
+    na_cpu_conv_block_budget = 4096; /* no room for per-image partials: split by rows */
+    for (int t = 0; t < 4; t++) {
+        gw[t] = MK(NA_DTYPE_F32, g.c_out, g.c_in, g.kh, g.kw);
+        cr_assert_eq(na_set_num_threads(t + 1), NA_OK);
+        cr_assert_eq(B->conv2d_backward_weight(&g, &x, &gy, &gw[t]), NA_OK, "%s",
+                     na_last_error());
+    }
+    na_cpu_conv_block_budget = keep;
+    na_set_num_threads(1);
+    for (int t = 1; t < 4; t++) {
+        char what[64];
+        snprintf(what, sizeof what, "weight gradient at %d threads against 1", t + 1);
+        expect_same_bits(&gw[t], &gw[0], what);
+    }
+    for (int t = 0; t < 4; t++) rm(&gw[t]);
+    rm(&x); rm(&gy);
+}
+
 /* The specification itself, on numbers worked by hand. */
 Test(cpu_reference, hand_worked_gemm_and_conv) {
     /* [1 2; 3 4]^T @ [5 6; 7 8] * 2 + 1*C + bias, relu: A^T = [1 3; 2 4] */
