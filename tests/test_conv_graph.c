@@ -47,6 +47,12 @@ static na_conv_geom geom(void) {
     na_view x = view4(dt, 2, 4, 5, 7, NULL, 0), w = view4(dt, 6, 2, 3, 3, NULL, 0),        \
             y = view4(dt, 2, 6, 3, 4, NULL, 0)
 
+/* na_cg_problem_init with TF32, determinism and autotuning off */
+static int plain_init(na_cg_problem *p, na_cg_kind kind, const na_conv_geom *g, const na_view *x,
+                      const na_view *w, const na_view *y, const na_view *bias, const char *who) {
+    return na_cg_problem_init(p, kind, g, x, w, y, bias, false, false, false, who);
+}
+
 static void expect_tensor(const na_cg_tensor *t, const int64_t dim[4], const int64_t str[4]) {
     for (int i = 0; i < 4; i++) {
         cr_expect_eq(t->dim[i], dim[i], "dim %d: %lld, want %lld", i, (long long)t->dim[i],
@@ -81,14 +87,14 @@ Test(conv_graph, channels_last_strides_pass_through_and_make_another_key) {
     na_view wl = view4(NA_DTYPE_BF16, 6, 2, 3, 3, (int64_t[]){18, 1, 6, 2}, 0);
     na_view yl = view4(NA_DTYPE_BF16, 2, 6, 3, 4, (int64_t[]){72, 1, 24, 6}, 0);
     na_cg_problem nhwc, nchw;
-    cr_assert_eq(na_cg_problem_init(&nhwc, NA_CG_BWD_DATA, &g, &xl, &wl, &yl, NULL, false, false,
-                                    false, "t"), NA_OK, "%s", na_last_error());
+    cr_assert_eq(plain_init(&nhwc, NA_CG_BWD_DATA, &g, &xl, &wl, &yl, NULL, "t"), NA_OK, "%s",
+                 na_last_error());
     expect_tensor(&nhwc.t[NA_CG_X], (int64_t[]){2, 4, 5, 7}, (int64_t[]){140, 1, 28, 4});
     expect_tensor(&nhwc.t[NA_CG_W], (int64_t[]){6, 2, 3, 3}, (int64_t[]){18, 1, 6, 2});
     expect_tensor(&nhwc.t[NA_CG_Y], (int64_t[]){2, 6, 3, 4}, (int64_t[]){72, 1, 24, 6});
     GEOM_VIEWS(NA_DTYPE_BF16);
-    cr_assert_eq(na_cg_problem_init(&nchw, NA_CG_BWD_DATA, &g, &x, &w, &y, NULL, false, false,
-                                    false, "t"), NA_OK, "%s", na_last_error());
+    cr_assert_eq(plain_init(&nchw, NA_CG_BWD_DATA, &g, &x, &w, &y, NULL, "t"), NA_OK, "%s",
+                 na_last_error());
     cr_expect_neq(memcmp(&nhwc, &nchw, sizeof nhwc), 0, "layouts must not share a plan");
 }
 
@@ -114,8 +120,10 @@ Test(conv_graph, tf32_is_part_of_the_key_for_f32_only) {
         na_dtype dt = half ? NA_DTYPE_F16 : NA_DTYPE_F32;
         na_view x = view4(dt, 2, 4, 5, 7, NULL, 0), w = view4(dt, 6, 2, 3, 3, NULL, 0);
         na_view y = view4(dt, 2, 6, 3, 4, NULL, 0);
-        cr_assert_eq(na_cg_problem_init(&a, NA_CG_FWD, &g, &x, &w, &y, NULL, false, false, false, "t"), NA_OK);
-        cr_assert_eq(na_cg_problem_init(&b, NA_CG_FWD, &g, &x, &w, &y, NULL, true, false, false, "t"), NA_OK);
+        cr_assert_eq(plain_init(&a, NA_CG_FWD, &g, &x, &w, &y, NULL, "t"), NA_OK);
+        cr_assert_eq(
+            na_cg_problem_init(&b, NA_CG_FWD, &g, &x, &w, &y, NULL, true, false, false, "t"),
+            NA_OK);
         if (half)
             cr_expect_eq(memcmp(&a, &b, sizeof a), 0, "f16 has no TF32: one plan serves both");
         else
@@ -127,9 +135,9 @@ Test(conv_graph, misaligned_data_is_another_problem) {
     na_conv_geom g = geom();
     GEOM_VIEWS(NA_DTYPE_F16);
     na_cg_problem a, b;
-    cr_assert_eq(na_cg_problem_init(&a, NA_CG_FWD, &g, &x, &w, &y, NULL, false, false, false, "t"), NA_OK);
+    cr_assert_eq(plain_init(&a, NA_CG_FWD, &g, &x, &w, &y, NULL, "t"), NA_OK);
     x.data = buf + 2;
-    cr_assert_eq(na_cg_problem_init(&b, NA_CG_FWD, &g, &x, &w, &y, NULL, false, false, false, "t"), NA_OK);
+    cr_assert_eq(plain_init(&b, NA_CG_FWD, &g, &x, &w, &y, NULL, "t"), NA_OK);
     cr_expect_eq(a.t[NA_CG_X].align, 16);
     cr_expect_eq(b.t[NA_CG_X].align, 2);
     cr_expect_neq(memcmp(&a, &b, sizeof a), 0);
@@ -153,22 +161,22 @@ Test(conv_graph, bias_of_k_or_1k11_is_described_as_1k11) {
     na_view b0 = b1;
     b0.ndim = 1, b0.shape[0] = 6, b0.stride[0] = 1;
     na_cg_problem p0, p1;
-    cr_assert_eq(na_cg_problem_init(&p0, NA_CG_FWD_BIAS_RELU, &g, &x, &w, &y, &b0, false, false, false, "t"),
+    cr_assert_eq(plain_init(&p0, NA_CG_FWD_BIAS_RELU, &g, &x, &w, &y, &b0, "t"),
                  NA_OK, "%s", na_last_error());
-    cr_assert_eq(na_cg_problem_init(&p1, NA_CG_FWD_BIAS_RELU, &g, &x, &w, &y, &b1, false, false, false, "t"),
+    cr_assert_eq(plain_init(&p1, NA_CG_FWD_BIAS_RELU, &g, &x, &w, &y, &b1, "t"),
                  NA_OK, "%s", na_last_error());
     expect_tensor(&p0.t[NA_CG_BIAS], (int64_t[]){1, 6, 1, 1}, (int64_t[]){6, 1, 1, 1});
     cr_expect_eq(memcmp(&p0, &p1, sizeof p0), 0);
     /* with a channels-last y the bias's unit dims follow that layout */
     na_view yl = view4(NA_DTYPE_F16, 2, 6, 3, 4, (int64_t[]){72, 1, 24, 6}, 0);
-    cr_assert_eq(na_cg_problem_init(&p1, NA_CG_FWD_BIAS_RELU, &g, &x, &w, &yl, &b1, false, false, false, "t"),
+    cr_assert_eq(plain_init(&p1, NA_CG_FWD_BIAS_RELU, &g, &x, &w, &yl, &b1, "t"),
                  NA_OK, "%s", na_last_error());
     expect_tensor(&p1.t[NA_CG_BIAS], (int64_t[]){1, 6, 1, 1}, (int64_t[]){6, 1, 6, 6});
     b0.shape[0] = 5;
-    cr_expect_eq(na_cg_problem_init(&p0, NA_CG_FWD_BIAS_RELU, &g, &x, &w, &y, &b0, false, false, false, "t"),
+    cr_expect_eq(plain_init(&p0, NA_CG_FWD_BIAS_RELU, &g, &x, &w, &y, &b0, "t"),
                  NA_ESHAPE);
     cr_expect(strstr(na_last_error(), "[6] or [1, 6, 1, 1]"), "%s", na_last_error());
-    cr_expect_eq(na_cg_problem_init(&p0, NA_CG_FWD_BIAS_RELU, &g, &x, &w, &y, NULL, false, false, false, "t"),
+    cr_expect_eq(plain_init(&p0, NA_CG_FWD_BIAS_RELU, &g, &x, &w, &y, NULL, "t"),
                  NA_EINVAL);
 }
 
@@ -177,22 +185,22 @@ Test(conv_graph, views_that_do_not_match_are_refused_with_the_shapes) {
     GEOM_VIEWS(NA_DTYPE_F32);
     na_cg_problem p;
     na_view bad = view4(NA_DTYPE_F32, 2, 6, 3, 5, NULL, 0);
-    cr_expect_eq(na_cg_problem_init(&p, NA_CG_FWD, &g, &x, &w, &bad, NULL, false, false, false, "conv2d"),
+    cr_expect_eq(plain_init(&p, NA_CG_FWD, &g, &x, &w, &bad, NULL, "conv2d"),
                  NA_ESHAPE);
     cr_expect(strstr(na_last_error(), "conv2d") && strstr(na_last_error(), "[2, 6, 3, 5]") &&
               strstr(na_last_error(), "[2, 6, 3, 4]"), "%s", na_last_error());
     bad = view4(NA_DTYPE_F16, 6, 2, 3, 3, NULL, 0);
-    cr_expect_eq(na_cg_problem_init(&p, NA_CG_FWD, &g, &x, &bad, &y, NULL, false, false, false, "t"),
+    cr_expect_eq(plain_init(&p, NA_CG_FWD, &g, &x, &bad, &y, NULL, "t"),
                  NA_EDTYPE);
     bad = view4(NA_DTYPE_F32, 2, 4, 5, 7, (int64_t[]){140, 35, 0, 1}, 0);
-    cr_expect_eq(na_cg_problem_init(&p, NA_CG_FWD, &g, &bad, &w, &y, NULL, false, false, false, "t"),
+    cr_expect_eq(plain_init(&p, NA_CG_FWD, &g, &bad, &w, &y, NULL, "t"),
                  NA_EINVAL);
     x.dtype = w.dtype = y.dtype = NA_DTYPE_F64;
-    cr_expect_eq(na_cg_problem_init(&p, NA_CG_FWD, &g, &x, &w, &y, NULL, false, false, false, "t"),
+    cr_expect_eq(plain_init(&p, NA_CG_FWD, &g, &x, &w, &y, NULL, "t"),
                  NA_EDTYPE, "f64 is the legacy path's");
     x.dtype = w.dtype = y.dtype = NA_DTYPE_F32;
     g.groups = 4; /* 6 output channels are not divisible by 4 */
-    cr_expect_eq(na_cg_problem_init(&p, NA_CG_FWD, &g, &x, &w, &y, NULL, false, false, false, "t"),
+    cr_expect_eq(plain_init(&p, NA_CG_FWD, &g, &x, &w, &y, NULL, "t"),
                  NA_EINVAL);
 }
 
@@ -200,7 +208,7 @@ Test(conv_graph, problem_string_names_kind_dtype_and_shapes) {
     na_conv_geom g = geom();
     GEOM_VIEWS(NA_DTYPE_F16);
     na_cg_problem p;
-    cr_assert_eq(na_cg_problem_init(&p, NA_CG_BWD_FILTER, &g, &x, &w, &y, NULL, false, false, false, "t"), NA_OK);
+    cr_assert_eq(plain_init(&p, NA_CG_BWD_FILTER, &g, &x, &w, &y, NULL, "t"), NA_OK);
     char s[512];
     na_cg_problem_str(&p, s, sizeof s);
     cr_expect(strstr(s, "backward weight f16"), "%s", s);
@@ -227,7 +235,8 @@ Test(conv_graph, engine_filter) {
     cr_expect_not_null(na_cg_engine_rejects(NA_CG_NOTE_NONDETERMINISTIC, bf16, false, true, false));
     cr_expect_null(na_cg_engine_rejects(NA_CG_NOTE_NONDETERMINISTIC, bf16, false, false, false));
     cr_expect_not_null(na_cg_engine_rejects(NA_CG_NOTE_DOWN_CONVERT, f32, true, false, false));
-    cr_expect_not_null(na_cg_engine_rejects(NA_CG_NOTE_REDUCED_PRECISION, f16, false, false, false));
+    cr_expect_not_null(
+        na_cg_engine_rejects(NA_CG_NOTE_REDUCED_PRECISION, f16, false, false, false));
     cr_expect_not_null(na_cg_engine_rejects(NA_CG_NOTE_RUNTIME_COMPILED, f16, false, false, false));
     cr_expect_null(na_cg_engine_rejects(NA_CG_NOTE_RUNTIME_COMPILED, f16, false, false, true));
     const char *why = na_cg_engine_rejects(NA_CG_NOTE_NONDETERMINISTIC, f16, false, true, false);
@@ -246,10 +255,11 @@ Test(conv_graph, fastest_skips_failed_runs) {
 static na_cg_problem problem_n(int i) {
     na_conv_geom g = geom();
     g.n = i + 1;
-    na_view x = view4(NA_DTYPE_F16, g.n, 4, 5, 7, NULL, 0), w = view4(NA_DTYPE_F16, 6, 2, 3, 3, NULL, 0);
+    na_view x = view4(NA_DTYPE_F16, g.n, 4, 5, 7, NULL, 0),
+            w = view4(NA_DTYPE_F16, 6, 2, 3, 3, NULL, 0);
     na_view y = view4(NA_DTYPE_F16, g.n, 6, 3, 4, NULL, 0);
     na_cg_problem p;
-    cr_assert_eq(na_cg_problem_init(&p, NA_CG_FWD, &g, &x, &w, &y, NULL, false, false, false, "t"), NA_OK);
+    cr_assert_eq(plain_init(&p, NA_CG_FWD, &g, &x, &w, &y, NULL, "t"), NA_OK);
     return p;
 }
 
