@@ -123,29 +123,40 @@ int na_cpu_bad_dtype(const char *fn, const char *what, na_dtype dt) {
 NA_CPU_DEFINE_PAIRWISE(float, pairwise_f)
 NA_CPU_DEFINE_PAIRWISE(double, pairwise_d)
 
-bool na_cpu_force_baseline = false;
+/* ---- CPU features, asked once (CPUID traps to the hypervisor in a VM) ------------------- */
 
-/* The same sum built for AVX2 (GCC on x86-64): twice the lanes per instruction, the same
- * order of additions, so the same bits (tests/test_cpu_kernels.c compares the builds). */
+#if defined(__x86_64__) && defined(__GNUC__)
+#define NA_CPU_FEATURE(name)                                                                \
+    do {                                                                                    \
+        static _Atomic int has_ = -1;                                                       \
+        if (has_ < 0) {                                                                     \
+            __builtin_cpu_init();                                                           \
+            has_ = __builtin_cpu_supports(name) != 0;                                       \
+        }                                                                                   \
+        return has_;                                                                        \
+    } while (0)
+#else
+#define NA_CPU_FEATURE(name) return false
+#endif
+bool na_cpu_has_avx512f(void) { NA_CPU_FEATURE("avx512f"); }
+static bool has_avx2(void) { NA_CPU_FEATURE("avx2"); }
+
+bool na_cpu_force_baseline = false;
+bool na_cpu_use_avx2(void) { return has_avx2() && !na_cpu_force_baseline; }
+
+/* The same sum built for AVX2 (GCC on x86-64; the AVX2 builds use GCC's pragma): twice the
+ * lanes per instruction, the same order of additions, so the same bits
+ * (tests/test_cpu_kernels.c compares the builds). */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #pragma GCC push_options
 #pragma GCC target("avx2")
 NA_CPU_DEFINE_PAIRWISE(float, pairwise_f_avx2)
 #pragma GCC pop_options
 
-bool na_cpu_use_avx2(void) {
-    static _Atomic int has = -1;
-    if (has < 0) {
-        __builtin_cpu_init();
-        has = __builtin_cpu_supports("avx2") != 0;
-    }
-    return has && !na_cpu_force_baseline;
-}
 float na_cpu_sum_f(const float *x, int64_t n) {
     return na_cpu_use_avx2() ? pairwise_f_avx2(x, n) : pairwise_f(x, n);
 }
 #else
-bool na_cpu_use_avx2(void) { return false; }
 float na_cpu_sum_f(const float *x, int64_t n) { return pairwise_f(x, n); }
 #endif
 double na_cpu_sum_d(const double *x, int64_t n) { return pairwise_d(x, n); }

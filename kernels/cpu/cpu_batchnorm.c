@@ -279,7 +279,6 @@ NA_CPU_DEFINE_BN(double, d, d, sqrt, NA_DTYPE_F64)
  * The compiler clears the upper register halves at every return and call out of these
  * functions (tests/avx_upper_state.py checks the library for exits that do not). */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define NA_BN_AVX2 1
 #pragma GCC push_options
 #pragma GCC target("avx2")
 NA_CPU_DEFINE_BN(float, f, f_avx2, sqrtf, NA_DTYPE_F32)
@@ -425,8 +424,7 @@ int na_cpu_batch_norm_backward(const na_view *x, const na_view *gy, const na_vie
     int st = check_extent(fn, x, n, c, s);
     if (st) return st;
     bn_run(&(bn_job){.kind = BN_BACKWARD, .x = x, .gy = gy, .relu_y = relu_y, .gamma = gamma,
-                     .mean = mean,
-                     .invstd = invstd, .gx = gx, .gg = ggamma, .gb = gbeta, .n = n, .c = c,
-                     .s = s, .train = train});
+                     .mean = mean, .invstd = invstd, .gx = gx, .gg = ggamma, .gb = gbeta,
+                     .n = n, .c = c, .s = s, .train = train});
     return NA_OK;
 }

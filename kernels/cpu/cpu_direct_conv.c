@@ -54,19 +54,6 @@ typedef struct {
     int KH, KW, sh, ph, pw, dh;
 } dc_shape;
 
-bool na_cpu_has_avx512f(void) {
-#ifdef NA_DC_X86
-    static _Atomic int has = -1;
-    if (has < 0) {
-        __builtin_cpu_init();
-        has = __builtin_cpu_supports("avx512f") != 0;
-    }
-    return has;
-#else
-    return false;
-#endif
-}
-
 static bool env_forces_gemm(void) {
     static _Atomic int gemm = -1;
     if (gemm < 0) {
