@@ -421,11 +421,6 @@ static size_t dnn_hash(const dnn_key *k) {
  * own buffers, the first time a problem is seen: the warm-up steps) instead of cuDNN's
  * heuristic. Finding runs every candidate once and synchronizes; its workspace is the
  * backend's scratch buffer, grown to at least 64 MiB. */
-static bool dnn_find(void) {
-    static int on = -1;
-    if (on < 0) on = na_cuda_env_is("NANOAMP_CUDNN_FIND", NULL);
-    return on == 1;
-}
 #define DNN_FIND_WS ((size_t)64 << 20)
 
 /* The cached entry of a problem: descriptors made on first use, evicting the slot's last
@@ -436,8 +431,8 @@ static int dnn_lookup(const conv_dims &d, na_dtype dt, dnn_entry **out, bool *ok
     key.dtype = dt;
     key.layout = LAYOUT_NCHW;
     key.tf32 = na_cuda_ctx.tf32;
-    key.det = na_cuda_env_is("NANOAMP_DETERMINISTIC", NULL);
-    key.find = dnn_find();
+    key.det = na_cuda_deterministic();
+    key.find = na_cuda_cudnn_find();
     key.n = d.n; key.cin = d.cin; key.h = d.h; key.w = d.w;
     key.cout = d.cout; key.oh = d.oh; key.ow = d.ow;
     key.kh = d.kh; key.kw = d.kw; key.sh = d.sh; key.sw = d.sw;

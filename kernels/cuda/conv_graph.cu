@@ -388,12 +388,6 @@ static int cg_time(cudnnHandle_t h, cg_candidate *cand, int n, int n_uids, void 
     return NA_OK;
 }
 
-static bool cg_find(void) {
-    static int on = -1;
-    if (on < 0) on = na_cuda_env_is("NANOAMP_CUDNN_FIND", NULL);
-    return on == 1;
-}
-
 static na_cg_cache cg_cache;
 
 /* Makes the plan of a new problem into *out (NULL, with the reason in why, when the graph
@@ -503,7 +497,7 @@ static int cg_run(na_cg_kind kind, const na_conv_geom *g, const na_view *x, cons
     if (dt != NA_DTYPE_F32 && dt != NA_DTYPE_F16 && dt != NA_DTYPE_BF16) return NA_OK;
     na_cg_problem p;
     if (na_cg_problem_init(&p, kind, g, x, w, y, bias, na_cuda_ctx.tf32,
-                           na_cuda_env_is("NANOAMP_DETERMINISTIC", NULL), cg_find(), who[kind]) < 0) {
+                           na_cuda_deterministic(), na_cuda_cudnn_find(), who[kind]) < 0) {
         if (cg_verbose()) fprintf(stderr, "nanoamp: conv graph: legacy path: -- %s\n", na_last_error());
         na_clear_error(); /* the views are not describable here: the legacy path serves them */
         return NA_OK;

@@ -130,6 +130,20 @@ static inline bool na_cuda_env_is(const char *name, const char *want) {
     return want ? strcmp(v, want) == 0 : strcmp(v, "0") != 0;
 }
 
+/* The switches the convolution paths share (conv.cu, conv_graph.cu), read once per file:
+ * NANOAMP_CUDNN_FIND=1 chooses cuDNN's algorithms or plans by timing them,
+ * NANOAMP_DETERMINISTIC=1 takes only deterministic ones. */
+static inline bool na_cuda_cudnn_find(void) {
+    static int on = -1;
+    if (on < 0) on = na_cuda_env_is("NANOAMP_CUDNN_FIND", NULL);
+    return on == 1;
+}
+static inline bool na_cuda_deterministic(void) {
+    static int on = -1;
+    if (on < 0) on = na_cuda_env_is("NANOAMP_DETERMINISTIC", NULL);
+    return on == 1;
+}
+
 /* Propagate a negative status from a helper. */
 #define NA_TRY(expr)                                                                          \
     do {                                                                                      \
