@@ -137,6 +137,16 @@ static const char *after_bar(const run_state *r) {
     return r->tty && !r->o->quiet ? "\n" : "";
 }
 
+/* The step's forward and loss; with `trace` (--amp-trace, the first step) printing the dtype of
+ * each op: the autocast regions' ops, or every op for o2/off. The loss, or NULL. */
+static na_tensor *step_loss(run_state *r, na_tensor *x, na_tensor *y, bool trace) {
+    if (trace)
+        na_autocast_trace(r->amp->autocast ? NA_AMP_TRACE_REGIONS : NA_AMP_TRACE_ALL, stderr);
+    na_tensor *loss = trainer_amp_loss(r->amp, r->job->net, x, y, r->o->label_smoothing);
+    if (trace) na_autocast_trace(NA_AMP_TRACE_OFF, NULL);
+    return loss;
+}
+
 /* A full batch's step with --cuda-graph: the batch into the graph's inputs, then an eager step
  * (warm-up, or after a failed capture), the capture, or a replay. The loss, or NULL. */
 static na_tensor *graph_step(run_state *r, bool trace) {
@@ -156,9 +166,7 @@ static na_tensor *graph_step(run_state *r, bool trace) {
         return r->gloss;
     }
     if (r->warmup_left > 0) r->warmup_left--;
-    if (trace) na_autocast_trace(r->amp->autocast ? NA_AMP_TRACE_REGIONS : NA_AMP_TRACE_ALL, stderr);
-    na_tensor *loss = trainer_amp_loss(r->amp, r->job->net, r->gx, r->gy, o->label_smoothing);
-    if (trace) na_autocast_trace(NA_AMP_TRACE_OFF, NULL);
+    na_tensor *loss = step_loss(r, r->gx, r->gy, trace);
     return loss && !trainer_amp_step(r->amp, loss) ? loss : NULL;
 }
 
@@ -189,10 +197,7 @@ static int train_epoch(run_state *r, int64_t epoch, double *train_loss) {
         } else {
             na_tensor *xt = na_from_host(NA_DTYPE_F32, o->device, 4, shape, r->x);
             na_tensor *yt = na_from_host(NA_DTYPE_I32, o->device, NA_SHAPE(n), r->y);
-            if (trace) /* the first step's forward: autocast regions, or every op for o2/off */
-                na_autocast_trace(amp->autocast ? NA_AMP_TRACE_REGIONS : NA_AMP_TRACE_ALL, stderr);
-            loss = trainer_amp_loss(amp, r->job->net, xt, yt, o->label_smoothing);
-            if (trace) na_autocast_trace(NA_AMP_TRACE_OFF, NULL);
+            loss = step_loss(r, xt, yt, trace);
         }
         if (loss && at + 1 == r->fail_step) /* after forward: the others go on to backward */
             loss = NULL, na_set_error(NA_EIO, "NANOAMP_TEST_FAIL_STEP=%" PRId64 " (a test hook)",
