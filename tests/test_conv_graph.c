@@ -173,11 +173,9 @@ Test(conv_graph, bias_of_k_or_1k11_is_described_as_1k11) {
                  NA_OK, "%s", na_last_error());
     expect_tensor(&p1.t[NA_CG_BIAS], (int64_t[]){1, 6, 1, 1}, (int64_t[]){6, 1, 6, 6});
     b0.shape[0] = 5;
-    cr_expect_eq(plain_init(&p0, NA_CG_FWD_BIAS_RELU, &g, &x, &w, &y, &b0, "t"),
-                 NA_ESHAPE);
+    cr_expect_eq(plain_init(&p0, NA_CG_FWD_BIAS_RELU, &g, &x, &w, &y, &b0, "t"), NA_ESHAPE);
     cr_expect(strstr(na_last_error(), "[6] or [1, 6, 1, 1]"), "%s", na_last_error());
-    cr_expect_eq(plain_init(&p0, NA_CG_FWD_BIAS_RELU, &g, &x, &w, &y, NULL, "t"),
-                 NA_EINVAL);
+    cr_expect_eq(plain_init(&p0, NA_CG_FWD_BIAS_RELU, &g, &x, &w, &y, NULL, "t"), NA_EINVAL);
 }
 
 Test(conv_graph, views_that_do_not_match_are_refused_with_the_shapes) {
@@ -185,23 +183,19 @@ Test(conv_graph, views_that_do_not_match_are_refused_with_the_shapes) {
     GEOM_VIEWS(NA_DTYPE_F32);
     na_cg_problem p;
     na_view bad = view4(NA_DTYPE_F32, 2, 6, 3, 5, NULL, 0);
-    cr_expect_eq(plain_init(&p, NA_CG_FWD, &g, &x, &w, &bad, NULL, "conv2d"),
-                 NA_ESHAPE);
+    cr_expect_eq(plain_init(&p, NA_CG_FWD, &g, &x, &w, &bad, NULL, "conv2d"), NA_ESHAPE);
     cr_expect(strstr(na_last_error(), "conv2d") && strstr(na_last_error(), "[2, 6, 3, 5]") &&
               strstr(na_last_error(), "[2, 6, 3, 4]"), "%s", na_last_error());
     bad = view4(NA_DTYPE_F16, 6, 2, 3, 3, NULL, 0);
-    cr_expect_eq(plain_init(&p, NA_CG_FWD, &g, &x, &bad, &y, NULL, "t"),
-                 NA_EDTYPE);
+    cr_expect_eq(plain_init(&p, NA_CG_FWD, &g, &x, &bad, &y, NULL, "t"), NA_EDTYPE);
     bad = view4(NA_DTYPE_F32, 2, 4, 5, 7, (int64_t[]){140, 35, 0, 1}, 0);
-    cr_expect_eq(plain_init(&p, NA_CG_FWD, &g, &bad, &w, &y, NULL, "t"),
-                 NA_EINVAL);
+    cr_expect_eq(plain_init(&p, NA_CG_FWD, &g, &bad, &w, &y, NULL, "t"), NA_EINVAL);
     x.dtype = w.dtype = y.dtype = NA_DTYPE_F64;
     cr_expect_eq(plain_init(&p, NA_CG_FWD, &g, &x, &w, &y, NULL, "t"),
                  NA_EDTYPE, "f64 is the legacy path's");
     x.dtype = w.dtype = y.dtype = NA_DTYPE_F32;
     g.groups = 4; /* 6 output channels are not divisible by 4 */
-    cr_expect_eq(plain_init(&p, NA_CG_FWD, &g, &x, &w, &y, NULL, "t"),
-                 NA_EINVAL);
+    cr_expect_eq(plain_init(&p, NA_CG_FWD, &g, &x, &w, &y, NULL, "t"), NA_EINVAL);
 }
 
 Test(conv_graph, problem_string_names_kind_dtype_and_shapes) {
