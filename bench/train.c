@@ -28,6 +28,8 @@
  * (trainer_amp_capture, the trainers' --cuda-graph) and the timed steps are replays of it;
  * the key ends in /graph and "cuda_graph" is true. A step that cannot be captured fails the
  * configuration with the reason (no silent eager figures under a graph key).
+ * --channels-last: each step's batch goes in channels-last (trainer_amp's channels_last), so
+ * the convolutions' activations stay NHWC; the key ends in /cl.
  *
  * Data parallel (--ddp, under mpirun -np N): every rank trains its own batch of --batch through
  * the trainers' na_ddp (trainer_amp_init_dist, gradients reduced in --allreduce-dtype); rank 0
@@ -102,7 +104,7 @@ int bench_train_main(int argc, char **argv) {
     na_device dev = NA_DEVICE_CPU;
     const char *amp = "off";
     int64_t batch = 128, warmup = 5, repeats = 10, steps = 5;
-    bool ddp = false, profile = false, cuda_graph = false;
+    bool ddp = false, profile = false, cuda_graph = false, channels_last = false;
     const char *allreduce = "f32";
     /* bench/run gives both sides its thread count in NANOAMP_BENCH_THREADS */
     const char *env_threads = getenv("NANOAMP_BENCH_THREADS");
@@ -142,21 +144,24 @@ int bench_train_main(int argc, char **argv) {
             profile = true;
         } else if (!strcmp(a, "--cuda-graph")) {
             cuda_graph = true;
+        } else if (!strcmp(a, "--channels-last")) {
+            channels_last = true;
         } else if (!strcmp(a, "--threads")) {
             threads = bench_arg_i64(argc, argv, &i, 1);
         } else {
             fprintf(stderr, "na-bench train: unknown option '%s'\n"
                             "usage: na-bench train --model %s [--device cpu|cuda] "
                             "[--amp off|fp16|bf16|o2] [--batch N] [--warmup N] [--repeats N] "
-                            "[--steps N] [--threads N] [--profile] [--cuda-graph] "
+                            "[--steps N] [--threads N] [--profile] [--cuda-graph] [--channels-last] "
                             "[--ddp [--allreduce-dtype f32|f16|bf16]]\n",
                     a, MODEL_NAMES);
             return 2;
         }
     }
     char key[128];
-    snprintf(key, sizeof key, "train/%s/%s/%s%s%s%s", na_device_name(dev), model, amp,
-             ddp ? "/ddp-" : "", ddp ? allreduce : "", cuda_graph ? "/graph" : "");
+    snprintf(key, sizeof key, "train/%s/%s/%s%s%s%s%s", na_device_name(dev), model, amp,
+             ddp ? "/ddp-" : "", ddp ? allreduce : "", cuda_graph ? "/graph" : "",
+             channels_last ? "/cl" : "");
     if (cuda_graph && dev != NA_DEVICE_CUDA) {
         na_set_error(NA_EINVAL, "%s", TRAINER_CUDA_GRAPH_NEEDS_CUDA);
         return bench_fail(key, "setup");
@@ -178,6 +183,7 @@ int bench_train_main(int argc, char **argv) {
     na_manual_seed(0);
     bench_trainer t = {0};
     if (setup(&t, model, amp, dev, batch, dist, ar_dtype)) return bench_fail(key, "setup");
+    t.amp.channels_last = channels_last;
     /* before the warm-up, so that the warm-up steps make what the captured one needs */
     if (cuda_graph && trainer_amp_graph_prepare(&t.amp, t.net, dev))
         return bench_fail(key, "--cuda-graph");
@@ -248,6 +254,7 @@ int bench_train_main(int argc, char **argv) {
     bench_json_str(&j, "device", na_device_name(dev));
     bench_json_str(&j, "amp", amp);
     bench_json_bool(&j, "cuda_graph", cuda_graph);
+    bench_json_bool(&j, "channels_last", channels_last);
     bench_json_int(&j, "batch", batch);
     bench_json_int(&j, "warmup", warmup);
     bench_json_int(&j, "repeats", repeats);

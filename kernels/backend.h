@@ -136,8 +136,8 @@ typedef struct {
     X(fill_normal, (na_view *t, double mean, double std, uint64_t seed, uint64_t offset))   \
     /* mask[i] = (uniform(seed, offset, i) >= p) ? 1/(1-p) : 0, in mask's dtype */          \
     X(dropout_mask, (na_view *mask, double p, uint64_t seed, uint64_t offset))              \
-    /* dst = src with dtype conversion; same shape; src may be strided (any view), dst is   \
-     * contiguous. */                                                                       \
+    /* dst = src with dtype conversion; same shape; src may be strided (any view); dst is   \
+     * contiguous, dense in another order (channels-last), or any view (slowest). */        \
     X(copy, (na_view *dst, const na_view *src))                                             \
                                                                                             \
     /* ---- elementwise ---- */                                                             \

@@ -136,6 +136,8 @@ const oc_case oc_cases[NA_OP_COUNT] = {
     [NA_OP_CONTIGUOUS] = CUSTOM(NA_AMP_AS_IS, .parity_exact = true, .forward = fw_contiguous,
                                 .gradcheck = gc_contiguous, .autocast = ac_contiguous,
                                 .parity = par_shape),
+    [NA_OP_PAD] = CUSTOM(NA_AMP_AS_IS, .parity_exact = true, .forward = fw_pad, .gradcheck = gc_pad,
+                         .autocast = ac_pad, .parity = par_pad),
     [NA_OP_CONV2D] = CUSTOM(NA_AMP_LOWER, .forward = fw_conv2d, .gradcheck = gc_conv2d,
                             .autocast = ac_conv2d, .parity = par_conv2d),
     /* BatchNorm computes in f32 whatever its input (cuDNN's rule), in no autocast list */

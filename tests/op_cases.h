@@ -132,7 +132,7 @@ OC_CHECK void fw_add(const oc_case *row), fw_neg(const oc_case *row), fw_matmul(
     fw_log_softmax(const oc_case *row), fw_cross_entropy(const oc_case *row),
     fw_mse_loss(const oc_case *row), fw_dropout(const oc_case *row), fw_cast(const oc_case *row),
     fw_to_device(const oc_case *row), fw_reshape(const oc_case *row), fw_permute(const oc_case *row),
-    fw_slice(const oc_case *row), fw_contiguous(const oc_case *row), fw_conv2d(const oc_case *row),
+    fw_slice(const oc_case *row), fw_contiguous(const oc_case *row), fw_pad(const oc_case *row), fw_conv2d(const oc_case *row),
     fw_batch_norm(const oc_case *row), fw_max_pool2d(const oc_case *row),
     fw_avg_pool2d(const oc_case *row);
 /* tests/test_gradcheck.c */
@@ -140,7 +140,7 @@ OC_CHECK void gc_matmul(const oc_case *row), gc_linear(const oc_case *row),
     gc_reduce(const oc_case *row), gc_softmax(const oc_case *row), gc_cross_entropy(const oc_case *row),
     gc_mse_loss(const oc_case *row), gc_dropout(const oc_case *row), gc_cast(const oc_case *row),
     gc_to_device(const oc_case *row), gc_reshape(const oc_case *row), gc_permute(const oc_case *row),
-    gc_slice(const oc_case *row), gc_contiguous(const oc_case *row), gc_conv2d(const oc_case *row),
+    gc_slice(const oc_case *row), gc_contiguous(const oc_case *row), gc_pad(const oc_case *row), gc_conv2d(const oc_case *row),
     gc_batch_norm(const oc_case *row), gc_pool(const oc_case *row);
 /* tests/test_autocast.c */
 OC_CHECK void ac_matmul(const oc_case *row), ac_linear(const oc_case *row),
@@ -148,7 +148,7 @@ OC_CHECK void ac_matmul(const oc_case *row), ac_linear(const oc_case *row),
     ac_argmax(const oc_case *row), ac_softmax(const oc_case *row), ac_log_softmax(const oc_case *row),
     ac_cross_entropy(const oc_case *row), ac_mse_loss(const oc_case *row), ac_dropout(const oc_case *row),
     ac_cast(const oc_case *row), ac_to_device(const oc_case *row), ac_reshape(const oc_case *row),
-    ac_permute(const oc_case *row), ac_slice(const oc_case *row), ac_contiguous(const oc_case *row),
+    ac_permute(const oc_case *row), ac_slice(const oc_case *row), ac_contiguous(const oc_case *row), ac_pad(const oc_case *row),
     ac_conv2d(const oc_case *row), ac_batch_norm(const oc_case *row), ac_pool(const oc_case *row);
 /* tests/test_cuda_parity.c */
 OC_CHECK void par_matmul(const oc_case *row, na_dtype dt), par_linear(const oc_case *row, na_dtype dt),
@@ -156,6 +156,7 @@ OC_CHECK void par_matmul(const oc_case *row, na_dtype dt), par_linear(const oc_c
     par_cross_entropy(const oc_case *row, na_dtype dt), par_mse_loss(const oc_case *row, na_dtype dt),
     par_dropout(const oc_case *row, na_dtype dt), par_cast(const oc_case *row, na_dtype dt),
     par_to_device(const oc_case *row, na_dtype dt), par_shape(const oc_case *row, na_dtype dt),
+    par_pad(const oc_case *row, na_dtype dt),
     par_conv2d(const oc_case *row, na_dtype dt), par_pool(const oc_case *row, na_dtype dt),
     par_batch_norm(const oc_case *row, na_dtype dt);
 

@@ -64,6 +64,7 @@ static na_tensor *f_slice(na_dtype s, na_dtype c) { return na_slice(X23(s, c), 0
 static na_tensor *f_contiguous(na_dtype s, na_dtype c) {
     return na_contiguous(na_transpose(X23(s, c), 0, 1));
 }
+static na_tensor *f_pad(na_dtype s, na_dtype c) { return na_pad_dim(X23(s, c), 1, 2, 1); }
 static na_tensor *f_conv2d(na_dtype s, na_dtype c) {
     return na_conv2d(mk(s, c, NA_SHAPE(1, 2, 4, 4), -1, 1), mk(s, c, NA_SHAPE(3, 2, 3, 3), -1, 1),
                      mk(s, c, NA_SHAPE(3), -1, 1), &(na_conv2d_opts){.padding = {1, 1}});
@@ -111,6 +112,7 @@ static const op_fn custom_calls[NA_OP_COUNT] = {
     [NA_OP_PERMUTE] = f_permute,
     [NA_OP_SLICE] = f_slice,
     [NA_OP_CONTIGUOUS] = f_contiguous,
+    [NA_OP_PAD] = f_pad,
     [NA_OP_CONV2D] = f_conv2d,
     [NA_OP_BATCH_NORM] = f_batch_norm,
     [NA_OP_BATCH_NORM_RELU] = f_batch_norm_relu,

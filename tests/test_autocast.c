@@ -108,6 +108,7 @@ AS_IS_UNARY(ac_reshape, "reshape", na_reshape(x, NA_SHAPE(-1)))
 AS_IS_UNARY(ac_permute, "permute", na_permute(x, (const int[]){1, 0}))
 AS_IS_UNARY(ac_slice, "slice", na_slice(x, 1, 2))
 AS_IS_UNARY(ac_contiguous, "contiguous", na_contiguous(TH_OK(na_transpose(x, 0, 1))))
+AS_IS_UNARY(ac_pad, "pad", na_pad_dim(x, 1, 1, 2))
 AS_IS_UNARY(ac_to_device, "to_device", na_to_device(x, NA_DEVICE_CPU))
 
 /* fp32 ops: f32 from low inputs, f64 untouched; equal to the op on hand-cast f32 inputs */

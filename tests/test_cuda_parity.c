@@ -356,6 +356,7 @@ typedef struct {
     int64_t shape[NA_MAX_DIMS];
     int ndim;
     bool training, affine, running, relu;
+    bool channels_last; /* conv, pool, BN: input 0 converted to channels-last first */
     na_tensor *rm[2], *rv[2]; /* batch norm running stats per device */
 } op_ctx;
 
@@ -641,9 +642,29 @@ void par_shape(const oc_case *row, na_dtype dt) {
     }
 }
 
+/* input 0, channels-last when the case asks (conv, pool, BN: the ops' channels-last paths) */
+static na_tensor *in0(na_tensor **in, const op_ctx *c) {
+    return c->channels_last ? na_to_channels_last(in[0]) : in[0];
+}
+
+static na_tensor *f_pad(na_tensor **in, void *cv) {
+    op_ctx *c = cv;
+    return na_pad_dim(in0(in, c), c->dim, (int64_t)c->a, (int64_t)c->b);
+}
+
+void par_pad(const oc_case *row, na_dtype dt) {
+    const double tol = oc_parity_tol(row, dt);
+    op_ctx last = {.dim = 1, .a = 2, .b = 3};
+    in_spec sp[1] = {SPEC(dt, -1, 1, true, 33, 7)};
+    run_parity("pad [33,7] dim 1 (2, 3)", f_pad, &last, 1, sp, tol);
+    op_ctx ch = {.dim = 1, .a = 0, .b = 5, .channels_last = true};
+    in_spec img[1] = {SPEC(dt, -1, 1, true, 4, 3, 9, 11)};
+    run_parity("pad channels of channels-last [4,3,9,11] 3 -> 8", f_pad, &ch, 1, img, tol);
+}
+
 static na_tensor *f_conv(na_tensor **in, void *cv) {
     op_ctx *c = cv;
-    return na_conv2d(in[0], in[1], c->a != 0 ? in[2] : NULL, &c->conv);
+    return na_conv2d(in0(in, c), in[1], c->a != 0 ? in[2] : NULL, &c->conv);
 }
 
 typedef struct {
@@ -665,9 +686,9 @@ static const conv_case conv_cases[] = {
 void par_conv2d(const oc_case *row, na_dtype dt) {
     const double tol = oc_parity_tol(row, dt);
     char l[160];
-    for (int i = 0; i < N_CONV_CASES; i++) {
-        const conv_case *k = &conv_cases[i];
-        op_ctx c = {.a = k->bias ? 1 : 0};
+    for (int i = 0; i < 2 * N_CONV_CASES; i++) { /* each case contiguous, then channels-last */
+        const conv_case *k = &conv_cases[i % N_CONV_CASES];
+        op_ctx c = {.a = k->bias ? 1 : 0, .channels_last = i >= N_CONV_CASES};
         c.conv.stride[0] = c.conv.stride[1] = k->stride;
         c.conv.padding[0] = c.conv.padding[1] = k->pad;
         c.conv.dilation[0] = c.conv.dilation[1] = k->dil;
@@ -675,15 +696,17 @@ void par_conv2d(const oc_case *row, na_dtype dt) {
         in_spec sp[3] = {SPEC(dt, -1, 1, true, k->n, k->cin, k->h, k->w),
                          SPEC(dt, -0.5, 0.5, true, k->cout, k->cin / k->groups, k->k, k->k),
                          SPEC(dt, -0.5, 0.5, true, k->cout)};
-        snprintf(l, sizeof l, "conv2d %s case %d (k%d s%d p%d d%d g%d)", na_dtype_name(dt), i,
-                 k->k, k->stride, k->pad, k->dil, k->groups);
+        snprintf(l, sizeof l, "conv2d %s case %d (k%d s%d p%d d%d g%d)%s", na_dtype_name(dt),
+                 i % N_CONV_CASES, k->k, k->stride, k->pad, k->dil, k->groups,
+                 c.channels_last ? " channels-last" : "");
         run_parity(l, f_conv, &c, k->bias ? 3 : 2, sp, tol);
     }
 }
 
 static na_tensor *f_pool(na_tensor **in, void *cv) {
     op_ctx *c = cv;
-    return c->op == NA_OP_MAX_POOL2D ? na_max_pool2d(in[0], &c->pool) : na_avg_pool2d(in[0], &c->pool);
+    na_tensor *x = in0(in, c);
+    return c->op == NA_OP_MAX_POOL2D ? na_max_pool2d(x, &c->pool) : na_avg_pool2d(x, &c->pool);
 }
 
 void par_pool(const oc_case *row, na_dtype dt) {
@@ -691,17 +714,18 @@ void par_pool(const oc_case *row, na_dtype dt) {
     const double tol = oc_parity_tol(row, dt);
     static const int geo[][3] = {{3, 2, 1}, {2, 2, 0}, {3, 1, 1}, {5, 3, 2}};
     char l[128];
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 8; i++) /* each geometry contiguous, then channels-last */
         for (int inc = 0; inc < 2; inc++) {
             if (inc && op == NA_OP_MAX_POOL2D) continue;
-            op_ctx c = {.op = op};
-            c.pool.kernel[0] = c.pool.kernel[1] = geo[i][0];
-            c.pool.stride[0] = c.pool.stride[1] = geo[i][1];
-            c.pool.padding[0] = c.pool.padding[1] = geo[i][2];
+            op_ctx c = {.op = op, .channels_last = i >= 4};
+            c.pool.kernel[0] = c.pool.kernel[1] = geo[i % 4][0];
+            c.pool.stride[0] = c.pool.stride[1] = geo[i % 4][1];
+            c.pool.padding[0] = c.pool.padding[1] = geo[i % 4][2];
             c.pool.count_include_pad = inc;
             in_spec sp[1] = {SPEC(dt, -1, 1, true, 2, 3, 11, 13)};
-            snprintf(l, sizeof l, "%s %s k%d s%d p%d include_pad %d", na_op_name(op),
-                     na_dtype_name(dt), geo[i][0], geo[i][1], geo[i][2], inc);
+            snprintf(l, sizeof l, "%s %s k%d s%d p%d include_pad %d%s", na_op_name(op),
+                     na_dtype_name(dt), geo[i % 4][0], geo[i % 4][1], geo[i % 4][2], inc,
+                     c.channels_last ? " channels-last" : "");
             run_parity(l, f_pool, &c, 1, sp, tol);
         }
 }
@@ -710,7 +734,7 @@ static na_tensor *f_bn(na_tensor **in, void *cv) {
     op_ctx *c = cv;
     int d = g_side;
     return (c->relu ? na_batch_norm_relu : na_batch_norm)(
-        in[0], c->running ? c->rm[d] : NULL, c->running ? c->rv[d] : NULL,
+        in0(in, c), c->running ? c->rm[d] : NULL, c->running ? c->rv[d] : NULL,
         c->affine ? in[1] : NULL, c->affine ? in[2] : NULL, c->training, 0.1, 1e-5);
 }
 
@@ -724,14 +748,16 @@ static na_tensor *stats_tensor(na_device dev, int64_t c, const double *v) {
 
 void par_batch_norm(const oc_case *row, na_dtype dt) {
     const double tol = oc_parity_tol(row, dt);
-    static const int64_t shp[][4] = {{4, 3, 5, 7}, {16, 5, 1, 1}, {2, 33, 3, 1}, {7, 1, 1, 1}};
-    static const int nd[] = {4, 2, 3, 2};
+    /* the last two: channels-last ([N*H*W, C] rows on the device) */
+    static const int64_t shp[][4] = {{4, 3, 5, 7}, {16, 5, 1, 1}, {2, 33, 3, 1}, {7, 1, 1, 1},
+                                     {4, 3, 5, 7}, {8, 64, 6, 5}};
+    static const int nd[] = {4, 2, 3, 2, 4, 4};
     char l[160];
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 6; i++)
         for (int mode = 0; mode < 4; mode++) { /* train+running, train, eval, train no affine */
             int64_t C = shp[i][1];
             op_ctx c = {.training = mode != 2, .running = mode != 1, .affine = mode != 3,
-                        .relu = oc_op_of(row) == NA_OP_BATCH_NORM_RELU};
+                        .relu = oc_op_of(row) == NA_OP_BATCH_NORM_RELU, .channels_last = i >= 4};
             double *rm = rand_vals(C, -0.5, 0.5), *rv = rand_vals(C, 0.5, 2);
             for (int d = 0; d < 2; d++) {
                 c.rm[d] = stats_tensor(d ? g_dev2 : NA_DEVICE_CPU, C, rm);
@@ -742,8 +768,8 @@ void par_batch_norm(const oc_case *row, na_dtype dt) {
             memcpy(sp[0].shape, shp[i], sizeof shp[i]);
             sp[1] = SPEC(NA_DTYPE_F32, 0.5, 1.5, true, C);
             sp[2] = SPEC(NA_DTYPE_F32, -0.5, 0.5, true, C);
-            snprintf(l, sizeof l, "%s %s shape %d mode %d", na_op_name(oc_op_of(row)),
-                     na_dtype_name(dt), i, mode);
+            snprintf(l, sizeof l, "%s %s shape %d mode %d%s", na_op_name(oc_op_of(row)),
+                     na_dtype_name(dt), i, mode, c.channels_last ? " channels-last" : "");
             run_parity(l, f_bn, &c, c.affine ? 3 : 1, sp, tol);
             if (c.running && c.training) {
                 char m[200];

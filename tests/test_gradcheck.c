@@ -483,10 +483,40 @@ void gc_slice(const oc_case *row) {
     view_check("rows [1, n-1) of a transposed view", NA_OP_SLICE, V_SLICE_OF_VIEW,
                UNIFORM(-2, 2, 2, rdim(3, 4), rdim(1, 3)));
 }
+static na_tensor *f_channels_last(na_tensor **in, void *vctx) {
+    (void)vctx; /* times the input, so the gradient flows back through the format change */
+    return na_mul(na_to_channels_last(in[0]), in[0]);
+}
 void gc_contiguous(const oc_case *row) {
     (void)row;
     view_check("of a transposed view", NA_OP_CONTIGUOUS, V_CONTIGUOUS,
                UNIFORM(-2, 2, 2, rdim(1, 3), rdim(2, 3)));
+    na_tensor *x = UNIFORM(-2, 2, rdim(1, 2), 3, 2, rdim(2, 3));
+    check("channels-last, times its input", NA_OP_CONTIGUOUS, f_channels_last, NULL, &x, 1);
+}
+
+typedef struct {
+    int dim;
+    int64_t before, after;
+    bool channels_last;
+} pad_ctx;
+static na_tensor *f_pad(na_tensor **in, void *vctx) {
+    pad_ctx *c = vctx;
+    na_tensor *x = c->channels_last ? na_to_channels_last(in[0]) : in[0];
+    return na_mul(na_pad_dim(x, c->dim, c->before, c->after),
+                  na_pad_dim(na_scale(x, 0.5), c->dim, c->before, c->after));
+}
+void gc_pad(const oc_case *row) {
+    (void)row;
+    pad_ctx last = {1, 2, 1, false};
+    na_tensor *x = UNIFORM(-2, 2, rdim(1, 3), rdim(2, 3));
+    check("dim 1 (2, 1), squared", NA_OP_PAD, f_pad, &last, &x, 1);
+    pad_ctx first = {0, 0, 2, false};
+    x = UNIFORM(-2, 2, rdim(1, 3), 2, rdim(2, 3));
+    check("dim 0 (0, 2), squared", NA_OP_PAD, f_pad, &first, &x, 1);
+    pad_ctx ch = {1, 0, 5, true};
+    x = UNIFORM(-2, 2, rdim(1, 2), 3, 2, 2);
+    check("channels of channels-last, 3 -> 8", NA_OP_PAD, f_pad, &ch, &x, 1);
 }
 
 /* ---- convolution and pooling ------------------------------------------------------------- */
@@ -494,10 +524,12 @@ void gc_contiguous(const oc_case *row) {
 typedef struct {
     na_conv2d_opts opts;
     bool use_opts;
+    bool channels_last; /* input 0 converted first: the op's channels-last path */
 } conv_ctx;
 static na_tensor *f_conv(na_tensor **in, void *vctx) {
     conv_ctx *c = vctx;
-    return na_conv2d(in[0], in[1], in[2], c->use_opts ? &c->opts : NULL);
+    na_tensor *x = c->channels_last ? na_to_channels_last(in[0]) : in[0];
+    return na_conv2d(x, in[1], in[2], c->use_opts ? &c->opts : NULL);
 }
 static na_tensor *f_conv_nobias(na_tensor **in, void *vctx) {
     conv_ctx *c = vctx;
@@ -521,15 +553,20 @@ void gc_conv2d(const oc_case *row) {
     check("default options (NULL)", NA_OP_CONV2D, f_conv_nobias, &def, d, 2);
     na_tensor *e[3] = {UNIFORM(-1, 1, 2, 3, 2, 2), UNIFORM(-1, 1, 2, 3, 1, 1), UNIFORM(-1, 1, 2)};
     check("1x1 (pointwise), bias", NA_OP_CONV2D, f_conv, &def, e, 3);
+    conv_ctx cl = {{.padding = {1, 1}, .stride = {2, 1}}, true, true};
+    na_tensor *f[3] = {UNIFORM(-1, 1, n, 3, 5, 4), UNIFORM(-1, 1, 4, 3, 3, 3), UNIFORM(-1, 1, 4)};
+    check("channels-last, 3x3, stride (2,1), padding 1, bias", NA_OP_CONV2D, f_conv, &cl, f, 3);
 }
 
 typedef struct {
     bool max;
     na_pool2d_opts opts;
+    bool channels_last;
 } pool_ctx;
 static na_tensor *f_pool(na_tensor **in, void *vctx) {
     pool_ctx *c = vctx;
-    return c->max ? na_max_pool2d(in[0], &c->opts) : na_avg_pool2d(in[0], &c->opts);
+    na_tensor *x = c->channels_last ? na_to_channels_last(in[0]) : in[0];
+    return c->max ? na_max_pool2d(x, &c->opts) : na_avg_pool2d(x, &c->opts);
 }
 void gc_pool(const oc_case *row) {
     na_op op = oc_op_of(row);
@@ -549,20 +586,26 @@ void gc_pool(const oc_case *row) {
         /* distinct values: no ties inside a window */
         na_tensor *x = max ? DISTINCT(rdim(1, 2), 2, 5, 5) : UNIFORM(-2, 2, rdim(1, 2), 2, 5, 5);
         check(cases[i].what, op, f_pool, &c, &x, 1);
+        c.channels_last = true;
+        char what[128];
+        snprintf(what, sizeof what, "channels-last, %s", cases[i].what);
+        x = max ? DISTINCT(rdim(1, 2), 3, 5, 5) : UNIFORM(-2, 2, rdim(1, 2), 3, 5, 5);
+        check(what, op, f_pool, &c, &x, 1);
     }
 }
 
 /* ---- batch norm ----------------------------------------------------------------------------- */
 
 typedef struct {
-    bool training, affine, running, no_bias;
+    bool training, affine, running, no_bias, channels_last;
     na_tensor *rm, *rv;
     na_op op; /* NA_OP_BATCH_NORM or NA_OP_BATCH_NORM_RELU */
 } bn_ctx;
 static na_tensor *f_bn(na_tensor **in, void *vctx) {
     bn_ctx *c = vctx;
+    na_tensor *x = c->channels_last ? na_to_channels_last(in[0]) : in[0];
     return (c->op == NA_OP_BATCH_NORM_RELU ? na_batch_norm_relu : na_batch_norm)(
-        in[0], c->running ? c->rm : NULL, c->running ? c->rv : NULL, c->affine ? in[1] : NULL,
+        x, c->running ? c->rm : NULL, c->running ? c->rv : NULL, c->affine ? in[1] : NULL,
         c->affine && !c->no_bias ? in[2] : NULL, c->training, 0.1, 1e-5);
 }
 static na_op g_bn_op;
@@ -596,6 +639,10 @@ void gc_batch_norm(const oc_case *row) {
             NA_SHAPE(n, ch, 2, 1));
     bn_case("eval, weight without bias, [N, C, L]", (bn_ctx){false, true, true, true},
             NA_SHAPE(n, ch, 2));
+    bn_case("channels-last, train, affine, running stats", (bn_ctx){true, true, true, false, true},
+            NA_SHAPE(n, ch, 2, 3));
+    bn_case("channels-last, eval, affine", (bn_ctx){false, true, true, false, true},
+            NA_SHAPE(n, ch, 3, 2));
 }
 
 /* ---- walking the table -------------------------------------------------------------------- */

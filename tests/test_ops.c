@@ -415,9 +415,35 @@ void fw_slice(const oc_case *row) {
     }
 }
 
+/* na_to_channels_last: the same values, the memory in N, H, W, C order; back with
+ * na_contiguous */
+static void channels_last_round_trip(na_dtype dt) {
+    na_tensor *x = T(dt, NA_SHAPE(1, 2, 2, 3), 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11);
+    cr_assert(!na_is_channels_last(x) && na_memory_format_of(x) == NA_FORMAT_CONTIGUOUS);
+    na_tensor *cl = TH_OK(na_to_channels_last(x));
+    cr_assert(na_is_channels_last(cl) && na_memory_format_of(cl) == NA_FORMAT_CHANNELS_LAST);
+    cr_assert_eq(na_to_channels_last(cl), cl, "channels-last of a channels-last tensor is itself");
+    TH_EXPECT(cl, 0, 0, W("channels-last", dt), 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11);
+    if (dt == NA_DTYPE_F64) { /* the memory: channel 0's and channel 1's value of each pixel */
+        static const double order[12] = {0, 6, 1, 7, 2, 8, 3, 9, 4, 10, 5, 11};
+        const double *mem = cl->data;
+        for (int i = 0; i < 12; i++) cr_assert_eq(mem[i], order[i], "channels-last memory order");
+    }
+    na_tensor *back = TH_OK(na_contiguous(cl));
+    cr_assert(na_is_contiguous(back));
+    TH_EXPECT(back, 0, 0, W("back to contiguous", dt), 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11);
+    /* C == 1 is both formats (the same memory): it reads as contiguous */
+    na_tensor *one = TH_OK(na_to_channels_last(T(dt, NA_SHAPE(2, 1, 1, 2), 1, 2, 3, 4)));
+    cr_assert(na_is_channels_last(one) && na_is_contiguous(one));
+    cr_assert_eq(na_memory_format_of(one), NA_FORMAT_CONTIGUOUS);
+    TH_EXPECT_ERROR(na_to_channels_last(T(dt, NA_SHAPE(2, 3), 0, 1, 2, 3, 4, 5)), NA_ESHAPE,
+                    "4 dims");
+}
+
 void fw_contiguous(const oc_case *row) {
     (void)row;
     FOR_FLOATS(dt) {
+        channels_last_round_trip(dt);
         na_tensor *x = T(dt, NA_SHAPE(2, 3), 0, 1, 2, 3, 4, 5);
         cr_assert_eq(na_contiguous(x), x, "contiguous of a contiguous tensor is itself");
         na_tensor *t = TH_OK(na_transpose(x, 0, 1));
@@ -431,6 +457,28 @@ void fw_contiguous(const oc_case *row) {
             for (int i = 0; i < 6; i++) cr_assert_eq(mem[i], order[i], "contiguous memory order");
         }
         TH_EXPECT(c, 0, 0, W("contiguous", dt), 0, 3, 1, 4, 2, 5);
+    }
+}
+
+/* na_pad_dim: zeros around one dim, by hand; the input's memory format kept */
+void fw_pad(const oc_case *row) {
+    (void)row;
+    FOR_FLOATS(dt) {
+        na_tensor *x = T(dt, NA_SHAPE(2, 3), 1, 2, 3, 4, 5, 6);
+        na_tensor *p = TH_OK(na_pad_dim(x, 1, 1, 2));
+        cr_assert(p->shape[0] == 2 && p->shape[1] == 6);
+        TH_EXPECT(p, 0, 0, W("pad dim 1 (1, 2)", dt), 0, 1, 2, 3, 0, 0, 0, 4, 5, 6, 0, 0);
+        p = TH_OK(na_pad_dim(x, 0, 0, 1));
+        TH_EXPECT(p, 0, 0, W("pad dim 0 (0, 1)", dt), 1, 2, 3, 4, 5, 6, 0, 0, 0);
+        p = TH_OK(na_pad_dim(TH_OK(na_transpose(x, 0, 1)), -1, 1, 0)); /* a view, dim -1 */
+        TH_EXPECT(p, 0, 0, W("pad of a transposed view", dt), 0, 1, 4, 0, 2, 5, 0, 3, 6);
+        /* channels: [1, 2, 1, 2] channels-last -> [1, 4, 1, 2], still channels-last */
+        na_tensor *cl = TH_OK(na_to_channels_last(T(dt, NA_SHAPE(1, 2, 1, 2), 1, 2, 3, 4)));
+        p = TH_OK(na_pad_dim(cl, 1, 0, 2));
+        cr_assert_eq(na_memory_format_of(p), NA_FORMAT_CHANNELS_LAST, "pad keeps channels-last");
+        TH_EXPECT(p, 0, 0, W("pad channels of channels-last", dt), 1, 2, 3, 4, 0, 0, 0, 0);
+        TH_EXPECT_ERROR(na_pad_dim(x, 1, -1, 0), NA_EINVAL, ">= 0");
+        TH_EXPECT_ERROR(na_pad_dim(x, 2, 1, 0), NA_EINVAL, "dim");
     }
 }
 

@@ -131,6 +131,7 @@ int trainer_amp_setup_dist(const trainer_opts *o, na_module *net, na_dist *dist,
     ddp_config(o, &dc);
     if (trainer_amp_init_dist(a, mode, net, make_optimizer(o, params), &sc, dist, &dc))
         return na_last_status();
+    a->channels_last = o->channels_last;
     if (o->log_path) {
         if (!(a->mon = na_amp_monitor_new(NULL)) || na_amp_monitor_open_csv(a->mon, o->log_path))
             return na_set_error(na_last_status(), "--log: %s", na_last_error());
@@ -154,6 +155,7 @@ na_grad_scaler *trainer_amp_scaler(const trainer_amp *a) {
 /* forward and loss: in an autocast region (fp16, bf16), or on the input cast to f16 (o2) */
 na_tensor *trainer_amp_loss(const trainer_amp *a, na_module *net, na_tensor *x, na_tensor *y,
                             double label_smoothing) {
+    if (a->channels_last && x && x->ndim == 4) x = na_to_channels_last(x);
     if (a->fo && x) x = na_cast(x, a->dtype);
     if (a->autocast && na_autocast_begin(a->dtype) != NA_OK) return NULL;
     na_tensor *logits = x && y ? na_module_forward(net, x) : NULL;

@@ -63,7 +63,7 @@ enum opt_id {
     O_DATA, O_MODEL, O_EPOCHS, O_BATCH, O_LR, O_OPTIM, O_WEIGHT_DECAY, O_LABEL_SMOOTHING,
     O_SCHEDULE, O_DEVICE, O_AMP, O_LOSS_SCALE, O_GROWTH_INTERVAL, O_AMP_TRACE, O_LOG, O_SEED,
     O_SAVE, O_RESUME, O_LIMIT, O_TEST_LIMIT, O_SYNTHETIC, O_THREADS, O_JSON, O_QUIET, O_VERSION,
-    O_HELP, O_ALLREDUCE_DTYPE, O_BUCKET_MB, O_SYNC_BN, O_CUDA_GRAPH
+    O_HELP, O_ALLREDUCE_DTYPE, O_BUCKET_MB, O_SYNC_BN, O_CUDA_GRAPH, O_CHANNELS_LAST
 };
 
 static const struct {
@@ -104,6 +104,9 @@ static const struct {
     {O_CUDA_GRAPH, "--cuda-graph", NULL,
      "CUDA only: after 2 warm-up steps, each full batch's step is one replayed CUDA graph (no "
      "host work per step); where a graph cannot serve, says why and trains eagerly"},
+    {O_CHANNELS_LAST, "--channels-last", NULL,
+     "train on channels-last (NHWC) images: the convolutions' activations stay in cuDNN's "
+     "tensor-core layout; on CUDA an f16/bf16 RGB first layer is padded to 8 channels"},
     {O_THREADS, "--threads", "N", "CPU threads (the CPU backend's pool; OpenBLAS uses one)"},
     {O_JSON, "--json", NULL, "last line of output: one JSON object with the results"},
     {O_QUIET, "--quiet", NULL, "no progress output"},
@@ -265,7 +268,8 @@ int trainer_parse_args(trainer_opts *o, int argc, char **argv, const char *model
             return 1;
         } else if (!takes) {
             *(id == O_JSON ? &o->json : id == O_QUIET ? &o->quiet : id == O_SYNC_BN ? &o->sync_bn
-              : id == O_CUDA_GRAPH ? &o->cuda_graph : &o->amp_trace) = true;
+              : id == O_CUDA_GRAPH ? &o->cuda_graph : id == O_CHANNELS_LAST ? &o->channels_last
+              : &o->amp_trace) = true;
             continue;
         }
         const char *v = eq ? eq + 1 : i + 1 < argc ? argv[++i] : NULL;

@@ -39,6 +39,7 @@ typedef struct {
     bool sync_bn;
     int threads;           /* --threads N; 0 (not given): $NANOAMP_THREADS, else the cores */
     bool cuda_graph;       /* --cuda-graph: full batches replayed as a CUDA graph */
+    bool channels_last;    /* --channels-last: the training batches' images channels-last */
 } trainer_opts;
 
 /* The defaults every trainer starts from (a trainer changes what its recipe needs). */
@@ -79,6 +80,7 @@ typedef struct {
     na_amp_monitor *mon;   /* --log */
     unsigned alerts_shown;
     na_ddp *ddp;           /* data parallel (trainer_amp_init_dist), else NULL */
+    bool channels_last;    /* trainer_amp_loss converts 4-d inputs to channels-last */
 } trainer_amp;
 
 /* The recipe of mode for net: takes opt (freed by trainer_amp_free, also on failure), made with
@@ -108,7 +110,9 @@ int trainer_amp_setup_dist(const trainer_opts *o, na_module *net, na_dist *dist,
 void trainer_amp_free(trainer_amp *a);
 /* The scaler in use (the fp16 optimizer's for o2); disabled for off/bf16. */
 na_grad_scaler *trainer_amp_scaler(const trainer_amp *a);
-/* Forward and cross-entropy: inside an autocast region for fp16/bf16, on an f16 input for o2. */
+/* Forward and cross-entropy: inside an autocast region for fp16/bf16, on an f16 input for o2;
+ * an image batch converted to channels-last first when a->channels_last (the network's
+ * activations then stay channels-last: nanoamp/tensor.h, memory formats). */
 na_tensor *trainer_amp_loss(const trainer_amp *a, na_module *net, na_tensor *x, na_tensor *y,
                             double label_smoothing);
 /* Backward, optimizer step (skipped on the device on overflow), scale update, zero_grad. */

@@ -85,6 +85,7 @@ typedef enum {
     X(PERMUTE,       "permute",       AS_IS, FIXED, NONE,       NOACC, true)          \
     X(SLICE,         "slice",         AS_IS, FIXED, NONE,       NOACC, true)          \
     X(CONTIGUOUS,    "contiguous",    AS_IS, FIXED, NONE,       NOACC, true)          \
+    X(PAD,           "pad",           AS_IS, FIXED, NONE,       NOACC, true)          \
     X(CONV2D,        "conv2d",        LOWER, ASKS,  NONE,       ACC,   true)          \
     X(BATCH_NORM,    "batch_norm",    AS_IS, FIXED, NONE,       ACC,   true)          \
     X(BATCH_NORM_RELU, "batch_norm_relu", AS_IS, FIXED, NONE,   ACC,   true)          \

@@ -137,8 +137,8 @@ uint64_t na_rng_reserve(uint64_t n);
 /* ---- moving data -------------------------------------------------------------------- */
 int na_copy_to_host(const na_tensor *t, void *host);   /* numel elements, t's dtype, C order */
 int na_copy_from_host(na_tensor *t, const void *host); /* into a contiguous tensor */
-/* dst = src (shapes equal; dtype conversion allowed; any devices; src may be a view). Not
- * recorded by autograd. */
+/* dst = src (shapes equal; dtype conversion allowed; any devices; src may be a view, and so
+ * may dst on src's device). Not recorded by autograd. */
 int na_copy_(na_tensor *dst, const na_tensor *src);
 int na_fill_(na_tensor *t, double value);               /* not recorded by autograd */
 double na_item(const na_tensor *t);                     /* a one-element tensor's value */
@@ -159,6 +159,28 @@ na_tensor *na_transpose(na_tensor *t, int d0, int d1);
 na_tensor *na_permute(na_tensor *t, const int *perm);
 na_tensor *na_slice(na_tensor *t, int64_t start, int64_t stop); /* rows [start, stop) of dim 0 */
 na_tensor *na_contiguous(na_tensor *t); /* t itself when already contiguous */
+/* Zeros along one dim: `before` elements ahead of t's and `after` behind (F.pad on one dim,
+ * constant 0); differentiable; the result keeps t's memory format. */
+na_tensor *na_pad_dim(na_tensor *t, int dim, int64_t before, int64_t after);
+
+/* ---- memory formats ---------------------------------------------------------------------
+ * A 4-d tensor [N, C, H, W] is stored contiguous (C order) or channels-last (N, H, W, C order,
+ * strides [C*H*W, 1, W*C, C]; PyTorch's torch.channels_last), the layout cuDNN's tensor-core
+ * convolutions want. Ops keep their input's format: convert a network's input once with
+ * na_to_channels_last and conv2d, BatchNorm, pooling and same-shape elementwise ops stay
+ * channels-last (conv2d converts its weight itself); na_contiguous converts back. */
+typedef enum { NA_FORMAT_CONTIGUOUS, NA_FORMAT_CHANNELS_LAST } na_memory_format;
+/* Channels-last strides (size-1 dims' strides ignored): true for 4-d tensors only. */
+bool na_is_channels_last(const na_tensor *t);
+/* NA_FORMAT_CHANNELS_LAST when t is channels-last and not also contiguous (a tensor with
+ * C == 1, or H == W == 1, is both: its memory is the same either way). */
+na_memory_format na_memory_format_of(const na_tensor *t);
+/* A step tensor of that format (channels-last needs 4 dims); values uninitialized. */
+na_tensor *na_empty_format(na_dtype dt, na_device dev, int ndim, const int64_t *shape,
+                           na_memory_format f);
+/* t in format f: t itself when it already is, else a differentiable copy. */
+na_tensor *na_contiguous_format(na_tensor *t, na_memory_format f);
+na_tensor *na_to_channels_last(na_tensor *t); /* na_contiguous_format(t, CHANNELS_LAST) */
 
 #ifdef __cplusplus
 }

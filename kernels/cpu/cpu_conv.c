@@ -21,6 +21,9 @@
  * by the number of window cells inside the padded input (count_include_pad) or inside the
  * input (otherwise).
  */
+#include <stdlib.h>
+
+#include "common/dense_order.h"
 #include "cpu/cpu_internal.h"
 #include "cpu/cpu_parallel.h"
 
@@ -349,15 +352,15 @@ static int conv2d_bwd_weight_direct_range(const conv_job *j, int64_t lo, int64_t
         return (direct_ok) ? (direct_call) : name##_f(g, __VA_ARGS__);                      \
     } while (0)
 
-int na_cpu_conv2d(const na_conv_geom *g, const na_view *x, const na_view *w,
-                  const na_view *bias, na_view *y) {
+static int conv2d_c(const na_conv_geom *g, const na_view *x, const na_view *w,
+                    const na_view *bias, na_view *y) {
     NA_CPU_CHECK_FLOAT("cpu_conv2d", bias);
     NA_CPU_CONV_DISPATCH("cpu_conv2d", conv2d, na_cpu_direct_conv_usable(g, false),
                          na_cpu_direct_conv2d(g, x, w, bias, y, false), x, w, y, x, w, bias, y);
 }
 
-int na_cpu_conv2d_backward_data(const na_conv_geom *g, const na_view *gy, const na_view *w,
-                                na_view *gx) {
+static int conv2d_backward_data_c(const na_conv_geom *g, const na_view *gy, const na_view *w,
+                                  na_view *gx) {
     NA_CPU_CONV_DISPATCH("cpu_conv2d_backward_data", conv2d_bwd_data,
                          na_cpu_direct_conv_usable(g, true),
                          na_cpu_direct_conv2d(g, gy, w, NULL, gx, true), gy, w, gx, gy, w, gx);
@@ -372,8 +375,8 @@ static bool wgrad_by_rows(const na_conv_geom *g) {
            na_cpu_direct_conv_usable(g, false);
 }
 
-int na_cpu_conv2d_backward_weight(const na_conv_geom *g, const na_view *x, const na_view *gy,
-                                  na_view *gw) {
+static int conv2d_backward_weight_c(const na_conv_geom *g, const na_view *x, const na_view *gy,
+                                    na_view *gw) {
     NA_CPU_CONV_DISPATCH("cpu_conv2d_backward_weight", conv2d_bwd_weight, wgrad_by_rows(g),
                          na_cpu_direct_conv2d_wgrad_rows(g, x, gy, gw), x, gy, gw, x, gy, gw);
 }
@@ -724,24 +727,111 @@ static int pool_run(pool_job *j) {
                                     .range = d_ ? name##_range_d : name##_range_f});        \
     } while (0)
 
-int na_cpu_max_pool2d(const na_conv_geom *g, const na_view *x, na_view *y, na_view *idx) {
+static int max_pool2d_c(const na_conv_geom *g, const na_view *x, na_view *y, na_view *idx) {
     if (idx && idx->dtype != NA_DTYPE_I32)
         return na_cpu_bad_dtype("cpu_max_pool2d", "idx", idx->dtype);
     NA_CPU_POOL_DISPATCH("cpu_max_pool2d", max_pool, x, y, .in = x, .out = y, .idx_out = idx);
 }
 
-int na_cpu_max_pool2d_backward(const na_conv_geom *g, const na_view *gy, const na_view *idx,
-                               na_view *gx) {
+static int max_pool2d_backward_c(const na_conv_geom *g, const na_view *gy, const na_view *idx,
+                                 na_view *gx) {
     if (idx->dtype != NA_DTYPE_I32)
         return na_cpu_bad_dtype("cpu_max_pool2d_backward", "idx", idx->dtype);
     NA_CPU_POOL_DISPATCH("cpu_max_pool2d_backward", max_pool_bwd, gy, gx, .in = gy, .idx_in = idx,
                          .out = gx);
 }
 
-int na_cpu_avg_pool2d(const na_conv_geom *g, const na_view *x, na_view *y) {
+static int avg_pool2d_c(const na_conv_geom *g, const na_view *x, na_view *y) {
     NA_CPU_POOL_DISPATCH("cpu_avg_pool2d", avg_pool, x, y, .in = x, .out = y);
 }
 
-int na_cpu_avg_pool2d_backward(const na_conv_geom *g, const na_view *gy, na_view *gx) {
+static int avg_pool2d_backward_c(const na_conv_geom *g, const na_view *gy, na_view *gx) {
     NA_CPU_POOL_DISPATCH("cpu_avg_pool2d_backward", avg_pool_bwd, gy, gx, .in = gy, .out = gx);
+}
+
+/* ---- channels-last views ---------------------------------------------------------------------
+ * The kernels above read C order. A call whose views are channels-last (nanoamp/tensor.h: x,
+ * y, w and the gradients alike) runs them on C-order scratch copies, the outputs copied back:
+ * the reference computes the values of the same call in C order. C-order views pass as they
+ * are, with no copy. */
+typedef struct {
+    int n;
+    const na_view *v[4]; /* the call's views; NULL ones (an absent bias) are skipped */
+    unsigned written;    /* bit k: v[k] is an output */
+    na_view c[4];        /* C-order stand-ins */
+    void *buf[4];
+} c_order_call;
+
+static int c_order_begin(c_order_call *k) {
+    for (int i = 0; i < k->n; i++) {
+        const na_view *v = k->v[i];
+        if (!v) continue;
+        k->c[i] = *v;
+        if (na_view_is_c_order(v)) continue;
+        size_t bytes = (size_t)v->numel * na_dtype_size(v->dtype);
+        if (!(k->buf[i] = malloc(bytes ? bytes : 1)))
+            return na_set_error(NA_ENOMEM, "cpu: no memory for a %zu-byte C-order copy of a "
+                                "channels-last view", bytes);
+        k->c[i].data = k->buf[i];
+        int64_t stride = 1;
+        for (int d = v->ndim - 1; d >= 0; stride *= v->shape[d], d--) k->c[i].stride[d] = stride;
+        if (!(k->written >> i & 1)) {
+            int rc = na_cpu_copy(&k->c[i], v);
+            if (rc) return rc;
+        }
+    }
+    return NA_OK;
+}
+
+static int c_order_end(c_order_call *k, int rc) {
+    for (int i = 0; i < k->n; i++) {
+        if (!k->buf[i]) continue;
+        if (!rc && (k->written >> i & 1)) rc = na_cpu_copy((na_view *)k->v[i], &k->c[i]);
+        free(k->buf[i]);
+    }
+    return rc;
+}
+
+/* runs CALL (on k.c[0..n)) for the views given, the views at bit positions of WRITTEN copied back */
+#define NA_CPU_IN_C_ORDER(CALL, WRITTEN, ...)                                               \
+    do {                                                                                    \
+        c_order_call k = {.n = NA_CPU_NARGS_(__VA_ARGS__), .v = {__VA_ARGS__},              \
+                          .written = (WRITTEN)};                                            \
+        int rc = c_order_begin(&k);                                                         \
+        return c_order_end(&k, rc ? rc : (CALL));                                           \
+    } while (0)
+#define NA_CPU_NARGS_(...) ((int)(sizeof((const na_view *[]){__VA_ARGS__}) / sizeof(const na_view *)))
+
+int na_cpu_conv2d(const na_conv_geom *g, const na_view *x, const na_view *w,
+                  const na_view *bias, na_view *y) {
+    NA_CPU_IN_C_ORDER(conv2d_c(g, &k.c[0], &k.c[1], bias, &k.c[2]), 1u << 2, x, w, y);
+}
+
+int na_cpu_conv2d_backward_data(const na_conv_geom *g, const na_view *gy, const na_view *w,
+                                na_view *gx) {
+    NA_CPU_IN_C_ORDER(conv2d_backward_data_c(g, &k.c[0], &k.c[1], &k.c[2]), 1u << 2, gy, w, gx);
+}
+
+int na_cpu_conv2d_backward_weight(const na_conv_geom *g, const na_view *x, const na_view *gy,
+                                  na_view *gw) {
+    NA_CPU_IN_C_ORDER(conv2d_backward_weight_c(g, &k.c[0], &k.c[1], &k.c[2]), 1u << 2, x, gy,
+                      gw);
+}
+
+int na_cpu_max_pool2d(const na_conv_geom *g, const na_view *x, na_view *y, na_view *idx) {
+    NA_CPU_IN_C_ORDER(max_pool2d_c(g, &k.c[0], &k.c[1], idx ? &k.c[2] : NULL), 3u << 1, x, y,
+                      idx);
+}
+
+int na_cpu_max_pool2d_backward(const na_conv_geom *g, const na_view *gy, const na_view *idx,
+                               na_view *gx) {
+    NA_CPU_IN_C_ORDER(max_pool2d_backward_c(g, &k.c[0], &k.c[1], &k.c[2]), 1u << 2, gy, idx, gx);
+}
+
+int na_cpu_avg_pool2d(const na_conv_geom *g, const na_view *x, na_view *y) {
+    NA_CPU_IN_C_ORDER(avg_pool2d_c(g, &k.c[0], &k.c[1]), 1u << 1, x, y);
+}
+
+int na_cpu_avg_pool2d_backward(const na_conv_geom *g, const na_view *gy, na_view *gx) {
+    NA_CPU_IN_C_ORDER(avg_pool2d_backward_c(g, &k.c[0], &k.c[1]), 1u << 1, gy, gx);
 }

@@ -10,6 +10,7 @@
  *   dropout: (double)u >= p ? 1/(1-p) : 0, the scale computed in double, stored in the dtype
  *   arange:  start + i * step computed in double, then stored in the dtype
  */
+#include "common/dense_order.h"
 #include "common/philox.h"
 #include "cpu/cpu_internal.h"
 
@@ -150,6 +151,23 @@ static int coalesce(int ndim, const int64_t *shape, const int64_t *stride, int64
  * (whenever f64 or i32 is involved, where float would lose bits). */
 typedef enum { COPY_BYTES, COPY_F, COPY_D } copy_kind;
 
+/* dst not dense (a padded region): element by element, both offsets counted in C order, the
+ * values through double (exact for every dtype) */
+static int copy_walk(na_view *dst, const na_view *src) {
+    int nd = dst->ndim;
+    int64_t ctr[NA_MAX_DIMS] = {0}, so = 0, dof = 0;
+    for (int64_t i = 0; i < dst->numel; i++) {
+        na_cpu_set(dst->dtype, dst->data, dof, na_cpu_get(src->dtype, src->data, so));
+        for (int k = nd - 1; k >= 0; k--) {
+            so += src->stride[k], dof += dst->stride[k];
+            if (++ctr[k] < dst->shape[k]) break;
+            so -= src->stride[k] * dst->shape[k], dof -= dst->stride[k] * dst->shape[k];
+            ctr[k] = 0;
+        }
+    }
+    return NA_OK;
+}
+
 int na_cpu_copy(na_view *dst, const na_view *src) {
     size_t esz = na_dtype_size(src->dtype);
     if (!esz) return na_cpu_bad_dtype("cpu_copy", "src", src->dtype);
@@ -159,6 +177,14 @@ int na_cpu_copy(na_view *dst, const na_view *src) {
                             (long long)src->numel, (long long)dst->numel);
     int64_t n = src->numel;
     if (n == 0) return NA_OK;
+    if (!na_view_is_c_order(dst)) { /* written in dst's memory order when dst is dense */
+        int perm[NA_MAX_DIMS];
+        if (!na_view_same_shape(dst, src))
+            return na_set_error(NA_ESHAPE, "cpu_copy: a strided dst needs src's shape");
+        if (!na_dense_order(dst, perm)) return copy_walk(dst, src);
+        na_view d = na_view_permuted(dst, perm), s = na_view_permuted(src, perm);
+        return na_cpu_copy(&d, &s);
+    }
 
     int64_t shape[NA_MAX_DIMS], stride[NA_MAX_DIMS];
     int nd = coalesce(src->ndim, src->shape, src->stride, shape, stride);

@@ -1,10 +1,13 @@
 /* kernels/cuda/copy.cu — dtype-converting copies.
  *
- * dst contiguous, src any view (strided: the offset of each element comes from src's shape
- * and strides); every dtype pair, converting through double, which is exact for every source
- * type, so the result is the direct conversion (f64 -> f16/bf16 goes through f32, as on the
+ * src any view (strided: the offset of each element comes from src's shape and strides);
+ * dst contiguous, or dense in another order (channels-last: both are then read in dst's
+ * memory order), or any view (a padded region: an element walk). Every dtype pair,
+ * converting through double, which is exact for every source type, so the result is the
+ * direct conversion (f64 -> f16/bf16 goes through f32, as on the
  * CPU; float -> integer saturates, NaN -> 0). Same dtype and contiguous: cudaMemcpyAsync.
  */
+#include "common/dense_order.h"
 #include "cuda_common.cuh"
 
 /* ---- copy -------------------------------------------------------------------------------- */
@@ -61,12 +64,33 @@ static int copy_impl(void *dst, na_dtype ddt, const void *src, na_dtype sdt, int
     });
 }
 
+/* dst not dense (a padded region): both strided, runtime dtypes through double */
+__global__ void k_copy_walk(void *dst, int ddt, na_strided dg, const void *src, int sdt,
+                            na_strided sg, int64_t n) {
+    NA_GRID_STRIDE(i, n) {
+        na_st_d(dst, ddt, na_strided_offset(dg, i), na_ld_d(src, sdt, na_strided_offset(sg, i)));
+    }
+}
+
 int na_cuda_copy(na_view *dst, const na_view *src) {
     if (dst->numel != src->numel)
         return na_set_error(NA_ESHAPE, "copy (cuda): dst has %lld elements, src %lld",
                             (long long)dst->numel, (long long)src->numel);
-    if (!na_cuda_is_contiguous(dst))
-        return na_set_error(NA_EINVAL, "copy (cuda): dst must be contiguous");
+    if (!na_cuda_is_contiguous(dst)) { /* written in dst's memory order when dst is dense */
+        int perm[NA_MAX_DIMS];
+        if (!na_view_same_shape(dst, src))
+            return na_set_error(NA_ESHAPE, "copy (cuda): a strided dst needs src's shape");
+        if (na_dense_order(dst, perm)) {
+            na_view d = na_view_permuted(dst, perm), s = na_view_permuted(src, perm);
+            return na_cuda_copy(&d, &s);
+        }
+        if (dst->numel == 0) return NA_OK;
+        k_copy_walk<<<na_grid(dst->numel, NA_BLOCK), NA_BLOCK, 0, na_cuda_ctx.stream>>>(
+            dst->data, dst->dtype, na_strided_of(dst), src->data, src->dtype, na_strided_of(src),
+            dst->numel);
+        NA_CUDA_LAUNCH_CHECK("k_copy_walk");
+        return NA_OK;
+    }
     if (na_cuda_is_contiguous(src))
         return copy_impl(dst->data, dst->dtype, src->data, src->dtype, src->numel, NULL);
     na_strided g = na_strided_of(src);

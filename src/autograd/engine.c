@@ -355,14 +355,21 @@ static void offer_grad_into(na_node *n) {
     for (int k = 0; k < n->n_inputs; k++) {
         na_tensor *t = n->inputs[k], *g = t ? t->grad : NULL;
         bool ok = na_node_needs_grad(n, k) && !t->grad_fn && na_zero_deferred(g) &&
-                  g->dtype == t->dtype && g->device == t->device && na_same_shape(g, t);
+                  g->dtype == t->dtype && g->device == t->device && na_same_shape(g, t) &&
+                  na_memory_format_of(g) == na_memory_format_of(t);
         for (int j = 0; ok && j < k; j++) ok = n->inputs[j] != t; /* written once */
         n->grad_into[k] = ok ? g : NULL;
     }
 }
 
-/* out = a + b through the backend (shapes, dtype and device equal; a and b may be views). */
+/* out = a + b through the backend (shapes, dtype and device equal; a and b may be views; out
+ * is contiguous, or in the one dense layout a and b share). */
 static int add_same_shape(na_tensor *out, const na_tensor *a, const na_tensor *b) {
+    if (na_same_dense_layout(out, a) && na_same_dense_layout(out, b)) { /* on the memory */
+        na_view fo = na_flat_view(out), fa = na_flat_view(a), fb = na_flat_view(b);
+        na_broadcast flat = {.ndim = 1, .shape = {out->numel}, .a_stride = {1}, .b_stride = {1}};
+        return na_be(out)->binary(NA_BINARY_ADD, &fa, &fb, &fo, &flat);
+    }
     na_broadcast bc = {.ndim = out->ndim};
     for (int i = 0; i < out->ndim; i++) {
         bc.shape[i] = out->shape[i];
@@ -392,7 +399,10 @@ static int accumulate(pass *p, na_tensor *t, na_tensor *g) {
             t->grad = g;
             return NA_OK;
         }
-        na_tensor *sum = na_empty(t->dtype, t->device, t->ndim, t->shape);
+        /* two channels-last gradients (a residual network's branches) sum channels-last */
+        na_tensor *sum = na_same_dense_layout(t->grad, g)
+                             ? na_empty_like_format(g)
+                             : na_empty(t->dtype, t->device, t->ndim, t->shape);
         if (!sum) return na_last_status();
         int rc = add_same_shape(sum, t->grad, g);
         hold(p, sum);

@@ -10,6 +10,7 @@
 #define NANOAMP_SRC_GRAPH_H
 
 #include "nanoamp/autograd.h"
+#include "src/tensor/tensor_internal.h" /* na_empty_like_format */
 
 #define NA_NODE_MAX_INPUTS 5
 #define NA_NODE_MAX_SAVED 4
@@ -94,8 +95,9 @@ static inline bool na_node_needs_grad(const na_node *n, int k) {
 }
 /* Where a backward that computes input k's gradient whole writes it: the engine's
  * grad_into[k] when it offered one (the backward then sets gin[k] to it), else a new step
- * tensor shaped as `like`. */
+ * tensor shaped and formatted as `like` (a channels-last weight gets a channels-last
+ * gradient; the engine offers grad_into only in the input's own format). */
 static inline na_tensor *na_node_grad_buffer(const na_node *n, int k, const na_tensor *like) {
-    return n->grad_into[k] ? n->grad_into[k] : na_empty_like(like);
+    return n->grad_into[k] ? n->grad_into[k] : na_empty_like_format(like);
 }
 #endif

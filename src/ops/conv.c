@@ -1,10 +1,33 @@
 /* Convolution front-end (NCHW). The kernels are the backends' (im2col + GEMM on the CPU, cuDNN
  * on CUDA); backward sits beside the forward. */
 #include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "src/ops/ops_internal.h"
 
 /* ---- conv2d ------------------------------------------------------------------------------ */
+
+/* NANOAMP_CONV_PAD_CHANNELS (read once): "0" never pads, "all" pads on every device (how the
+ * CPU tests the rule), unset pads on CUDA only. */
+static int pad_mode = -1; /* 0 never, 1 on CUDA, 2 everywhere */
+
+/* How many zero input channels to add: a channels-last f16/bf16 convolution whose input
+ * channels are not a multiple of 8 (an RGB first layer) misses cuDNN's tensor-core kernels,
+ * which read channels in groups of 8; padding the input and the weight with zero channels
+ * computes the same output on those kernels. */
+static int64_t conv_channel_padding(const na_conv_geom *g, const na_tensor *x) {
+    if (pad_mode < 0) {
+        const char *e = getenv("NANOAMP_CONV_PAD_CHANNELS");
+        pad_mode = !e ? 1 : strcmp(e, "0") == 0 ? 0 : strcmp(e, "all") == 0 ? 2 : 1;
+    }
+    bool device_ok = pad_mode == 2 || (pad_mode == 1 && x->device == NA_DEVICE_CUDA);
+    bool half = x->dtype == NA_DTYPE_F16 || x->dtype == NA_DTYPE_BF16;
+    if (!device_ok || !half || g->groups != 1 || g->c_in % 8 == 0 ||
+        na_memory_format_of(x) != NA_FORMAT_CHANNELS_LAST)
+        return 0;
+    return 8 - g->c_in % 8;
+}
 
 na_tensor *na_conv2d(na_tensor *x, na_tensor *w, na_tensor *b, const na_conv2d_opts *opts) {
     const char *fn = "na_conv2d";
@@ -43,9 +66,17 @@ na_tensor *na_conv2d(na_tensor *x, na_tensor *w, na_tensor *b, const na_conv2d_o
     if (na_autocast_inputs(NA_OP_CONV2D, ins, b ? 3 : 2) != NA_OK) return NULL;
     if (!na_check_same_dtype(fn, ins[0], ins[1]) || (b && !na_check_same_dtype(fn, ins[0], ins[2])))
         return NULL;
-    x = na_contiguous(ins[0]), w = na_contiguous(ins[1]), b = b ? na_contiguous(ins[2]) : NULL;
+    /* a channels-last x takes a channels-last weight (cuDNN's KRSC) and gives a channels-last y */
+    x = na_dense(ins[0]);
+    na_memory_format f = x ? na_memory_format_of(x) : NA_FORMAT_CONTIGUOUS;
+    w = na_contiguous_format(ins[1], f), b = b ? na_contiguous(ins[2]) : NULL;
     if (!x || !w || (ins[2] && !b)) return NULL;
-    na_tensor *y = na_empty(x->dtype, x->device, NA_SHAPE(g.n, g.c_out, g.oh, g.ow));
+    int64_t pad = conv_channel_padding(&g, x);
+    if (pad > 0) { /* zero channels, in x and w alike, change no output */
+        if (!(x = na_pad_dim(x, 1, 0, pad)) || !(w = na_pad_dim(w, 1, 0, pad))) return NULL;
+        g.c_in += pad;
+    }
+    na_tensor *y = na_empty_format(x->dtype, x->device, NA_SHAPE(g.n, g.c_out, g.oh, g.ow), f);
     if (!y || na_be(x)->conv2d(&g, &x->view, &w->view, NA_VIEW_OF(b), &y->view) != NA_OK)
         return NULL;
     na_tensor *in[3] = {x, w, b};
@@ -56,21 +87,29 @@ na_tensor *na_conv2d(na_tensor *x, na_tensor *w, na_tensor *b, const na_conv2d_o
 
 int na_bw_CONV2D(na_node *n, na_tensor *gout, na_tensor **gin) {
     const na_conv_geom *g = n->extra;
-    na_tensor *x = n->inputs[0], *w = n->inputs[1], *gy = na_contiguous(gout);
+    na_tensor *x = n->inputs[0], *w = n->inputs[1], *gy = na_as_format_of(gout, n->out);
     if (!gy) return na_last_status();
     const na_backend *be = na_be(x);
     int rc;
     if (na_node_needs_grad(n, 0)) {
-        if (!(gin[0] = na_empty_like(x))) return na_last_status();
+        if (!(gin[0] = na_empty_like_format(x))) return na_last_status();
         if ((rc = be->conv2d_backward_data(g, &gy->view, &w->view, &gin[0]->view))) return rc;
     }
     if (na_node_needs_grad(n, 1)) { /* into the weight's .grad when the engine offers it */
         if (!(gin[1] = na_node_grad_buffer(n, 1, w))) return na_last_status();
         if ((rc = be->conv2d_backward_weight(g, &x->view, &gy->view, &gin[1]->view))) return rc;
     }
-    if (na_node_needs_grad(n, 2)) { /* gb = sum of gy over N, H, W */
-        na_tensor *r = na_reshape(gy, 3, (const int64_t[]){g->n, g->c_out, -1});
-        r = r ? na_sum_dim(r, 2, false) : NULL;
+    if (na_node_needs_grad(n, 2)) { /* gb = sum of gy over N, H, W: the rows of [rows, C_out] */
+        na_tensor *r;
+        if (na_memory_format_of(gy) == NA_FORMAT_CHANNELS_LAST) { /* the memory is [N*H*W, C_out] */
+            if ((r = na_tensor_view_header(gy))) {
+                r->ndim = 2, r->shape[0] = gy->numel / g->c_out, r->shape[1] = g->c_out;
+                na_set_contiguous_strides(r);
+            }
+        } else { /* [N, C_out, H*W] summed over H*W first */
+            r = na_reshape(gy, 3, (const int64_t[]){g->n, g->c_out, -1});
+            r = r ? na_sum_dim(r, 2, false) : NULL;
+        }
         if (!(gin[2] = r ? na_grad_sum_rows(n, 2, r) : NULL)) return na_last_status();
     }
     return NA_OK;

@@ -51,8 +51,19 @@ static na_tensor *binary(const char *fn, na_op op, na_binary_op bop, na_tensor *
     b = na_cast(ins[1], dt);
     na_broadcast bc;
     if (!a || !b || !broadcast_geometry(fn, a, b, &bc)) return NULL;
-    na_tensor *out = na_empty(dt, a->device, bc.ndim, bc.shape);
-    if (!out || na_be(out)->binary(bop, &a->view, &b->view, &out->view, &bc) != NA_OK) return NULL;
+    na_tensor *out;
+    if (na_same_dense_layout(a, b) && na_memory_format_of(a) != NA_FORMAT_CONTIGUOUS) {
+        /* one shape, one non-C-order layout (channels-last): kept, the op runs on the memory */
+        na_view fa = na_flat_view(a), fb = na_flat_view(b), fo;
+        na_broadcast flat = {.ndim = 1, .shape = {a->numel}, .a_stride = {1}, .b_stride = {1}};
+        if (!(out = na_empty_like_format(a))) return NULL;
+        fo = na_flat_view(out);
+        if (na_be(out)->binary(bop, &fa, &fb, &fo, &flat) != NA_OK) return NULL;
+    } else {
+        out = na_empty(dt, a->device, bc.ndim, bc.shape);
+        if (!out || na_be(out)->binary(bop, &a->view, &b->view, &out->view, &bc) != NA_OK)
+            return NULL;
+    }
     na_tensor *in[2] = {a, b};
     na_op_record(op, out, 2, in);
     return out;
@@ -106,9 +117,9 @@ static na_tensor *unary(const char *fn, na_op op, na_tensor *x, double a, double
     if (!na_check_float(fn, x, "input")) return NULL;
     na_tensor *ins[1] = {x};
     if (na_autocast_inputs(op, ins, 1) != NA_OK) return NULL;
-    x = na_contiguous(ins[0]);
+    x = na_dense(ins[0]); /* either format: the kernel walks the memory */
     if (!x) return NULL;
-    na_tensor *out = na_empty_like(x);
+    na_tensor *out = na_empty_like_format(x);
     if (!out || na_be(x)->unary(uop, &x->view, &out->view, a, b) != NA_OK) return NULL;
     na_node *n = na_op_record(op, out, 1, &x);
     if (n) {
@@ -120,8 +131,8 @@ static na_tensor *unary(const char *fn, na_op op, na_tensor *x, double a, double
 }
 
 static int unary_backward(na_node *n, na_tensor *gout, na_tensor **gin) {
-    na_tensor *x = n->inputs[0], *g = na_contiguous(gout);
-    na_tensor *gx = g ? na_empty_like(x) : NULL;
+    na_tensor *x = n->inputs[0], *g = na_as_format_of(gout, x);
+    na_tensor *gx = g ? na_empty_like_format(x) : NULL;
     if (!gx) return na_last_status();
     gin[0] = gx;
     return na_be(x)->unary_backward((na_unary_op)n->i[0], &x->view, &n->out->view, &g->view,

@@ -34,6 +34,8 @@ static na_tensor *batch_norm(const char *fn, na_op op, bool relu, na_tensor *x,
         return NULL;
     }
     int64_t nb = x->shape[0], c = x->shape[1], sp = x->numel / ((nb * c) != 0 ? nb * c : 1);
+    if (na_memory_format_of(x) == NA_FORMAT_CHANNELS_LAST) /* memory [N*H*W, C]: BatchNorm1d's */
+        nb *= sp, sp = 1;
     na_dtype pdt = x->dtype == NA_DTYPE_F64 ? NA_DTYPE_F64 : NA_DTYPE_F32;
     if (!check_param(fn, running_mean, "running_mean", pdt, c, x) ||
         !check_param(fn, running_var, "running_var", pdt, c, x) ||
@@ -57,9 +59,9 @@ static na_tensor *batch_norm(const char *fn, na_op op, bool relu, na_tensor *x,
                      momentum);
         return NULL;
     }
-    if (!(x = na_contiguous(x))) return NULL;
+    if (!(x = na_dense(x))) return NULL; /* a copy is contiguous: [N, C, S] as computed */
     const na_backend *be = na_be(x);
-    na_tensor *y = na_empty_like(x);
+    na_tensor *y = na_empty_like_format(x);
     na_tensor *mean = na_empty(pdt, x->device, NA_SHAPE(c));
     na_tensor *invstd = na_empty(pdt, x->device, NA_SHAPE(c));
     if (!y || !mean || !invstd) return NULL;
@@ -105,9 +107,9 @@ na_tensor *na_batch_norm_relu(na_tensor *x, na_tensor *running_mean, na_tensor *
 /* relu_y: the forward's output when ReLU was fused in, else NULL */
 static int batch_norm_backward(na_node *n, na_tensor *gout, na_tensor **gin,
                                const na_tensor *relu_y) {
-    na_tensor *x = n->inputs[0], *w = n->inputs[1], *gy = na_contiguous(gout);
+    na_tensor *x = n->inputs[0], *w = n->inputs[1], *gy = na_as_format_of(gout, x);
     if (!gy) return na_last_status();
-    na_tensor *gx = na_node_needs_grad(n, 0) ? na_empty_like(x) : NULL;
+    na_tensor *gx = na_node_needs_grad(n, 0) ? na_empty_like_format(x) : NULL;
     na_tensor *gw = na_node_needs_grad(n, 1) ? na_empty_like(w) : NULL;
     na_tensor *gb = na_node_needs_grad(n, 2) ? na_empty_like(n->inputs[2]) : NULL;
     if ((na_node_needs_grad(n, 0) && !gx) || (na_node_needs_grad(n, 1) && !gw) ||
@@ -116,7 +118,7 @@ static int batch_norm_backward(na_node *n, na_tensor *gout, na_tensor **gin,
     gin[0] = gx, gin[1] = gw, gin[2] = gb;
     if (!gx && !gw && !gb) return NA_OK;
     /* the kernel always computes gx; give it a scratch buffer when x needs none */
-    if (!gx && !(gx = na_empty_like(x))) return na_last_status();
+    if (!gx && !(gx = na_empty_like_format(x))) return na_last_status();
     return na_be(x)->batch_norm_backward(&x->view, &gy->view, NA_VIEW_OF(w), &n->saved[0]->view,
                                          &n->saved[1]->view, &gx->view, NA_VIEW_OF(gw),
                                          NA_VIEW_OF(gb), n->i[0], n->i[1], n->i[2],

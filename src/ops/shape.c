@@ -177,6 +177,90 @@ int na_bw_CONTIGUOUS(na_node *n, na_tensor *gout, na_tensor **gin) {
     return NA_OK;
 }
 
+/* ---- memory formats (src/tensor/memory_format.c has the layouts) ------------------------ */
+
+na_tensor *na_contiguous_format(na_tensor *t, na_memory_format f) {
+    const char *fn = "na_contiguous_format";
+    char s[NA_DESCRIBE_MAX];
+    if (!na_check_tensor(fn, t, "input")) return NULL;
+    if (f == NA_FORMAT_CONTIGUOUS) return na_contiguous(t);
+    if (f != NA_FORMAT_CHANNELS_LAST) {
+        na_set_error(NA_EINVAL, "%s: unknown memory format %d", fn, (int)f);
+        return NULL;
+    }
+    if (t->ndim != 4) {
+        na_set_error(NA_ESHAPE, "%s: channels-last needs 4 dims [N, C, H, W], got %s", fn,
+                     na_tensor_describe(t, s, sizeof s));
+        return NULL;
+    }
+    if (na_is_channels_last(t)) return t;
+    na_tensor *out = na_empty_format(t->dtype, t->device, 4, t->shape, f);
+    if (!out || na_be(t)->copy(&out->view, &t->view) != NA_OK) return NULL;
+    /* the same node as na_contiguous: the gradient passes through as it comes */
+    na_op_record(NA_OP_CONTIGUOUS, out, 1, &t);
+    return out;
+}
+
+na_tensor *na_to_channels_last(na_tensor *t) {
+    return na_contiguous_format(t, NA_FORMAT_CHANNELS_LAST);
+}
+
+na_tensor *na_dense(na_tensor *t) {
+    return na_is_contiguous(t) || na_is_channels_last(t) ? t : na_contiguous(t);
+}
+
+na_tensor *na_as_format_of(na_tensor *t, const na_tensor *like) {
+    na_memory_format f = na_memory_format_of(like);
+    if (f == NA_FORMAT_CONTIGUOUS || !t || t->ndim != 4) return na_contiguous(t);
+    return na_contiguous_format(t, f);
+}
+
+/* ---- pad --------------------------------------------------------------------------------- */
+
+/* The elements [start, start + len) of t's dim, as a view (not recorded). */
+static na_tensor *narrow_view(na_tensor *t, int dim, int64_t start, int64_t len) {
+    na_tensor *v = na_tensor_view_header(t);
+    if (!v) return NULL;
+    v->shape[dim] = len;
+    v->numel = na_shape_numel(v->ndim, v->shape);
+    v->data = (char *)t->data + start * t->stride[dim] * (int64_t)na_dtype_size(t->dtype);
+    return v;
+}
+
+na_tensor *na_pad_dim(na_tensor *t, int dim, int64_t before, int64_t after) {
+    const char *fn = "na_pad_dim";
+    char s[NA_DESCRIBE_MAX];
+    if (!na_check_tensor(fn, t, "input") || !na_check_dim(fn, t, &dim)) return NULL;
+    if (before < 0 || after < 0) {
+        na_set_error(NA_EINVAL, "%s: padding of dim %d of %s must be >= 0 (got %" PRId64
+                     " before, %" PRId64 " after)", fn, dim, na_tensor_describe(t, s, sizeof s),
+                     before, after);
+        return NULL;
+    }
+    if (!(t = na_dense(t))) return NULL;
+    int64_t shape[NA_MAX_DIMS];
+    memcpy(shape, t->shape, sizeof shape);
+    shape[dim] += before + after;
+    na_tensor *out = na_empty_format(t->dtype, t->device, t->ndim, shape, na_memory_format_of(t));
+    na_tensor *inner = out ? narrow_view(out, dim, before, t->shape[dim]) : NULL;
+    const na_backend *be = na_be(t);
+    if (!inner || be->fill(&out->view, 0.0) != NA_OK || be->copy(&inner->view, &t->view) != NA_OK)
+        return NULL;
+    na_node *n = na_op_record(NA_OP_PAD, out, 1, &t);
+    if (n) n->i[0] = dim, n->i[1] = before;
+    return out;
+}
+
+int na_bw_PAD(na_node *n, na_tensor *gout, na_tensor **gin) {
+    na_tensor *x = n->inputs[0];
+    int dim = (int)n->i[0];
+    na_tensor *part = narrow_view(gout, dim, n->i[1], x->shape[dim]);
+    na_tensor *gx = part ? na_empty_like_format(x) : NULL;
+    if (!gx || na_be(gx)->copy(&gx->view, &part->view) != NA_OK) return na_last_status();
+    gin[0] = gx;
+    return NA_OK;
+}
+
 /* ---- cast ------------------------------------------------------------------------------ */
 
 na_tensor *na_cast(na_tensor *x, na_dtype dt) {
@@ -187,7 +271,8 @@ na_tensor *na_cast(na_tensor *x, na_dtype dt) {
         return NULL;
     }
     if (dt == x->dtype) return x;
-    na_tensor *out = na_empty(dt, x->device, x->ndim, x->shape);
+    /* a channels-last x gives a channels-last cast (autocast keeps a network's layout) */
+    na_tensor *out = na_empty_format(dt, x->device, x->ndim, x->shape, na_memory_format_of(x));
     if (!out || na_be(x)->copy(&out->view, &x->view) != NA_OK) return NULL;
     if (na_dtype_is_float(x->dtype) && na_dtype_is_float(dt)) na_op_record(NA_OP_CAST, out, 1, &x);
     return out;

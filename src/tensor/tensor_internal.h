@@ -34,6 +34,17 @@ na_dtype na_promote_float(na_dtype a, na_dtype b);
  * na_promote_float. */
 na_dtype na_result_float(const na_tensor *a, const na_tensor *b);
 
+/* ---- memory formats (memory_format.c; the ops' side in src/ops/shape.c) ---- */
+/* Shaped and formatted as t (contiguous unless t is channels-last), t's dtype and device. */
+na_tensor *na_empty_like_format(const na_tensor *t);
+/* t's memory as one row of numel elements (t dense: contiguous or channels-last). */
+na_view na_flat_view(const na_tensor *t);
+/* a and b have one shape and one dense layout: elementwise work can run on flat views. */
+bool na_same_dense_layout(const na_tensor *a, const na_tensor *b);
+/* t when dense in either format, else a contiguous copy (recorded, as na_contiguous). */
+na_tensor *na_dense(na_tensor *t);
+/* t in the memory format of `like` (a gradient brought to its input's layout; recorded). */
+na_tensor *na_as_format_of(na_tensor *t, const na_tensor *like);
 /* [outer, r, inner] split of t around `dim`. */
 void na_split_dims(const na_tensor *t, int dim, int64_t *outer, int64_t *r, int64_t *inner);
 #endif
