@@ -92,6 +92,21 @@ Test(report, json_writes_null_for_what_is_not_finite) {
                           "null, \"test_loss\": null, \"final_loss\": null"), "%s", buf);
     cr_assert(strstr(buf, "\"final_scale\": null, \"diverged_at_step\": 7}\n"), "%s", buf);
     cr_assert(!strstr(buf, "nan") && !strstr(buf, "inf"), "%s", buf);
+    cr_assert(strstr(buf, "\"channels_last\": false,"), "%s", buf);
+}
+
+Test(parse, channels_last_flag_reaches_the_options_and_the_json) {
+    trainer_opts o = trainer_defaults("cnn");
+    char *argv[] = {"mnist-train", "--channels-last", NULL};
+    cr_assert_eq(trainer_parse_args(&o, 2, argv, NULL), 0, "%s", na_last_error());
+    cr_assert(o.channels_last);
+    trainer_result r = {.amp_mode = "off"};
+    char buf[1024] = {0};
+    FILE *f = fmemopen(buf, sizeof buf - 1, "w");
+    cr_assert_not_null(f);
+    trainer_json_print(f, &o, &r);
+    fclose(f);
+    cr_assert(strstr(buf, "\"channels_last\": true,"), "%s", buf);
 }
 
 Test(parse, whole_strings_in_range_only) {

@@ -87,7 +87,8 @@ void trainer_json_print(FILE *f, const trainer_opts *o, const trainer_result *r)
             "\"allreduce_dtype\": \"%s\", \"train_images_per_s\": %s, \"train_time_s\": %s, "
             "\"test_acc\": %s, \"test_loss\": %s, \"final_loss\": %s, \"params\": %" PRId64
             ", \"seed\": %" PRIu64 ", \"amp_mode\": \"%s\", \"skipped_steps\": %" PRId64
-            ", \"graph_steps\": %" PRId64 ", \"final_scale\": %s, \"diverged_at_step\": %s}\n",
+            ", \"graph_steps\": %" PRId64 ", \"channels_last\": %s, \"final_scale\": %s, "
+            "\"diverged_at_step\": %s}\n",
             o->model, na_device_name(o->device), o->amp, o->epochs, o->batch, na_get_num_threads(),
             r->world_size > 1 ? r->world_size : 1, o->allreduce_dtype ? o->allreduce_dtype : "f32",
             json_number(r->images_per_s, "%.1f", ips, sizeof ips),
@@ -95,6 +96,6 @@ void trainer_json_print(FILE *f, const trainer_opts *o, const trainer_result *r)
             json_number(r->test_acc, "%.4f", acc, sizeof acc),
             json_number(r->test_loss, "%.6f", tloss, sizeof tloss),
             json_number(r->final_loss, "%.6f", loss, sizeof loss), r->params, o->seed,
-            r->amp_mode, r->skipped_steps, r->graph_steps, json_number(r->final_scale, "%.9g", scale, sizeof scale),
-            diverged);
+            r->amp_mode, r->skipped_steps, r->graph_steps, o->channels_last ? "true" : "false",
+            json_number(r->final_scale, "%.9g", scale, sizeof scale), diverged);
 }
