@@ -45,7 +45,8 @@ int na_cuda_bn2_eval(const na_cuda_bn_args *a);
 int na_cuda_bn2_backward(const na_cuda_bn_args *a);
 
 /* max_pool2d / its backward for a 2x2 window with stride 2, no padding, dilation 1 (the
- * kernel list's contract); NA_EINVAL for any other geometry. */
+ * kernel list's contract); NA_EINVAL for any other geometry. Channels-last views are served
+ * by the generic strided kernels (the 2x2 kernels read contiguous NCHW rows). */
 int na_cuda_max_pool2x2(const na_conv_geom *g, const na_view *x, na_view *y, na_view *idx);
 int na_cuda_max_pool2x2_backward(const na_conv_geom *g, const na_view *gy, const na_view *idx,
                                  na_view *gx);
