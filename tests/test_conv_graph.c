@@ -1,7 +1,8 @@
 /* tests/test_conv_graph.c — the host logic of the cuDNN graph convolutions
  * (kernels/cuda/conv_graph_host.c), on the CPU: problems described from views (NCHW and
  * channels-last strides, groups, bias), their errors, pointer alignment, the engine filter,
- * the choice of the fastest timed plan and the bounded plan cache. The cuDNN calls themselves
+ * the choice of the fastest timed plan, the bounded plan cache, and the layout check that
+ * both cuDNN paths (and the im2col fallback) start from (na_conv_layout_of). The cuDNN calls themselves
  * need a GPU: scripts/gpu-switch-check runs the parity suites with NANOAMP_CUDNN_GRAPH=1.
  */
 #include <criterion/criterion.h>
@@ -297,4 +298,58 @@ Test(conv_graph, cache_is_bounded_and_evicts_the_least_recently_used) {
     e = na_cg_cache_claim(&c, &p1, &evicted);
     cr_expect_null(evicted, "the dropped slot is reused before evicting");
     cr_expect_null(e->plan, "a fresh entry has no plan (the legacy path) until one is set");
+}
+
+/* ---- the layout of a convolution's tensors (conv.cu's legacy path and the graph path) ---- */
+Test(conv_graph, layout_strides_of_nchw_and_channels_last) {
+    int64_t s[4];
+    na_conv_layout_strides(NA_CONV_NCHW, (int64_t[]){2, 4, 5, 7}, s);
+    cr_expect(s[0] == 140 && s[1] == 35 && s[2] == 7 && s[3] == 1);
+    na_conv_layout_strides(NA_CONV_NHWC, (int64_t[]){2, 4, 5, 7}, s);
+    cr_expect(s[0] == 140 && s[1] == 1 && s[2] == 28 && s[3] == 4, "[%lld, %lld, %lld, %lld]",
+              (long long)s[0], (long long)s[1], (long long)s[2], (long long)s[3]);
+}
+
+Test(conv_graph, layout_of_contiguous_and_channels_last_views) {
+    GEOM_VIEWS(NA_DTYPE_F16);
+    na_view xl = view4(NA_DTYPE_F16, 2, 4, 5, 7, (int64_t[]){140, 1, 28, 4}, 0);
+    na_view wl = view4(NA_DTYPE_F16, 6, 2, 3, 3, (int64_t[]){18, 1, 6, 2}, 0); /* KRSC */
+    na_view yl = view4(NA_DTYPE_F16, 2, 6, 3, 4, (int64_t[]){72, 1, 24, 6}, 0);
+    na_conv_layout l = (na_conv_layout)-1;
+    cr_assert_eq(na_conv_layout_of(NA_CG_FWD, &x, &w, &y, &l, "t"), NA_OK, "%s", na_last_error());
+    cr_expect_eq(l, NA_CONV_NCHW);
+    cr_assert_eq(na_conv_layout_of(NA_CG_BWD_FILTER, &xl, &wl, &yl, &l, "t"), NA_OK, "%s",
+                 na_last_error());
+    cr_expect_eq(l, NA_CONV_NHWC);
+    /* size-1 dims: a 1-channel input is both; its strides on the unit dim do not matter */
+    na_view x1 = view4(NA_DTYPE_F16, 2, 1, 5, 7, (int64_t[]){35, 99, 7, 1}, 0);
+    na_view w1 = view4(NA_DTYPE_F16, 6, 1, 3, 3, NULL, 0);
+    cr_assert_eq(na_conv_layout_of(NA_CG_FWD, &x1, &w1, &yl, &l, "t"), NA_OK, "%s", na_last_error());
+    cr_expect_eq(l, NA_CONV_NHWC);
+    cr_assert_eq(na_conv_layout_of(NA_CG_FWD, &x1, &w1, &y, &l, "t"), NA_OK, "%s", na_last_error());
+    cr_expect_eq(l, NA_CONV_NCHW);
+}
+
+Test(conv_graph, mixed_or_other_layouts_are_refused_with_the_strides) {
+    GEOM_VIEWS(NA_DTYPE_F32);
+    na_view xl = view4(NA_DTYPE_F32, 2, 4, 5, 7, (int64_t[]){140, 1, 28, 4}, 0);
+    na_view wl = view4(NA_DTYPE_F32, 6, 2, 3, 3, (int64_t[]){18, 1, 6, 2}, 0);
+    na_view yl = view4(NA_DTYPE_F32, 2, 6, 3, 4, (int64_t[]){72, 1, 24, 6}, 0);
+    na_conv_layout l;
+    cr_expect_eq(na_conv_layout_of(NA_CG_FWD, &xl, &wl, &y, &l, "conv2d"), NA_EINVAL);
+    cr_expect(strstr(na_last_error(), "conv2d") &&
+              strstr(na_last_error(), "y 4d [2, 6, 3, 4] str [72, 12, 4, 1]") &&
+              strstr(na_last_error(), "x 4d [2, 4, 5, 7] str [140, 1, 28, 4]"), "%s",
+              na_last_error());
+    cr_expect_eq(na_conv_layout_of(NA_CG_BWD_DATA, &xl, &w, &yl, &l, "conv2d_backward_data"),
+                 NA_EINVAL, "an NCHW filter with channels-last activations");
+    cr_expect(strstr(na_last_error(), "gx 4d") && strstr(na_last_error(), "gy 4d"), "%s",
+              na_last_error());
+    na_view wt = view4(NA_DTYPE_F32, 6, 2, 3, 3, (int64_t[]){1, 6, 36, 12}, 0); /* transposed */
+    cr_expect_eq(na_conv_layout_of(NA_CG_BWD_FILTER, &x, &wt, &y, &l, "t"), NA_EINVAL);
+    cr_expect(strstr(na_last_error(), "gw 4d [6, 2, 3, 3] str [1, 6, 36, 12]"), "%s",
+              na_last_error());
+    na_view x3 = x;
+    x3.ndim = 3;
+    cr_expect_eq(na_conv_layout_of(NA_CG_FWD, &x3, &w, &y, &l, "t"), NA_EINVAL);
 }

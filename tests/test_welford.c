@@ -6,6 +6,8 @@
  * and the combining warp, through the functions the kernel calls) and checks it against a
  * two-pass reference in f64, on random inputs including channels whose mean dwarfs their
  * spread (where sum(x^2) - n*mean^2 in f32 loses every digit: the control below shows it).
+ * The row kernels (NANOAMP_CUDA_BN_ROWS=1, x [M, C]) are emulated the same way
+ * (emulate_rows: common/bn_rows.h's chunks, steps, per-thread folds and block trees).
  */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -13,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/bn_rows.h"
 #include "common/welford.h"
 
 static uint64_t rng = 0x9E3779B97F4A7C15ULL;
@@ -250,5 +253,181 @@ Test(welford, tiles_cover_every_vector_once) {
             cr_assert_eq(seen[k], 1, "nvec %lld: vector %lld seen %d times", (long long)nvec,
                          (long long)k, seen[k]);
         free(seen);
+    }
+}
+
+/* ---- rows: x [M, C] row-major (common/bn_rows.h) ----------------------------------------- */
+
+/* The row kernels' algorithm for channel ch of x [m, c] with vectors of vw channels: per
+ * chunk and thread row ty the steps' partials folded in order, the block's tree over ty, the
+ * chunks combined as the finalize does. The kernel computes merge's weight once per step for
+ * all its channels (na_welford_merge_fb) and uses na_welford_of_upto for a short last step;
+ * welford.identities below shows both give these bits. */
+static na_welford_f emulate_rows(const float *x, int64_t m, int64_t c, int vw, int64_t ch,
+                                 int64_t *n_partials) {
+    const na_bn_rows_geom g = na_bn_rows_geom_of(m, c, vw);
+    na_welford_f *parts = malloc((size_t)g.chunks * sizeof *parts);
+    na_welford_f lanes[NA_BN_THREADS];
+    cr_assert_not_null(parts);
+    for (int64_t k = 0; k < g.chunks; k++) {
+        for (int ty = 0; ty < g.by; ty++) {
+            na_welford_f acc = na_welford_empty_f();
+            for (int64_t s = 0; s < g.steps; s++) {
+                float col[NA_BN_VPT];
+                int cnt = 0;
+                for (int j = 0; j < NA_BN_VPT; j++) {
+                    int64_t r = na_bn_rows_row(&g, k, s, j, ty);
+                    if (r < m) col[j] = x[r * c + ch], cnt = j + 1;
+                }
+                if (cnt == 0) break;
+                acc = na_welford_merge_f(acc, na_welford_of_f(col, cnt));
+            }
+            lanes[ty] = acc;
+        }
+        parts[k] = na_welford_tree_f(lanes, g.by);
+    }
+    na_welford_f r = na_welford_combine_f(parts, g.chunks);
+    *n_partials = g.chunks;
+    free(parts);
+    return r;
+}
+
+/* (sum gy, sum gy*xhat) of channel ch in the row kernels' order */
+static na_sum2_f emulate_rows_sums(const float *x, const float *gy, int64_t m, int64_t c, int vw,
+                                   int64_t ch, float mean, float invstd) {
+    const na_bn_rows_geom g = na_bn_rows_geom_of(m, c, vw);
+    na_sum2_f *parts = malloc((size_t)g.chunks * sizeof *parts);
+    na_sum2_f lanes[NA_BN_THREADS];
+    cr_assert_not_null(parts);
+    for (int64_t k = 0; k < g.chunks; k++) {
+        for (int ty = 0; ty < g.by; ty++) {
+            na_sum2_f acc = na_sum2_empty_f();
+            for (int64_t s = 0; s < g.steps; s++)
+                for (int j = 0; j < NA_BN_VPT; j++) {
+                    int64_t r = na_bn_rows_row(&g, k, s, j, ty);
+                    if (r >= m) break;
+                    float gv = gy[r * c + ch];
+                    acc.a += gv;
+                    acc.b += gv * ((x[r * c + ch] - mean) * invstd);
+                }
+            lanes[ty] = acc;
+        }
+        parts[k] = na_sum2_tree_f(lanes, g.by);
+    }
+    na_sum2_f r = na_sum2_combine_f(parts, g.chunks);
+    free(parts);
+    return r;
+}
+
+typedef struct {
+    int64_t m, c;
+    double offset, spread;
+} rows_case;
+
+/* M and C as the kernels meet them (BatchNorm1d batches, channels-last layers, C = 3 with
+ * vw 1, long channels with many steps per chunk), and large means */
+static const rows_case row_cases[] = {
+    {1, 1, 0, 1},         {5, 3, 0.5, 1},         {1000, 64, 0, 1},    {20000, 512, -2, 3},
+    {3000, 8, 1e4, 1},    {700001, 4, 3e4, 0.1},  {2049, 24, 1e6, 0.5}, {65536, 64, 1e3, 2},
+};
+#define N_ROW_CASES (int)(sizeof row_cases / sizeof row_cases[0])
+
+Test(welford, rows_fixed_order_matches_f64_two_pass) {
+    int many_steps = 0;
+    for (int i = 0; i < N_ROW_CASES; i++) {
+        const rows_case *k = &row_cases[i];
+        float *x = random_nchw(k->m, k->c, 1, k->offset, k->spread);
+        const stats_case bound = {k->m, k->c, 1, k->offset, k->spread};
+        for (int vw = 1; vw <= 4; vw *= 4) {
+            if (k->c % vw) continue;
+            many_steps += na_bn_rows_geom_of(k->m, k->c, vw).steps > 1;
+            for (int64_t ch = 0; ch < k->c; ch += 1 + k->c / 5) { /* a few channels each */
+                double mean, var;
+                reference(x, k->m, k->c, 1, ch, &mean, &var);
+                int64_t parts;
+                na_welford_f w = emulate_rows(x, k->m, k->c, vw, ch, &parts);
+                double got_var = (double)w.m2 / (double)w.n;
+                cr_assert_eq(w.n, k->m, "case %d ch %lld: count %lld", i, (long long)ch,
+                             (long long)w.n);
+                cr_assert(fabs(w.mean - mean) <= 2e-6 * (fabs(mean) + k->spread),
+                          "case %d ch %lld vw %d (%lld partials): mean %.9g, want %.9g", i,
+                          (long long)ch, vw, (long long)parts, (double)w.mean, mean);
+                cr_assert(rel(got_var, var) <= var_bound(&bound),
+                          "case %d ch %lld vw %d (%lld partials): var %.9g, want %.9g (rel %.3g)",
+                          i, (long long)ch, vw, (long long)parts, got_var, var, rel(got_var, var));
+            }
+        }
+        free(x);
+    }
+    cr_assert_geq(many_steps, 2, "some cases must fold several steps per chunk");
+}
+
+Test(welford, rows_backward_sums_match_f64) {
+    const rows_case k = {20000, 64, 0.5, 2};
+    float *x = random_nchw(k.m, k.c, 1, k.offset, k.spread);
+    float *gy = random_nchw(k.m, k.c, 1, 0, 1);
+    for (int vw = 1; vw <= 4; vw *= 4)
+        for (int64_t ch = 0; ch < k.c; ch += 7) {
+            double mean, var;
+            reference(x, k.m, k.c, 1, ch, &mean, &var);
+            const float mu = (float)mean, is = (float)(1 / sqrt(var + 1e-5));
+            double sa = 0, sb = 0, abs_a = 0, abs_b = 0; /* f64 of the same f32 terms */
+            for (int64_t r = 0; r < k.m; r++) {
+                double gv = gy[r * k.c + ch], xh = (double)((x[r * k.c + ch] - mu) * is);
+                sa += gv, sb += gv * xh, abs_a += fabs(gv), abs_b += fabs(gv * xh);
+            }
+            na_sum2_f p = emulate_rows_sums(x, gy, k.m, k.c, vw, ch, mu, is);
+            cr_assert(fabs(p.a - sa) <= 1e-6 * abs_a && fabs(p.b - sb) <= 1e-6 * abs_b,
+                      "vw %d ch %lld: (%.9g, %.9g), want (%.9g, %.9g)", vw, (long long)ch,
+                      (double)p.a, (double)p.b, sa, sb);
+        }
+    free(x);
+    free(gy);
+}
+
+/* Every row of every channel is read exactly once, and the blocks are what the kernels need:
+ * bx * by threads, by a power of 2 (the tree), bx at most a warp. */
+Test(welford, rows_geometry_covers_every_row_once) {
+    static const int64_t ms[] = {1, 255, 256, 257, 5000, 1 << 20};
+    static const int64_t cs[] = {1, 3, 4, 64, 100, 2048};
+    for (int a = 0; a < 6; a++)
+        for (int b = 0; b < 6; b++) {
+            const int64_t m = ms[a], c = cs[b];
+            const na_bn_rows_geom g = na_bn_rows_geom_of(m, c, 1);
+            cr_assert_eq(g.bx * g.by, NA_BN_THREADS);
+            cr_assert(g.bx <= 32 && (g.by & (g.by - 1)) == 0, "bx %d by %d", g.bx, g.by);
+            cr_assert(g.bx >= g.cv || g.bx == 32, "c %lld: bx %d", (long long)c, g.bx);
+            cr_assert_leq(g.chunks * g.cblocks, 2 * NA_BN_ROWS_BLOCKS + g.cblocks);
+            char *seen = calloc((size_t)m, 1);
+            cr_assert_not_null(seen);
+            for (int64_t k = 0; k < g.chunks; k++)
+                for (int64_t s = 0; s < g.steps; s++)
+                    for (int ty = 0; ty < g.by; ty++)
+                        for (int j = 0; j < NA_BN_VPT; j++) {
+                            int64_t r = na_bn_rows_row(&g, k, s, j, ty);
+                            if (r < m) seen[r]++;
+                        }
+            for (int64_t r = 0; r < m; r++)
+                cr_assert_eq(seen[r], 1, "m %lld c %lld: row %lld seen %d times", (long long)m,
+                             (long long)c, (long long)r, seen[r]);
+            free(seen);
+        }
+}
+
+/* The kernels' shortcuts are the reference's arithmetic bit for bit: a merge with the weight
+ * computed apart, and a partial of a short step from loops of constant length. */
+Test(welford, identities) {
+    for (int t = 0; t < 2000; t++) {
+        float v[NA_BN_VPT];
+        for (int j = 0; j < NA_BN_VPT; j++) v[j] = (float)(1e3 + 10 * (2 * urand() - 1));
+        const int k = 1 + t % NA_BN_VPT;
+        na_welford_f a = na_welford_of_f(v, k), b = na_welford_of_upto_f(v, k);
+        cr_assert(a.n == b.n && memcmp(&a.mean, &b.mean, sizeof a.mean) == 0 &&
+                  memcmp(&a.m2, &b.m2, sizeof a.m2) == 0, "of_upto differs at k = %d", k);
+        na_welford_f acc = {1 + (int64_t)(urand() * 5000), (float)(1e3 + urand()), (float)urand()};
+        na_welford_f m1 = na_welford_merge_f(acc, a);
+        na_welford_f m2 = na_welford_merge_fb_f(acc, a, na_welford_fb_f(acc.n, a.n));
+        cr_assert(m1.n == m2.n && memcmp(&m1.mean, &m2.mean, sizeof m1.mean) == 0 &&
+                  memcmp(&m1.m2, &m2.m2, sizeof m1.m2) == 0, "merge_fb differs");
     }
 }

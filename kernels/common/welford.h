@@ -1,6 +1,7 @@
 /* kernels/common/welford.h — per-channel statistics from partials combined in a fixed order,
- * for the many-blocks-per-channel BatchNorm kernels (kernels/cuda/batchnorm.cu, switch
- * NANOAMP_CUDA_BN=v2) and their host-side reference (tests/test_welford.c).
+ * for the many-blocks-per-channel BatchNorm kernels (kernels/cuda/batchnorm.cu, switches
+ * NANOAMP_CUDA_BN=v2 and, for rows, NANOAMP_CUDA_BN_ROWS=1 with common/bn_rows.h) and their
+ * host-side reference (tests/test_welford.c).
  *
  * A partial is (count n, mean, M2 = sum of squared deviations from mean). Partials merge by
  * Chan et al.'s rule, which never forms sum(x^2) - n*mean^2, so a channel with a large mean
@@ -50,10 +51,14 @@ static NA_HD int64_t na_bn_tiles(int64_t nvec) {
 
 /* The fixed combining orders, once for any partial type P with merge M(a, b) (a first). */
 #define NA_FIXED_ORDER_DEFINE_(P, NAME, SFX, M, EMPTY)                                      \
-    static NA_HD P na_##NAME##_tree32_##SFX(P *lane) {                                      \
-        for (int o = NA_WELFORD_LANES / 2; o > 0; o >>= 1)                                  \
+    /* n lanes, n a power of 2: for o = n/2, ..., 1, lane i < o takes M(lane i, lane i+o) */ \
+    static NA_HD P na_##NAME##_tree_##SFX(P *lane, int n) {                                 \
+        for (int o = n / 2; o > 0; o >>= 1)                                                 \
             for (int i = 0; i < o; i++) lane[i] = M(lane[i], lane[i + o]);                  \
         return lane[0];                                                                     \
+    }                                                                                       \
+    static NA_HD P na_##NAME##_tree32_##SFX(P *lane) {                                      \
+        return na_##NAME##_tree_##SFX(lane, NA_WELFORD_LANES);                              \
     }                                                                                       \
     /* lanes[nthreads] of one block (nthreads a multiple of 32, at most 1024); clobbers */  \
     static NA_HD P na_##NAME##_block_##SFX(P *lanes, int nthreads) {                        \
@@ -89,16 +94,38 @@ static NA_HD int64_t na_bn_tiles(int64_t nvec) {
         na_welford_##SFX w = {k, mean, q};                                                  \
         return w;                                                                           \
     }                                                                                       \
+    /* the weight of b in a merge: a kernel whose partials share their counts computes it   \
+     * once for many channels (na_welford_merge_fb) */                                      \
+    static NA_HD T na_welford_fb_##SFX(int64_t na, int64_t nb) {                            \
+        return (T)nb / (T)(na + nb);                                                        \
+    }                                                                                       \
+    /* the merge of two non-empty partials, fb = na_welford_fb(a.n, b.n) */                 \
+    static NA_HD na_welford_##SFX na_welford_merge_fb_##SFX(na_welford_##SFX a,             \
+                                                            na_welford_##SFX b, T fb) {     \
+        na_welford_##SFX r;                                                                 \
+        r.n = a.n + b.n;                                                                    \
+        const T delta = b.mean - a.mean;                                                    \
+        r.mean = a.mean + delta * fb;                                                       \
+        r.m2 = a.m2 + b.m2 + delta * delta * ((T)a.n * fb);                                 \
+        return r;                                                                           \
+    }                                                                                       \
+    /* na_welford_of for k <= NA_BN_VPT with loops of the constant length NA_BN_VPT (the    \
+     * values past k skipped: the same sums), so a kernel keeps v in registers */          \
+    static NA_HD na_welford_##SFX na_welford_of_upto_##SFX(const T *v, int k) {             \
+        T s = (T)0, q = (T)0;                                                               \
+        for (int i = 0; i < NA_BN_VPT; i++)                                                 \
+            if (i < k) s += v[i];                                                           \
+        const T mean = s / (T)k;                                                            \
+        for (int i = 0; i < NA_BN_VPT; i++)                                                 \
+            if (i < k) q += (v[i] - mean) * (v[i] - mean);                                  \
+        na_welford_##SFX w = {k, mean, q};                                                  \
+        return w;                                                                           \
+    }                                                                                       \
     static NA_HD na_welford_##SFX na_welford_merge_##SFX(na_welford_##SFX a,                \
                                                          na_welford_##SFX b) {              \
         if (b.n == 0) return a;                                                             \
         if (a.n == 0) return b;                                                             \
-        na_welford_##SFX r;                                                                 \
-        r.n = a.n + b.n;                                                                    \
-        const T fb = (T)b.n / (T)r.n, delta = b.mean - a.mean;                              \
-        r.mean = a.mean + delta * fb;                                                       \
-        r.m2 = a.m2 + b.m2 + delta * delta * ((T)a.n * fb);                                 \
-        return r;                                                                           \
+        return na_welford_merge_fb_##SFX(a, b, na_welford_fb_##SFX(a.n, b.n));              \
     }                                                                                       \
     NA_FIXED_ORDER_DEFINE_(na_welford_##SFX, welford, SFX, na_welford_merge_##SFX,          \
                            na_welford_empty_##SFX)                                          \

@@ -14,9 +14,14 @@
  *             output y and uses gy * relu'(y) wherever gy appears above.
  * These are the CPU backend's formulas, term for term (kernels/cpu/cpu_batchnorm.c).
  * gamma/beta NULL means affine off (1 and 0); ggamma/gbeta/gx NULL are not written.
+ * Other kernels for the same math, behind switches read once (kernels/cuda/cuda_internal.h):
+ * NANOAMP_CUDA_BN=v2 (many blocks per channel, Welford partials) and, for s == 1 (x is [M, C]
+ * rows: BatchNorm1d and channels-last activations), NANOAMP_CUDA_BN_ROWS=1 (threads across
+ * the channels, coalesced; common/bn_rows.h).
  */
 #include <type_traits>
 
+#include "common/bn_rows.h"
 #include "common/elementwise.h"
 #include "common/welford.h"
 #include "cuda_common.cuh"
@@ -27,6 +32,15 @@ static bool bn_v2(void) {
     static int on = -1;
     if (on < 0) on = na_cuda_env_is("NANOAMP_CUDA_BN", "v2");
     return on == 1;
+}
+
+/* NANOAMP_CUDA_BN_ROWS=1 (read once): calls with s == 1 (x is [M, C] rows: BatchNorm1d and
+ * channels-last activations) take the row kernels (na_cuda_bn_rows_*), whatever
+ * NANOAMP_CUDA_BN says */
+static bool bn_rows_for(int64_t s) {
+    static int on = -1;
+    if (on < 0) on = na_cuda_env_is("NANOAMP_CUDA_BN_ROWS", NULL);
+    return on == 1 && s == 1;
 }
 
 struct bn_geom {
@@ -159,13 +173,13 @@ int na_cuda_batch_norm_train(const na_view *x, const na_view *gamma, const na_vi
                              na_view *running_mean, na_view *running_var, na_view *y,
                              na_view *save_mean, na_view *save_invstd, int64_t n, int64_t c,
                              int64_t s, double momentum, double eps, bool relu) {
-    if (bn_v2()) {
+    if (bn_v2() || bn_rows_for(s)) {
         na_cuda_bn_args a = {};
         a.x = x, a.gamma = gamma, a.beta = beta, a.y = y, a.running_mean = running_mean;
         a.running_var = running_var, a.save_mean = save_mean, a.save_invstd = save_invstd;
         a.n = n, a.c = c, a.s = s, a.momentum = momentum, a.eps = eps, a.train = true;
         a.relu = relu;
-        return na_cuda_bn2_train(&a);
+        return bn_rows_for(s) ? na_cuda_bn_rows_train(&a) : na_cuda_bn2_train(&a);
     }
     bn_geom g = {n, c, s, n * s};
     if (c == 0 || g.m == 0) return NA_OK;
@@ -189,12 +203,13 @@ int na_cuda_batch_norm_eval(const na_view *x, const na_view *gamma, const na_vie
                             const na_view *running_mean, const na_view *running_var,
                             na_view *y, int64_t n, int64_t c, int64_t s, double eps,
                             bool relu) {
-    if (bn_v2()) { /* v2 reads the running stats only; the struct's fields serve training too */
+    if (bn_v2() || bn_rows_for(s)) { /* eval reads the running stats only; the struct's
+                                       * fields serve training too */
         na_cuda_bn_args a = {};
         a.x = x, a.gamma = gamma, a.beta = beta, a.y = y;
         a.running_mean = (na_view *)running_mean, a.running_var = (na_view *)running_var;
         a.n = n, a.c = c, a.s = s, a.eps = eps, a.relu = relu;
-        return na_cuda_bn2_eval(&a);
+        return bn_rows_for(s) ? na_cuda_bn_rows_eval(&a) : na_cuda_bn2_eval(&a);
     }
     int64_t total = n * c * s;
     if (total == 0) return NA_OK;
@@ -216,13 +231,13 @@ int na_cuda_batch_norm_backward(const na_view *x, const na_view *gy, const na_vi
                                 const na_view *mean, const na_view *invstd, na_view *gx,
                                 na_view *ggamma, na_view *gbeta, int64_t n, int64_t c,
                                 int64_t s, bool train, const na_view *relu_y) {
-    if (bn_v2()) {
+    if (bn_v2() || bn_rows_for(s)) {
         na_cuda_bn_args a = {};
         a.x = x, a.gy = gy, a.gamma = gamma, a.mean = mean, a.invstd = invstd;
         a.gx = gx, a.ggamma = ggamma, a.gbeta = gbeta;
         a.n = n, a.c = c, a.s = s, a.train = train;
-        a.y = (na_view *)relu_y, a.relu = relu_y != NULL; /* v2 only reads y in backward */
-        return na_cuda_bn2_backward(&a);
+        a.y = (na_view *)relu_y, a.relu = relu_y != NULL; /* backward only reads y */
+        return bn_rows_for(s) ? na_cuda_bn_rows_backward(&a) : na_cuda_bn2_backward(&a);
     }
     bn_geom g = {n, c, s, n * s};
     if (c == 0) return NA_OK;
@@ -289,7 +304,10 @@ template <> struct bn2_ops<float> {
     typedef na_sum2_f P;
     static __device__ __forceinline__ W w_empty() { return na_welford_empty_f(); }
     static __device__ __forceinline__ W w_of(const float *v, int k) { return na_welford_of_f(v, k); }
+    static __device__ __forceinline__ W w_of_upto(const float *v, int k) { return na_welford_of_upto_f(v, k); }
     static __device__ __forceinline__ W merge(W a, W b) { return na_welford_merge_f(a, b); }
+    static __device__ __forceinline__ float fb(int64_t na, int64_t nb) { return na_welford_fb_f(na, nb); }
+    static __device__ __forceinline__ W merge_fb(W a, W b, float f) { return na_welford_merge_fb_f(a, b, f); }
     static __device__ __forceinline__ P p_empty() { return na_sum2_empty_f(); }
     static __device__ __forceinline__ P merge(P a, P b) { return na_sum2_merge_f(a, b); }
 };
@@ -298,7 +316,10 @@ template <> struct bn2_ops<double> {
     typedef na_sum2_d P;
     static __device__ __forceinline__ W w_empty() { return na_welford_empty_d(); }
     static __device__ __forceinline__ W w_of(const double *v, int k) { return na_welford_of_d(v, k); }
+    static __device__ __forceinline__ W w_of_upto(const double *v, int k) { return na_welford_of_upto_d(v, k); }
     static __device__ __forceinline__ W merge(W a, W b) { return na_welford_merge_d(a, b); }
+    static __device__ __forceinline__ double fb(int64_t na, int64_t nb) { return na_welford_fb_d(na, nb); }
+    static __device__ __forceinline__ W merge_fb(W a, W b, double f) { return na_welford_merge_fb_d(a, b, f); }
     static __device__ __forceinline__ P p_empty() { return na_sum2_empty_d(); }
     static __device__ __forceinline__ P merge(P a, P b) { return na_sum2_merge_d(a, b); }
 };
@@ -642,15 +663,26 @@ static int bn2_forward(const na_cuda_bn_args *a, bool train) {
 extern "C" int na_cuda_bn2_train(const na_cuda_bn_args *a) { return bn2_forward(a, true); }
 extern "C" int na_cuda_bn2_eval(const na_cuda_bn_args *a) { return bn2_forward(a, false); }
 
-extern "C" int na_cuda_bn2_backward(const na_cuda_bn_args *a) {
+/* The backward's cases with no pass over the elements (*done set): no channels, or no
+ * elements (the parameter gradients are zero); a fused ReLU without its output is refused. */
+static int bn_backward_trivial(const na_cuda_bn_args *a, const char *who, bool *done) {
+    *done = true;
     if (a->c == 0) return NA_OK;
-    if (a->n * a->s == 0) { /* no elements: the parameter gradients are zero */
+    if (a->n * a->s == 0) {
         if (a->ggamma) NA_TRY(na_cuda_fill(a->ggamma, 0.0));
         if (a->gbeta) NA_TRY(na_cuda_fill(a->gbeta, 0.0));
         return NA_OK;
     }
     if (a->relu && !a->y)
-        return na_set_error(NA_EINVAL, "batch_norm backward (cuda v2): relu needs the forward's output y");
+        return na_set_error(NA_EINVAL, "%s (cuda): relu needs the forward's output y", who);
+    *done = false;
+    return NA_OK;
+}
+
+extern "C" int na_cuda_bn2_backward(const na_cuda_bn_args *a) {
+    bool done;
+    NA_TRY(bn_backward_trivial(a, "batch_norm backward v2", &done));
+    if (done) return NA_OK;
     const na_view *x = a->x;
     int vw = bn2_width(x->dtype, a->s, x, a->gy, a->gx, a->relu ? a->y : NULL);
     bn2_geom g = bn2_geom_of(a->n, a->c, a->s, vw);
@@ -683,6 +715,342 @@ extern "C" int na_cuda_bn2_backward(const na_cuda_bn_args *a) {
             k_bn2_bwd_apply<DT, VW, RELU, false><<<bn2_grid(g), NA_BN_THREADS, 0, st>>>(
                 x->data, yd, a->gy->data, a->gx->data, g, (const C *)coef);
         NA_CUDA_LAUNCH_CHECK("k_bn2_bwd_apply");
+        return NA_OK;
+    });
+}
+
+/* ==== rows (NANOAMP_CUDA_BN_ROWS=1): x [M, C] row-major, s == 1 ============================
+ * The order is common/bn_rows.h's: blocks of bx vectors (vw neighbouring channels, 16 bytes
+ * when C and the pointers allow) x by rows, so a warp reads whole stretches of rows
+ * (coalesced) where the channel-per-block kernels read every element C apart.
+ *   train:    stats (per chunk and channel: Welford partials) -> the v2 finalize (one warp per
+ *             channel, na_welford_combine over the chunks) -> apply: two reads, one write;
+ *   eval:     the v2 coefficients from the running stats -> apply;
+ *   backward: sums (per chunk and channel) -> the v2 finalize -> apply (gx), ReLU's gradient
+ *             fused as in v2.
+ * Same formulas, conversions and partial layout (parts[ch * chunks + chunk]) as v2. */
+
+/* The common/bn_rows.h tree over the block's by rows of thread column tx (ty order); every
+ * thread of the block calls it; the result is for ty == 0. `sm` holds NA_BN_THREADS. */
+template <typename C, typename T>
+static __device__ __forceinline__ T bnr_tree(T v, T *sm) {
+    const int at = threadIdx.y * blockDim.x + threadIdx.x;
+    __syncthreads(); /* sm may still be read by the previous channel */
+    sm[at] = v;
+    __syncthreads();
+    for (int o = blockDim.y / 2; o > 0; o >>= 1) {
+        if ((int)threadIdx.y < o) sm[at] = bn2_ops<C>::merge(sm[at], sm[at + o * blockDim.x]);
+        __syncthreads();
+    }
+    return sm[threadIdx.x];
+}
+
+#define BNR_CB_LOOP(cb) for (int64_t cb = blockIdx.y; cb < g.cblocks; cb += gridDim.y)
+
+/* per-chunk Welford partials of x: parts[ch * chunks + chunk] */
+template <int DT, int VW>
+__global__ void __launch_bounds__(NA_BN_THREADS)
+k_bnr_stats(const void *__restrict__ x, na_bn_rows_geom g,
+            typename bn2_ops<typename na_hw<DT>::C>::W *__restrict__ parts) {
+    typedef typename na_hw<DT>::C C;
+    typedef bn2_ops<C> O;
+    typedef typename O::W W;
+    __shared__ W sm[NA_BN_THREADS];
+    const int ty = threadIdx.y;
+    BNR_CB_LOOP(cb) for (int64_t k = blockIdx.x; k < g.chunks; k += gridDim.x) {
+        const int64_t cvi = cb * g.bx + threadIdx.x;
+        const bool active = cvi < g.cv;
+        W acc[VW];
+#pragma unroll
+        for (int i = 0; i < VW; i++) acc[i] = O::w_empty();
+        int64_t n = 0; /* values per channel folded so far, the same for all VW channels */
+        for (int64_t s = 0; s < g.steps && active; s++) {
+            C v[NA_BN_VPT][VW];
+            int cnt = 0; /* loads of this step inside the rows (a prefix of j) */
+#pragma unroll
+            for (int j = 0; j < NA_BN_VPT; j++) {
+                const int64_t r = na_bn_rows_row(&g, k, s, j, ty);
+                if (r < g.m) {
+                    na_vld<DT, VW>(x, r * g.c + cvi * VW, v[j]);
+                    cnt = j + 1;
+                }
+            }
+            if (cnt == 0) break; /* every later step is beyond the rows too */
+            const C fb = O::fb(n, cnt);
+#pragma unroll
+            for (int i = 0; i < VW; i++) {
+                C col[NA_BN_VPT];
+#pragma unroll
+                for (int j = 0; j < NA_BN_VPT; j++) col[j] = v[j][i];
+                const W w = cnt == NA_BN_VPT ? O::w_of(col, NA_BN_VPT) : O::w_of_upto(col, cnt);
+                acc[i] = n ? O::merge_fb(acc[i], w, fb) : w; /* = O::merge(acc[i], w) */
+            }
+            n += cnt;
+        }
+#pragma unroll
+        for (int i = 0; i < VW; i++) {
+            const W r = bnr_tree<C>(acc[i], sm);
+            if (ty == 0 && active) parts[(cvi * VW + i) * g.chunks + k] = r;
+        }
+    }
+}
+
+/* per-chunk (sum g, sum g*xhat), g = gy (where y > 0 with RELU): parts[ch * chunks + chunk] */
+template <int DT, int VW, bool RELU>
+__global__ void __launch_bounds__(NA_BN_THREADS)
+k_bnr_bwd_sums(const void *__restrict__ x, const void *__restrict__ y,
+               const void *__restrict__ gy, na_bn_rows_geom g, const void *mean,
+               const void *invstd, int sdt,
+               typename bn2_ops<typename na_hw<DT>::C>::P *__restrict__ parts) {
+    typedef typename na_hw<DT>::C C;
+    typedef bn2_ops<C> O;
+    typedef typename O::P P;
+    __shared__ P sm[NA_BN_THREADS];
+    const int ty = threadIdx.y;
+    BNR_CB_LOOP(cb) for (int64_t k = blockIdx.x; k < g.chunks; k += gridDim.x) {
+        const int64_t cvi = cb * g.bx + threadIdx.x;
+        const bool active = cvi < g.cv;
+        C mu[VW], is[VW];
+        P acc[VW];
+#pragma unroll
+        for (int i = 0; i < VW; i++) {
+            const int64_t ch = active ? cvi * VW + i : 0;
+            mu[i] = mean ? na_ld<C>(mean, sdt, ch) : (C)0;
+            is[i] = invstd ? na_ld<C>(invstd, sdt, ch) : (C)1;
+            acc[i] = O::p_empty();
+        }
+        for (int64_t s = 0; s < g.steps && active; s++) {
+            C xv[NA_BN_VPT][VW], gv[NA_BN_VPT][VW], yv[NA_BN_VPT][VW];
+            int cnt = 0;
+#pragma unroll
+            for (int j = 0; j < NA_BN_VPT; j++) {
+                const int64_t r = na_bn_rows_row(&g, k, s, j, ty);
+                if (r < g.m) {
+                    const int64_t o = r * g.c + cvi * VW;
+                    na_vld<DT, VW>(x, o, xv[j]);
+                    na_vld<DT, VW>(gy, o, gv[j]);
+                    if (RELU) na_vld<DT, VW>(y, o, yv[j]);
+                    cnt = j + 1;
+                }
+            }
+            if (cnt == 0) break;
+#pragma unroll
+            for (int j = 0; j < NA_BN_VPT; j++) {
+                if (j >= cnt) break;
+#pragma unroll
+                for (int i = 0; i < VW; i++) {
+                    const C gvi = RELU ? (yv[j][i] > (C)0 ? gv[j][i] : (C)0) : gv[j][i];
+                    acc[i].a += gvi;
+                    acc[i].b += gvi * ((xv[j][i] - mu[i]) * is[i]);
+                }
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < VW; i++) {
+            const P r = bnr_tree<C>(acc[i], sm);
+            if (ty == 0 && active) parts[(cvi * VW + i) * g.chunks + k] = r;
+        }
+    }
+}
+
+/* Thread (tx, ty)'s rows of the elementwise passes: step t of all ceil(M / step), load j */
+#define BNR_STEP_LOOP(t)                                                                      \
+    for (int64_t t = blockIdx.x; t * g.step < g.m; t += gridDim.x)
+
+/* y = (x - mean) * scale + shift (then relu); coef as v2's */
+template <int DT, int VW, bool RELU>
+__global__ void __launch_bounds__(NA_BN_THREADS)
+k_bnr_apply(const void *__restrict__ x, void *__restrict__ y, na_bn_rows_geom g,
+            const typename na_hw<DT>::C *__restrict__ coef) {
+    typedef typename na_hw<DT>::C C;
+    BNR_CB_LOOP(cb) {
+        const int64_t cvi = cb * g.bx + threadIdx.x;
+        if (cvi >= g.cv) continue;
+        C mean[VW], scale[VW], shift[VW];
+#pragma unroll
+        for (int i = 0; i < VW; i++) {
+            const C *cf = coef + (cvi * VW + i) * BN2_NCOEF;
+            mean[i] = cf[0], scale[i] = cf[1], shift[i] = cf[2];
+        }
+        BNR_STEP_LOOP(t) {
+            C v[NA_BN_VPT][VW];
+            int64_t off[NA_BN_VPT];
+#pragma unroll
+            for (int j = 0; j < NA_BN_VPT; j++) {
+                const int64_t r = t * g.step + (int64_t)j * g.by + threadIdx.y;
+                off[j] = r < g.m ? r * g.c + cvi * VW : -1;
+                if (off[j] >= 0) na_vld<DT, VW>(x, off[j], v[j]);
+            }
+#pragma unroll
+            for (int j = 0; j < NA_BN_VPT; j++) {
+                if (off[j] < 0) continue;
+#pragma unroll
+                for (int i = 0; i < VW; i++) {
+                    const C r = (v[j][i] - mean[i]) * scale[i] + shift[i];
+                    v[j][i] = RELU ? (r > (C)0 ? r : (C)0) : r;
+                }
+                na_vst<DT, VW>(y, off[j], v[j]);
+            }
+        }
+    }
+}
+
+/* train: gx = (g - mean(g) - xhat*mean(g*xhat)) * scale; eval: gx = g * scale; coef as v2's */
+template <int DT, int VW, bool RELU, bool TRAIN>
+__global__ void __launch_bounds__(NA_BN_THREADS)
+k_bnr_bwd_apply(const void *__restrict__ x, const void *__restrict__ y,
+                const void *__restrict__ gy, void *__restrict__ gx, na_bn_rows_geom g,
+                const typename na_hw<DT>::C *__restrict__ coef) {
+    typedef typename na_hw<DT>::C C;
+    BNR_CB_LOOP(cb) {
+        const int64_t cvi = cb * g.bx + threadIdx.x;
+        if (cvi >= g.cv) continue;
+        C mu[VW], scale[VW], is[VW], mg[VW], mgx[VW];
+#pragma unroll
+        for (int i = 0; i < VW; i++) {
+            const C *cf = coef + (cvi * VW + i) * BN2_NCOEF;
+            mu[i] = cf[0], scale[i] = cf[1], is[i] = cf[2], mg[i] = cf[3], mgx[i] = cf[4];
+        }
+        BNR_STEP_LOOP(t) {
+            C xv[NA_BN_VPT][VW], gv[NA_BN_VPT][VW], yv[NA_BN_VPT][VW];
+            int64_t off[NA_BN_VPT];
+#pragma unroll
+            for (int j = 0; j < NA_BN_VPT; j++) {
+                const int64_t r = t * g.step + (int64_t)j * g.by + threadIdx.y;
+                off[j] = r < g.m ? r * g.c + cvi * VW : -1;
+                if (off[j] < 0) continue;
+                na_vld<DT, VW>(gy, off[j], gv[j]);
+                if (TRAIN) na_vld<DT, VW>(x, off[j], xv[j]);
+                if (RELU) na_vld<DT, VW>(y, off[j], yv[j]);
+            }
+#pragma unroll
+            for (int j = 0; j < NA_BN_VPT; j++) {
+                if (off[j] < 0) continue;
+#pragma unroll
+                for (int i = 0; i < VW; i++) {
+                    const C gvi = RELU ? (yv[j][i] > (C)0 ? gv[j][i] : (C)0) : gv[j][i];
+                    gv[j][i] = TRAIN ? (gvi - mg[i] - ((xv[j][i] - mu[i]) * is[i]) * mgx[i]) * scale[i]
+                                     : gvi * scale[i];
+                }
+                na_vst<DT, VW>(gx, off[j], gv[j]);
+            }
+        }
+    }
+}
+
+/* ---- host side ---- */
+static int bnr_check(const na_cuda_bn_args *a, const char *who) {
+    if (a->s != 1)
+        return na_set_error(NA_EINVAL, "%s (cuda rows): x is [%lld, %lld, %lld]; the row kernels "
+                            "take s == 1 ([M, C] rows)", who, (long long)a->n, (long long)a->c,
+                            (long long)a->s);
+    return NA_OK;
+}
+
+/* The v2 geometry whose finalize kernels combine the rows' chunk partials: c channels of m
+ * values, `chunks` partials each. */
+static bn2_geom bnr_final_geom(const na_bn_rows_geom &g) {
+    bn2_geom f = bn2_geom_of(g.m, g.c, 1, 1);
+    f.tiles = g.chunks;
+    return f;
+}
+
+static dim3 bnr_block(const na_bn_rows_geom &g) { return dim3((unsigned)g.bx, (unsigned)g.by); }
+static unsigned bnr_cblocks(const na_bn_rows_geom &g) {
+    return (unsigned)(g.cblocks < 65535 ? g.cblocks : 65535);
+}
+/* the statistics passes: one block per chunk and channel block */
+static dim3 bnr_stats_grid(const na_bn_rows_geom &g) {
+    return dim3((unsigned)(g.chunks < INT32_MAX ? g.chunks : INT32_MAX), bnr_cblocks(g));
+}
+/* the elementwise passes: enough blocks to fill the device a few times */
+static dim3 bnr_apply_grid(const na_bn_rows_geom &g) {
+    int64_t steps = (g.m + g.step - 1) / g.step;
+    int64_t want = (int64_t)(na_cuda_ctx.sm_count > 0 ? na_cuda_ctx.sm_count : 80) * 8 / g.cblocks;
+    if (want < 1) want = 1;
+    return dim3((unsigned)(steps < want ? steps : want), bnr_cblocks(g));
+}
+
+static int bnr_forward(const na_cuda_bn_args *a, bool train) {
+    NA_TRY(bnr_check(a, train ? "batch_norm_train" : "batch_norm_eval"));
+    const na_view *x = a->x;
+    if (a->c == 0 || a->n == 0) return NA_OK;
+    int vw = bn2_width(x->dtype, a->c, x, a->y, NULL, NULL);
+    na_bn_rows_geom g = na_bn_rows_geom_of(a->n, a->c, vw);
+    bn2_geom f = bnr_final_geom(g);
+    int pdt = a->gamma ? (int)a->gamma->dtype : DT_OR0(a->beta);
+    int rdt = a->running_mean ? (int)a->running_mean->dtype : DT_OR0(a->running_var);
+    int sdt = a->save_mean ? (int)a->save_mean->dtype : DT_OR0(a->save_invstd);
+    cudaStream_t st = na_cuda_ctx.stream;
+    return bn2_dispatch(x->dtype, vw, a->relu, "batch_norm (rows)", [&](auto tag, auto w, auto relu) -> int {
+        constexpr int DT = decltype(tag)::dtype;
+        constexpr int VW = decltype(w)::value;
+        typedef typename na_hw<DT>::C C;
+        typedef bn2_ops<C> O;
+        void *parts = NULL, *coef = NULL;
+        NA_TRY(bn2_scratch(f, sizeof(typename O::W), sizeof(C), &parts, &coef));
+        if (train) {
+            k_bnr_stats<DT, VW><<<bnr_stats_grid(g), bnr_block(g), 0, st>>>(x->data, g, (typename O::W *)parts);
+            NA_CUDA_LAUNCH_CHECK("k_bnr_stats");
+            k_bn2_finalize<C><<<bn2_warp_blocks(f.c), bn2_warps, 0, st>>>(
+                (const typename O::W *)parts, f, DATA_OR0(a->gamma), DATA_OR0(a->beta), pdt,
+                DATA_OR0(a->running_mean), DATA_OR0(a->running_var), rdt, DATA_OR0(a->save_mean),
+                DATA_OR0(a->save_invstd), sdt, (C *)coef, (C)a->momentum, (C)a->eps);
+            NA_CUDA_LAUNCH_CHECK("k_bn2_finalize");
+        } else {
+            k_bn2_eval_coef<C><<<na_grid(f.c, NA_BLOCK), NA_BLOCK, 0, st>>>(
+                f, DATA_OR0(a->gamma), DATA_OR0(a->beta), pdt, DATA_OR0(a->running_mean),
+                DATA_OR0(a->running_var), rdt, (C *)coef, (C)a->eps);
+            NA_CUDA_LAUNCH_CHECK("k_bn2_eval_coef");
+        }
+        k_bnr_apply<DT, VW, decltype(relu)::value><<<bnr_apply_grid(g), bnr_block(g), 0, st>>>(
+            x->data, a->y->data, g, (const C *)coef);
+        NA_CUDA_LAUNCH_CHECK("k_bnr_apply");
+        return NA_OK;
+    });
+}
+
+extern "C" int na_cuda_bn_rows_train(const na_cuda_bn_args *a) { return bnr_forward(a, true); }
+extern "C" int na_cuda_bn_rows_eval(const na_cuda_bn_args *a) { return bnr_forward(a, false); }
+
+extern "C" int na_cuda_bn_rows_backward(const na_cuda_bn_args *a) {
+    NA_TRY(bnr_check(a, "batch_norm_backward"));
+    bool done;
+    NA_TRY(bn_backward_trivial(a, "batch_norm_backward rows", &done));
+    if (done) return NA_OK;
+    const na_view *x = a->x;
+    int vw = bn2_width(x->dtype, a->c, x, a->gy, a->gx, a->relu ? a->y : NULL);
+    na_bn_rows_geom g = na_bn_rows_geom_of(a->n, a->c, vw);
+    bn2_geom f = bnr_final_geom(g);
+    int gdt = a->ggamma ? (int)a->ggamma->dtype : DT_OR0(a->gbeta);
+    int sdt = a->mean ? (int)a->mean->dtype : DT_OR0(a->invstd);
+    const void *yd = a->relu ? a->y->data : NULL;
+    cudaStream_t st = na_cuda_ctx.stream;
+    return bn2_dispatch(x->dtype, vw, a->relu, "batch_norm_backward (rows)", [&](auto tag, auto w, auto relu) -> int {
+        constexpr int DT = decltype(tag)::dtype;
+        constexpr int VW = decltype(w)::value;
+        constexpr bool RELU = decltype(relu)::value;
+        typedef typename na_hw<DT>::C C;
+        typedef bn2_ops<C> O;
+        void *parts = NULL, *coef = NULL;
+        NA_TRY(bn2_scratch(f, sizeof(typename O::P), sizeof(C), &parts, &coef));
+        k_bnr_bwd_sums<DT, VW, RELU><<<bnr_stats_grid(g), bnr_block(g), 0, st>>>(
+            x->data, yd, a->gy->data, g, DATA_OR0(a->mean), DATA_OR0(a->invstd), sdt,
+            (typename O::P *)parts);
+        NA_CUDA_LAUNCH_CHECK("k_bnr_bwd_sums");
+        k_bn2_bwd_finalize<C><<<bn2_warp_blocks(f.c), bn2_warps, 0, st>>>(
+            (const typename O::P *)parts, f, DATA_OR0(a->gamma), DT_OR0(a->gamma),
+            DATA_OR0(a->mean), DATA_OR0(a->invstd), sdt, DATA_OR0(a->ggamma), DATA_OR0(a->gbeta),
+            gdt, (C *)coef);
+        NA_CUDA_LAUNCH_CHECK("k_bn2_bwd_finalize");
+        if (!a->gx) return NA_OK;
+        if (a->train)
+            k_bnr_bwd_apply<DT, VW, RELU, true><<<bnr_apply_grid(g), bnr_block(g), 0, st>>>(
+                x->data, yd, a->gy->data, a->gx->data, g, (const C *)coef);
+        else
+            k_bnr_bwd_apply<DT, VW, RELU, false><<<bnr_apply_grid(g), bnr_block(g), 0, st>>>(
+                x->data, yd, a->gy->data, a->gx->data, g, (const C *)coef);
+        NA_CUDA_LAUNCH_CHECK("k_bnr_bwd_apply");
         return NA_OK;
     });
 }

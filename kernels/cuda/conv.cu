@@ -1,5 +1,11 @@
-/* kernels/cuda/conv.cu — 2-d convolution (NCHW, cross-correlation, groups, stride, padding,
+/* kernels/cuda/conv.cu — 2-d convolution (cross-correlation, groups, stride, padding,
  * dilation): forward, backward data, backward weight.
+ *
+ * Layouts: x, y (gx, gy) and w (gw) all contiguous NCHW / [K, C/g, R, S], or all channels-last
+ * (x, y: N, H, W, C memory; w: K, R, S, C/g) — na_conv_layout_of (conv_graph_host.c) tells
+ * which, and anything else is refused with the views' shapes and strides. Every path below
+ * (both cuDNN APIs and the im2col fallback) serves both layouts; bias is added per channel in
+ * y's layout.
  *
  * With cuDNN (NA_HAVE_CUDNN): the legacy convolution API. Per problem (geometry, dtype,
  * layout, math mode, determinism, find) a bounded table keeps the descriptors, built once,
@@ -30,10 +36,12 @@ struct conv_dims {
     int64_t n, cin, h, w, cout, oh, ow;
     int kh, kw, sh, sw, ph, pw, dh, dw, groups;
     int64_t cin_g, cout_g, K, ohw; /* per group: input/output channels, patch size; OH*OW */
+    bool nhwc; /* channels-last: x, y in N, H, W, C memory, w in K, R, S, C/g */
 };
 
-static conv_dims conv_dims_of(const na_conv_geom *g) {
+static conv_dims conv_dims_of(const na_conv_geom *g, na_conv_layout layout) {
     conv_dims d;
+    d.nhwc = layout == NA_CONV_NHWC;
     d.n = g->n;
     d.cin = g->c_in;
     d.h = g->h;
@@ -58,6 +66,18 @@ static conv_dims conv_dims_of(const na_conv_geom *g) {
 }
 
 /* ---- im2col / col2im ----------------------------------------------------------------------- */
+/* Element offset of x[b][c][ih][iw] (also gx) in the problem's layout. */
+static __device__ __forceinline__ int64_t conv_x_off(const conv_dims &d, int64_t b, int64_t c,
+                                                     int64_t ih, int64_t iw) {
+    return d.nhwc ? ((b * d.h + ih) * d.w + iw) * d.cin + c : ((b * d.cin + c) * d.h + ih) * d.w + iw;
+}
+
+/* Row kk of a column buffer in w's memory order: (ci, ky, kx) for NCHW, (ky, kx, ci) for
+ * channels-last (KRSC), so that one output channel's weights are one contiguous row of K. */
+static __device__ __forceinline__ int64_t conv_kk(const conv_dims &d, int64_t ci, int ky, int kx) {
+    return d.nhwc ? ((int64_t)ky * d.kw + kx) * d.cin_g + ci : (ci * d.kh + ky) * d.kw + kx;
+}
+
 /* col[b][kk][p] = x[img0+b][grp*cin_g + ci][oy*sh - ph + ky*dh][ox*sw - pw + kx*dw] or 0 */
 template <typename C>
 __global__ void k_im2col(const void *x, int xdt, void *col, int cdt, conv_dims d, int64_t img0,
@@ -67,30 +87,47 @@ __global__ void k_im2col(const void *x, int xdt, void *col, int cdt, conv_dims d
         int64_t t = e / d.ohw;
         int64_t kk = t % d.K;
         int64_t b = t / d.K;
-        int64_t ci = kk / (d.kh * d.kw);
-        int64_t r = kk - ci * (d.kh * d.kw);
+        int64_t ci, r; /* kk = conv_kk(ci, r / kw, r % kw) */
+        if (d.nhwc) {
+            r = kk / d.cin_g;
+            ci = kk - r * d.cin_g;
+        } else {
+            ci = kk / (d.kh * d.kw);
+            r = kk - ci * (d.kh * d.kw);
+        }
         int ky = (int)(r / d.kw), kx = (int)(r % d.kw);
         int64_t oy = p / d.ow, ox = p - (p / d.ow) * d.ow;
         int64_t ih = oy * d.sh - d.ph + (int64_t)ky * d.dh;
         int64_t iw = ox * d.sw - d.pw + (int64_t)kx * d.dw;
         C v = (C)0;
         if (ih >= 0 && ih < d.h && iw >= 0 && iw < d.w)
-            v = na_ld<C>(x, xdt, (((img0 + b) * d.cin + grp * d.cin_g + ci) * d.h + ih) * d.w + iw);
+            v = na_ld<C>(x, xdt, conv_x_off(d, img0 + b, grp * d.cin_g + ci, ih, iw));
         na_st(col, cdt, e, v);
     }
 }
 
-/* gx[img0+b][grp*cin_g + ci][ih][iw] = sum of the column entries that read it */
+/* gx[img0+b][grp*cin_g + ci][ih][iw] = sum of the column entries that read it; threads in
+ * gx's memory order */
 template <typename C>
 __global__ void k_col2im(const void *col, int cdt, void *gx, int gxdt, conv_dims d, int64_t img0,
                          int grp, int64_t total) {
     NA_GRID_STRIDE(e, total) {
-        int64_t iw = e % d.w;
-        int64_t t = e / d.w;
-        int64_t ih = t % d.h;
-        t /= d.h;
-        int64_t ci = t % d.cin_g;
-        int64_t b = t / d.cin_g;
+        int64_t ci, ih, iw, b, t;
+        if (d.nhwc) {
+            ci = e % d.cin_g;
+            t = e / d.cin_g;
+            iw = t % d.w;
+            t /= d.w;
+            ih = t % d.h;
+            b = t / d.h;
+        } else {
+            iw = e % d.w;
+            t = e / d.w;
+            ih = t % d.h;
+            t /= d.h;
+            ci = t % d.cin_g;
+            b = t / d.cin_g;
+        }
         C s = (C)0;
         for (int ky = 0; ky < d.kh; ky++) {
             int64_t ny = ih + d.ph - (int64_t)ky * d.dh;
@@ -102,11 +139,11 @@ __global__ void k_col2im(const void *col, int cdt, void *gx, int gxdt, conv_dims
                 if (nx < 0 || nx % d.sw) continue;
                 int64_t ox = nx / d.sw;
                 if (ox >= d.ow) continue;
-                int64_t kk = (ci * d.kh + ky) * d.kw + kx;
+                int64_t kk = conv_kk(d, ci, ky, kx);
                 s += na_ld<C>(col, cdt, (b * d.K + kk) * d.ohw + oy * d.ow + ox);
             }
         }
-        na_st(gx, gxdt, (((img0 + b) * d.cin + grp * d.cin_g + ci) * d.h + ih) * d.w + iw, s);
+        na_st(gx, gxdt, conv_x_off(d, img0 + b, grp * d.cin_g + ci, ih, iw), s);
     }
 }
 
@@ -147,6 +184,22 @@ static size_t align256(size_t b) { return (b + 255) & ~(size_t)255; }
 
 static na_dtype acc_dtype(na_dtype dt) { return dt == NA_DTYPE_F64 ? NA_DTYPE_F64 : NA_DTYPE_F32; }
 
+/* y (or gy) of group grp from image img0 on, as the gemm operand Y_g[b] (cout_g x OHW):
+ * offset, row stride, batch stride, and t: stored transposed (channels-last: OHW rows of
+ * cout elements, of which the group's cout_g are a column block). */
+struct conv_y_operand {
+    int64_t off, ld, batch_stride;
+    bool t;
+};
+static conv_y_operand y_operand(const conv_dims &d, int64_t img0, int grp) {
+    conv_y_operand o;
+    o.batch_stride = d.cout * d.ohw;
+    o.t = d.nhwc;
+    o.off = d.nhwc ? img0 * d.ohw * d.cout + grp * d.cout_g : (img0 * d.cout + grp * d.cout_g) * d.ohw;
+    o.ld = d.nhwc ? d.cout : d.ohw;
+    return o;
+}
+
 static int fallback_forward(const conv_dims &d, const na_view *x, const na_view *w,
                             na_view *y) {
     na_dtype dt = x->dtype;
@@ -158,22 +211,25 @@ static int fallback_forward(const conv_dims &d, const na_view *x, const na_view 
         int64_t cnt = d.n - img0 < nb ? d.n - img0 : nb;
         for (int grp = 0; grp < d.groups; grp++) {
             NA_TRY(im2col(d, x->data, dt, col, dt, img0, cnt, grp));
-            na_gemm_args g;
+            conv_y_operand yo = y_operand(d, img0, grp);
+            const char *wg = (const char *)w->data + (size_t)grp * d.cout_g * d.K * es;
+            na_gemm_args g; /* Y_g[b] = W_g @ col[b]; stored transposed: Y_g^T = col^T @ W_g^T */
             memset(&g, 0, sizeof g);
             g.dtype = dt;
-            g.a = (const char *)w->data + (size_t)grp * d.cout_g * d.K * es;
-            g.b = col;
-            g.c = (char *)y->data + (size_t)(img0 * d.cout + grp * d.cout_g) * d.ohw * es;
-            g.m = d.cout_g;
-            g.n = d.ohw;
+            g.a = yo.t ? col : wg;
+            g.b = yo.t ? wg : col;
+            g.ta = g.tb = yo.t;
+            g.c = (char *)y->data + (size_t)yo.off * es;
+            g.m = yo.t ? d.ohw : d.cout_g;
+            g.n = yo.t ? d.cout_g : d.ohw;
             g.k = d.K;
-            g.lda = d.K;
-            g.ldb = d.ohw;
-            g.ldc = d.ohw;
+            g.lda = yo.t ? d.ohw : d.K;
+            g.ldb = yo.t ? d.K : d.ohw;
+            g.ldc = yo.ld;
             g.batch = cnt;
-            g.stride_a = 0;
-            g.stride_b = d.K * d.ohw;
-            g.stride_c = d.cout * d.ohw;
+            g.stride_a = yo.t ? d.K * d.ohw : 0;
+            g.stride_b = yo.t ? 0 : d.K * d.ohw;
+            g.stride_c = yo.batch_stride;
             g.alpha = 1.0f;
             g.beta = 0.0f;
             NA_TRY(na_cuda_gemm_ex(&g, dt));
@@ -192,22 +248,24 @@ static int fallback_backward_data(const conv_dims &d, const na_view *gy, const n
     for (int64_t img0 = 0; img0 < d.n; img0 += nb) {
         int64_t cnt = d.n - img0 < nb ? d.n - img0 : nb;
         for (int grp = 0; grp < d.groups; grp++) {
+            conv_y_operand yo = y_operand(d, img0, grp);
             na_gemm_args g; /* col[b] (K x OHW) = W_g^T (K x cout_g) @ gy_g[b] */
             memset(&g, 0, sizeof g);
             g.dtype = dt;
             g.a = (const char *)w->data + (size_t)grp * d.cout_g * d.K * es;
             g.ta = true;
-            g.b = (const char *)gy->data + (size_t)(img0 * d.cout + grp * d.cout_g) * d.ohw * es;
+            g.b = (const char *)gy->data + (size_t)yo.off * es;
+            g.tb = yo.t;
             g.c = col;
             g.m = d.K;
             g.n = d.ohw;
             g.k = d.cout_g;
             g.lda = d.K;
-            g.ldb = d.ohw;
+            g.ldb = yo.ld;
             g.ldc = d.ohw;
             g.batch = cnt;
             g.stride_a = 0;
-            g.stride_b = d.cout * d.ohw;
+            g.stride_b = yo.batch_stride;
             g.stride_c = d.K * d.ohw;
             g.alpha = 1.0f;
             g.beta = 0.0f;
@@ -234,18 +292,19 @@ static int fallback_backward_weight(const conv_dims &d, const na_view *x, const 
         for (int grp = 0; grp < d.groups; grp++) {
             NA_TRY(im2col(d, x->data, dt, col, dt, img0, cnt, grp));
             for (int64_t b = 0; b < cnt; b++) {
+                conv_y_operand yo = y_operand(d, img0 + b, grp);
                 na_gemm_args g; /* acc_g (cout_g x K) += gy_g[b] (cout_g x OHW) @ col[b]^T */
                 memset(&g, 0, sizeof g);
                 g.dtype = dt;
-                g.a = (const char *)gy->data +
-                      (size_t)((img0 + b) * d.cout + grp * d.cout_g) * d.ohw * es;
+                g.a = (const char *)gy->data + (size_t)yo.off * es;
+                g.ta = yo.t;
                 g.b = col + (size_t)b * d.K * d.ohw * es;
                 g.tb = true;
                 g.c = acc + (size_t)grp * d.cout_g * d.K * cs;
                 g.m = d.cout_g;
                 g.n = d.K;
                 g.k = d.ohw;
-                g.lda = d.ohw;
+                g.lda = yo.ld;
                 g.ldb = d.ohw;
                 g.ldc = d.K;
                 g.batch = 1;
@@ -255,14 +314,12 @@ static int fallback_backward_weight(const conv_dims &d, const na_view *x, const 
             }
         }
     }
-    return na_cuda_convert(gw->data, gw->dtype, acc, ct, d.cout * d.K);
+    return na_cuda_convert(gw->data, gw->dtype, acc, ct, d.cout * d.K); /* acc: gw's memory order */
 }
 
 /* ---- cuDNN ----------------------------------------------------------------------------------- */
 enum { CONV_FWD, CONV_BWD_DATA, CONV_BWD_FILTER, CONV_KINDS };
 #if NA_HAVE_CUDNN
-enum { LAYOUT_NCHW }; /* the only layout today; part of the key for NHWC to come */
-
 /* One problem: geometry, dtype, layout, math and determinism settings. */
 struct dnn_key {
     int32_t dtype, layout, tf32, det, find;
@@ -326,22 +383,31 @@ extern "C" int na_cuda_conv_cache_release(void) {
     return rc;
 }
 
+/* A dense [N, C, H, W] tensor of the problem's layout, with its strides (size-1 dims get
+ * the layout's strides too, whatever the view said: the memory is the same). */
+static int dnn_tensor(cudnnTensorDescriptor_t desc, cudnnDataType_t t, const conv_dims &d,
+                      int64_t c, int64_t h, int64_t w) {
+    const int64_t dim[4] = {d.n, c, h, w};
+    int64_t str[4];
+    na_conv_layout_strides(d.nhwc ? NA_CONV_NHWC : NA_CONV_NCHW, dim, str);
+    NA_CUDNN_CHECK(cudnnSetTensor4dDescriptorEx(desc, t, (int)d.n, (int)c, (int)h, (int)w,
+                                                (int)str[0], (int)str[1], (int)str[2], (int)str[3]));
+    return NA_OK;
+}
+
 /* < 0: error; 0: cuDNN can't describe this problem (use the fallback); 1: ready */
 static int dnn_describe(const conv_dims &d, na_dtype dt, cudnnMathType_t math, dnn_entry *e) {
-    if (!fits_int(d.n) || !fits_int(d.cin) || !fits_int(d.h) || !fits_int(d.w) ||
-        !fits_int(d.cout) || !fits_int(d.oh) || !fits_int(d.ow))
-        return 0;
+    if (!fits_int(d.n) || !fits_int(d.cin * d.h * d.w) || !fits_int(d.cout * d.oh * d.ow))
+        return 0; /* every dim and stride an int */
     cudnnDataType_t t = dnn_type(dt);
     NA_CUDNN_CHECK(cudnnCreateTensorDescriptor(&e->x));
     NA_CUDNN_CHECK(cudnnCreateTensorDescriptor(&e->y));
     NA_CUDNN_CHECK(cudnnCreateFilterDescriptor(&e->w));
     NA_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&e->conv));
-    NA_CUDNN_CHECK(cudnnSetTensor4dDescriptor(e->x, CUDNN_TENSOR_NCHW, t, (int)d.n, (int)d.cin,
-                                              (int)d.h, (int)d.w));
-    NA_CUDNN_CHECK(cudnnSetTensor4dDescriptor(e->y, CUDNN_TENSOR_NCHW, t, (int)d.n, (int)d.cout,
-                                              (int)d.oh, (int)d.ow));
-    NA_CUDNN_CHECK(cudnnSetFilter4dDescriptor(e->w, t, CUDNN_TENSOR_NCHW, (int)d.cout,
-                                              (int)d.cin_g, d.kh, d.kw));
+    NA_TRY(dnn_tensor(e->x, t, d, d.cin, d.h, d.w));
+    NA_TRY(dnn_tensor(e->y, t, d, d.cout, d.oh, d.ow));
+    NA_CUDNN_CHECK(cudnnSetFilter4dDescriptor(e->w, t, d.nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW,
+                                              (int)d.cout, (int)d.cin_g, d.kh, d.kw));
     NA_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(
         e->conv, d.ph, d.pw, d.sh, d.sw, d.dh, d.dw, CUDNN_CROSS_CORRELATION,
         dt == NA_DTYPE_F64 ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT));
@@ -429,7 +495,7 @@ static int dnn_lookup(const conv_dims &d, na_dtype dt, dnn_entry **out, bool *ok
     dnn_key key;
     memset(&key, 0, sizeof key);
     key.dtype = dt;
-    key.layout = LAYOUT_NCHW;
+    key.layout = d.nhwc ? NA_CONV_NHWC : NA_CONV_NCHW;
     key.tf32 = na_cuda_ctx.tf32;
     key.det = na_cuda_deterministic();
     key.find = na_cuda_cudnn_find();
@@ -574,7 +640,7 @@ static int cudnn_run(int kind, const conv_dims &d, const na_conv_geom *g, const 
         NA_TRY(na_cuda_conv_graph_run(graph_kind[kind], g, xv, wv, yv, done));
         if (*done) return NA_OK;
     }
-    na_dtype dt = kind == CONV_BWD_DATA ? yv->dtype : xv->dtype; /* the one check_conv checked */
+    na_dtype dt = kind == CONV_BWD_DATA ? yv->dtype : xv->dtype; /* the one conv_problem checked */
     return dnn_run(kind, d, dt, xv->data, wv->data, yv->data, done);
 }
 #else
@@ -585,20 +651,27 @@ static int cudnn_run(int, const conv_dims &, const na_conv_geom *, const na_view
 }
 #endif
 
-static int check_conv(const conv_dims &d, na_dtype dt, const char *who) {
+/* The dims of one call (x, w, y as cudnn_run takes them; `kind` names them), after the checks
+ * every path needs: a float dtype, channels divisible by the groups, one layout. */
+static int conv_problem(const na_conv_geom *g, na_cg_kind kind, const na_view *x,
+                        const na_view *w, const na_view *y, na_dtype dt, const char *who,
+                        conv_dims *d) {
     if (!na_dtype_is_float(dt))
         return na_set_error(NA_EDTYPE, "%s (cuda): unsupported dtype %s", who, na_dtype_name(dt));
-    if (d.cin % d.groups || d.cout % d.groups)
+    na_conv_layout layout;
+    NA_TRY(na_conv_layout_of(kind, x, w, y, &layout, who));
+    *d = conv_dims_of(g, layout);
+    if (d->cin % d->groups || d->cout % d->groups)
         return na_set_error(NA_EINVAL, "%s (cuda): %lld input / %lld output channels are not "
-                            "divisible by %d groups", who, (long long)d.cin, (long long)d.cout,
-                            d.groups);
+                            "divisible by %d groups", who, (long long)d->cin, (long long)d->cout,
+                            d->groups);
     return NA_OK;
 }
 
 int na_cuda_conv2d(const na_conv_geom *g, const na_view *x, const na_view *w,
                    const na_view *bias, na_view *y) {
-    conv_dims d = conv_dims_of(g);
-    NA_TRY(check_conv(d, x->dtype, "conv2d"));
+    conv_dims d;
+    NA_TRY(conv_problem(g, NA_CG_FWD, x, w, y, x->dtype, "conv2d", &d));
     if (d.n * d.cout * d.ohw == 0) return NA_OK;
     bool done = false;
     if (d.K > 0) NA_TRY(cudnn_run(CONV_FWD, d, g, x, w, y, &done));
@@ -606,14 +679,17 @@ int na_cuda_conv2d(const na_conv_geom *g, const na_view *x, const na_view *w,
         if (d.K == 0) NA_TRY(na_cuda_fill(y, 0.0));
         else NA_TRY(fallback_forward(d, x, w, y));
     }
-    if (bias) NA_TRY(na_cuda_add_bias(y->data, y->dtype, bias->data, bias->dtype, d.n, d.cout, d.ohw, false));
+    if (bias) { /* y as [outer, channels, inner]: channels-last is [N*OH*OW, cout, 1] */
+        int64_t outer = d.nhwc ? d.n * d.ohw : d.n, inner = d.nhwc ? 1 : d.ohw;
+        NA_TRY(na_cuda_add_bias(y->data, y->dtype, bias->data, bias->dtype, outer, d.cout, inner, false));
+    }
     return NA_OK;
 }
 
 int na_cuda_conv2d_backward_data(const na_conv_geom *g, const na_view *gy, const na_view *w,
                                  na_view *gx) {
-    conv_dims d = conv_dims_of(g);
-    NA_TRY(check_conv(d, gy->dtype, "conv2d_backward_data"));
+    conv_dims d;
+    NA_TRY(conv_problem(g, NA_CG_BWD_DATA, gx, w, gy, gy->dtype, "conv2d_backward_data", &d));
     if (d.n * d.cin * d.h * d.w == 0) return NA_OK;
     if (d.ohw == 0 || d.cout == 0) return na_cuda_fill(gx, 0.0);
     bool done = false;
@@ -624,8 +700,8 @@ int na_cuda_conv2d_backward_data(const na_conv_geom *g, const na_view *gy, const
 
 int na_cuda_conv2d_backward_weight(const na_conv_geom *g, const na_view *x,
                                    const na_view *gy, na_view *gw) {
-    conv_dims d = conv_dims_of(g);
-    NA_TRY(check_conv(d, x->dtype, "conv2d_backward_weight"));
+    conv_dims d;
+    NA_TRY(conv_problem(g, NA_CG_BWD_FILTER, x, gw, gy, x->dtype, "conv2d_backward_weight", &d));
     if (d.cout * d.K == 0) return NA_OK;
     if (d.n * d.ohw == 0) return na_cuda_fill(gw, 0.0);
     bool done = false;

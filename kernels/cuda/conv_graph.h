@@ -110,6 +110,22 @@ const char *na_cg_engine_rejects(unsigned notes, na_dtype dt, bool tf32, bool de
  * given a negative time or NaN); the first on ties; -1 when none. */
 int na_cg_fastest(const float *ms, int n);
 
+/* ---- the memory layout of a convolution (both cuDNN paths) ------------------------------- */
+/* The channels-last contract (kernels/backend.h): x and y (gx, gy) are both contiguous NCHW
+ * with w (gw) contiguous [K, C/groups, R, S], or all channels-last: x, y with strides
+ * [C*H*W, 1, W*C, C], w with [C*R*S, 1, S*C, C] (KRSC memory). Strides of size-1 dims do not
+ * count, so a view that is both (C == 1, or H == W == 1) fits either. */
+typedef enum { NA_CONV_NCHW, NA_CONV_NHWC } na_conv_layout;
+
+/* The layout of x, w, y (named as for `kind`: gx for backward data, gw for backward weight,
+ * gy for the backward kinds), 4-d views. NA_OK with *out set, or NA_EINVAL naming `who`, each
+ * view's shape and strides, when they are not all in one of the two layouts. */
+int na_conv_layout_of(na_cg_kind kind, const na_view *x, const na_view *w, const na_view *y,
+                      na_conv_layout *out, const char *who);
+
+/* The strides of a dense 4-d tensor of dims [N, C, H, W] in `layout`. */
+void na_conv_layout_strides(na_conv_layout layout, const int64_t dim[4], int64_t stride[4]);
+
 /* ---- the plan cache: bounded, least recently used evicted ---------------------------------- */
 #define NA_CG_CACHE_CAP 64
 

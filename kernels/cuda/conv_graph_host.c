@@ -121,6 +121,51 @@ int na_cg_problem_init(na_cg_problem *p, na_cg_kind kind, const na_conv_geom *g,
     return NA_OK;
 }
 
+void na_conv_layout_strides(na_conv_layout layout, const int64_t dim[4], int64_t stride[4]) {
+    if (layout == NA_CONV_NHWC) {
+        stride[1] = 1, stride[3] = dim[1], stride[2] = dim[3] * dim[1];
+        stride[0] = dim[2] * stride[2];
+    } else {
+        stride[3] = 1, stride[2] = dim[3], stride[1] = dim[2] * dim[3];
+        stride[0] = dim[1] * stride[1];
+    }
+}
+
+/* v is a 4-d view dense in `layout` (strides of size-1 dims ignored) */
+static bool has_layout(const na_view *v, na_conv_layout layout) {
+    if (v->ndim != 4) return false;
+    int64_t want[4];
+    na_conv_layout_strides(layout, v->shape, want);
+    for (int i = 0; i < 4; i++)
+        if (v->shape[i] != 1 && v->stride[i] != want[i]) return false;
+    return true;
+}
+
+int na_conv_layout_of(na_cg_kind kind, const na_view *x, const na_view *w, const na_view *y,
+                      na_conv_layout *out, const char *who) {
+    const na_view *v[3] = {x, w, y};
+    for (int l = NA_CONV_NCHW; l <= NA_CONV_NHWC; l++)
+        if (has_layout(x, (na_conv_layout)l) && has_layout(w, (na_conv_layout)l) &&
+            has_layout(y, (na_conv_layout)l)) {
+            *out = (na_conv_layout)l;
+            return NA_OK;
+        }
+    const bool bwd = kind == NA_CG_BWD_DATA || kind == NA_CG_BWD_FILTER;
+    const char *names[3] = {kind == NA_CG_BWD_DATA ? "gx" : "x",
+                            kind == NA_CG_BWD_FILTER ? "gw" : "w", bwd ? "gy" : "y"};
+    char desc[3][160];
+    for (int i = 0; i < 3; i++) {
+        const na_view *t = v[i];
+        long long d[4] = {0}, s[4] = {0};
+        for (int k = 0; k < 4 && k < t->ndim; k++) d[k] = t->shape[k], s[k] = t->stride[k];
+        snprintf(desc[i], sizeof desc[i], "%s %dd [%lld, %lld, %lld, %lld] str [%lld, %lld, %lld, "
+                 "%lld]", names[i], t->ndim, d[0], d[1], d[2], d[3], s[0], s[1], s[2], s[3]);
+    }
+    return na_set_error(NA_EINVAL, "%s: the tensors are neither all contiguous NCHW nor all "
+                        "channels-last (x, y: strides [C*H*W, 1, W*C, C], w: [C*R*S, 1, S*C, "
+                        "C]): %s; %s; %s", who, desc[0], desc[1], desc[2]);
+}
+
 const char *na_cg_problem_str(const na_cg_problem *p, char *buf, size_t n) {
     static const char *const names[NA_CG_TENSORS] = {"x", "w", "y", "bias"};
     if (!n) return buf;

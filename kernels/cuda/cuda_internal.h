@@ -5,6 +5,8 @@
  * whatever the switches say, plus device self-checks. The backend entries take these paths
  * when their switch is on (read once, at the first call):
  *   NANOAMP_CUDA_BN=v2    batch_norm_train / _eval / _backward -> na_cuda_bn2_*
+ *   NANOAMP_CUDA_BN_ROWS=1  the same with s == 1 (x is [M, C] rows: BatchNorm1d,
+ *                         channels-last activations) -> na_cuda_bn_rows_* (before v2)
  *   NANOAMP_CUDA_POOL2=1  max_pool2d(_backward) with a 2x2 window, stride 2, no padding,
  *                         no dilation -> na_cuda_max_pool2x2(_backward)
  * Built only with the CUDA backend (NA_HAVE_CUDA).
@@ -44,8 +46,15 @@ int na_cuda_bn2_train(const na_cuda_bn_args *a);
 int na_cuda_bn2_eval(const na_cuda_bn_args *a);
 int na_cuda_bn2_backward(const na_cuda_bn_args *a);
 
+/* The same calls for s == 1 (x row-major [M = n, C = c]) with threads across the channels
+ * (common/bn_rows.h); NA_EINVAL for s != 1. */
+int na_cuda_bn_rows_train(const na_cuda_bn_args *a);
+int na_cuda_bn_rows_eval(const na_cuda_bn_args *a);
+int na_cuda_bn_rows_backward(const na_cuda_bn_args *a);
+
 /* max_pool2d / its backward for a 2x2 window with stride 2, no padding, dilation 1 (the
- * kernel list's contract); NA_EINVAL for any other geometry. */
+ * kernel list's contract); NA_EINVAL for any other geometry. Channels-last views are served
+ * by the generic strided kernels (the 2x2 kernels read contiguous NCHW rows). */
 int na_cuda_max_pool2x2(const na_conv_geom *g, const na_view *x, na_view *y, na_view *idx);
 int na_cuda_max_pool2x2_backward(const na_conv_geom *g, const na_view *gy, const na_view *idx,
                                  na_view *gx);

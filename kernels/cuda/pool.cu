@@ -1,6 +1,9 @@
-/* kernels/cuda/pool.cu — 2-d max and average pooling (NCHW), forward and backward.
+/* kernels/cuda/pool.cu — 2-d max and average pooling, forward and backward, on contiguous
+ * NCHW views or channels-last ones (strides [C*H*W, 1, W*C, C]; the kernels take any strides).
  *
- * Forward: one thread per output element walks its window. Max pooling keeps the first
+ * Forward: one thread per output element walks its window. Threads follow the memory order
+ * of the views: ox fastest when they are all contiguous, c fastest otherwise (channels-last:
+ * neighbouring threads read and write neighbouring channels, coalesced). Max pooling keeps the first
  * maximum in window order (row by row; a NaN wins) and saves its flat index in the input
  * plane, ih * W + iw (as PyTorch's max_pool2d_with_indices; -1 for a window with no cell in
  * the input). Average pooling divides by the number of window cells inside the padded input
@@ -10,6 +13,8 @@
  * of the windows that contain it (max: only where the saved index is this element), in a
  * fixed order, so there are no atomics and the result is deterministic.
  */
+#include <type_traits>
+
 #include "cuda_common.cuh"
 #include "cuda_internal.h"
 
@@ -41,15 +46,70 @@ static pool_geom pool_geom_of(const na_conv_geom *g) {
     return p;
 }
 
-template <typename C>
+/* Element strides of a 4-d view [N, C, H, W] (x, gx: input-shaped; y, gy, idx: output) */
+struct pool_strides {
+    int64_t n, c, h, w;
+};
+/* x (or gx), y (or gy) and idx */
+struct pool_layout {
+    pool_strides x, y, i;
+};
+
+static pool_strides pool_strides_of(const na_view *v) {
+    pool_strides s = {v->stride[0], v->stride[1], v->stride[2], v->stride[3]};
+    return s;
+}
+
+/* The layout of the call's views (idx may be NULL); *cl: not all contiguous, so the threads
+ * go channels fastest. */
+static pool_layout pool_layout_of(const na_view *x, const na_view *y, const na_view *idx,
+                                  bool *cl) {
+    pool_layout l;
+    l.x = pool_strides_of(x);
+    l.y = pool_strides_of(y);
+    l.i = idx ? pool_strides_of(idx) : l.y;
+    *cl = !na_cuda_is_contiguous(x) || !na_cuda_is_contiguous(y) ||
+          (idx && !na_cuda_is_contiguous(idx));
+    return l;
+}
+
+/* Thread e's element (n, c, y, x) of an [N, C, H, W] tensor: x fastest (contiguous views) or,
+ * CL, c fastest (channels-last memory order). */
+struct pool_at {
+    int64_t n, c, y, x;
+};
+template <bool CL>
+static __device__ __forceinline__ pool_at pool_at_of(int64_t e, int64_t c, int64_t h, int64_t w) {
+    pool_at a;
+    if (CL) {
+        a.c = e % c;
+        e /= c;
+        a.x = e % w;
+        e /= w;
+        a.y = e % h;
+        a.n = e / h;
+    } else {
+        a.x = e % w;
+        e /= w;
+        a.y = e % h;
+        e /= h;
+        a.c = e % c;
+        a.n = e / c;
+    }
+    return a;
+}
+
+static __device__ __forceinline__ int64_t pool_off(const pool_strides &s, int64_t n, int64_t c,
+                                                   int64_t y, int64_t x) {
+    return n * s.n + c * s.c + y * s.h + x * s.w;
+}
+
+template <typename C, bool CL>
 __global__ void k_max_pool(const void *x, int xdt, void *y, int ydt, int32_t *idx, pool_geom p,
-                           int64_t total) {
+                           pool_layout l, int64_t total) {
     NA_GRID_STRIDE(e, total) {
-        int64_t ox = e % p.ow;
-        int64_t t = e / p.ow;
-        int64_t oy = t % p.oh;
-        int64_t plane = t / p.oh; /* n * c + c */
-        const int64_t base = plane * p.h * p.w;
+        const pool_at o = pool_at_of<CL>(e, p.c, p.oh, p.ow);
+        const int64_t oy = o.y, ox = o.x, base = pool_off(l.x, o.n, o.c, 0, 0);
         C best = (C)-INFINITY;
         int64_t bi = INT64_MAX;
         for (int ky = 0; ky < p.kh; ky++) {
@@ -59,15 +119,15 @@ __global__ void k_max_pool(const void *x, int xdt, void *y, int ydt, int32_t *id
                 int64_t iw = ox * p.sw - p.pw + (int64_t)kx * p.dw;
                 if (iw < 0 || iw >= p.w) continue;
                 int64_t j = ih * p.w + iw;
-                C v = na_ld<C>(x, xdt, base + j);
+                C v = na_ld<C>(x, xdt, base + ih * l.x.h + iw * l.x.w);
                 if (na_better(v, j, best, bi)) {
                     best = v;
                     bi = j;
                 }
             }
         }
-        na_st(y, ydt, e, best);
-        if (idx) idx[e] = bi == INT64_MAX ? -1 : (int32_t)bi;
+        na_st(y, ydt, pool_off(l.y, o.n, o.c, oy, ox), best);
+        if (idx) idx[pool_off(l.i, o.n, o.c, oy, ox)] = bi == INT64_MAX ? -1 : (int32_t)bi;
     }
 }
 
@@ -88,14 +148,12 @@ static __device__ __forceinline__ int avg_divisor(const pool_geom &p, int64_t oy
     return ch * cw;
 }
 
-template <typename C>
-__global__ void k_avg_pool(const void *x, int xdt, void *y, int ydt, pool_geom p, int64_t total) {
+template <typename C, bool CL>
+__global__ void k_avg_pool(const void *x, int xdt, void *y, int ydt, pool_geom p, pool_layout l,
+                           int64_t total) {
     NA_GRID_STRIDE(e, total) {
-        int64_t ox = e % p.ow;
-        int64_t t = e / p.ow;
-        int64_t oy = t % p.oh;
-        int64_t plane = t / p.oh;
-        const int64_t base = plane * p.h * p.w;
+        const pool_at o = pool_at_of<CL>(e, p.c, p.oh, p.ow);
+        const int64_t oy = o.y, ox = o.x, base = pool_off(l.x, o.n, o.c, 0, 0);
         C s = (C)0;
         for (int ky = 0; ky < p.kh; ky++) {
             int64_t ih = oy * p.sh - p.ph + (int64_t)ky * p.dh;
@@ -103,24 +161,23 @@ __global__ void k_avg_pool(const void *x, int xdt, void *y, int ydt, pool_geom p
             for (int kx = 0; kx < p.kw; kx++) {
                 int64_t iw = ox * p.sw - p.pw + (int64_t)kx * p.dw;
                 if (iw < 0 || iw >= p.w) continue;
-                s += na_ld<C>(x, xdt, base + ih * p.w + iw);
+                s += na_ld<C>(x, xdt, base + ih * l.x.h + iw * l.x.w);
             }
         }
         int div = avg_divisor(p, oy, ox);
-        na_st(y, ydt, e, div > 0 ? s / (C)div : (C)0);
+        na_st(y, ydt, pool_off(l.y, o.n, o.c, oy, ox), div > 0 ? s / (C)div : (C)0);
     }
 }
 
-/* MAX: gy where idx says this element; else (avg) gy / divisor. One thread per input element. */
-template <typename C, bool MAX>
+/* MAX: gy where idx says this element; else (avg) gy / divisor. One thread per input element
+ * (l.x: gx's strides, l.y: gy's). */
+template <typename C, bool MAX, bool CL>
 __global__ void k_pool_bwd(const void *gy, int gydt, const int32_t *idx, void *gx, int gxdt,
-                           pool_geom p, int64_t total) {
+                           pool_geom p, pool_layout l, int64_t total) {
     NA_GRID_STRIDE(e, total) {
-        int64_t iw = e % p.w;
-        int64_t t = e / p.w;
-        int64_t ih = t % p.h;
-        int64_t plane = t / p.h;
-        const int64_t obase = plane * p.oh * p.ow;
+        const pool_at a = pool_at_of<CL>(e, p.c, p.h, p.w);
+        const int64_t ih = a.y, iw = a.x;
+        const int64_t obase = pool_off(l.y, a.n, a.c, 0, 0), ibase = pool_off(l.i, a.n, a.c, 0, 0);
         const int32_t self = (int32_t)(ih * p.w + iw);
         C s = (C)0;
         for (int ky = 0; ky < p.kh; ky++) {
@@ -133,82 +190,94 @@ __global__ void k_pool_bwd(const void *gy, int gydt, const int32_t *idx, void *g
                 if (nx < 0 || nx % p.sw) continue;
                 int64_t ox = nx / p.sw;
                 if (ox >= p.ow) continue;
-                int64_t o = obase + oy * p.ow + ox;
+                int64_t o = obase + oy * l.y.h + ox * l.y.w;
                 if (MAX) {
-                    if (idx[o] == self) s += na_ld<C>(gy, gydt, o);
+                    if (idx[ibase + oy * l.i.h + ox * l.i.w] == self) s += na_ld<C>(gy, gydt, o);
                 } else {
                     int div = avg_divisor(p, oy, ox);
                     if (div > 0) s += na_ld<C>(gy, gydt, o) / (C)div;
                 }
             }
         }
-        na_st(gx, gxdt, e, s);
+        na_st(gx, gxdt, pool_off(l.x, a.n, a.c, ih, iw), s);
     }
+}
+
+/* f(C{}, CL) with C the compute type of dt (double for f64, else float) and CL a
+ * std::integral_constant<bool, cl> */
+template <class F> static int pool_dispatch(na_dtype dt, bool cl, F &&f) {
+    if (dt == NA_DTYPE_F64) return cl ? f(0.0, std::true_type{}) : f(0.0, std::false_type{});
+    return cl ? f(0.0f, std::true_type{}) : f(0.0f, std::false_type{});
+}
+
+static int max_pool_generic(const na_conv_geom *g, const na_view *x, na_view *y, na_view *idx) {
+    pool_geom p = pool_geom_of(g);
+    int64_t total = g->n * p.c * p.oh * p.ow;
+    if (total == 0) return NA_OK;
+    bool cl;
+    pool_layout l = pool_layout_of(x, y, idx, &cl);
+    int32_t *ip = idx ? (int32_t *)idx->data : NULL;
+    return pool_dispatch(x->dtype, cl, [&](auto c, auto clt) -> int {
+        k_max_pool<decltype(c), clt.value><<<na_grid(total, NA_BLOCK), NA_BLOCK, 0, na_cuda_ctx.stream>>>(
+            x->data, x->dtype, y->data, y->dtype, ip, p, l, total);
+        NA_CUDA_LAUNCH_CHECK("k_max_pool");
+        return NA_OK;
+    });
+}
+
+static int max_pool_backward_generic(const na_conv_geom *g, const na_view *gy,
+                                     const na_view *idx, na_view *gx) {
+    pool_geom p = pool_geom_of(g);
+    int64_t total = g->n * p.c * p.h * p.w;
+    if (total == 0) return NA_OK;
+    bool cl;
+    pool_layout l = pool_layout_of(gx, gy, idx, &cl);
+    const int32_t *ip = (const int32_t *)idx->data;
+    return pool_dispatch(gx->dtype, cl, [&](auto c, auto clt) -> int {
+        k_pool_bwd<decltype(c), true, clt.value><<<na_grid(total, NA_BLOCK), NA_BLOCK, 0, na_cuda_ctx.stream>>>(
+            gy->data, gy->dtype, ip, gx->data, gx->dtype, p, l, total);
+        NA_CUDA_LAUNCH_CHECK("k_pool_bwd");
+        return NA_OK;
+    });
 }
 
 int na_cuda_max_pool2d(const na_conv_geom *g, const na_view *x, na_view *y, na_view *idx) {
     if (pool2_on() && is_pool2x2(g)) return na_cuda_max_pool2x2(g, x, y, idx);
-    pool_geom p = pool_geom_of(g);
-    int64_t total = g->n * p.c * p.oh * p.ow;
-    if (total == 0) return NA_OK;
-    unsigned grid = na_grid(total, NA_BLOCK);
-    int32_t *ip = idx ? (int32_t *)idx->data : NULL;
-    if (x->dtype == NA_DTYPE_F64)
-        k_max_pool<double><<<grid, NA_BLOCK, 0, na_cuda_ctx.stream>>>(x->data, x->dtype, y->data,
-                                                                      y->dtype, ip, p, total);
-    else
-        k_max_pool<float><<<grid, NA_BLOCK, 0, na_cuda_ctx.stream>>>(x->data, x->dtype, y->data,
-                                                                     y->dtype, ip, p, total);
-    NA_CUDA_LAUNCH_CHECK("k_max_pool");
-    return NA_OK;
+    return max_pool_generic(g, x, y, idx);
 }
 
 int na_cuda_max_pool2d_backward(const na_conv_geom *g, const na_view *gy, const na_view *idx,
                                 na_view *gx) {
     if (pool2_on() && is_pool2x2(g)) return na_cuda_max_pool2x2_backward(g, gy, idx, gx);
-    pool_geom p = pool_geom_of(g);
-    int64_t total = g->n * p.c * p.h * p.w;
-    if (total == 0) return NA_OK;
-    unsigned grid = na_grid(total, NA_BLOCK);
-    const int32_t *ip = (const int32_t *)idx->data;
-    if (gx->dtype == NA_DTYPE_F64)
-        k_pool_bwd<double, true><<<grid, NA_BLOCK, 0, na_cuda_ctx.stream>>>(
-            gy->data, gy->dtype, ip, gx->data, gx->dtype, p, total);
-    else
-        k_pool_bwd<float, true><<<grid, NA_BLOCK, 0, na_cuda_ctx.stream>>>(
-            gy->data, gy->dtype, ip, gx->data, gx->dtype, p, total);
-    NA_CUDA_LAUNCH_CHECK("k_pool_bwd");
-    return NA_OK;
+    return max_pool_backward_generic(g, gy, idx, gx);
 }
 
 int na_cuda_avg_pool2d(const na_conv_geom *g, const na_view *x, na_view *y) {
     pool_geom p = pool_geom_of(g);
     int64_t total = g->n * p.c * p.oh * p.ow;
     if (total == 0) return NA_OK;
-    unsigned grid = na_grid(total, NA_BLOCK);
-    if (x->dtype == NA_DTYPE_F64)
-        k_avg_pool<double><<<grid, NA_BLOCK, 0, na_cuda_ctx.stream>>>(x->data, x->dtype, y->data,
-                                                                      y->dtype, p, total);
-    else
-        k_avg_pool<float><<<grid, NA_BLOCK, 0, na_cuda_ctx.stream>>>(x->data, x->dtype, y->data,
-                                                                     y->dtype, p, total);
-    NA_CUDA_LAUNCH_CHECK("k_avg_pool");
-    return NA_OK;
+    bool cl;
+    pool_layout l = pool_layout_of(x, y, NULL, &cl);
+    return pool_dispatch(x->dtype, cl, [&](auto c, auto clt) -> int {
+        k_avg_pool<decltype(c), clt.value><<<na_grid(total, NA_BLOCK), NA_BLOCK, 0, na_cuda_ctx.stream>>>(
+            x->data, x->dtype, y->data, y->dtype, p, l, total);
+        NA_CUDA_LAUNCH_CHECK("k_avg_pool");
+        return NA_OK;
+    });
 }
 
 int na_cuda_avg_pool2d_backward(const na_conv_geom *g, const na_view *gy, na_view *gx) {
     pool_geom p = pool_geom_of(g);
     int64_t total = g->n * p.c * p.h * p.w;
     if (total == 0) return NA_OK;
-    unsigned grid = na_grid(total, NA_BLOCK);
-    if (gx->dtype == NA_DTYPE_F64)
-        k_pool_bwd<double, false><<<grid, NA_BLOCK, 0, na_cuda_ctx.stream>>>(
-            gy->data, gy->dtype, NULL, gx->data, gx->dtype, p, total);
-    else
-        k_pool_bwd<float, false><<<grid, NA_BLOCK, 0, na_cuda_ctx.stream>>>(
-            gy->data, gy->dtype, NULL, gx->data, gx->dtype, p, total);
-    NA_CUDA_LAUNCH_CHECK("k_pool_bwd");
-    return NA_OK;
+    bool cl;
+    pool_layout l = pool_layout_of(gx, gy, NULL, &cl);
+    return pool_dispatch(gx->dtype, cl, [&](auto c, auto clt) -> int {
+        k_pool_bwd<decltype(c), false, clt.value><<<na_grid(total, NA_BLOCK), NA_BLOCK, 0, na_cuda_ctx.stream>>>(
+            gy->data, gy->dtype, NULL, gx->data, gx->dtype, p, l, total);
+        NA_CUDA_LAUNCH_CHECK("k_pool_bwd");
+        return NA_OK;
+    });
 }
 
 /* ==== 2x2 windows, stride 2 (NANOAMP_CUDA_POOL2=1) =======================================
@@ -222,7 +291,8 @@ int na_cuda_avg_pool2d_backward(const na_conv_geom *g, const na_view *gy, na_vie
  * when the tensor allows. Backward: windows do not overlap, so each input element gets the
  * gradient of its one window where the saved index names it and 0 elsewhere (0 + gy, as the
  * CPU's zero-fill and add: a -0 gradient becomes +0 on both); rows and columns beyond the
- * last window get 0. No atomics, deterministic. */
+ * last window get 0. No atomics, deterministic. Contiguous NCHW views only: channels-last
+ * ones take the generic strided kernels (already coalesced, channels fastest). */
 static bool pool2_on(void) {
     static int on = -1;
     if (on < 0) on = na_cuda_env_is("NANOAMP_CUDA_POOL2", NULL);
@@ -361,6 +431,9 @@ static int pool2_check(const na_conv_geom *g, const char *who) {
 extern "C" int na_cuda_max_pool2x2(const na_conv_geom *g, const na_view *x, na_view *y,
                                    na_view *idx) {
     NA_TRY(pool2_check(g, "max_pool2x2"));
+    bool cl;
+    (void)pool_layout_of(x, y, idx, &cl);
+    if (cl) return max_pool_generic(g, x, y, idx); /* channels-last: the strided kernel */
     int64_t total;
     pool2_geom p = pool2_geom_of(g, &total);
     if (total == 0) return NA_OK;
@@ -381,6 +454,9 @@ extern "C" int na_cuda_max_pool2x2(const na_conv_geom *g, const na_view *x, na_v
 extern "C" int na_cuda_max_pool2x2_backward(const na_conv_geom *g, const na_view *gy,
                                             const na_view *idx, na_view *gx) {
     NA_TRY(pool2_check(g, "max_pool2x2_backward"));
+    bool cl;
+    (void)pool_layout_of(gx, gy, idx, &cl);
+    if (cl) return max_pool_backward_generic(g, gy, idx, gx);
     int64_t total;
     pool2_geom p = pool2_geom_of(g, &total);
     const int64_t numel = g->n * g->c_in * p.h * p.w;
