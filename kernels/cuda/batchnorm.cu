@@ -623,14 +623,36 @@ template <class F> static int bn2_dispatch(na_dtype dt, int vw, bool relu, const
     });
 }
 
+/* The forward's per-channel coefficients, for v2's and the row kernels' apply passes: in
+ * training from the statistics' partials (also writing the saved and running statistics),
+ * in eval from the running statistics. */
+template <typename C>
+static int bn2_coefficients(const na_cuda_bn_args *a, bool train, const bn2_geom &g,
+                            const typename bn2_ops<C>::W *parts, C *coef) {
+    int pdt = a->gamma ? (int)a->gamma->dtype : DT_OR0(a->beta);
+    int rdt = a->running_mean ? (int)a->running_mean->dtype : DT_OR0(a->running_var);
+    int sdt = a->save_mean ? (int)a->save_mean->dtype : DT_OR0(a->save_invstd);
+    cudaStream_t st = na_cuda_ctx.stream;
+    if (train) {
+        k_bn2_finalize<C><<<bn2_warp_blocks(g.c), bn2_warps, 0, st>>>(
+            parts, g, DATA_OR0(a->gamma), DATA_OR0(a->beta), pdt, DATA_OR0(a->running_mean),
+            DATA_OR0(a->running_var), rdt, DATA_OR0(a->save_mean), DATA_OR0(a->save_invstd), sdt,
+            coef, (C)a->momentum, (C)a->eps);
+        NA_CUDA_LAUNCH_CHECK("k_bn2_finalize");
+    } else {
+        k_bn2_eval_coef<C><<<na_grid(g.c, NA_BLOCK), NA_BLOCK, 0, st>>>(
+            g, DATA_OR0(a->gamma), DATA_OR0(a->beta), pdt, DATA_OR0(a->running_mean),
+            DATA_OR0(a->running_var), rdt, coef, (C)a->eps);
+        NA_CUDA_LAUNCH_CHECK("k_bn2_eval_coef");
+    }
+    return NA_OK;
+}
+
 static int bn2_forward(const na_cuda_bn_args *a, bool train) {
     const na_view *x = a->x;
     if (a->c == 0 || a->n * a->s == 0) return NA_OK;
     int vw = bn2_width(x->dtype, a->s, x, a->y, NULL, NULL);
     bn2_geom g = bn2_geom_of(a->n, a->c, a->s, vw);
-    int pdt = a->gamma ? (int)a->gamma->dtype : DT_OR0(a->beta);
-    int rdt = a->running_mean ? (int)a->running_mean->dtype : DT_OR0(a->running_var);
-    int sdt = a->save_mean ? (int)a->save_mean->dtype : DT_OR0(a->save_invstd);
     cudaStream_t st = na_cuda_ctx.stream;
     return bn2_dispatch(x->dtype, vw, a->relu, "batch_norm (v2)", [&](auto tag, auto w, auto relu) -> int {
         constexpr int DT = decltype(tag)::dtype;
@@ -642,17 +664,8 @@ static int bn2_forward(const na_cuda_bn_args *a, bool train) {
         if (train) {
             k_bn2_stats<DT, VW><<<bn2_grid(g), NA_BN_THREADS, 0, st>>>(x->data, g, (typename O::W *)parts);
             NA_CUDA_LAUNCH_CHECK("k_bn2_stats");
-            k_bn2_finalize<C><<<bn2_warp_blocks(g.c), bn2_warps, 0, st>>>(
-                (const typename O::W *)parts, g, DATA_OR0(a->gamma), DATA_OR0(a->beta), pdt,
-                DATA_OR0(a->running_mean), DATA_OR0(a->running_var), rdt, DATA_OR0(a->save_mean),
-                DATA_OR0(a->save_invstd), sdt, (C *)coef, (C)a->momentum, (C)a->eps);
-            NA_CUDA_LAUNCH_CHECK("k_bn2_finalize");
-        } else {
-            k_bn2_eval_coef<C><<<na_grid(g.c, NA_BLOCK), NA_BLOCK, 0, st>>>(
-                g, DATA_OR0(a->gamma), DATA_OR0(a->beta), pdt, DATA_OR0(a->running_mean),
-                DATA_OR0(a->running_var), rdt, (C *)coef, (C)a->eps);
-            NA_CUDA_LAUNCH_CHECK("k_bn2_eval_coef");
         }
+        NA_TRY(bn2_coefficients<C>(a, train, g, (const typename O::W *)parts, (C *)coef));
         k_bn2_apply<DT, VW, decltype(relu)::value><<<bn2_grid(g), NA_BN_THREADS, 0, st>>>(
             x->data, a->y->data, g, (const C *)coef);
         NA_CUDA_LAUNCH_CHECK("k_bn2_apply");
@@ -978,9 +991,6 @@ static int bnr_forward(const na_cuda_bn_args *a, bool train) {
     int vw = bn2_width(x->dtype, a->c, x, a->y, NULL, NULL);
     na_bn_rows_geom g = na_bn_rows_geom_of(a->n, a->c, vw);
     bn2_geom f = bnr_final_geom(g);
-    int pdt = a->gamma ? (int)a->gamma->dtype : DT_OR0(a->beta);
-    int rdt = a->running_mean ? (int)a->running_mean->dtype : DT_OR0(a->running_var);
-    int sdt = a->save_mean ? (int)a->save_mean->dtype : DT_OR0(a->save_invstd);
     cudaStream_t st = na_cuda_ctx.stream;
     return bn2_dispatch(x->dtype, vw, a->relu, "batch_norm (rows)", [&](auto tag, auto w, auto relu) -> int {
         constexpr int DT = decltype(tag)::dtype;
@@ -992,17 +1002,8 @@ static int bnr_forward(const na_cuda_bn_args *a, bool train) {
         if (train) {
             k_bnr_stats<DT, VW><<<bnr_stats_grid(g), bnr_block(g), 0, st>>>(x->data, g, (typename O::W *)parts);
             NA_CUDA_LAUNCH_CHECK("k_bnr_stats");
-            k_bn2_finalize<C><<<bn2_warp_blocks(f.c), bn2_warps, 0, st>>>(
-                (const typename O::W *)parts, f, DATA_OR0(a->gamma), DATA_OR0(a->beta), pdt,
-                DATA_OR0(a->running_mean), DATA_OR0(a->running_var), rdt, DATA_OR0(a->save_mean),
-                DATA_OR0(a->save_invstd), sdt, (C *)coef, (C)a->momentum, (C)a->eps);
-            NA_CUDA_LAUNCH_CHECK("k_bn2_finalize");
-        } else {
-            k_bn2_eval_coef<C><<<na_grid(f.c, NA_BLOCK), NA_BLOCK, 0, st>>>(
-                f, DATA_OR0(a->gamma), DATA_OR0(a->beta), pdt, DATA_OR0(a->running_mean),
-                DATA_OR0(a->running_var), rdt, (C *)coef, (C)a->eps);
-            NA_CUDA_LAUNCH_CHECK("k_bn2_eval_coef");
         }
+        NA_TRY(bn2_coefficients<C>(a, train, f, (const typename O::W *)parts, (C *)coef));
         k_bnr_apply<DT, VW, decltype(relu)::value><<<bnr_apply_grid(g), bnr_block(g), 0, st>>>(
             x->data, a->y->data, g, (const C *)coef);
         NA_CUDA_LAUNCH_CHECK("k_bnr_apply");

@@ -7,7 +7,6 @@
  * direct conversion (f64 -> f16/bf16 goes through f32, as on the
  * CPU; float -> integer saturates, NaN -> 0). Same dtype and contiguous: cudaMemcpyAsync.
  */
-#include "common/dense_order.h"
 #include "cuda_common.cuh"
 
 /* ---- copy -------------------------------------------------------------------------------- */

@@ -29,6 +29,7 @@
 
 #include "na_config.h"
 #include "backend.h"
+#include "common/dense_order.h"
 #include "common/half.h"
 #include "nanoamp/cuda.h"
 #include "nanoamp/error.h"
@@ -413,14 +414,7 @@ static __device__ __forceinline__ int64_t na_strided_offset(const na_strided &g,
 }
 
 /* Contiguous (C order) ignoring the strides of size-1 dims. */
-static inline bool na_cuda_is_contiguous(const na_view *t) {
-    int64_t expect = 1;
-    for (int d = t->ndim - 1; d >= 0; d--) {
-        if (t->shape[d] != 1 && t->stride[d] != expect) return false;
-        expect *= t->shape[d];
-    }
-    return true;
-}
+static inline bool na_cuda_is_contiguous(const na_view *t) { return na_view_is_c_order(t); }
 
 static inline na_strided na_strided_of(const na_view *t) {
     na_strided g;
