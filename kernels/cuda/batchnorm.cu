@@ -692,6 +692,20 @@ static int bn_backward_trivial(const na_cuda_bn_args *a, const char *who, bool *
     return NA_OK;
 }
 
+/* The backward's per-channel coefficients from the sums' partials (also writing ggamma and
+ * gbeta), for v2's and the row kernels' gx passes. */
+template <typename C>
+static int bn2_bwd_coefficients(const na_cuda_bn_args *a, const bn2_geom &g,
+                                const typename bn2_ops<C>::P *parts, C *coef) {
+    int gdt = a->ggamma ? (int)a->ggamma->dtype : DT_OR0(a->gbeta);
+    int sdt = a->mean ? (int)a->mean->dtype : DT_OR0(a->invstd);
+    k_bn2_bwd_finalize<C><<<bn2_warp_blocks(g.c), bn2_warps, 0, na_cuda_ctx.stream>>>(
+        parts, g, DATA_OR0(a->gamma), DT_OR0(a->gamma), DATA_OR0(a->mean), DATA_OR0(a->invstd),
+        sdt, DATA_OR0(a->ggamma), DATA_OR0(a->gbeta), gdt, coef);
+    NA_CUDA_LAUNCH_CHECK("k_bn2_bwd_finalize");
+    return NA_OK;
+}
+
 extern "C" int na_cuda_bn2_backward(const na_cuda_bn_args *a) {
     bool done;
     NA_TRY(bn_backward_trivial(a, "batch_norm backward v2", &done));
@@ -699,7 +713,6 @@ extern "C" int na_cuda_bn2_backward(const na_cuda_bn_args *a) {
     const na_view *x = a->x;
     int vw = bn2_width(x->dtype, a->s, x, a->gy, a->gx, a->relu ? a->y : NULL);
     bn2_geom g = bn2_geom_of(a->n, a->c, a->s, vw);
-    int gdt = a->ggamma ? (int)a->ggamma->dtype : DT_OR0(a->gbeta);
     int sdt = a->mean ? (int)a->mean->dtype : DT_OR0(a->invstd);
     const void *yd = a->relu ? a->y->data : NULL;
     cudaStream_t st = na_cuda_ctx.stream;
@@ -715,11 +728,7 @@ extern "C" int na_cuda_bn2_backward(const na_cuda_bn_args *a) {
             x->data, yd, a->gy->data, g, DATA_OR0(a->mean), DATA_OR0(a->invstd), sdt,
             (typename O::P *)parts);
         NA_CUDA_LAUNCH_CHECK("k_bn2_bwd_sums");
-        k_bn2_bwd_finalize<C><<<bn2_warp_blocks(g.c), bn2_warps, 0, st>>>(
-            (const typename O::P *)parts, g, DATA_OR0(a->gamma), DT_OR0(a->gamma),
-            DATA_OR0(a->mean), DATA_OR0(a->invstd), sdt, DATA_OR0(a->ggamma), DATA_OR0(a->gbeta),
-            gdt, (C *)coef);
-        NA_CUDA_LAUNCH_CHECK("k_bn2_bwd_finalize");
+        NA_TRY(bn2_bwd_coefficients<C>(a, g, (const typename O::P *)parts, (C *)coef));
         if (!a->gx) return NA_OK;
         if (a->train)
             k_bn2_bwd_apply<DT, VW, RELU, true><<<bn2_grid(g), NA_BN_THREADS, 0, st>>>(
@@ -1023,7 +1032,6 @@ extern "C" int na_cuda_bn_rows_backward(const na_cuda_bn_args *a) {
     int vw = bn2_width(x->dtype, a->c, x, a->gy, a->gx, a->relu ? a->y : NULL);
     na_bn_rows_geom g = na_bn_rows_geom_of(a->n, a->c, vw);
     bn2_geom f = bnr_final_geom(g);
-    int gdt = a->ggamma ? (int)a->ggamma->dtype : DT_OR0(a->gbeta);
     int sdt = a->mean ? (int)a->mean->dtype : DT_OR0(a->invstd);
     const void *yd = a->relu ? a->y->data : NULL;
     cudaStream_t st = na_cuda_ctx.stream;
@@ -1039,11 +1047,7 @@ extern "C" int na_cuda_bn_rows_backward(const na_cuda_bn_args *a) {
             x->data, yd, a->gy->data, g, DATA_OR0(a->mean), DATA_OR0(a->invstd), sdt,
             (typename O::P *)parts);
         NA_CUDA_LAUNCH_CHECK("k_bnr_bwd_sums");
-        k_bn2_bwd_finalize<C><<<bn2_warp_blocks(f.c), bn2_warps, 0, st>>>(
-            (const typename O::P *)parts, f, DATA_OR0(a->gamma), DT_OR0(a->gamma),
-            DATA_OR0(a->mean), DATA_OR0(a->invstd), sdt, DATA_OR0(a->ggamma), DATA_OR0(a->gbeta),
-            gdt, (C *)coef);
-        NA_CUDA_LAUNCH_CHECK("k_bn2_bwd_finalize");
+        NA_TRY(bn2_bwd_coefficients<C>(a, f, (const typename O::P *)parts, (C *)coef));
         if (!a->gx) return NA_OK;
         if (a->train)
             k_bnr_bwd_apply<DT, VW, RELU, true><<<bnr_apply_grid(g), bnr_block(g), 0, st>>>(

@@ -112,22 +112,8 @@ template <typename C>
 __global__ void k_col2im(const void *col, int cdt, void *gx, int gxdt, conv_dims d, int64_t img0,
                          int grp, int64_t total) {
     NA_GRID_STRIDE(e, total) {
-        int64_t ci, ih, iw, b, t;
-        if (d.nhwc) {
-            ci = e % d.cin_g;
-            t = e / d.cin_g;
-            iw = t % d.w;
-            t /= d.w;
-            ih = t % d.h;
-            b = t / d.h;
-        } else {
-            iw = e % d.w;
-            t = e / d.w;
-            ih = t % d.h;
-            t /= d.h;
-            ci = t % d.cin_g;
-            b = t / d.cin_g;
-        }
+        const na_nchw_index at = na_nchw_at(e, d.cin_g, d.h, d.w, d.nhwc);
+        const int64_t ci = at.c, ih = at.h, iw = at.w, b = at.n;
         C s = (C)0;
         for (int ky = 0; ky < d.kh; ky++) {
             int64_t ny = ih + d.ph - (int64_t)ky * d.dh;

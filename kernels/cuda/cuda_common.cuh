@@ -413,6 +413,32 @@ static __device__ __forceinline__ int64_t na_strided_offset(const na_strided &g,
     return off;
 }
 
+/* Element e of a walk over [N, C, H, W]: w fastest (C order) or, channels_last, c fastest
+ * (channels-last memory order), so that threads e, e+1 touch neighbouring memory. */
+struct na_nchw_index {
+    int64_t n, c, h, w;
+};
+static __device__ __forceinline__ na_nchw_index na_nchw_at(int64_t e, int64_t c, int64_t h,
+                                                          int64_t w, bool channels_last) {
+    na_nchw_index a;
+    if (channels_last) {
+        a.c = e % c;
+        e /= c;
+        a.w = e % w;
+        e /= w;
+        a.h = e % h;
+        a.n = e / h;
+    } else {
+        a.w = e % w;
+        e /= w;
+        a.h = e % h;
+        e /= h;
+        a.c = e % c;
+        a.n = e / c;
+    }
+    return a;
+}
+
 /* Contiguous (C order) ignoring the strides of size-1 dims. */
 static inline bool na_cuda_is_contiguous(const na_view *t) { return na_view_is_c_order(t); }
 

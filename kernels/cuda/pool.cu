@@ -73,32 +73,6 @@ static pool_layout pool_layout_of(const na_view *x, const na_view *y, const na_v
     return l;
 }
 
-/* Thread e's element (n, c, y, x) of an [N, C, H, W] tensor: x fastest (contiguous views) or,
- * CL, c fastest (channels-last memory order). */
-struct pool_at {
-    int64_t n, c, y, x;
-};
-template <bool CL>
-static __device__ __forceinline__ pool_at pool_at_of(int64_t e, int64_t c, int64_t h, int64_t w) {
-    pool_at a;
-    if (CL) {
-        a.c = e % c;
-        e /= c;
-        a.x = e % w;
-        e /= w;
-        a.y = e % h;
-        a.n = e / h;
-    } else {
-        a.x = e % w;
-        e /= w;
-        a.y = e % h;
-        e /= h;
-        a.c = e % c;
-        a.n = e / c;
-    }
-    return a;
-}
-
 static __device__ __forceinline__ int64_t pool_off(const pool_strides &s, int64_t n, int64_t c,
                                                    int64_t y, int64_t x) {
     return n * s.n + c * s.c + y * s.h + x * s.w;
@@ -108,8 +82,8 @@ template <typename C, bool CL>
 __global__ void k_max_pool(const void *x, int xdt, void *y, int ydt, int32_t *idx, pool_geom p,
                            pool_layout l, int64_t total) {
     NA_GRID_STRIDE(e, total) {
-        const pool_at o = pool_at_of<CL>(e, p.c, p.oh, p.ow);
-        const int64_t oy = o.y, ox = o.x, base = pool_off(l.x, o.n, o.c, 0, 0);
+        const na_nchw_index o = na_nchw_at(e, p.c, p.oh, p.ow, CL);
+        const int64_t oy = o.h, ox = o.w, base = pool_off(l.x, o.n, o.c, 0, 0);
         C best = (C)-INFINITY;
         int64_t bi = INT64_MAX;
         for (int ky = 0; ky < p.kh; ky++) {
@@ -152,8 +126,8 @@ template <typename C, bool CL>
 __global__ void k_avg_pool(const void *x, int xdt, void *y, int ydt, pool_geom p, pool_layout l,
                            int64_t total) {
     NA_GRID_STRIDE(e, total) {
-        const pool_at o = pool_at_of<CL>(e, p.c, p.oh, p.ow);
-        const int64_t oy = o.y, ox = o.x, base = pool_off(l.x, o.n, o.c, 0, 0);
+        const na_nchw_index o = na_nchw_at(e, p.c, p.oh, p.ow, CL);
+        const int64_t oy = o.h, ox = o.w, base = pool_off(l.x, o.n, o.c, 0, 0);
         C s = (C)0;
         for (int ky = 0; ky < p.kh; ky++) {
             int64_t ih = oy * p.sh - p.ph + (int64_t)ky * p.dh;
@@ -175,8 +149,8 @@ template <typename C, bool MAX, bool CL>
 __global__ void k_pool_bwd(const void *gy, int gydt, const int32_t *idx, void *gx, int gxdt,
                            pool_geom p, pool_layout l, int64_t total) {
     NA_GRID_STRIDE(e, total) {
-        const pool_at a = pool_at_of<CL>(e, p.c, p.h, p.w);
-        const int64_t ih = a.y, iw = a.x;
+        const na_nchw_index a = na_nchw_at(e, p.c, p.h, p.w, CL);
+        const int64_t ih = a.h, iw = a.w;
         const int64_t obase = pool_off(l.y, a.n, a.c, 0, 0), ibase = pool_off(l.i, a.n, a.c, 0, 0);
         const int32_t self = (int32_t)(ih * p.w + iw);
         C s = (C)0;
