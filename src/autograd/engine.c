@@ -365,11 +365,8 @@ static void offer_grad_into(na_node *n) {
 /* out = a + b through the backend (shapes, dtype and device equal; a and b may be views; out
  * is contiguous, or in the one dense layout a and b share). */
 static int add_same_shape(na_tensor *out, const na_tensor *a, const na_tensor *b) {
-    if (na_same_dense_layout(out, a) && na_same_dense_layout(out, b)) { /* on the memory */
-        na_view fo = na_flat_view(out), fa = na_flat_view(a), fb = na_flat_view(b);
-        na_broadcast flat = {.ndim = 1, .shape = {out->numel}, .a_stride = {1}, .b_stride = {1}};
-        return na_be(out)->binary(NA_BINARY_ADD, &fa, &fb, &fo, &flat);
-    }
+    if (na_same_dense_layout(out, a) && na_same_dense_layout(out, b))
+        return na_binary_on_memory(NA_BINARY_ADD, out, a, b);
     na_broadcast bc = {.ndim = out->ndim};
     for (int i = 0; i < out->ndim; i++) {
         bc.shape[i] = out->shape[i];

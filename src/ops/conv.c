@@ -1,5 +1,6 @@
-/* Convolution front-end (NCHW). The kernels are the backends' (im2col + GEMM on the CPU, cuDNN
- * on CUDA); backward sits beside the forward. */
+/* Convolution front-end ([N, C, H, W], contiguous or channels-last). The kernels are the
+ * backends' (im2col + GEMM or the direct kernel on the CPU, cuDNN on CUDA); backward sits
+ * beside the forward. */
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>

@@ -54,11 +54,8 @@ static na_tensor *binary(const char *fn, na_op op, na_binary_op bop, na_tensor *
     na_tensor *out;
     if (na_same_dense_layout(a, b) && na_memory_format_of(a) != NA_FORMAT_CONTIGUOUS) {
         /* one shape, one non-C-order layout (channels-last): kept, the op runs on the memory */
-        na_view fa = na_flat_view(a), fb = na_flat_view(b), fo;
-        na_broadcast flat = {.ndim = 1, .shape = {a->numel}, .a_stride = {1}, .b_stride = {1}};
-        if (!(out = na_empty_like_format(a))) return NULL;
-        fo = na_flat_view(out);
-        if (na_be(out)->binary(bop, &fa, &fb, &fo, &flat) != NA_OK) return NULL;
+        if (!(out = na_empty_like_format(a)) || na_binary_on_memory(bop, out, a, b) != NA_OK)
+            return NULL;
     } else {
         out = na_empty(dt, a->device, bc.ndim, bc.shape);
         if (!out || na_be(out)->binary(bop, &a->view, &b->view, &out->view, &bc) != NA_OK)

@@ -1,5 +1,5 @@
-/* Pooling front-ends (NCHW): max and average over a window, and their global forms. Backward
- * sits beside each forward. */
+/* Pooling front-ends ([N, C, H, W], contiguous or channels-last): max and average over a
+ * window, and their global forms. Backward sits beside each forward. */
 #include "src/ops/ops_internal.h"
 
 /* ---- pooling ------------------------------------------------------------------------------- */
@@ -34,10 +34,8 @@ static na_tensor *pool(const char *fn, na_op op, na_tensor *x, const na_pool2d_o
         return NULL;
     na_memory_format f = na_memory_format_of(x); /* y and idx keep x's */
     na_tensor *y = na_empty_format(x->dtype, x->device, NA_SHAPE(g.n, g.c_out, g.oh, g.ow), f);
-    na_tensor *idx = op == NA_OP_MAX_POOL2D
-                         ? na_empty_format(NA_DTYPE_I32, x->device, NA_SHAPE(g.n, g.c_out, g.oh,
-                                                                             g.ow), f)
-                         : NULL;
+    na_tensor *idx = y && op == NA_OP_MAX_POOL2D
+                         ? na_empty_format(NA_DTYPE_I32, x->device, y->ndim, y->shape, f) : NULL;
     if (!y || (op == NA_OP_MAX_POOL2D && !idx)) return NULL;
     const na_backend *be = na_be(x);
     int rc = op == NA_OP_MAX_POOL2D ? be->max_pool2d(&g, &x->view, &y->view, &idx->view)
@@ -58,16 +56,18 @@ na_tensor *na_avg_pool2d(na_tensor *x, const na_pool2d_opts *opts) {
     return pool("na_avg_pool2d", NA_OP_AVG_POOL2D, x, opts);
 }
 
-/* gy in the forward's layout (the output's, idx's and x's), gx in x's */
+/* gy in the forward's layout (y's, idx's and x's), gx in x's */
 int na_bw_MAX_POOL2D(na_node *n, na_tensor *gout, na_tensor **gin) {
-    na_tensor *gy = na_as_format_of(gout, n->out), *gx = gy ? na_empty_like_format(n->inputs[0]) : NULL;
+    na_tensor *gy = na_as_format_of(gout, n->out);
+    na_tensor *gx = gy ? na_empty_like_format(n->inputs[0]) : NULL;
     if (!gx) return na_last_status();
     gin[0] = gx;
     return na_be(gx)->max_pool2d_backward(n->extra, &gy->view, &n->saved[0]->view, &gx->view);
 }
 
 int na_bw_AVG_POOL2D(na_node *n, na_tensor *gout, na_tensor **gin) {
-    na_tensor *gy = na_as_format_of(gout, n->out), *gx = gy ? na_empty_like_format(n->inputs[0]) : NULL;
+    na_tensor *gy = na_as_format_of(gout, n->out);
+    na_tensor *gx = gy ? na_empty_like_format(n->inputs[0]) : NULL;
     if (!gx) return na_last_status();
     gin[0] = gx;
     return na_be(gx)->avg_pool2d_backward(n->extra, &gy->view, &gx->view);

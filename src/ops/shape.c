@@ -1,4 +1,5 @@
-/* Views, copies and casts: reshape, permute/transpose, slice, contiguous, cast, to_device.
+/* Views, copies and casts: reshape, permute/transpose, slice, contiguous (also in a memory
+ * format), pad, cast, to_device.
  * Each op's backward sits right after its forward. */
 #include <inttypes.h>
 #include <string.h>
@@ -128,6 +129,16 @@ na_tensor *na_transpose(na_tensor *t, int d0, int d1) {
 
 /* ---- slice of the leading dim ----------------------------------------------------------- */
 
+/* The elements [start, start + len) of t's dim, as a view (not recorded). */
+static na_tensor *narrow_view(na_tensor *t, int dim, int64_t start, int64_t len) {
+    na_tensor *v = na_tensor_view_header(t);
+    if (!v) return NULL;
+    v->shape[dim] = len;
+    v->numel = na_shape_numel(v->ndim, v->shape);
+    v->data = (char *)t->data + start * t->stride[dim] * (int64_t)na_dtype_size(t->dtype);
+    return v;
+}
+
 na_tensor *na_slice(na_tensor *t, int64_t start, int64_t stop) {
     const char *fn = "na_slice";
     if (!na_check_tensor(fn, t, "input")) return NULL;
@@ -137,28 +148,16 @@ na_tensor *na_slice(na_tensor *t, int64_t start, int64_t stop) {
                      start, stop, na_tensor_describe(t, b, sizeof b));
         return NULL;
     }
-    na_tensor *out = na_tensor_view_header(t);
+    na_tensor *out = narrow_view(t, 0, start, stop - start);
     if (!out) return NULL;
-    out->shape[0] = stop - start;
-    out->numel = na_shape_numel(out->ndim, out->shape);
-    out->data = (char *)t->data + start * t->stride[0] * (int64_t)na_dtype_size(t->dtype);
     na_node *n = na_op_record(NA_OP_SLICE, out, 1, &t);
     if (n) n->i[0] = start;
     return out;
 }
 
-int na_bw_SLICE(na_node *n, na_tensor *gout, na_tensor **gin) {
-    na_tensor *x = n->inputs[0];
-    na_tensor *g = na_zeros(gout->dtype, gout->device, x->ndim, x->shape);
-    if (!g) return na_last_status();
-    na_tensor *rows = na_tensor_view_header(g);
-    if (!rows) return na_last_status();
-    rows->shape[0] = gout->shape[0];
-    rows->numel = gout->numel;
-    rows->data = (char *)g->data + n->i[0] * g->stride[0] * (int64_t)na_dtype_size(g->dtype);
-    int rc = na_be(g)->copy(&rows->view, &gout->view);
-    gin[0] = g;
-    return rc;
+int na_bw_SLICE(na_node *n, na_tensor *gout, na_tensor **gin) { /* zeros around gout's rows */
+    int64_t after = n->inputs[0]->shape[0] - n->i[0] - gout->shape[0];
+    return (gin[0] = na_pad_dim(gout, 0, n->i[0], after)) ? NA_OK : na_last_status();
 }
 
 /* ---- contiguous -------------------------------------------------------------------------- */
@@ -210,22 +209,10 @@ na_tensor *na_dense(na_tensor *t) {
 }
 
 na_tensor *na_as_format_of(na_tensor *t, const na_tensor *like) {
-    na_memory_format f = na_memory_format_of(like);
-    if (f == NA_FORMAT_CONTIGUOUS || !t || t->ndim != 4) return na_contiguous(t);
-    return na_contiguous_format(t, f);
+    return na_contiguous_format(t, na_memory_format_of(like));
 }
 
 /* ---- pad --------------------------------------------------------------------------------- */
-
-/* The elements [start, start + len) of t's dim, as a view (not recorded). */
-static na_tensor *narrow_view(na_tensor *t, int dim, int64_t start, int64_t len) {
-    na_tensor *v = na_tensor_view_header(t);
-    if (!v) return NULL;
-    v->shape[dim] = len;
-    v->numel = na_shape_numel(v->ndim, v->shape);
-    v->data = (char *)t->data + start * t->stride[dim] * (int64_t)na_dtype_size(t->dtype);
-    return v;
-}
 
 na_tensor *na_pad_dim(na_tensor *t, int dim, int64_t before, int64_t after) {
     const char *fn = "na_pad_dim";

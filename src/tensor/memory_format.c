@@ -6,8 +6,6 @@
  * transposing. An op given channels-last input returns channels-last output (conv2d,
  * BatchNorm, pooling, elementwise ops of one shape), so a network whose input is converted
  * once stays channels-last end to end; ops that know only C order make a contiguous copy. */
-#include <string.h>
-
 #include "src/tensor/tensor_internal.h"
 
 /* the strides size-1 dims have do not matter: such a dim is never stepped over */
@@ -56,12 +54,21 @@ na_tensor *na_empty_like_format(const na_tensor *t) {
     return na_empty_format(t->dtype, t->device, t->ndim, t->shape, na_memory_format_of(t));
 }
 
-na_view na_flat_view(const na_tensor *t) {
+/* t's memory as one row of numel elements (t dense: contiguous or channels-last) */
+static na_view flat_view(const na_tensor *t) {
     na_view v = t->view;
     v.ndim = 1;
     v.shape[0] = t->numel;
     v.stride[0] = 1;
     return v;
+}
+
+int na_binary_on_memory(na_binary_op op, na_tensor *out, const na_tensor *a,
+                        const na_tensor *b) {
+    na_view fo = flat_view(out), fa = flat_view(a), fb = flat_view(b);
+    na_broadcast flat = {.ndim = 1, .shape = {out->numel}, .a_stride = {1}, .b_stride = {1}};
+    const na_backend *be = na_be(out);
+    return be ? be->binary(op, &fa, &fb, &fo, &flat) : na_last_status();
 }
 
 bool na_same_dense_layout(const na_tensor *a, const na_tensor *b) {

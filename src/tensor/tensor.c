@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/dense_order.h"
 #include "common/half.h"
 #include "src/tensor/arena.h"
 #include "src/tensor/deferred_zero.h"
@@ -26,20 +27,10 @@ void na_set_contiguous_strides(na_tensor *t) {
     }
 }
 
-bool na_is_contiguous(const na_tensor *t) {
-    int64_t s = 1;
-    for (int i = t->ndim - 1; i >= 0; i--) {
-        if (t->shape[i] != 1 && t->stride[i] != s) return false;
-        s *= t->shape[i];
-    }
-    return true;
-}
+bool na_is_contiguous(const na_tensor *t) { return na_view_is_c_order(&t->view); }
 
 bool na_same_shape(const na_tensor *a, const na_tensor *b) {
-    if (a->ndim != b->ndim) return false;
-    for (int i = 0; i < a->ndim; i++)
-        if (a->shape[i] != b->shape[i]) return false;
-    return true;
+    return na_view_same_shape(&a->view, &b->view);
 }
 
 const char *na_tensor_describe(const na_tensor *t, char *buf, size_t size) {

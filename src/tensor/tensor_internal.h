@@ -37,8 +37,8 @@ na_dtype na_result_float(const na_tensor *a, const na_tensor *b);
 /* ---- memory formats (memory_format.c; the ops' side in src/ops/shape.c) ---- */
 /* Shaped and formatted as t (contiguous unless t is channels-last), t's dtype and device. */
 na_tensor *na_empty_like_format(const na_tensor *t);
-/* t's memory as one row of numel elements (t dense: contiguous or channels-last). */
-na_view na_flat_view(const na_tensor *t);
+/* out = a (op) b, all three of one shape and one dense layout, over their memory as rows */
+int na_binary_on_memory(na_binary_op op, na_tensor *out, const na_tensor *a, const na_tensor *b);
 /* a and b have one shape and one dense layout: elementwise work can run on flat views. */
 bool na_same_dense_layout(const na_tensor *a, const na_tensor *b);
 /* t when dense in either format, else a contiguous copy (recorded, as na_contiguous). */
