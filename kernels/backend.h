@@ -186,6 +186,14 @@ typedef struct {
                              na_view *gx))                                                  \
     X(conv2d_backward_weight, (const na_conv_geom *g, const na_view *x, const na_view *gy,  \
                                na_view *gw))                                                \
+    /* conv2d that also gives, per output channel, sum[k] and sqsum[k] (sum of squares) of  \
+     * y over N, OH, OW, as stored (f32 [C_out]; f64 for f64 y), for a training BatchNorm   \
+     * that follows (its batch statistics without a pass over y). *done = false when this   \
+     * backend does not compute the two together for the problem: nothing was written, the  \
+     * caller runs conv2d and a BatchNorm of its own. */                                    \
+    X(conv2d_stats, (const na_conv_geom *g, const na_view *x, const na_view *w,             \
+                     const na_view *bias, na_view *y, na_view *sum, na_view *sqsum,         \
+                     bool *done))                                                           \
                                                                                             \
     /* ---- pooling (NCHW); max pooling saves the flat index (i32) of each window's first   \
      * max ---- */                                                                          \
@@ -218,6 +226,15 @@ typedef struct {
                             const na_view *mean, const na_view *invstd, na_view *gx,        \
                             na_view *ggamma, na_view *gbeta, int64_t n, int64_t c,          \
                             int64_t s, bool train, const na_view *relu_y))                  \
+    /* a training BatchNorm's statistics from per-channel sums over `count` values (sum,    \
+     * sqsum as conv2d_stats gives them): mean = sum/count, var = max(sqsum/count - mean^2, \
+     * 0) (biased), invstd = 1/sqrt(var + eps) into save_mean, save_var, save_invstd (f32   \
+     * [C]; f64 for f64 sums); running stats (may be NULL) as batch_norm_train.             \
+     * batch_norm_eval with save_mean and save_var then normalizes as training would. */    \
+    X(batch_norm_finalize, (const na_view *sum, const na_view *sqsum, int64_t count,        \
+                            na_view *running_mean, na_view *running_var, na_view *save_mean,\
+                            na_view *save_var, na_view *save_invstd, int64_t c,             \
+                            double momentum, double eps))                                   \
                                                                                             \
     /* ---- optimizers (src/optim; per-element math: kernels/common/optim.h) ----           \
      * SGD (PyTorch's rule): g' = g*inv_scale + wd*p; buf = steps==0 ? g' :                 \

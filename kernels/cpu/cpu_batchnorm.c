@@ -24,6 +24,7 @@
  * contracted: both builds compute the same operations in the same order and give the same
  * bits (tests/test_cpu_kernels.c compares them).
  */
+#include "common/bn_stats.h"
 #include "cpu/cpu_internal.h"
 #include "cpu/cpu_parallel.h"
 
@@ -43,7 +44,7 @@ typedef struct {
     int64_t base, stride;
 } bn_rows;
 
-#define NA_CPU_DEFINE_BN(T, SFX, NAME, SQRT, DT)                                            \
+#define NA_CPU_DEFINE_BN(T, SFX, NAME, DT)                                                  \
     /* channel ch of v [n, c, s] as rows: widened into buf (n*s of T) when v is not of T    \
      * and buf is given, else in place (read chunk by chunk, converting, when not of T) */  \
     static bn_rows rows_##NAME(const na_view *v, int64_t n, int64_t c, int64_t s, int64_t ch, \
@@ -121,16 +122,14 @@ typedef struct {
             bn_rows xr = rows_##NAME(x, n, c, s, ch, xw);                                   \
             T mean = chan_sum_##NAME(&xr, x->dtype, n, s) / (T)M;                           \
             T var = chan_sqdev_##NAME(&xr, n, s, mean) / (T)M;                              \
-            T invstd = (T)1 / SQRT(var + eps);                                              \
+            T invstd = na_bn_invstd_##SFX(var, eps);                                        \
             T scale = invstd * (T)param(gamma, ch, 1), shift = (T)param(beta, ch, 0);       \
             chan_affine_##NAME(&xr, y, n, c, s, ch, mean, scale, shift, relu);              \
             set_param(sm, ch, mean);                                                        \
             set_param(si, ch, invstd);                                                      \
-            if (rm) set_param(rm, ch, ((T)1 - momentum) * (T)param(rm, ch, 0) + momentum * mean); \
-            if (rv) {                                                                       \
-                T unbiased = M > 1 ? var * ((T)M / (T)(M - 1)) : var;                       \
-                set_param(rv, ch, ((T)1 - momentum) * (T)param(rv, ch, 0) + momentum * unbiased); \
-            }                                                                               \
+            T rmean = (T)param(rm, ch, 0), rvar = (T)param(rv, ch, 1);                      \
+            if (rm) set_param(rm, ch, na_bn_running_mean_##SFX(rmean, mean, momentum));     \
+            if (rv) set_param(rv, ch, na_bn_running_var_##SFX(rvar, var, M, momentum));     \
         }                                                                                   \
     }                                                                                       \
     static void bn_eval_##NAME(const na_view *x, const na_view *gamma,                      \
@@ -138,7 +137,7 @@ typedef struct {
                               const na_view *rv, na_view *y, int64_t n, int64_t c,          \
                               int64_t s, T eps, bool relu, int64_t c0, int64_t c1) {        \
         for (int64_t ch = c0; ch < c1; ch++) {                                              \
-            T invstd = (T)1 / SQRT((T)param(rv, ch, 1) + eps);                              \
+            T invstd = na_bn_invstd_##SFX((T)param(rv, ch, 1), eps);                        \
             T scale = invstd * (T)param(gamma, ch, 1), shift = (T)param(beta, ch, 0);       \
             bn_rows xr = rows_##NAME(x, n, c, s, ch, NULL);                                 \
             chan_affine_##NAME(&xr, y, n, c, s, ch, (T)param(rm, ch, 0), scale, shift, relu); \
@@ -272,8 +271,8 @@ typedef struct {
         }                                                                                   \
     }
 
-NA_CPU_DEFINE_BN(float, f, f, sqrtf, NA_DTYPE_F32)
-NA_CPU_DEFINE_BN(double, d, d, sqrt, NA_DTYPE_F64)
+NA_CPU_DEFINE_BN(float, f, f, NA_DTYPE_F32)
+NA_CPU_DEFINE_BN(double, d, d, NA_DTYPE_F64)
 
 /* The AVX2 build of the f32 loops (GCC on x86-64; clang and other targets keep the baseline).
  * The compiler clears the upper register halves at every return and call out of these
@@ -281,7 +280,7 @@ NA_CPU_DEFINE_BN(double, d, d, sqrt, NA_DTYPE_F64)
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #pragma GCC push_options
 #pragma GCC target("avx2")
-NA_CPU_DEFINE_BN(float, f, f_avx2, sqrtf, NA_DTYPE_F32)
+NA_CPU_DEFINE_BN(float, f, f_avx2, NA_DTYPE_F32)
 #pragma GCC pop_options
 
 /* f32 compute through the AVX2 build where the CPU has it */
@@ -426,5 +425,52 @@ int na_cpu_batch_norm_backward(const na_view *x, const na_view *gy, const na_vie
     bn_run(&(bn_job){.kind = BN_BACKWARD, .x = x, .gy = gy, .relu_y = relu_y, .gamma = gamma,
                      .mean = mean, .invstd = invstd, .gx = gx, .gg = ggamma, .gb = gbeta,
                      .n = n, .c = c, .s = s, .train = train});
+    return NA_OK;
+}
+
+int na_cpu_batch_norm_finalize(const na_view *sum, const na_view *sqsum, int64_t count,
+                               na_view *running_mean, na_view *running_var, na_view *save_mean,
+                               na_view *save_var, na_view *save_invstd, int64_t c,
+                               double momentum, double eps) {
+    const char *fn = "cpu_batch_norm_finalize";
+    NA_CPU_CHECK_FLOAT(fn, sum);
+    NA_CPU_CHECK_FLOAT(fn, sqsum);
+    NA_CPU_CHECK_FLOAT(fn, running_mean);
+    NA_CPU_CHECK_FLOAT(fn, running_var);
+    NA_CPU_CHECK_FLOAT(fn, save_mean);
+    NA_CPU_CHECK_FLOAT(fn, save_var);
+    NA_CPU_CHECK_FLOAT(fn, save_invstd);
+    if (count <= 0 || sum->numel != c || sqsum->numel != c)
+        return na_set_error(NA_EINVAL, "%s: %lld values over %lld channels (sum has %lld, sqsum "
+                            "%lld)", fn, (long long)count, (long long)c, (long long)sum->numel,
+                            (long long)sqsum->numel);
+    for (int64_t ch = 0; ch < c; ch++) {
+        if (sum->dtype == NA_DTYPE_F64) {
+            double mean, var;
+            na_bn_from_sums_d(param(sum, ch, 0), param(sqsum, ch, 0), count, &mean, &var);
+            set_param(save_mean, ch, mean);
+            set_param(save_var, ch, var);
+            set_param(save_invstd, ch, na_bn_invstd_d(var, eps));
+            if (running_mean)
+                set_param(running_mean, ch,
+                          na_bn_running_mean_d(param(running_mean, ch, 0), mean, momentum));
+            if (running_var)
+                set_param(running_var, ch,
+                          na_bn_running_var_d(param(running_var, ch, 1), var, count, momentum));
+        } else {
+            float mean, var, m = (float)momentum;
+            na_bn_from_sums_f((float)param(sum, ch, 0), (float)param(sqsum, ch, 0), count, &mean,
+                              &var);
+            set_param(save_mean, ch, mean);
+            set_param(save_var, ch, var);
+            set_param(save_invstd, ch, na_bn_invstd_f(var, (float)eps));
+            if (running_mean)
+                set_param(running_mean, ch,
+                          na_bn_running_mean_f((float)param(running_mean, ch, 0), mean, m));
+            if (running_var)
+                set_param(running_var, ch,
+                          na_bn_running_var_f((float)param(running_var, ch, 1), var, count, m));
+        }
+    }
     return NA_OK;
 }

@@ -818,6 +818,72 @@ int na_cpu_conv2d_backward_weight(const na_conv_geom *g, const na_view *x, const
                       gw);
 }
 
+/* ---- conv2d_stats: the convolution, then each output channel's sum and sum of squares ---- */
+
+/* The sums of channels [c0, c1) of a 4-d y of any strides, over (n, h, w) in that order: chunks
+ * of NA_CPU_CHUNK values summed pairwise, the chunk sums pairwise (f32; f64 for f64 y). */
+#define NA_CPU_CHANNEL_SUMS(T, SFX)                                                         \
+    static void channel_sums_##SFX(const na_view *y, int64_t c0, int64_t c1, na_view *sum,  \
+                                   na_view *sqsum) {                                        \
+        T v[NA_CPU_CHUNK], q[NA_CPU_CHUNK];                                                 \
+        const int64_t *st = y->stride, W = y->shape[3], hw = y->shape[2] * W;               \
+        for (int64_t k = c0; k < c1; k++) {                                                 \
+            na_cpu_psum_##SFX s1 = {{0}, 0}, s2 = {{0}, 0};                                 \
+            int64_t cnt = 0, total = y->shape[0] * hw;                                      \
+            for (int64_t i = 0; i < total; i++) {                                           \
+                int64_t r = i % hw;                                                         \
+                int64_t off = i / hw * st[0] + k * st[1] + r / W * st[2] + r % W * st[3];   \
+                T x = (T)na_cpu_get(y->dtype, y->data, off);                                \
+                v[cnt] = x, q[cnt] = x * x;                                                 \
+                if (++cnt == NA_CPU_CHUNK || i + 1 == total) {                              \
+                    na_cpu_psum_add_##SFX(&s1, na_cpu_sum_##SFX(v, cnt));                   \
+                    na_cpu_psum_add_##SFX(&s2, na_cpu_sum_##SFX(q, cnt));                   \
+                    cnt = 0;                                                                \
+                }                                                                           \
+            }                                                                               \
+            na_cpu_set(sum->dtype, sum->data, k, na_cpu_psum_total_##SFX(&s1));             \
+            na_cpu_set(sqsum->dtype, sqsum->data, k, na_cpu_psum_total_##SFX(&s2));         \
+        }                                                                                   \
+    }
+NA_CPU_CHANNEL_SUMS(float, f)
+NA_CPU_CHANNEL_SUMS(double, d)
+
+typedef struct {
+    const na_view *y;
+    na_view *sum, *sqsum;
+    int64_t tasks;
+} channel_sums_job;
+
+static void channel_sums_task(void *ctx, int64_t t) {
+    const channel_sums_job *j = ctx;
+    int64_t c0, c1;
+    na_cpu_task_range(j->y->shape[1], j->tasks, t, 1, &c0, &c1);
+    if (j->y->dtype == NA_DTYPE_F64)
+        channel_sums_d(j->y, c0, c1, j->sum, j->sqsum);
+    else
+        channel_sums_f(j->y, c0, c1, j->sum, j->sqsum);
+}
+
+/* The CPU always computes both (a second pass over y: the reference of what a GPU fuses). */
+int na_cpu_conv2d_stats(const na_conv_geom *g, const na_view *x, const na_view *w,
+                        const na_view *bias, na_view *y, na_view *sum, na_view *sqsum,
+                        bool *done) {
+    *done = false;
+    NA_CPU_CHECK_FLOAT("cpu_conv2d_stats", sum);
+    NA_CPU_CHECK_FLOAT("cpu_conv2d_stats", sqsum);
+    if (y->ndim != 4 || sum->numel != y->shape[1] || sqsum->numel != y->shape[1])
+        return na_set_error(NA_ESHAPE, "cpu_conv2d_stats: sums of %lld and %lld values for %lld "
+                            "output channels", (long long)sum->numel, (long long)sqsum->numel,
+                            (long long)(y->ndim == 4 ? y->shape[1] : -1));
+    int rc = na_cpu_conv2d(g, x, w, bias, y);
+    if (rc) return rc;
+    channel_sums_job j = {.y = y, .sum = sum, .sqsum = sqsum,
+                          .tasks = na_cpu_split(y->numel, (int64_t)1 << 15, y->shape[1])};
+    na_cpu_parallel_for(y->shape[1] ? j.tasks : 0, channel_sums_task, &j);
+    *done = true;
+    return NA_OK;
+}
+
 int na_cpu_max_pool2d(const na_conv_geom *g, const na_view *x, na_view *y, na_view *idx) {
     NA_CPU_IN_C_ORDER(max_pool2d_c(g, &k.c[0], &k.c[1], idx ? &k.c[2] : NULL), 3u << 1, x, y,
                       idx);

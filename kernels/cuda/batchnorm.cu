@@ -22,6 +22,7 @@
 #include <type_traits>
 
 #include "common/bn_rows.h"
+#include "common/bn_stats.h"
 #include "common/elementwise.h"
 #include "common/welford.h"
 #include "cuda_common.cuh"
@@ -224,6 +225,74 @@ int na_cuda_batch_norm_eval(const na_view *x, const na_view *gamma, const na_vie
     else LAUNCH_BN(float);
 #undef LAUNCH_BN
     NA_CUDA_LAUNCH_CHECK("k_bn_eval");
+    return NA_OK;
+}
+
+/* batch_norm_finalize: one thread per channel, the math of common/bn_stats.h */
+template <typename C> struct bn_stats_of;
+template <> struct bn_stats_of<float> {
+    static __device__ void from_sums(float s, float q, int64_t m, float *mean, float *var) {
+        na_bn_from_sums_f(s, q, m, mean, var);
+    }
+    static __device__ float invstd(float var, float eps) { return na_bn_invstd_f(var, eps); }
+    static __device__ float rmean(float r, float mean, float mo) {
+        return na_bn_running_mean_f(r, mean, mo);
+    }
+    static __device__ float rvar(float r, float var, int64_t m, float mo) {
+        return na_bn_running_var_f(r, var, m, mo);
+    }
+};
+template <> struct bn_stats_of<double> {
+    static __device__ void from_sums(double s, double q, int64_t m, double *mean, double *var) {
+        na_bn_from_sums_d(s, q, m, mean, var);
+    }
+    static __device__ double invstd(double var, double eps) { return na_bn_invstd_d(var, eps); }
+    static __device__ double rmean(double r, double mean, double mo) {
+        return na_bn_running_mean_d(r, mean, mo);
+    }
+    static __device__ double rvar(double r, double var, int64_t m, double mo) {
+        return na_bn_running_var_d(r, var, m, mo);
+    }
+};
+
+template <typename C>
+__global__ void k_bn_finalize(const void *sum, const void *sqsum, int tdt, int64_t count,
+                              void *rmean, void *rvar, int rdt, void *smean, void *svar,
+                              void *sinvstd, int sdt, int64_t c, C momentum, C eps) {
+    int64_t ch = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (ch >= c) return;
+    typedef bn_stats_of<C> S;
+    C mean, var;
+    S::from_sums(na_ld<C>(sum, tdt, ch), na_ld<C>(sqsum, tdt, ch), count, &mean, &var);
+    na_st(smean, sdt, ch, mean);
+    na_st(svar, sdt, ch, var);
+    na_st(sinvstd, sdt, ch, S::invstd(var, eps));
+    if (rmean) na_st(rmean, rdt, ch, S::rmean(na_ld<C>(rmean, rdt, ch), mean, momentum));
+    if (rvar) na_st(rvar, rdt, ch, S::rvar(na_ld<C>(rvar, rdt, ch), var, count, momentum));
+}
+
+int na_cuda_batch_norm_finalize(const na_view *sum, const na_view *sqsum, int64_t count,
+                                na_view *running_mean, na_view *running_var, na_view *save_mean,
+                                na_view *save_var, na_view *save_invstd, int64_t c,
+                                double momentum, double eps) {
+    if (count <= 0 || sum->numel != c || sqsum->numel != c || sum->dtype != sqsum->dtype ||
+        save_mean->dtype != save_var->dtype || save_mean->dtype != save_invstd->dtype)
+        return na_set_error(NA_EINVAL, "cuda_batch_norm_finalize: %lld values over %lld channels "
+                            "(sum has %lld, sqsum %lld); the sums of one dtype, the saved "
+                            "statistics of one dtype",
+                            (long long)count, (long long)c, (long long)sum->numel,
+                            (long long)sqsum->numel);
+    if (c == 0) return NA_OK;
+    int rdt = running_mean ? (int)running_mean->dtype : DT_OR0(running_var);
+#define LAUNCH_BN(C)                                                                          \
+    k_bn_finalize<C><<<na_grid(c, NA_BLOCK), NA_BLOCK, 0, na_cuda_ctx.stream>>>(              \
+        sum->data, sqsum->data, sum->dtype, count, DATA_OR0(running_mean),                    \
+        DATA_OR0(running_var), rdt, save_mean->data, save_var->data, save_invstd->data,       \
+        save_mean->dtype, c, (C)momentum, (C)eps)
+    if (sum->dtype == NA_DTYPE_F64) LAUNCH_BN(double);
+    else LAUNCH_BN(float);
+#undef LAUNCH_BN
+    NA_CUDA_LAUNCH_CHECK("k_bn_finalize");
     return NA_OK;
 }
 
