@@ -55,8 +55,9 @@ na_module *model_by_name(const char *name, int64_t input_shape[4]) {
                      name ? name : "(null)", MODEL_NAMES);
         return NULL;
     }
-    /* BN + ReLU as one op each way: no pre-ReLU tensor kept, same names, same numbers */
-    if (m && na_module_fuse_bn_relu(m) < 0) {
+    /* BN + ReLU as one op each way: no pre-ReLU tensor kept, same names, same numbers; each
+     * conv feeds its BN the batch sums where NANOAMP_CONV_BN_STATS turns that on */
+    if (m && (na_module_fuse_bn_relu(m) < 0 || na_module_fuse_conv_bn(m) < 0)) {
         na_module_free(m);
         return NULL;
     }

@@ -15,8 +15,9 @@ na_module *model_mnist_cnn(void);
 na_module *model_resnet9(void);
 #define MODEL_NAMES "mlp, cnn or resnet9"
 /* The model called `name` ("mlp", "cnn", "resnet9") with its BatchNorm + ReLU pairs fused
- * (na_module_fuse_bn_relu: same state names and results, less memory), as the trainers and
- * na-bench run it; input_shape (may be NULL) receives the shape of one input image as
+ * (na_module_fuse_bn_relu: same state names and results, less memory) and each Conv2d linked
+ * to its BatchNorm (na_module_fuse_conv_bn: batch sums from the conv under
+ * NANOAMP_CONV_BN_STATS), as the trainers and na-bench run it; input_shape (may be NULL) receives the shape of one input image as
  * [1, C, H, W]. NULL with an error for an unknown name. */
 na_module *model_by_name(const char *name, int64_t input_shape[4]);
 #endif

@@ -123,6 +123,14 @@ na_module *na_batch_norm2d_new(int64_t num_features, const na_batch_norm_cfg *cf
  * gradients are those of the unfused net (bit for bit in f32 on the CPU). Returns the number
  * of pairs fused (0 again on a fused net), or a negative status with an error. */
 int na_module_fuse_bn_relu(na_module *net);
+/* Links, in every Sequential of net's tree, each Conv2d directly followed by a BatchNorm2d:
+ * when that BatchNorm normalizes with batch statistics and NANOAMP_CONV_BN_STATS turns the
+ * route on for the device, the conv computes its output's per-channel sums in the same pass
+ * (na_conv2d_sums) and the BatchNorm takes its statistics from them (na_batch_norm_sums), with
+ * no pass of its own over the activation. Otherwise both run as before, bit for bit. Names,
+ * state_dicts and the graph's nodes do not change. Returns the number of pairs linked (0
+ * again on a linked net), or a negative status with an error. */
+int na_module_fuse_conv_bn(na_module *net);
 /* Moves every tracking BatchNorm's num_batches_tracked of net's tree to the device of its
  * running statistics (still i32) and counts batches there by kernels, with no host value, so
  * that a training step replayed as a CUDA graph (na_step_graph_capture) counts too. Reading

@@ -172,6 +172,14 @@ typedef struct {
 } na_conv2d_opts;
 /* x [N, C_in, H, W], w [C_out, C_in/groups, kh, kw], b [C_out] or NULL; opts may be NULL. */
 na_tensor *na_conv2d(na_tensor *x, na_tensor *w, na_tensor *b, const na_conv2d_opts *opts);
+/* na_conv2d whose device also sums each output channel, for the training BatchNorm that
+ * follows (na_batch_norm_sums), when NANOAMP_CONV_BN_STATS asks for it on x's device ("1":
+ * CUDA, "all": every device; unset or "0": never) and the backend serves the problem (on CUDA
+ * a cuDNN graph whose epilogue writes the sums: no statistics pass over y). Then *sum and
+ * *sqsum are f32 [C_out] (f64 for f64 y): sum(y) and sum(y^2) over N, H, W, outside autograd.
+ * Otherwise both are NULL and this is na_conv2d. */
+na_tensor *na_conv2d_sums(na_tensor *x, na_tensor *w, na_tensor *b, const na_conv2d_opts *opts,
+                          na_tensor **sum, na_tensor **sqsum);
 
 /* stride 0 means stride = kernel. Padding at most half the kernel. Floor output size. */
 typedef struct {
@@ -199,6 +207,16 @@ na_tensor *na_batch_norm(na_tensor *x, na_tensor *running_mean, na_tensor *runni
 na_tensor *na_batch_norm_relu(na_tensor *x, na_tensor *running_mean, na_tensor *running_var,
                               na_tensor *weight, na_tensor *bias, bool training, double momentum,
                               double eps);
+/* Training-mode na_batch_norm (relu false) or na_batch_norm_relu whose batch statistics come
+ * from sum and sqsum of x over N, H, W (as na_conv2d_sums gives them for the x it made):
+ * mean = sum/M, var = sqsum/M - mean^2 (M values per channel), with no pass over x for them.
+ * Output, running-statistics update and gradients are na_batch_norm's up to rounding; the
+ * variance loses precision when |mean| is large against the spread (sqsum/M and mean^2
+ * cancel), which the default path's Welford statistics do not. sum NULL: na_batch_norm(_relu)
+ * in training mode. */
+na_tensor *na_batch_norm_sums(na_tensor *x, const na_tensor *sum, const na_tensor *sqsum,
+                              na_tensor *running_mean, na_tensor *running_var, na_tensor *weight,
+                              na_tensor *bias, double momentum, double eps, bool relu);
 
 #ifdef __cplusplus
 }

@@ -4,6 +4,7 @@
 
 #include "nanoamp/state.h"
 #include "src/nn/module.h"
+#include "src/tensor/arena.h"
 #include "src/tensor/tensor_internal.h"
 
 typedef struct {
@@ -14,6 +15,10 @@ typedef struct {
     na_batch_norm_fn impl; /* training mode's forward in place of na_batch_norm, or NULL */
     void *impl_ctx;
     bool count_on_device;  /* na_module_count_batches_on_device: counted by kernels */
+    struct {               /* from the Conv2d before it (na_batch_norm_offer_sums) */
+        na_tensor *y, *sum, *sqsum;
+        unsigned long step; /* the arena generation it was offered in */
+    } offer;
 } bn_state;
 
 /* ++count by kernels on the count's device, no host value (a replayed graph counts too):
@@ -50,6 +55,9 @@ static na_tensor *bn_forward(na_module *m, na_tensor *x) {
         return NULL;
     }
     bool track = s->cfg.track_running_stats;
+    na_tensor *offered_y = s->offer.y, *sum = s->offer.sum, *sqsum = s->offer.sqsum;
+    unsigned long offered_step = s->offer.step;
+    s->offer.y = s->offer.sum = s->offer.sqsum = NULL; /* an offer serves one forward */
     na_tensor *(*bn)(na_tensor *, na_tensor *, na_tensor *, na_tensor *, na_tensor *, bool,
                      double, double) = s->cfg.fuse_relu ? na_batch_norm_relu : na_batch_norm;
     if (!m->training && track) /* eval with running statistics */
@@ -60,9 +68,13 @@ static na_tensor *bn_forward(na_module *m, na_tensor *x) {
     if (track && s->cfg.cumulative_average) momentum = 1.0 / ((double)*count + 1.0);
     na_tensor *rm = track ? s->running_mean : NULL, *rv = track ? s->running_var : NULL;
     na_tensor *y;
+    bool offered = offered_y == x && offered_step == na_arena_generation();
     if (m->training && s->impl) { /* the replacement has no fused form: ReLU on its own */
         y = s->impl(s->impl_ctx, x, rm, rv, s->weight, s->bias, true, momentum, s->cfg.eps);
         if (y && s->cfg.fuse_relu) y = na_relu(y);
+    } else if (offered) { /* the batch statistics from the sums the conv made of x */
+        y = na_batch_norm_sums(x, sum, sqsum, rm, rv, s->weight, s->bias, momentum, s->cfg.eps,
+                               s->cfg.fuse_relu);
     } else {
         y = bn(x, rm, rv, s->weight, s->bias, true, momentum, s->cfg.eps);
     }
@@ -144,6 +156,18 @@ int na_module_count_batches_on_device(na_module *net) {
     return rc < 0 ? rc : count_batches_on_device(net, true);
 }
 
+bool na_batch_norm_takes_sums(const na_module *bn) {
+    const bn_state *s = bn->state;
+    /* batch statistics: training, or no running ones; a replaced training forward takes x */
+    return (bn->training || !s->cfg.track_running_stats) && !(bn->training && s->impl);
+}
+
+void na_batch_norm_offer_sums(na_module *bn, na_tensor *y, na_tensor *sum, na_tensor *sqsum) {
+    bn_state *s = bn->state;
+    s->offer.y = y, s->offer.sum = sum, s->offer.sqsum = sqsum;
+    s->offer.step = na_arena_generation();
+}
+
 /* the forward of a ReLU whose work its BatchNorm does */
 static na_tensor *fused_relu_forward(na_module *m, na_tensor *x) {
     (void)m;
@@ -167,4 +191,20 @@ int na_module_fuse_bn_relu(na_module *net) {
         fused += k;
     }
     return fused;
+}
+
+int na_module_fuse_conv_bn(na_module *net) {
+    if (!net) return na_set_error(NA_EINVAL, "na_module_fuse_conv_bn: net is NULL");
+    int linked = 0;
+    for (int i = 0; i < net->n_children; i++) {
+        na_module *c = net->children[i];
+        na_module *next = i + 1 < net->n_children ? net->children[i + 1] : NULL;
+        if (net->kind == NA_MODULE_SEQUENTIAL && c->kind == NA_MODULE_CONV2D && next &&
+            next->kind == NA_MODULE_BATCH_NORM2D && na_conv2d_link_batch_norm(c, next))
+            linked++;
+        int k = na_module_fuse_conv_bn(c);
+        if (k < 0) return k;
+        linked += k;
+    }
+    return linked;
 }

@@ -7,6 +7,7 @@
 typedef struct {
     na_tensor *weight, *bias; /* bias may be NULL */
     na_conv2d_opts opts;      /* Conv2d only */
+    na_module *bn;            /* Conv2d only: the BatchNorm it feeds sums (or NULL) */
 } affine_state;
 
 /* Registers weight (and bias) of the given weight shape and draws their initial values. */
@@ -46,7 +47,18 @@ na_module *na_linear_new(int64_t in_features, int64_t out_features, bool bias) {
 
 static na_tensor *conv2d_forward(na_module *m, na_tensor *x) {
     affine_state *s = m->state;
-    return na_conv2d(x, s->weight, s->bias, &s->opts);
+    if (!s->bn || !na_batch_norm_takes_sums(s->bn))
+        return na_conv2d(x, s->weight, s->bias, &s->opts);
+    na_tensor *sum, *sqsum, *y = na_conv2d_sums(x, s->weight, s->bias, &s->opts, &sum, &sqsum);
+    if (y && sum) na_batch_norm_offer_sums(s->bn, y, sum, sqsum);
+    return y;
+}
+
+bool na_conv2d_link_batch_norm(na_module *conv, na_module *bn) {
+    affine_state *s = conv->state;
+    if (s->bn) return false;
+    s->bn = bn;
+    return true;
 }
 
 na_module *na_conv2d_new(int64_t in_channels, int64_t out_channels, int kh, int kw,

@@ -41,4 +41,13 @@ typedef na_tensor *(*na_batch_norm_fn)(void *ctx, na_tensor *x, na_tensor *runni
                                        na_tensor *bias, bool training, double momentum,
                                        double eps);
 int na_batch_norm_set_impl(na_module *bn, na_batch_norm_fn fn, void *ctx);
+
+/* A Conv2d and the BatchNorm right after it (na_module_fuse_conv_bn): the conv asks whether
+ * the BatchNorm's next forward normalizes with batch statistics (so sums of its input would
+ * serve it), and hands it its output y with y's per-channel sums (na_conv2d_sums), which that
+ * forward uses when its input is that y, in the same step. */
+bool na_batch_norm_takes_sums(const na_module *bn);
+void na_batch_norm_offer_sums(na_module *bn, na_tensor *y, na_tensor *sum, na_tensor *sqsum);
+/* Links a Conv2d to the BatchNorm after it; false (nothing changed) when already linked. */
+bool na_conv2d_link_batch_norm(na_module *conv, na_module *bn);
 #endif

@@ -9,20 +9,21 @@
 
 /* ---- conv2d ------------------------------------------------------------------------------ */
 
-/* NANOAMP_CONV_PAD_CHANNELS (read once): "0" never pads, "all" pads on every device (how the
- * CPU tests the rule), unset pads on CUDA only. */
-static int pad_mode = -1; /* 0 never, 1 on CUDA, 2 everywhere */
+/* A device switch of the environment, read at each call: "0" off, "1" on CUDA, "all" on every
+ * device (how the CPU tests a CUDA rule); unset: `unset`, one of those. */
+static bool env_device_switch(const char *name, const char *unset, na_device dev) {
+    const char *e = getenv(name);
+    if (!e) e = unset;
+    return strcmp(e, "all") == 0 || (strcmp(e, "1") == 0 && dev == NA_DEVICE_CUDA);
+}
 
 /* How many zero input channels to add: a channels-last f16/bf16 convolution whose input
  * channels are not a multiple of 8 (an RGB first layer) misses cuDNN's tensor-core kernels,
  * which read channels in groups of 8; padding the input and the weight with zero channels
  * computes the same output on those kernels. */
 static int64_t conv_channel_padding(const na_conv_geom *g, const na_tensor *x) {
-    if (pad_mode < 0) {
-        const char *e = getenv("NANOAMP_CONV_PAD_CHANNELS");
-        pad_mode = !e ? 1 : strcmp(e, "0") == 0 ? 0 : strcmp(e, "all") == 0 ? 2 : 1;
-    }
-    bool device_ok = pad_mode == 2 || (pad_mode == 1 && x->device == NA_DEVICE_CUDA);
+    /* NANOAMP_CONV_PAD_CHANNELS: on CUDA unless set otherwise */
+    bool device_ok = env_device_switch("NANOAMP_CONV_PAD_CHANNELS", "1", x->device);
     bool half = x->dtype == NA_DTYPE_F16 || x->dtype == NA_DTYPE_BF16;
     if (!device_ok || !half || g->groups != 1 || g->c_in % 8 == 0 ||
         na_memory_format_of(x) != NA_FORMAT_CHANNELS_LAST)
@@ -30,8 +31,9 @@ static int64_t conv_channel_padding(const na_conv_geom *g, const na_tensor *x) {
     return 8 - g->c_in % 8;
 }
 
-na_tensor *na_conv2d(na_tensor *x, na_tensor *w, na_tensor *b, const na_conv2d_opts *opts) {
-    const char *fn = "na_conv2d";
+/* na_conv2d; with sum != NULL, na_conv2d_sums (fn names the caller) */
+static na_tensor *conv2d(const char *fn, na_tensor *x, na_tensor *w, na_tensor *b,
+                         const na_conv2d_opts *opts, na_tensor **sum, na_tensor **sqsum) {
     char s1[NA_DESCRIBE_MAX], s2[NA_DESCRIBE_MAX];
     na_conv2d_opts o = opts ? *opts : (na_conv2d_opts){0};
     if (!na_check_float(fn, x, "input") || !na_check_float(fn, w, "weight") ||
@@ -78,12 +80,38 @@ na_tensor *na_conv2d(na_tensor *x, na_tensor *w, na_tensor *b, const na_conv2d_o
         g.c_in += pad;
     }
     na_tensor *y = na_empty_format(x->dtype, x->device, NA_SHAPE(g.n, g.c_out, g.oh, g.ow), f);
-    if (!y || na_be(x)->conv2d(&g, &x->view, &w->view, NA_VIEW_OF(b), &y->view) != NA_OK)
+    if (!y) return NULL;
+    const na_backend *be = na_be(x);
+    bool summed = false;
+    if (sum && env_device_switch("NANOAMP_CONV_BN_STATS", "0", x->device)) {
+        na_dtype sdt = x->dtype == NA_DTYPE_F64 ? NA_DTYPE_F64 : NA_DTYPE_F32;
+        if (!(*sum = na_empty(sdt, x->device, NA_SHAPE(g.c_out))) ||
+            !(*sqsum = na_empty(sdt, x->device, NA_SHAPE(g.c_out))) ||
+            be->conv2d_stats(&g, &x->view, &w->view, NA_VIEW_OF(b), &y->view, &(*sum)->view,
+                             &(*sqsum)->view, &summed) != NA_OK)
+            return NULL;
+    }
+    if (sum && !summed) *sum = *sqsum = NULL; /* not served: the plain convolution */
+    if (!summed && be->conv2d(&g, &x->view, &w->view, NA_VIEW_OF(b), &y->view) != NA_OK)
         return NULL;
     na_tensor *in[3] = {x, w, b};
     na_node *n = na_op_record(NA_OP_CONV2D, y, 3, in);
     if (n && !(n->extra = na_conv_geom_copy(&g))) return NULL;
     return y;
+}
+
+na_tensor *na_conv2d(na_tensor *x, na_tensor *w, na_tensor *b, const na_conv2d_opts *opts) {
+    return conv2d("na_conv2d", x, w, b, opts, NULL, NULL);
+}
+
+na_tensor *na_conv2d_sums(na_tensor *x, na_tensor *w, na_tensor *b, const na_conv2d_opts *opts,
+                          na_tensor **sum, na_tensor **sqsum) {
+    if (!sum || !sqsum) {
+        na_set_error(NA_EINVAL, "na_conv2d_sums: sum and sqsum must not be NULL");
+        return NULL;
+    }
+    *sum = *sqsum = NULL;
+    return conv2d("na_conv2d_sums", x, w, b, opts, sum, sqsum);
 }
 
 int na_bw_CONV2D(na_node *n, na_tensor *gout, na_tensor **gin) {

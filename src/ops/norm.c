@@ -22,8 +22,10 @@ static bool check_param(const char *fn, const na_tensor *p, const char *what, na
 
 /* na_batch_norm, and with relu na_batch_norm_relu: relu(bn(x)) in one kernel pass, whose
  * backward reads the node's output (the post-ReLU y) for ReLU's mask, so no pre-ReLU tensor
- * is ever made or kept. */
+ * is ever made or kept. sum, sqsum (training only; else NULL): x's sums per channel, which
+ * give the batch statistics (batch_norm_finalize) that batch_norm_eval then normalizes with. */
 static na_tensor *batch_norm(const char *fn, na_op op, bool relu, na_tensor *x,
+                             const na_tensor *sum, const na_tensor *sqsum,
                              na_tensor *running_mean, na_tensor *running_var, na_tensor *weight,
                              na_tensor *bias, bool training, double momentum, double eps) {
     char s[NA_DESCRIBE_MAX];
@@ -39,8 +41,13 @@ static na_tensor *batch_norm(const char *fn, na_op op, bool relu, na_tensor *x,
     na_dtype pdt = x->dtype == NA_DTYPE_F64 ? NA_DTYPE_F64 : NA_DTYPE_F32;
     if (!check_param(fn, running_mean, "running_mean", pdt, c, x) ||
         !check_param(fn, running_var, "running_var", pdt, c, x) ||
-        !check_param(fn, weight, "weight", pdt, c, x) || !check_param(fn, bias, "bias", pdt, c, x))
+        !check_param(fn, weight, "weight", pdt, c, x) || !check_param(fn, bias, "bias", pdt, c, x) ||
+        !check_param(fn, sum, "sum", pdt, c, x) || !check_param(fn, sqsum, "sqsum", pdt, c, x))
         return NULL;
+    if (!sum != !sqsum) {
+        na_set_error(NA_EINVAL, "%s: give both sum and sqsum, or neither", fn);
+        return NULL;
+    }
     if (!training && (!running_mean || !running_var)) {
         na_set_error(NA_EINVAL, "%s: eval mode needs running statistics", fn);
         return NULL;
@@ -65,13 +72,25 @@ static na_tensor *batch_norm(const char *fn, na_op op, bool relu, na_tensor *x,
     na_tensor *mean = na_empty(pdt, x->device, NA_SHAPE(c));
     na_tensor *invstd = na_empty(pdt, x->device, NA_SHAPE(c));
     if (!y || !mean || !invstd) return NULL;
-    int rc = training ? be->batch_norm_train(&x->view, NA_VIEW_OF(weight), NA_VIEW_OF(bias),
-                                             NA_VIEW_OF(running_mean), NA_VIEW_OF(running_var),
-                                             &y->view, &mean->view, &invstd->view, nb, c, sp,
-                                             momentum, eps, relu)
-                      : be->batch_norm_eval(&x->view, NA_VIEW_OF(weight), NA_VIEW_OF(bias),
-                                            &running_mean->view, &running_var->view, &y->view,
-                                            nb, c, sp, eps, relu);
+    int rc;
+    if (sum) { /* the statistics from the sums, then the same normalization as eval's */
+        na_tensor *var = na_empty(pdt, x->device, NA_SHAPE(c));
+        if (!var) return NULL;
+        rc = be->batch_norm_finalize(&sum->view, &sqsum->view, nb * sp, NA_VIEW_OF(running_mean),
+                                     NA_VIEW_OF(running_var), &mean->view, &var->view,
+                                     &invstd->view, c, momentum, eps);
+        if (!rc)
+            rc = be->batch_norm_eval(&x->view, NA_VIEW_OF(weight), NA_VIEW_OF(bias), &mean->view,
+                                     &var->view, &y->view, nb, c, sp, eps, relu);
+    } else if (training) {
+        rc = be->batch_norm_train(&x->view, NA_VIEW_OF(weight), NA_VIEW_OF(bias),
+                                  NA_VIEW_OF(running_mean), NA_VIEW_OF(running_var), &y->view,
+                                  &mean->view, &invstd->view, nb, c, sp, momentum, eps, relu);
+    } else {
+        rc = be->batch_norm_eval(&x->view, NA_VIEW_OF(weight), NA_VIEW_OF(bias),
+                                 &running_mean->view, &running_var->view, &y->view, nb, c, sp,
+                                 eps, relu);
+    }
     if (rc) return NULL;
     na_tensor *in[3] = {x, weight, bias};
     na_node *n = na_op_record(op, y, 3, in);
@@ -93,15 +112,23 @@ static na_tensor *batch_norm(const char *fn, na_op op, bool relu, na_tensor *x,
 na_tensor *na_batch_norm(na_tensor *x, na_tensor *running_mean, na_tensor *running_var,
                          na_tensor *weight, na_tensor *bias, bool training, double momentum,
                          double eps) {
-    return batch_norm("na_batch_norm", NA_OP_BATCH_NORM, false, x, running_mean, running_var,
-                      weight, bias, training, momentum, eps);
+    return batch_norm("na_batch_norm", NA_OP_BATCH_NORM, false, x, NULL, NULL, running_mean,
+                      running_var, weight, bias, training, momentum, eps);
 }
 
 na_tensor *na_batch_norm_relu(na_tensor *x, na_tensor *running_mean, na_tensor *running_var,
                               na_tensor *weight, na_tensor *bias, bool training, double momentum,
                               double eps) {
-    return batch_norm("na_batch_norm_relu", NA_OP_BATCH_NORM_RELU, true, x, running_mean,
-                      running_var, weight, bias, training, momentum, eps);
+    return batch_norm("na_batch_norm_relu", NA_OP_BATCH_NORM_RELU, true, x, NULL, NULL,
+                      running_mean, running_var, weight, bias, training, momentum, eps);
+}
+
+na_tensor *na_batch_norm_sums(na_tensor *x, const na_tensor *sum, const na_tensor *sqsum,
+                              na_tensor *running_mean, na_tensor *running_var, na_tensor *weight,
+                              na_tensor *bias, double momentum, double eps, bool relu) {
+    return batch_norm("na_batch_norm_sums", relu ? NA_OP_BATCH_NORM_RELU : NA_OP_BATCH_NORM,
+                      relu, x, sum, sqsum, running_mean, running_var, weight, bias, true,
+                      momentum, eps);
 }
 
 /* relu_y: the forward's output when ReLU was fused in, else NULL */
