@@ -26,10 +26,12 @@ static double now_s(void) {
 
 /* With dist (several ranks), each rank evaluates its shard of ds, every sample once over all
  * ranks (no padding), and the counts and loss sums are summed across ranks: every rank
- * returns the numbers of the whole set. */
+ * returns the numbers of the whole set. channels_last: the images go in channels-last, as
+ * the training batches do under --channels-last (the same values, the network's layout). */
 static int evaluate_in_batches(na_module *net, const na_dataset *ds, const float *mean,
                                const float *std, na_device dev, na_dtype input_dtype,
-                               int64_t batch, na_dist *dist, double *accuracy, double *loss) {
+                               bool channels_last, int64_t batch, na_dist *dist,
+                               double *accuracy, double *loss) {
     na_batcher *b = na_batcher_new(ds, &(na_batcher_cfg){.batch_size = batch, .mean = mean,
                                                          .std = std,
                                                          .world_size = na_dist_world_size(dist),
@@ -49,6 +51,7 @@ static int evaluate_in_batches(na_module *net, const na_dataset *ds, const float
         int64_t shape[4] = {n, ds->channels, ds->height, ds->width};
         na_tensor *xt = na_from_host(NA_DTYPE_F32, dev, 4, shape, x);
         na_tensor *yt = na_from_host(NA_DTYPE_I32, dev, NA_SHAPE(n), y);
+        if (xt && channels_last) xt = na_to_channels_last(xt);
         if (xt) xt = na_cast(xt, input_dtype);
         na_tensor *logits = xt ? na_module_forward(net, xt) : NULL;
         na_tensor *am = logits ? na_argmax(logits, 1, false) : NULL;
@@ -79,8 +82,8 @@ static int evaluate_in_batches(na_module *net, const na_dataset *ds, const float
 
 int trainer_evaluate(na_module *net, const na_dataset *ds, const float *mean, const float *std,
                      na_device dev, na_dtype input_dtype, double *accuracy, double *loss) {
-    return evaluate_in_batches(net, ds, mean, std, dev, input_dtype, EVAL_BATCH_DEFAULT, NULL,
-                               accuracy, loss);
+    return evaluate_in_batches(net, ds, mean, std, dev, input_dtype, false, EVAL_BATCH_DEFAULT,
+                               NULL, accuracy, loss);
 }
 
 /* ---- the loop ------------------------------------------------------------------------------ */
@@ -272,8 +275,8 @@ static int train(run_state *r, int64_t start_epoch) {
         bool trains = epoch < o->epochs; /* else: only evaluate what was resumed */
         if (trains && train_epoch(r, epoch, &train_loss)) return 1;
         if (evaluate_in_batches(job->net, job->test, job->batcher.mean, job->batcher.std,
-                                o->device, input_dtype, o->batch, r->dist, &r->res.test_acc,
-                                &r->res.test_loss)) {
+                                o->device, input_dtype, r->amp->channels_last, o->batch,
+                                r->dist, &r->res.test_acc, &r->res.test_loss)) {
             fprintf(stderr, "%s: evaluation failed: %s\n", o->program, na_last_error());
             return 1;
         }
