@@ -87,6 +87,36 @@ Test(conv_bn_stats, sums_are_those_of_the_output) {
     route(false);
 }
 
+/* Under autocast the convolution computes in the low dtype (its rule); its sums stay f32 and
+ * are those of the rounded output the BatchNorm reads. */
+Test(conv_bn_stats, autocast_sums_the_low_precision_output) {
+    route(true);
+    na_tensor *x = leaf(NA_SHAPE(2, 3, 5, 5), 31, 0, 1, NA_DTYPE_F32);
+    na_tensor *w = leaf(NA_SHAPE(4, 3, 3, 3), 32, 0, 0.5, NA_DTYPE_F32), *sum, *sqsum;
+    TH_RC(na_autocast_begin(NA_DTYPE_BF16));
+    na_tensor *y = TH_OK(na_conv2d_sums(x, w, NULL, &pad1, &sum, &sqsum));
+    na_tensor *z =
+        TH_OK(na_batch_norm_sums(y, sum, sqsum, NULL, NULL, NULL, NULL, 0.1, 1e-5, true));
+    na_autocast_end();
+    cr_assert(y->dtype == NA_DTYPE_BF16 && z->dtype == NA_DTYPE_BF16, "conv under bf16 autocast");
+    cr_assert(sum && sum->dtype == NA_DTYPE_F32 && sqsum->dtype == NA_DTYPE_F32, "f32 sums");
+    const double *v = vals(y), *s = vals(sum);
+    for (int k = 0; k < 4; k++) {
+        double e = 0, a = 0;
+        for (int n = 0; n < 2; n++)
+            for (int i = 0; i < 25; i++) {
+                double yi = v[(n * 4 + k) * 25 + i];
+                e += yi, a += fabs(yi);
+            }
+        cr_assert_leq(fabs(s[k] - e), 1e-6 * a, "sum[%d] %g of the bf16 output, expected %g", k,
+                      s[k], e);
+    }
+    na_tensor_free(x);
+    na_tensor_free(w);
+    na_step_end();
+    route(false);
+}
+
 /* The finalize kernel against hand-computed values: channel 0 holds 1, 2, 3, 4; channel 1 has
  * sqsum/M a little below mean^2 (rounding in a real sum), which must give variance 0. */
 Test(conv_bn_stats, finalize_by_hand) {
@@ -135,7 +165,8 @@ Test(conv_bn_stats, batch_norm_from_sums_matches_batch_norm) {
                 cr_assert_eq(na_memory_format_of(out[k]), na_memory_format_of(x));
                 for (int i = 0; i < 4; i++) TH_RC(na_tensor_zero_grad(p[i]));
                 TH_RC(na_backward(TH_OK(na_sum(TH_OK(na_mul(out[k], r)))), NULL));
-                for (int i = 0; i < 4; i++) grads[k][i] = TH_OK(na_cast(p[i]->grad, NA_DTYPE_F64)); /* a copy */
+                for (int i = 0; i < 4; i++) /* a copy */
+                    grads[k][i] = TH_OK(na_cast(p[i]->grad, NA_DTYPE_F64));
             }
             cr_assert_leq(rel_diff(out[1], out[0]), 2e-5, "relu %d cl %d: output", relu, cl);
             for (int i = 0; i < 2; i++)
