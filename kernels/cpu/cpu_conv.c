@@ -823,21 +823,34 @@ int na_cpu_conv2d_backward_weight(const na_conv_geom *g, const na_view *x, const
 /* The sums of channels [c0, c1) of a 4-d y of any strides, over (n, h, w) in that order: chunks
  * of NA_CPU_CHUNK values summed pairwise, the chunk sums pairwise (f32; f64 for f64 y). */
 #define NA_CPU_CHANNEL_SUMS(T, SFX)                                                         \
+    /* adds the chunk v[0..cnt) to the sums (squares into q) */                             \
+    static void chunk_sums_##SFX(const T *v, T *q, int64_t cnt, na_cpu_psum_##SFX *s1,      \
+                                 na_cpu_psum_##SFX *s2) {                                   \
+        for (int64_t i = 0; i < cnt; i++) q[i] = v[i] * v[i];                               \
+        na_cpu_psum_add_##SFX(s1, na_cpu_sum_##SFX(v, cnt));                                \
+        na_cpu_psum_add_##SFX(s2, na_cpu_sum_##SFX(q, cnt));                                \
+    }                                                                                       \
     static void channel_sums_##SFX(const na_view *y, int64_t c0, int64_t c1, na_view *sum,  \
                                    na_view *sqsum) {                                        \
         T v[NA_CPU_CHUNK], q[NA_CPU_CHUNK];                                                 \
         const int64_t *st = y->stride, W = y->shape[3], hw = y->shape[2] * W;               \
+        bool planes = st[3] == 1 && st[2] == W; /* NCHW: each (n, k) plane is one run */    \
         for (int64_t k = c0; k < c1; k++) {                                                 \
             na_cpu_psum_##SFX s1 = {{0}, 0}, s2 = {{0}, 0};                                 \
             int64_t cnt = 0, total = y->shape[0] * hw;                                      \
-            for (int64_t i = 0; i < total; i++) {                                           \
+            for (int64_t n = 0; planes && n < y->shape[0]; n++)                             \
+                for (int64_t r = 0; r < hw; r += NA_CPU_CHUNK) {                            \
+                    int64_t len = hw - r < NA_CPU_CHUNK ? hw - r : NA_CPU_CHUNK;            \
+                    const T *run = na_cpu_view_##SFX(y->dtype, y->data,                     \
+                                                     n * st[0] + k * st[1] + r, len, v);    \
+                    chunk_sums_##SFX(run, q, len, &s1, &s2);                                \
+                }                                                                           \
+            for (int64_t i = 0; !planes && i < total; i++) {                                \
                 int64_t r = i % hw;                                                         \
                 int64_t off = i / hw * st[0] + k * st[1] + r / W * st[2] + r % W * st[3];   \
-                T x = (T)na_cpu_get(y->dtype, y->data, off);                                \
-                v[cnt] = x, q[cnt] = x * x;                                                 \
+                v[cnt] = (T)na_cpu_get(y->dtype, y->data, off);                             \
                 if (++cnt == NA_CPU_CHUNK || i + 1 == total) {                              \
-                    na_cpu_psum_add_##SFX(&s1, na_cpu_sum_##SFX(v, cnt));                   \
-                    na_cpu_psum_add_##SFX(&s2, na_cpu_sum_##SFX(q, cnt));                   \
+                    chunk_sums_##SFX(v, q, cnt, &s1, &s2);                                  \
                     cnt = 0;                                                                \
                 }                                                                           \
             }                                                                               \
