@@ -30,6 +30,10 @@
  * configuration with the reason (no silent eager figures under a graph key).
  * --channels-last: each step's batch goes in channels-last (trainer_amp's channels_last), so
  * the convolutions' activations stay NHWC; the key ends in /cl.
+ * --tf32 (CUDA only): f32 matrix products and convolutions in TF32 (na_cuda_set_tf32, as
+ * NANOAMP_TF32=1); the key is unchanged and "tf32" says which math ran (bench/run asks for it
+ * on CUDA f32 rows, where PyTorch is also run with TF32, so the f32 row compares like with
+ * like).
  *
  * Data parallel (--ddp, under mpirun -np N): every rank trains its own batch of --batch through
  * the trainers' na_ddp (trainer_amp_init_dist, gradients reduced in --allreduce-dtype); rank 0
@@ -104,7 +108,7 @@ int bench_train_main(int argc, char **argv) {
     na_device dev = NA_DEVICE_CPU;
     const char *amp = "off";
     int64_t batch = 128, warmup = 5, repeats = 10, steps = 5;
-    bool ddp = false, profile = false, cuda_graph = false, channels_last = false;
+    bool ddp = false, profile = false, cuda_graph = false, channels_last = false, tf32 = false;
     const char *allreduce = "f32";
     /* bench/run gives both sides its thread count in NANOAMP_BENCH_THREADS */
     const char *env_threads = getenv("NANOAMP_BENCH_THREADS");
@@ -146,13 +150,15 @@ int bench_train_main(int argc, char **argv) {
             cuda_graph = true;
         } else if (!strcmp(a, "--channels-last")) {
             channels_last = true;
+        } else if (!strcmp(a, "--tf32")) {
+            tf32 = true;
         } else if (!strcmp(a, "--threads")) {
             threads = bench_arg_i64(argc, argv, &i, 1);
         } else {
             fprintf(stderr, "na-bench train: unknown option '%s'\n"
                             "usage: na-bench train --model %s [--device cpu|cuda] "
                             "[--amp off|fp16|bf16|o2] [--batch N] [--warmup N] [--repeats N] "
-                            "[--steps N] [--threads N] [--profile] [--cuda-graph] [--channels-last] "
+                            "[--steps N] [--threads N] [--profile] [--cuda-graph] [--channels-last] [--tf32] "
                             "[--ddp [--allreduce-dtype f32|f16|bf16]]\n",
                     a, MODEL_NAMES);
             return 2;
@@ -166,7 +172,12 @@ int bench_train_main(int argc, char **argv) {
         na_set_error(NA_EINVAL, "%s", TRAINER_CUDA_GRAPH_NEEDS_CUDA);
         return bench_fail(key, "setup");
     }
+    if (tf32 && dev != NA_DEVICE_CUDA) {
+        na_set_error(NA_EINVAL, "--tf32 is CUDA's f32 tensor-core math: it needs --device cuda");
+        return bench_fail(key, "setup");
+    }
     if (bench_check_device(dev, key)) return 3;
+    if (tf32 && na_cuda_set_tf32(true)) return bench_fail(key, "setup");
     if (dev == NA_DEVICE_CUDA && !strcmp(amp, "bf16") && !na_cuda_bf16_supported()) {
         na_set_error(NA_EDTYPE, "bf16 needs a CUDA device of compute capability 8.0 or newer");
         return bench_fail(key, "setup");
@@ -277,6 +288,7 @@ int bench_train_main(int argc, char **argv) {
     if (dev == NA_DEVICE_CUDA) {
         bench_json_num(&j, "cuda_peak_mib", (double)na_cuda_peak_bytes() / (1024.0 * 1024.0));
         bench_json_num(&j, "syncs_per_step", (double)syncs / (double)(repeats * steps));
+        bench_json_bool(&j, "tf32", na_cuda_tf32());
     }
     bench_json_end(&j);
     free(per_step);

@@ -39,3 +39,5 @@ uint64_t na_cuda_bytes_in_use(void) { return 0; }
 uint64_t na_cuda_peak_bytes(void) { return 0; }
 
 const char *na_cuda_device_name(void) { return ""; }
+
+bool na_cuda_tf32(void) { return false; }

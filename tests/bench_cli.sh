@@ -33,5 +33,7 @@ check "bench unknown model" run 1 "$bench" train --model nope --warmup 0 --repea
 check "  the JSON names the error" grep -q '"error": ".*unknown model' "$tmp/out"
 check "bench --batch 0" run 2 "$bench" train --batch 0
 check "  message" one_line "--batch expects an integer >= 1"
+check "bench --tf32 on the CPU" run 1 "$bench" train --model mlp --tf32 --warmup 0 --repeats 1 --steps 1
+check "  the JSON says it needs CUDA" grep -q '"error": ".*--tf32 .*needs --device cuda' "$tmp/out"
 echo "bench_cli: $passed passed, $failed failed"
 [ "$failed" = 0 ]

@@ -99,7 +99,22 @@ def variant_name(memory_format="contiguous", compile=False):
 
 
 def run(model="mlp", device="cpu", amp="off", batch=128, warmup=5, repeats=10, steps=5,
-        threads=0, memory_format="contiguous", compile=False):
+        threads=0, memory_format="contiguous", compile=False, tf32=False):
+    """tf32: f32 matrix products in TF32 too (cuDNN's convolutions are by PyTorch's default),
+    restored afterwards (plan.py runs several configurations in one process)."""
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    if tf32:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    try:
+        return run_tf32_as_set(model, device, amp, batch, warmup, repeats, steps, threads,
+                               memory_format, compile)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+def run_tf32_as_set(model, device, amp, batch, warmup, repeats, steps, threads, memory_format,
+                    compile):
     key = "train/%s/%s/%s%s" % (device, model, amp, variant_name(memory_format, compile))
     threads = common.setup_threads(threads)
     if memory_format not in MEMORY_FORMATS:
@@ -156,6 +171,8 @@ def run(model="mlp", device="cpu", amp="off", batch=128, warmup=5, repeats=10, s
         out["cuda_peak_mib"] = torch.cuda.max_memory_allocated() / (1024.0 * 1024.0)
         out["cuda_reserved_peak_mib"] = torch.cuda.max_memory_reserved() / (1024.0 * 1024.0)
         out["syncs_per_step"] = syncs
+        out["tf32_matmul"] = torch.backends.cuda.matmul.allow_tf32
+        out["tf32_cudnn"] = torch.backends.cudnn.allow_tf32
     return out
 
 
@@ -172,6 +189,8 @@ def main():
                    help="CPU threads (default: PyTorch's own default)")
     p.add_argument("--memory-format", default="contiguous", choices=sorted(MEMORY_FORMATS))
     p.add_argument("--compile", action="store_true", help="run the model through torch.compile")
+    p.add_argument("--tf32", action="store_true",
+                   help="f32 matrix products in TF32 too (convolutions are by default)")
     a = p.parse_args()
     common.run_main("train/%s/%s/%s%s" % (a.device, a.model, a.amp,
                                           variant_name(a.memory_format, a.compile)),

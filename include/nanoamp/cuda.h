@@ -19,6 +19,7 @@ bool na_cuda_bf16_supported(void); /* sm_80 and newer */
 /* TF32 tensor-core math for f32 matrix products and convolutions; off by default, on at start
  * with NANOAMP_TF32=1. */
 int na_cuda_set_tf32(bool enabled);
+bool na_cuda_tf32(void); /* TF32 math is on (false when there is no device) */
 int na_cuda_synchronize(void);
 /* The CUDA stream (a cudaStream_t) every nanoamp kernel, copy and library call runs on: launch
  * your own kernels on it and they are ordered with nanoamp's, with no synchronisation. NULL

@@ -494,6 +494,8 @@ int na_cuda_synchronize(void) {
     return cuda_synchronize();
 }
 
+bool na_cuda_tf32(void) { return cuda_ready_quiet() && na_cuda_ctx.tf32; }
+
 void *na_cuda_stream(void) { return cuda_ready_quiet() ? (void *)na_cuda_ctx.stream : NULL; }
 
 uint64_t na_cuda_sync_count(void) { return na_cuda_ctx.sync_count; }
