@@ -174,37 +174,42 @@ static na_tensor *fused_relu_forward(na_module *m, na_tensor *x) {
     return x;
 }
 
-int na_module_fuse_bn_relu(na_module *net) {
-    if (!net) return na_set_error(NA_EINVAL, "na_module_fuse_bn_relu: net is NULL");
-    int fused = 0;
+/* Calls join(a, b) on every two neighbours a, b of every Sequential in net's tree; returns how
+ * many it joined (join says whether it did). */
+static int join_neighbours(na_module *net, bool (*join)(na_module *a, na_module *b)) {
+    int joined = 0;
     for (int i = 0; i < net->n_children; i++) {
         na_module *c = net->children[i];
-        na_module *next = i + 1 < net->n_children ? net->children[i + 1] : NULL;
-        if (net->kind == NA_MODULE_SEQUENTIAL && na_module_is_batch_norm(c, NULL) && next &&
-            next->kind == NA_MODULE_RELU && next->forward != fused_relu_forward) {
-            ((bn_state *)c->state)->cfg.fuse_relu = true;
-            next->forward = fused_relu_forward;
-            fused++;
-        }
-        int k = na_module_fuse_bn_relu(c);
-        if (k < 0) return k;
-        fused += k;
+        if (net->kind == NA_MODULE_SEQUENTIAL && i + 1 < net->n_children &&
+            join(c, net->children[i + 1]))
+            joined++;
+        joined += join_neighbours(c, join);
     }
-    return fused;
+    return joined;
+}
+
+/* a BatchNorm and the ReLU after it, not yet fused */
+static bool fuse_bn_relu(na_module *bn, na_module *relu) {
+    if (!na_module_is_batch_norm(bn, NULL) || relu->kind != NA_MODULE_RELU ||
+        relu->forward == fused_relu_forward)
+        return false;
+    ((bn_state *)bn->state)->cfg.fuse_relu = true;
+    relu->forward = fused_relu_forward;
+    return true;
+}
+
+/* a Conv2d and the BatchNorm2d after it, not yet linked */
+static bool link_conv_bn(na_module *conv, na_module *bn) {
+    return conv->kind == NA_MODULE_CONV2D && bn->kind == NA_MODULE_BATCH_NORM2D &&
+           na_conv2d_link_batch_norm(conv, bn);
+}
+
+int na_module_fuse_bn_relu(na_module *net) {
+    if (!net) return na_set_error(NA_EINVAL, "na_module_fuse_bn_relu: net is NULL");
+    return join_neighbours(net, fuse_bn_relu);
 }
 
 int na_module_fuse_conv_bn(na_module *net) {
     if (!net) return na_set_error(NA_EINVAL, "na_module_fuse_conv_bn: net is NULL");
-    int linked = 0;
-    for (int i = 0; i < net->n_children; i++) {
-        na_module *c = net->children[i];
-        na_module *next = i + 1 < net->n_children ? net->children[i + 1] : NULL;
-        if (net->kind == NA_MODULE_SEQUENTIAL && c->kind == NA_MODULE_CONV2D && next &&
-            next->kind == NA_MODULE_BATCH_NORM2D && na_conv2d_link_batch_norm(c, next))
-            linked++;
-        int k = na_module_fuse_conv_bn(c);
-        if (k < 0) return k;
-        linked += k;
-    }
-    return linked;
+    return join_neighbours(net, link_conv_bn);
 }
