@@ -1,9 +1,11 @@
 /* tests/test_conv_graph.c — the host logic of the cuDNN graph convolutions
  * (kernels/cuda/conv_graph_host.c), on the CPU: problems described from views (NCHW and
  * channels-last strides, groups, bias), their errors, pointer alignment, the engine filter,
- * the choice of the fastest timed plan, the bounded plan cache, and the layout check that
- * both cuDNN paths (and the im2col fallback) start from (na_conv_layout_of). The cuDNN calls themselves
- * need a GPU: scripts/gpu-switch-check runs the parity suites with NANOAMP_CUDNN_GRAPH=1.
+ * the choice of the fastest timed plan, the bounded plan cache, the conv + GenStats kind
+ * (conv2d_stats: its sums and the rules that keep cuDNN from being asked what it documents no
+ * engine for), and the layout check that both cuDNN paths (and the im2col fallback) start
+ * from (na_conv_layout_of). The cuDNN calls themselves need a GPU: scripts/gpu-switch-check
+ * runs the parity suites with NANOAMP_CUDNN_GRAPH=1 and NANOAMP_CONV_BN_STATS=1.
  */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -51,7 +53,7 @@ static na_conv_geom geom(void) {
 /* na_cg_problem_init with TF32, determinism and autotuning off */
 static int plain_init(na_cg_problem *p, na_cg_kind kind, const na_conv_geom *g, const na_view *x,
                       const na_view *w, const na_view *y, const na_view *bias, const char *who) {
-    return na_cg_problem_init(p, kind, g, x, w, y, bias, false, false, false, who);
+    return na_cg_problem_init(p, kind, g, x, w, y, bias, NULL, NULL, false, false, false, who);
 }
 
 static void expect_tensor(const na_cg_tensor *t, const int64_t dim[4], const int64_t str[4]) {
@@ -67,7 +69,8 @@ Test(conv_graph, nchw_problem_takes_the_geometry_and_the_strides) {
     na_conv_geom g = geom();
     GEOM_VIEWS(NA_DTYPE_F16);
     na_cg_problem p;
-    cr_assert_eq(na_cg_problem_init(&p, NA_CG_FWD, &g, &x, &w, &y, NULL, false, true, false, "t"),
+    cr_assert_eq(na_cg_problem_init(&p, NA_CG_FWD, &g, &x, &w, &y, NULL, NULL, NULL, false, true,
+                                    false, "t"),
                  NA_OK, "%s", na_last_error());
     expect_tensor(&p.t[NA_CG_X], (int64_t[]){2, 4, 5, 7}, (int64_t[]){140, 35, 7, 1});
     expect_tensor(&p.t[NA_CG_W], (int64_t[]){6, 2, 3, 3}, (int64_t[]){18, 9, 3, 1});
@@ -106,8 +109,8 @@ Test(conv_graph, unset_stride_and_dilation_mean_1_and_groups_0_means_1) {
     na_view w = view4(NA_DTYPE_F32, 4, 4, 3, 3, NULL, 0);
     na_view y = view4(NA_DTYPE_F32, 2, 4, 5, 7, NULL, 0);
     na_cg_problem p;
-    cr_assert_eq(na_cg_problem_init(&p, NA_CG_BWD_FILTER, &g, &x, &w, &y, NULL, true, false,
-                                    true, "t"), NA_OK, "%s", na_last_error());
+    cr_assert_eq(na_cg_problem_init(&p, NA_CG_BWD_FILTER, &g, &x, &w, &y, NULL, NULL, NULL, true,
+                                    false, true, "t"), NA_OK, "%s", na_last_error());
     cr_expect(p.stride[0] == 1 && p.stride[1] == 1 && p.dilation[0] == 1 && p.dilation[1] == 1);
     cr_expect_eq(p.t[NA_CG_W].dim[1], 4, "one group: the filter sees every input channel");
     cr_expect_eq(p.tf32, 1, "f32 keeps the TF32 setting");
@@ -123,7 +126,8 @@ Test(conv_graph, tf32_is_part_of_the_key_for_f32_only) {
         na_view y = view4(dt, 2, 6, 3, 4, NULL, 0);
         cr_assert_eq(plain_init(&a, NA_CG_FWD, &g, &x, &w, &y, NULL, "t"), NA_OK);
         cr_assert_eq(
-            na_cg_problem_init(&b, NA_CG_FWD, &g, &x, &w, &y, NULL, true, false, false, "t"),
+            na_cg_problem_init(&b, NA_CG_FWD, &g, &x, &w, &y, NULL, NULL, NULL, true, false, false,
+                               "t"),
             NA_OK);
         if (half)
             cr_expect_eq(memcmp(&a, &b, sizeof a), 0, "f16 has no TF32: one plan serves both");
@@ -177,6 +181,135 @@ Test(conv_graph, bias_of_k_or_1k11_is_described_as_1k11) {
     cr_expect_eq(plain_init(&p0, NA_CG_FWD_BIAS_RELU, &g, &x, &w, &y, &b0, "t"), NA_ESHAPE);
     cr_expect(strstr(na_last_error(), "[6] or [1, 6, 1, 1]"), "%s", na_last_error());
     cr_expect_eq(plain_init(&p0, NA_CG_FWD_BIAS_RELU, &g, &x, &w, &y, NULL, "t"), NA_EINVAL);
+}
+
+/* ---- conv + GenStats (conv2d_stats): the sums, their checks and the not-served rules ---- */
+
+/* an f32 [n] view over buf (+ `at` bytes) with stride `st` */
+static na_view view1(na_dtype dt, int64_t n, int64_t st, size_t at) {
+    na_view v;
+    memset(&v, 0, sizeof v);
+    v.dtype = dt;
+    v.device = NA_DEVICE_CUDA;
+    v.ndim = 1;
+    v.shape[0] = n, v.stride[0] = st, v.numel = n;
+    v.data = buf + at;
+    return v;
+}
+
+/* geom()'s x, w, y channels-last (w KRSC) in dtype dt */
+#define GEOM_VIEWS_NHWC(dt)                                                                \
+    na_view xl = view4(dt, 2, 4, 5, 7, (int64_t[]){140, 1, 28, 4}, 0),                    \
+            wl = view4(dt, 6, 2, 3, 3, (int64_t[]){18, 1, 6, 2}, 0),                      \
+            yl = view4(dt, 2, 6, 3, 4, (int64_t[]){72, 1, 24, 6}, 0)
+
+static int stats_init(na_cg_problem *p, const na_view *x, const na_view *w, const na_view *y,
+                      const na_view *sum, const na_view *sqsum) {
+    na_conv_geom g = geom();
+    return na_cg_problem_init(p, NA_CG_FWD_STATS, &g, x, w, y, NULL, sum, sqsum, false, false,
+                              false, "conv2d_stats");
+}
+
+Test(conv_graph, stats_problem_has_the_sums_in_ys_layout_and_its_own_key) {
+    GEOM_VIEWS_NHWC(NA_DTYPE_F16);
+    na_view sum = view1(NA_DTYPE_F32, 6, 1, 64), sq = view1(NA_DTYPE_F32, 6, 1, 128);
+    na_cg_problem p, plain;
+    cr_assert_eq(stats_init(&p, &xl, &wl, &yl, &sum, &sq), NA_OK, "%s", na_last_error());
+    cr_expect_eq(p.kind, NA_CG_FWD_STATS);
+    expect_tensor(&p.t[NA_CG_SUM], (int64_t[]){1, 6, 1, 1}, (int64_t[]){6, 1, 6, 6});
+    expect_tensor(&p.t[NA_CG_SQSUM], (int64_t[]){1, 6, 1, 1}, (int64_t[]){6, 1, 6, 6});
+    cr_expect_eq(p.t[NA_CG_BIAS].dim[1], 0, "no bias in the stats kind");
+    na_conv_geom g = geom();
+    cr_assert_eq(plain_init(&plain, NA_CG_FWD, &g, &xl, &wl, &yl, NULL, "t"), NA_OK);
+    cr_expect_eq(plain.t[NA_CG_SUM].dim[1], 0, "no sums outside the stats kind");
+    cr_expect_neq(memcmp(&p, &plain, sizeof p), 0, "conv + GenStats: not the plain forward's plan");
+    /* [1, K, 1, 1] sums and an NCHW y: the unit dims take NCHW's strides */
+    GEOM_VIEWS(NA_DTYPE_F32);
+    na_view sum4 = view4(NA_DTYPE_F32, 1, 6, 1, 1, NULL, 64);
+    cr_assert_eq(stats_init(&p, &x, &w, &y, &sum4, &sq), NA_OK, "%s", na_last_error());
+    expect_tensor(&p.t[NA_CG_SUM], (int64_t[]){1, 6, 1, 1}, (int64_t[]){6, 1, 1, 1});
+}
+
+Test(conv_graph, stats_problem_refuses_bad_sums_with_a_message) {
+    GEOM_VIEWS_NHWC(NA_DTYPE_F16);
+    na_view sum = view1(NA_DTYPE_F32, 6, 1, 64), sq = view1(NA_DTYPE_F32, 6, 1, 128);
+    na_view bad = view1(NA_DTYPE_F32, 5, 1, 64);
+    na_cg_problem p;
+    cr_expect_eq(stats_init(&p, &xl, &wl, &yl, &bad, &sq), NA_ESHAPE);
+    cr_expect(strstr(na_last_error(), "conv2d_stats") &&
+              strstr(na_last_error(), "sum must be [6] or [1, 6, 1, 1]"), "%s", na_last_error());
+    cr_expect_eq(p.kind, 0, "a refused problem is left zeroed");
+    bad = view1(NA_DTYPE_F16, 6, 1, 128);
+    cr_expect_eq(stats_init(&p, &xl, &wl, &yl, &sum, &bad), NA_EDTYPE);
+    cr_expect(strstr(na_last_error(), "sqsum is f16, the sums are f32"), "%s", na_last_error());
+    bad = view4(NA_DTYPE_F32, 1, 6, 2, 1, NULL, 64);
+    cr_expect_eq(stats_init(&p, &xl, &wl, &yl, &sum, &bad), NA_ESHAPE, "[1, 6, 2, 1] is no vector");
+    cr_expect_eq(stats_init(&p, &xl, &wl, &yl, NULL, &sq), NA_EINVAL);
+    cr_expect(strstr(na_last_error(), "no sum"), "%s", na_last_error());
+}
+
+Test(conv_graph, stats_rules_turn_away_what_cudnn_documents_no_engine_for) {
+    na_view sum = view1(NA_DTYPE_F32, 6, 1, 64), sq = view1(NA_DTYPE_F32, 6, 1, 128);
+    na_cg_problem p;
+    {
+        GEOM_VIEWS_NHWC(NA_DTYPE_F16);
+        cr_assert_eq(stats_init(&p, &xl, &wl, &yl, &sum, &sq), NA_OK, "%s", na_last_error());
+        cr_expect_null(na_cg_stats_rejects(&p, 9), "f16 channels-last: ConvBNfprop's pattern");
+        cr_expect_null(na_cg_stats_rejects(&p, 7), "f16 GenStats predates Ampere");
+        xl.data = buf + 8; /* 8-byte aligned */
+        cr_assert_eq(stats_init(&p, &xl, &wl, &yl, &sum, &sq), NA_OK);
+        const char *why = na_cg_stats_rejects(&p, 9);
+        cr_expect(why && strstr(why, "16-byte"), "%s", why ? why : "(null)");
+        na_view sum2 = view1(NA_DTYPE_F32, 6, 2, 64);
+        xl.data = buf;
+        cr_assert_eq(stats_init(&p, &xl, &wl, &yl, &sum2, &sq), NA_OK);
+        why = na_cg_stats_rejects(&p, 9);
+        cr_expect(why && strstr(why, "packed sums"), "%s", why ? why : "(null)");
+    }
+    {
+        GEOM_VIEWS_NHWC(NA_DTYPE_F32);
+        xl.data = buf + 8;
+        cr_assert_eq(stats_init(&p, &xl, &wl, &yl, &sum, &sq), NA_OK);
+        cr_expect_null(na_cg_stats_rejects(&p, 8), "f32 from Ampere on (no alignment rule)");
+        const char *why = na_cg_stats_rejects(&p, 7);
+        cr_expect(why && strstr(why, "8.0"), "%s", why ? why : "(null)");
+    }
+    {
+        GEOM_VIEWS_NHWC(NA_DTYPE_BF16);
+        cr_assert_eq(stats_init(&p, &xl, &wl, &yl, &sum, &sq), NA_OK);
+        const char *why = na_cg_stats_rejects(&p, 9);
+        cr_expect(why && strstr(why, "f16 or f32"), "%s", why ? why : "(null)");
+    }
+    {
+        GEOM_VIEWS(NA_DTYPE_F16); /* NCHW */
+        cr_assert_eq(stats_init(&p, &x, &w, &y, &sum, &sq), NA_OK);
+        const char *why = na_cg_stats_rejects(&p, 9);
+        cr_expect(why && strstr(why, "NHWC"), "%s", why ? why : "(null)");
+        GEOM_VIEWS_NHWC(NA_DTYPE_F16);
+        cr_assert_eq(stats_init(&p, &xl, &w, &yl, &sum, &sq), NA_OK); /* a KCRS filter */
+        cr_expect_not_null(na_cg_stats_rejects(&p, 9), "w must be KRSC as well");
+        cr_assert_eq(stats_init(&p, &xl, &wl, &yl, &sum, &sq), NA_OK);
+        cr_expect_null(na_cg_stats_rejects(&p, 9));
+        na_conv_geom g = geom();
+        cr_assert_eq(plain_init(&p, NA_CG_FWD, &g, &x, &w, &y, NULL, "t"), NA_OK);
+        cr_expect_null(na_cg_stats_rejects(&p, 9), "the rules are the stats kind's only");
+    }
+}
+
+Test(conv_graph, stats_problem_string_names_the_kind_and_the_sums) {
+    GEOM_VIEWS_NHWC(NA_DTYPE_F16);
+    na_view sum = view1(NA_DTYPE_F32, 6, 1, 64), sq = view1(NA_DTYPE_F32, 6, 1, 128);
+    na_cg_problem p;
+    cr_assert_eq(stats_init(&p, &xl, &wl, &yl, &sum, &sq), NA_OK);
+    char s[640];
+    na_cg_problem_str(&p, s, sizeof s);
+    cr_expect(strstr(s, "forward+stats f16 x [2, 4, 5, 7]"), "%s", s);
+    cr_expect(strstr(s, " sum [1, 6, 1, 1] str [6, 1, 6, 6] sqsum [1, 6, 1, 1]"), "%s", s);
+    cr_expect(strstr(s, "stride 2x2 pad 1x1 dil 1x1") && !strstr(s, "bias"), "%s", s);
+    na_conv_geom g = geom();
+    cr_assert_eq(plain_init(&p, NA_CG_FWD, &g, &xl, &wl, &yl, NULL, "t"), NA_OK);
+    na_cg_problem_str(&p, s, sizeof s);
+    cr_expect(!strstr(s, "sum") && strstr(s, "stride 2x2"), "the plain forward has no sums: %s", s);
 }
 
 Test(conv_graph, views_that_do_not_match_are_refused_with_the_shapes) {

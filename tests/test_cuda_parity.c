@@ -37,6 +37,7 @@
 
 #include "backend.h"
 #include "common/half.h"
+#include "cuda/conv_graph.h"    /* na_conv_layout_strides (host code, in every build) */
 #include "cuda/cuda_internal.h" /* declarations only; called under NA_HAVE_CUDA */
 #include "nanoamp/autograd.h"
 #include "nanoamp/cuda.h"
@@ -1457,6 +1458,152 @@ Test(cuda_kernels, batch_norm) {
                 rt_free(sm);
                 rt_free(si);
             }
+}
+
+/* ---- conv2d_stats and batch_norm_finalize: a training BatchNorm's statistics from sums -----
+ * conv2d_stats may decline a problem (*done = false: cuDNN has no conv + GenStats engine for
+ * it); such a row is logged as "not served" and checks nothing more. */
+
+/* Both sides of a 4-d rt take the channels-last strides of its shape (x, y: [C*H*W, 1, W*C, C];
+ * a filter: KRSC). Its bytes stay as they are: random inputs stay random, outputs are
+ * compared in memory order. */
+static void rt_channels_last(rt *t) {
+    na_conv_layout_strides(NA_CONV_NHWC, t->c.shape, t->c.stride);
+    na_conv_layout_strides(NA_CONV_NHWC, t->g.shape, t->g.stride);
+}
+
+/* Per output channel k of the CPU's y (a 4-d view of either layout): scale[k] = the sum of |y|
+ * (sq: of y^2), the size a channel's sum (sum of squares) is compared against. */
+static double *channel_scale(const rt *y, bool sq) {
+    const na_view *v = &y->c;
+    double *vals = rt_values(v), *scale = calloc((size_t)v->shape[1], sizeof *scale);
+    cr_assert_not_null(scale);
+    for (int64_t n = 0; n < v->shape[0]; n++)
+        for (int64_t k = 0; k < v->shape[1]; k++)
+            for (int64_t h = 0; h < v->shape[2]; h++)
+                for (int64_t w = 0; w < v->shape[3]; w++) {
+                    double e = vals[n * v->stride[0] + k * v->stride[1] + h * v->stride[2] +
+                                    w * v->stride[3]];
+                    scale[k] += sq ? e * e : fabs(e);
+                }
+    free(vals);
+    return scale;
+}
+
+/* |device - cpu| <= tol * scale[k] for each channel k of a per-channel sum */
+static void expect_sums_close(const rt *t, const double *scale, double tol, const char *label) {
+    double *a = rt_values(&t->g), *b = rt_values(&t->c);
+    for (int64_t k = 0; k < t->c.numel; k++)
+        cr_assert(fabs(a[k] - b[k]) <= tol * scale[k] + 1e-30, CTX "%s: channel %" PRId64
+                  ": %.9g on the device, %.9g on the CPU (allowed %.3g: %.3g of %.6g)", CTXA,
+                  label, k, a[k], b[k], tol * scale[k], tol, scale[k]);
+    free(a);
+    free(b);
+}
+
+/* the last row: ResNet-9's 64 -> 128 3x3 pad 1 convolution (at 16x16, batch 4) */
+static const conv_case stats_cases[] = {
+    {2, 3, 9, 11, 4, 3, 1, 1, 1, 1, false},
+    {3, 8, 5, 5, 16, 1, 1, 0, 1, 1, false},
+    {2, 16, 12, 12, 32, 3, 2, 1, 1, 1, false},
+    {2, 8, 7, 7, 8, 3, 1, 1, 1, 2, false},
+    {4, 64, 16, 16, 128, 3, 1, 1, 1, 1, false},
+};
+#define N_STATS_CASES (int)(sizeof stats_cases / sizeof stats_cases[0])
+
+Test(cuda_kernels, conv2d_stats, .timeout = 300) {
+    REQUIRE_CUDA();
+    int served = 0, not_served = 0;
+    for (int nhwc = 0; nhwc < 2; nhwc++)
+        for (int d = 0; d < N_FLOAT_DTYPES; d++)
+            for (int i = 0; i < N_STATS_CASES; i++) {
+                na_dtype dt = float_dtypes[d];
+                const conv_case *k = &stats_cases[i];
+                na_conv_geom g = geom_of(k);
+                what("conv2d_stats %s case %d (%" PRId64 " -> %" PRId64 ", k%d s%d p%d g%d)%s",
+                     na_dtype_name(dt), i, g.c_in, g.c_out, k->k, k->stride, k->pad, k->groups,
+                     nhwc ? " channels-last" : "");
+                rt *x = RTR(dt, -1, 1, g.n, g.c_in, g.h, g.w);
+                rt *w = RTR(dt, -0.5, 0.5, g.c_out, g.c_in / g.groups, g.kh, g.kw);
+                rt *y = RT(dt, NULL, g.n, g.c_out, g.oh, g.ow);
+                rt *sum = RT(NA_DTYPE_F32, NULL, g.c_out), *sq = RT(NA_DTYPE_F32, NULL, g.c_out);
+                if (nhwc) {
+                    rt_channels_last(x);
+                    rt_channels_last(w);
+                    rt_channels_last(y);
+                }
+                bool done[2] = {false, false};
+                BOTH(be->conv2d_stats(&g, T(x), T(w), NULL, T(y), T(sum), T(sq), &done[side]));
+                cr_assert(done[0], CTX "the CPU always computes conv2d_stats", CTXA);
+                if (done[1]) {
+                    served++;
+                    rt_cmp(y, tol_of(dt), "conv2d_stats y");
+                    double *s1 = channel_scale(y, false), *s2 = channel_scale(y, true);
+                    double tol = tf32_tol(dt, tol_of(dt));
+                    expect_sums_close(sum, s1, tol, "conv2d_stats sum (of sum |y|)");
+                    expect_sums_close(sq, s2, tol, "conv2d_stats sqsum (of sum y^2)");
+                    free(s1);
+                    free(s2);
+                } else {
+                    not_served++;
+                    cr_log_info(CTX "not served", CTXA);
+                }
+                rt_free(x);
+                rt_free(w);
+                rt_free(y);
+                rt_free(sum);
+                rt_free(sq);
+            }
+    cr_log_info("conv2d_stats: %d rows served, %d not served (conv2d and BatchNorm apart)", served,
+                not_served);
+}
+
+/* batch_norm_finalize from sums of `count` values with known means and variances, with and
+ * without running statistics; count 1 takes the running variance's m == 1 branch. */
+Test(cuda_kernels, batch_norm_finalize) {
+    REQUIRE_CUDA();
+    static const int64_t cs[] = {1, 7, 33, 1000}, counts[] = {1, 2048};
+    static const na_dtype dts[] = {NA_DTYPE_F32, NA_DTYPE_F64};
+    for (int d = 0; d < 2; d++)
+        for (int i = 0; i < 4; i++)
+            for (int j = 0; j < 2; j++)
+                for (int running = 0; running < 2; running++) {
+                    na_dtype dt = dts[d];
+                    int64_t c = cs[i], m = counts[j];
+                    what("batch_norm_finalize %s c %" PRId64 " count %" PRId64 " running %d",
+                         na_dtype_name(dt), c, m, running);
+                    double *mean = rand_vals(c, -1, 1), *var = rand_vals(c, 0.1, 2);
+                    double *sv = malloc((size_t)c * sizeof *sv);
+                    double *qv = malloc((size_t)c * sizeof *qv);
+                    cr_assert(sv && qv);
+                    for (int64_t k = 0; k < c; k++) {
+                        sv[k] = (double)m * mean[k];
+                        qv[k] = (double)m * (var[k] + mean[k] * mean[k]);
+                    }
+                    rt *sum = RT(dt, sv, c), *sq = RT(dt, qv, c);
+                    rt *rm = RTR(dt, -0.5, 0.5, c), *rv = RTR(dt, 0.5, 2, c);
+                    rt *smean = RT(dt, NULL, c), *svar = RT(dt, NULL, c), *sinv = RT(dt, NULL, c);
+                    BOTH(be->batch_norm_finalize(T(sum), T(sq), m, running ? T(rm) : NULL,
+                                                 running ? T(rv) : NULL, T(smean), T(svar),
+                                                 T(sinv), c, 0.1, 1e-5));
+                    double ptol = dt == NA_DTYPE_F64 ? 1e-12 : 1e-5;
+                    rt_cmp(smean, ptol, "save_mean");
+                    rt_cmp(svar, ptol, "save_var");
+                    rt_cmp(sinv, ptol, "save_invstd");
+                    rt_cmp(rm, ptol, "running_mean");
+                    rt_cmp(rv, ptol, "running_var");
+                    free(mean);
+                    free(var);
+                    free(sv);
+                    free(qv);
+                    rt_free(sum);
+                    rt_free(sq);
+                    rt_free(rm);
+                    rt_free(rv);
+                    rt_free(smean);
+                    rt_free(svar);
+                    rt_free(sinv);
+                }
 }
 
 /* ---- the switchable CUDA paths, called directly (kernels/cuda/cuda_internal.h) ----------

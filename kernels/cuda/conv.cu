@@ -19,6 +19,8 @@
  * Workspaces come from the backend's scratch buffer.
  * NANOAMP_CUDNN_GRAPH=1: f32/f16/bf16 convolutions go through cuDNN's graph API first
  * (conv_graph.cu, its own plan cache); a problem it does not serve comes back here.
+ * conv2d_stats (y and its per-channel sums) runs only through the graph API (conv + GenStats,
+ * whatever NANOAMP_CUDNN_GRAPH says) or not at all (*done = false).
  *
  * Without cuDNN, when cuDNN offers no algorithm, or with NANOAMP_CONV_IM2COL=1 (for tests):
  * im2col + gemm. Per group and per chunk of images, the patches of x are unfolded into a
@@ -672,13 +674,22 @@ int na_cuda_conv2d(const na_conv_geom *g, const na_view *x, const na_view *w,
     return NA_OK;
 }
 
-/* Not fused on this backend yet: the caller runs conv2d and its BatchNorm apart. */
+/* conv2d with each output channel's sum and sum of squares from the same cuDNN graph (conv +
+ * GenStats, conv_graph.cu): bias NULL, f32/f16/bf16, either layout as conv2d (the graph path
+ * turns away what cuDNN documents no engine for: na_cg_stats_rejects). f32 follows the graph
+ * path's math rules (strict f32 unless TF32 is on). *done = false otherwise, or under
+ * NANOAMP_CONV_IM2COL=1 (no cuDNN): the caller runs conv2d and its BatchNorm apart. */
 int na_cuda_conv2d_stats(const na_conv_geom *g, const na_view *x, const na_view *w,
                          const na_view *bias, na_view *y, na_view *sum, na_view *sqsum,
                          bool *done) {
-    (void)g, (void)x, (void)w, (void)bias, (void)y, (void)sum, (void)sqsum;
     *done = false;
-    return NA_OK;
+    na_dtype dt = x->dtype;
+    if (bias || (dt != NA_DTYPE_F32 && dt != NA_DTYPE_F16 && dt != NA_DTYPE_BF16)) return NA_OK;
+    conv_dims d = conv_dims(); /* zeroed: gcc does not follow NA_TRY's early return */
+    NA_TRY(conv_problem(g, NA_CG_FWD_STATS, x, w, y, dt, "conv2d_stats", &d));
+    if (d.n * d.cout * d.ohw == 0 || d.K == 0 || na_cuda_env_is("NANOAMP_CONV_IM2COL", NULL))
+        return NA_OK;
+    return na_cuda_conv_graph_stats(g, x, w, y, sum, sqsum, done);
 }
 
 int na_cuda_conv2d_backward_data(const na_conv_geom *g, const na_view *gy, const na_view *w,

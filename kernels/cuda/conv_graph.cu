@@ -12,8 +12,10 @@
  * A build failure whose status is of cuDNN's BAD_PARAM or NOT_SUPPORTED kind, or no engine
  * left after the filter, sends the problem to the legacy path for good (the reason printed
  * under NANOAMP_CUDNN_GRAPH_VERBOSE=1); any other failure is an error naming the call and
- * the problem. Needs cuDNN 9 (the graph API's v9 names); with an older cuDNN or none, the
- * graph path serves nothing.
+ * the problem. The conv + GenStats kind (conv2d_stats) has no legacy path: its problems are
+ * "not served" (the caller runs conv2d and a BatchNorm), also when na_cg_stats_rejects says
+ * cuDNN documents no engine for them (then nothing is asked of cuDNN). Needs cuDNN 9 (the
+ * graph API's v9 names); with an older cuDNN or none, the graph path serves nothing.
  */
 #include <stdio.h>
 
@@ -90,13 +92,13 @@ static void cg_destroy(cg_desc *d, cg_status *s) {
 
 /* A cached plan with everything it was made from: the graph's tensors, operations and
  * operation graph, the chosen engine configuration and the execution plan. */
-#define CG_PARTS 16 /* the fused graph has 13 */
+#define CG_PARTS 16 /* the bias+relu graph has 13 */
 struct cg_plan {
     cg_desc part[CG_PARTS];
     int n_part;
     cg_desc cfg, plan;
     int64_t workspace, engine;
-    int n_uids;
+    int n_uids, slot[NA_CG_TENSORS]; /* the graph's non-virtual tensors (NA_CG_X, ...) */
 };
 
 static void cg_plan_free(cg_plan *pl, cg_status *s) {
@@ -114,11 +116,25 @@ static cudnnDataType_t cg_type(int64_t dt) {
                               : dt == NA_DTYPE_BF16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
 }
 
-enum { CG_UID_X = 'x', CG_UID_W = 'w', CG_UID_Y = 'y', CG_UID_BIAS = 'b', CG_UID_V1 = 1001,
-       CG_UID_V2 = 1002 };
+/* the unique id of each tensor slot (NA_CG_X, ...), and of the virtual tensors */
+static const int64_t cg_uid[NA_CG_TENSORS] = {'x', 'w', 'y', 'b', 's', 'q'};
+enum { CG_UID_V1 = 1001, CG_UID_V2 = 1002 };
+
+/* Graphs of more than a convolution: runtime-compiled engines are allowed for them */
+static bool cg_fused(int64_t kind) {
+    return kind == NA_CG_FWD_BIAS_RELU || kind == NA_CG_FWD_STATS;
+}
+
+/* What the caller does with a problem the graph path does not serve: conv2d_stats has no
+ * legacy path (conv2d and a BatchNorm run instead) */
+static const char *cg_fallback(int64_t kind) {
+    return kind == NA_CG_FWD_STATS ? "not served" : "legacy path";
+}
 
 static cg_desc cg_tensor(cg_status *s, cg_plan *pl, const na_cg_tensor *t, cudnnDataType_t dt,
                          int64_t uid, bool is_virtual) {
+    for (int i = 0; i < NA_CG_TENSORS && !is_virtual; i++)
+        if (cg_uid[i] == uid) pl->slot[pl->n_uids++] = i;
     cg_desc *d = cg_part(pl);
     cg_create(s, CUDNN_BACKEND_TENSOR_DESCRIPTOR, d, "tensor");
     CG_SET(s, *d, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &dt);
@@ -177,14 +193,30 @@ static const cg_conv_op cg_conv_ops[3] = {
      CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA},
 };
 
+/* A GenStats operation: the f32 sum and sum of squares of y per channel, in f32 math. */
+static cg_desc cg_gen_stats(cg_status *s, cg_plan *pl, const na_cg_problem *p, cg_desc y) {
+    const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
+    const cudnnGenStatsMode_t mode = CUDNN_GENSTATS_SUM_SQSUM;
+    cg_desc sum = cg_tensor(s, pl, &p->t[NA_CG_SUM], f32, cg_uid[NA_CG_SUM], false);
+    cg_desc sqsum = cg_tensor(s, pl, &p->t[NA_CG_SQSUM], f32, cg_uid[NA_CG_SQSUM], false);
+    cg_desc *op = cg_part(pl);
+    cg_create(s, CUDNN_BACKEND_OPERATION_GEN_STATS_DESCRIPTOR, op, "GenStats operation");
+    CG_SET(s, *op, CUDNN_ATTR_OPERATION_GENSTATS_MODE, CUDNN_TYPE_GENSTATS_MODE, 1, &mode);
+    CG_SET(s, *op, CUDNN_ATTR_OPERATION_GENSTATS_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &f32);
+    CG_SET(s, *op, CUDNN_ATTR_OPERATION_GENSTATS_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y);
+    CG_SET(s, *op, CUDNN_ATTR_OPERATION_GENSTATS_SUMDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &sum);
+    CG_SET(s, *op, CUDNN_ATTR_OPERATION_GENSTATS_SQSUMDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &sqsum);
+    cg_finalize(s, *op, "GenStats operation");
+    return *op;
+}
+
 /* The operation graph of problem p into pl->part (its last part). */
 static void cg_build_graph(cg_status *s, cg_plan *pl, const na_cg_problem *p, cudnnHandle_t h) {
     const cudnnDataType_t dt = cg_type(p->dtype), f32 = CUDNN_DATA_FLOAT;
     const bool fused = p->kind == NA_CG_FWD_BIAS_RELU;
-    cg_desc x = cg_tensor(s, pl, &p->t[NA_CG_X], dt, CG_UID_X, false);
-    cg_desc w = cg_tensor(s, pl, &p->t[NA_CG_W], dt, CG_UID_W, false);
-    cg_desc y = cg_tensor(s, pl, &p->t[NA_CG_Y], dt, CG_UID_Y, false);
-    pl->n_uids = fused ? 4 : 3;
+    cg_desc x = cg_tensor(s, pl, &p->t[NA_CG_X], dt, cg_uid[NA_CG_X], false);
+    cg_desc w = cg_tensor(s, pl, &p->t[NA_CG_W], dt, cg_uid[NA_CG_W], false);
+    cg_desc y = cg_tensor(s, pl, &p->t[NA_CG_Y], dt, cg_uid[NA_CG_Y], false);
 
     cg_desc *conv = cg_part(pl);
     const int64_t spatial = 2;
@@ -202,7 +234,7 @@ static void cg_build_graph(cg_status *s, cg_plan *pl, const na_cg_problem *p, cu
     /* fused: the convolution writes a virtual f32 tensor shaped (and strided) as y, the bias
      * is added into another, ReLU writes y */
     cg_desc out = fused ? cg_tensor(s, pl, &p->t[NA_CG_Y], f32, CG_UID_V1, true) : y;
-    const cg_conv_op *k = &cg_conv_ops[fused ? 0 : p->kind];
+    const cg_conv_op *k = &cg_conv_ops[cg_fused(p->kind) ? 0 : p->kind];
     const float one = 1.0f, zero = 0.0f;
     cg_desc *op = cg_part(pl);
     cg_create(s, k->type, op, k->name);
@@ -216,11 +248,13 @@ static void cg_build_graph(cg_status *s, cg_plan *pl, const na_cg_problem *p, cu
     cg_desc ops[3] = {*op};
     int n_ops = 1;
     if (fused) {
-        cg_desc b = cg_tensor(s, pl, &p->t[NA_CG_BIAS], dt, CG_UID_BIAS, false);
+        cg_desc b = cg_tensor(s, pl, &p->t[NA_CG_BIAS], dt, cg_uid[NA_CG_BIAS], false);
         cg_desc sum = cg_tensor(s, pl, &p->t[NA_CG_Y], f32, CG_UID_V2, true);
         ops[n_ops++] = cg_pointwise(s, pl, CUDNN_POINTWISE_ADD, out, b, sum);
         ops[n_ops++] = cg_pointwise(s, pl, CUDNN_POINTWISE_RELU_FWD, sum, NULL, y);
     }
+    if (p->kind == NA_CG_FWD_STATS) /* GenStats reads y (non-virtual: y is an output too) */
+        ops[n_ops++] = cg_gen_stats(s, pl, p, y);
     cg_desc *graph = cg_part(pl);
     cg_create(s, CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, graph, "operation graph");
     CG_SET(s, *graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, n_ops, ops);
@@ -278,7 +312,6 @@ static void cg_candidates(cg_status *s, const na_cg_problem *p, cg_desc graph, c
         cg_create(s, CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, &cfgs[i], "engine configuration");
     int64_t got = 0;
     CG_GET(s, heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &got, cfgs);
-    const bool fused = p->kind == NA_CG_FWD_BIAS_RELU;
     for (int64_t i = 0; i < got && i < count && !s->st && *n_cand < want; i++) {
         cg_status es = {};
         cg_desc engine = NULL, plan = NULL;
@@ -290,7 +323,7 @@ static void cg_candidates(cg_status *s, const na_cg_problem *p, cg_desc graph, c
         cg_destroy(&engine, &es);
         const char *no = es.st ? NULL
                                : na_cg_engine_rejects(notes, (na_dtype)p->dtype, p->tf32,
-                                                      p->deterministic, fused);
+                                                      p->deterministic, cg_fused(p->kind));
         if (!es.st && !no) {
             cg_create(&es, CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &plan, "execution plan");
             CG_SET(&es, plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &h);
@@ -321,14 +354,17 @@ static void cg_candidates(cg_status *s, const na_cg_problem *p, cg_desc graph, c
     cg_destroy(&heur, s);
 }
 
-/* Runs a plan on the problem's buffers (ptrs in unique-id order) and a workspace. */
-static cudnnStatus_t cg_execute(cudnnHandle_t h, cg_desc plan, int n_uids, void *const *ptrs,
-                                void *workspace, cg_status *s) {
-    static const int64_t uids[4] = {CG_UID_X, CG_UID_W, CG_UID_Y, CG_UID_BIAS};
+/* Runs a plan of pl's graph on the problem's buffers (ptrs[NA_CG_X...], by tensor slot) and
+ * a workspace. */
+static cudnnStatus_t cg_execute(cudnnHandle_t h, const cg_plan *pl, cg_desc plan,
+                                void *const *ptrs, void *workspace, cg_status *s) {
+    int64_t uids[NA_CG_TENSORS];
+    void *data[NA_CG_TENSORS];
+    for (int i = 0; i < pl->n_uids; i++) uids[i] = cg_uid[pl->slot[i]], data[i] = ptrs[pl->slot[i]];
     cg_desc vp = NULL;
     cg_create(s, CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &vp, "variant pack");
-    CG_SET(s, vp, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, n_uids, uids);
-    CG_SET(s, vp, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, n_uids, ptrs);
+    CG_SET(s, vp, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, pl->n_uids, uids);
+    CG_SET(s, vp, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, pl->n_uids, data);
     CG_SET(s, vp, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace);
     cg_finalize(s, vp, "variant pack");
     if (!s->st) cg_note(s, cudnnBackendExecute(h, plan, vp), "cudnnBackendExecute", "plan");
@@ -338,8 +374,8 @@ static cudnnStatus_t cg_execute(cudnnHandle_t h, cg_desc plan, int n_uids, void 
 
 /* The fastest candidate by CUDA events (each run once untimed, then 3 times timed). Runs that
  * fail as unsupported count as not timed. Synchronizes once per candidate. */
-static int cg_time(cudnnHandle_t h, cg_candidate *cand, int n, int n_uids, void *const *ptrs,
-                   const na_cg_problem *p, int *best) {
+static int cg_time(cudnnHandle_t h, cg_candidate *cand, int n, const cg_plan *pl,
+                   void *const *ptrs, const na_cg_problem *p, int *best) {
     int64_t ws = 0;
     for (int i = 0; i < n; i++) ws = cand[i].workspace > ws ? cand[i].workspace : ws;
     void *scratch = ws ? na_cuda_scratch((size_t)ws) : NULL;
@@ -352,7 +388,7 @@ static int cg_time(cudnnHandle_t h, cg_candidate *cand, int n, int n_uids, void 
     for (int i = 0; i < n && ce == cudaSuccess && rc == NA_OK; i++) {
         cg_status s = {};
         ms[i] = -1;
-        if (cg_execute(h, cand[i].plan, n_uids, ptrs, scratch, &s)) {
+        if (cg_execute(h, pl, cand[i].plan, ptrs, scratch, &s)) {
             if (!cg_unsupported(s.st)) rc = NA_ECUDA;
             if (rc < 0) {
                 char d[512];
@@ -364,7 +400,7 @@ static int cg_time(cudnnHandle_t h, cg_candidate *cand, int n, int n_uids, void 
         }
         ce = cudaEventRecord(ev[0], na_cuda_ctx.stream);
         for (int r = 0; r < 3 && ce == cudaSuccess && !s.st; r++)
-            cg_execute(h, cand[i].plan, n_uids, ptrs, scratch, &s);
+            cg_execute(h, pl, cand[i].plan, ptrs, scratch, &s);
         if (ce == cudaSuccess) ce = cudaEventRecord(ev[1], na_cuda_ctx.stream);
         if (ce == cudaSuccess) ce = cudaEventSynchronize(ev[1]);
         na_cuda_ctx.sync_count++;
@@ -391,13 +427,18 @@ static int cg_time(cudnnHandle_t h, cg_candidate *cand, int n, int n_uids, void 
 static na_cg_cache cg_cache;
 
 /* Makes the plan of a new problem into *out (NULL, with the reason in why, when the graph
- * path cannot serve it). ptrs: the call's buffers, for timing. */
+ * path cannot serve it). ptrs: the call's buffers by tensor slot, for timing. */
 static int cg_plan_make(const na_cg_problem *p, void *const *ptrs, cg_plan **out, char *why,
                         size_t why_n) {
     *out = NULL;
     snprintf(why, why_n, "no engine configuration from the heuristics");
     cudnnHandle_t h;
     NA_TRY(na_cuda_dnn(&h));
+    const char *no = na_cg_stats_rejects(p, na_cuda_ctx.major);
+    if (no) { /* documented as unserved: not asked of cuDNN */
+        snprintf(why, why_n, "%s", no);
+        return NA_OK;
+    }
     if (p->autotune)
         NA_TRY(na_cuda_capture_forbids("conv2d graph", "a new convolution is autotuned "
                                        "(NANOAMP_CUDNN_FIND=1: run warm-up steps before capture)"));
@@ -424,7 +465,7 @@ static int cg_plan_make(const na_cg_problem *p, void *const *ptrs, cg_plan **out
                           na_cg_problem_str(p, d, sizeof d), s.call, cudnnGetErrorString(s.st));
     else if (s.st)
         snprintf(why, why_n, "%s: %s", s.call, cudnnGetErrorString(s.st));
-    if (rc == NA_OK && !s.st && n > 1) rc = cg_time(h, cand, n, pl->n_uids, ptrs, p, &best);
+    if (rc == NA_OK && !s.st && n > 1) rc = cg_time(h, cand, n, pl, ptrs, p, &best);
     if (rc == NA_OK && !s.st && n > 0 && best >= 0) {
         pl->cfg = cand[best].cfg;
         pl->plan = cand[best].plan;
@@ -481,28 +522,34 @@ static int cg_lookup(const na_cg_problem *p, void *const *ptrs, cg_plan **out) {
                     na_cg_problem_str(p, d, sizeof d), (long long)pl->engine,
                     (long long)pl->workspace);
         else
-            fprintf(stderr, "nanoamp: conv graph: legacy path: %s -- %s\n",
+            fprintf(stderr, "nanoamp: conv graph: %s: %s -- %s\n", cg_fallback(p->kind),
                     na_cg_problem_str(p, d, sizeof d), why);
     }
     *out = pl;
     return NA_OK;
 }
 
+#define CG_DATA(v) ((v) ? (v)->data : NULL)
+
 static int cg_run(na_cg_kind kind, const na_conv_geom *g, const na_view *x, const na_view *w,
-                  const na_view *y, const na_view *bias, bool *done) {
+                  const na_view *y, const na_view *bias, const na_view *sum, const na_view *sqsum,
+                  bool *done) {
     static const char *const who[NA_CG_KINDS] = {"conv2d", "conv2d_backward_data",
-                                                 "conv2d_backward_weight", "conv2d_bias_relu"};
+                                                 "conv2d_backward_weight", "conv2d_bias_relu",
+                                                 "conv2d_stats"};
     *done = false;
     na_dtype dt = x->dtype;
     if (dt != NA_DTYPE_F32 && dt != NA_DTYPE_F16 && dt != NA_DTYPE_BF16) return NA_OK;
     na_cg_problem p;
-    if (na_cg_problem_init(&p, kind, g, x, w, y, bias, na_cuda_ctx.tf32,
+    if (na_cg_problem_init(&p, kind, g, x, w, y, bias, sum, sqsum, na_cuda_ctx.tf32,
                            na_cuda_deterministic(), na_cuda_cudnn_find(), who[kind]) < 0) {
-        if (cg_verbose()) fprintf(stderr, "nanoamp: conv graph: legacy path: -- %s\n", na_last_error());
+        if (cg_verbose())
+            fprintf(stderr, "nanoamp: conv graph: %s: -- %s\n", cg_fallback(kind), na_last_error());
         na_clear_error(); /* the views are not describable here: the legacy path serves them */
         return NA_OK;
     }
-    void *ptrs[4] = {x->data, w->data, y->data, bias ? bias->data : NULL};
+    void *ptrs[NA_CG_TENSORS] = {x->data, w->data, y->data, CG_DATA(bias), CG_DATA(sum),
+                                 CG_DATA(sqsum)};
     cg_plan *pl = NULL;
     NA_TRY(cg_lookup(&p, ptrs, &pl));
     if (!pl) return NA_OK;
@@ -510,8 +557,13 @@ static int cg_run(na_cg_kind kind, const na_conv_geom *g, const na_view *x, cons
     if (pl->workspace && !(ws = na_cuda_scratch((size_t)pl->workspace))) return na_last_status();
     cudnnHandle_t h;
     NA_TRY(na_cuda_dnn(&h));
+    if (kind == NA_CG_FWD_STATS) { /* packed f32 [K] (na_cg_stats_rejects) */
+        size_t bytes = (size_t)g->c_out * sizeof(float);
+        NA_CUDA_CHECK(cudaMemsetAsync(sum->data, 0, bytes, na_cuda_ctx.stream));
+        NA_CUDA_CHECK(cudaMemsetAsync(sqsum->data, 0, bytes, na_cuda_ctx.stream));
+    }
     cg_status s = {};
-    if (cg_execute(h, pl->plan, pl->n_uids, ptrs, ws, &s) == CUDNN_STATUS_SUCCESS) {
+    if (cg_execute(h, pl, pl->plan, ptrs, ws, &s) == CUDNN_STATUS_SUCCESS) {
         *done = true;
         return NA_OK;
     }
@@ -522,7 +574,7 @@ static int cg_run(na_cg_kind kind, const na_conv_geom *g, const na_view *x, cons
     /* the plan refuses these buffers: the legacy path serves the problem from now on */
     na_cg_entry *e = na_cg_cache_find(&cg_cache, &p);
     if (cg_verbose())
-        fprintf(stderr, "nanoamp: conv graph: legacy path: %s -- %s failed: %s\n",
+        fprintf(stderr, "nanoamp: conv graph: %s: %s -- %s failed: %s\n", cg_fallback(kind),
                 na_cg_problem_str(&p, d, sizeof d), s.call, cudnnGetErrorString(s.st));
     cg_status cs = {};
     cg_plan_free(pl, &cs);
@@ -535,18 +587,24 @@ static int cg_run(na_cg_kind kind, const na_conv_geom *g, const na_view *x, cons
 
 extern "C" int na_cuda_conv_graph_run(na_cg_kind kind, const na_conv_geom *g, const na_view *x,
                                       const na_view *w, const na_view *y, bool *done) {
-    if (kind == NA_CG_FWD_BIAS_RELU) {
+    if (cg_fused(kind)) {
         *done = false;
-        return na_set_error(NA_EINVAL, "na_cuda_conv_graph_run: the fused kind takes a bias "
-                            "(na_cuda_conv_graph_bias_relu)");
+        return na_set_error(NA_EINVAL, "na_cuda_conv_graph_run: the fused kinds take more tensors "
+                            "(na_cuda_conv_graph_bias_relu, na_cuda_conv_graph_stats)");
     }
-    return cg_run(kind, g, x, w, y, NULL, done);
+    return cg_run(kind, g, x, w, y, NULL, NULL, NULL, done);
 }
 
 extern "C" int na_cuda_conv_graph_bias_relu(const na_conv_geom *g, const na_view *x,
                                             const na_view *w, const na_view *bias,
                                             const na_view *y, bool *done) {
-    return cg_run(NA_CG_FWD_BIAS_RELU, g, x, w, y, bias, done);
+    return cg_run(NA_CG_FWD_BIAS_RELU, g, x, w, y, bias, NULL, NULL, done);
+}
+
+extern "C" int na_cuda_conv_graph_stats(const na_conv_geom *g, const na_view *x,
+                                        const na_view *w, const na_view *y, const na_view *sum,
+                                        const na_view *sqsum, bool *done) {
+    return cg_run(NA_CG_FWD_STATS, g, x, w, y, NULL, sum, sqsum, done);
 }
 
 extern "C" int na_cuda_conv_graph_release(void) {
@@ -570,6 +628,12 @@ extern "C" int na_cuda_conv_graph_run(na_cg_kind, const na_conv_geom *, const na
 extern "C" int na_cuda_conv_graph_bias_relu(const na_conv_geom *, const na_view *,
                                             const na_view *, const na_view *, const na_view *,
                                             bool *done) {
+    *done = false;
+    return NA_OK;
+}
+extern "C" int na_cuda_conv_graph_stats(const na_conv_geom *, const na_view *, const na_view *,
+                                        const na_view *, const na_view *, const na_view *,
+                                        bool *done) {
     *done = false;
     return NA_OK;
 }

@@ -34,22 +34,25 @@
 extern "C" {
 #endif
 
-/* What a graph computes. FWD_BIAS_RELU: y = relu(conv(x, w) + bias), one graph. */
+/* What a graph computes. FWD_BIAS_RELU: y = relu(conv(x, w) + bias), one graph. FWD_STATS:
+ * y = conv(x, w) and a GenStats operation on y: per output channel k, sum[k] and sqsum[k] of y
+ * over N, OH, OW (f32), for the training BatchNorm that follows (conv2d_stats). */
 typedef enum {
     NA_CG_FWD,
     NA_CG_BWD_DATA,
     NA_CG_BWD_FILTER,
     NA_CG_FWD_BIAS_RELU,
+    NA_CG_FWD_STATS,
     NA_CG_KINDS
 } na_cg_kind;
 
 /* The tensors of a graph, in unique-id order: x (the input; gx for backward data), w (the
  * filter; gw for backward weight), y (the output; gy for the backward kinds), bias ([1, K,
- * 1, 1]; FWD_BIAS_RELU only). */
-enum { NA_CG_X, NA_CG_W, NA_CG_Y, NA_CG_BIAS, NA_CG_TENSORS };
+ * 1, 1]; FWD_BIAS_RELU only), sum and sqsum ([1, K, 1, 1] f32; FWD_STATS only). */
+enum { NA_CG_X, NA_CG_W, NA_CG_Y, NA_CG_BIAS, NA_CG_SUM, NA_CG_SQSUM, NA_CG_TENSORS };
 
 typedef struct {
-    int64_t dim[4];    /* x, y: N, C, H, W; w: K, C/groups, R, S; bias: 1, K, 1, 1 */
+    int64_t dim[4];    /* x, y: N, C, H, W; w: K, C/groups, R, S; bias, sums: 1, K, 1, 1 */
     int64_t stride[4]; /* the view's strides in elements, in the order of dim */
     int64_t align;     /* bytes the data pointer is aligned to: 2, 4, 8 or 16 */
 } na_cg_tensor;
@@ -60,18 +63,20 @@ typedef struct {
     int64_t kind;  /* na_cg_kind */
     int64_t dtype; /* na_dtype of every tensor */
     int64_t tf32, deterministic, autotune;
-    na_cg_tensor t[NA_CG_TENSORS]; /* t[NA_CG_BIAS] all zero unless FWD_BIAS_RELU */
+    na_cg_tensor t[NA_CG_TENSORS]; /* bias / sums all zero outside their kinds */
     int64_t pad[2], stride[2], dilation[2];
 } na_cg_problem;
 
 /* Describes a problem from the geometry and the views (x, w, y as above; bias only for
- * FWD_BIAS_RELU, else NULL). The views must be 4-d with the geometry's shapes, one float dtype
- * (f32, f16, bf16: f64 is the legacy path's), strides >= 1. NA_OK, or NA_EDTYPE / NA_ESHAPE /
- * NA_EINVAL with a message naming `who` and the shapes. */
+ * FWD_BIAS_RELU, sum and sqsum only for FWD_STATS, else NULL). x, w, y must be 4-d with the
+ * geometry's shapes, one float dtype (f32, f16, bf16: f64 is the legacy path's), strides >= 1;
+ * bias (x's dtype) and the sums (f32) [K] or [1, K, 1, 1] with a positive stride, described as
+ * [1, K, 1, 1] whose unit dims take strides as in y's layout. NA_OK, or NA_EDTYPE / NA_ESHAPE
+ * / NA_EINVAL with a message naming `who` and the shapes. */
 int na_cg_problem_init(na_cg_problem *p, na_cg_kind kind, const na_conv_geom *g,
                        const na_view *x, const na_view *w, const na_view *y,
-                       const na_view *bias, bool tf32, bool deterministic, bool autotune,
-                       const char *who);
+                       const na_view *bias, const na_view *sum, const na_view *sqsum,
+                       bool tf32, bool deterministic, bool autotune, const char *who);
 
 /* "forward f16 x [8, 3, 32, 32] str [3072, 1024, 32, 1] w [...] y [...] stride 1x1 pad 1x1
  * dil 1x1" into buf (truncated to n bytes); returns buf. */
@@ -97,9 +102,17 @@ enum {
  * above the f32 parity tolerance, as on the legacy path) and, unless `tf32`, no tensor-core
  * engine (on f32 data that is TF32: strict f32 is the default); runtime-compiled engines only
  * when `allow_runtime_compiled` (seconds of NVRTC in the warm-up for a plain convolution,
- * which precompiled engines serve; fused graphs may need them). */
+ * which precompiled engines serve; the fused graphs (bias+relu, stats) may need them). */
 const char *na_cg_engine_rejects(unsigned notes, na_dtype dt, bool tf32, bool deterministic,
                                  bool allow_runtime_compiled);
+
+/* NULL when cuDNN may serve a FWD_STATS problem on a GPU of compute capability cc_major.x,
+ * else why not: what cuDNN documents for GenStats (the runtime fusion engines' constraints,
+ * and the ConvBNfprop pattern's, whose partial form conv + GenStats is ours) and so is not
+ * even tried. x f16, or f32 from compute capability 8.0 (no bf16); x, y NHWC and w KRSC fully
+ * packed (channels-last; size-1 dims aside); the sums packed; f16 pointers 16-byte aligned.
+ * Other kinds: NULL. */
+const char *na_cg_stats_rejects(const na_cg_problem *p, int cc_major);
 
 /* Most plans timed per problem under NANOAMP_CUDNN_FIND=1, and most engine configurations
  * asked of each heuristic mode. */
@@ -158,7 +171,9 @@ bool na_cuda_conv_graph_enabled(void);
 /* Runs one convolution (kind FWD, BWD_DATA or BWD_FILTER: x, w, y as above, the written one
  * being y, x or w) through its cached plan, making the plan on the first call. *done = false
  * when the graph path does not serve the problem (the caller takes the legacy path). NA_OK or
- * a negative status (a cuDNN / CUDA failure, naming the call and the problem). */
+ * a negative status (a cuDNN / CUDA failure, naming the call and the problem). A problem that
+ * gets no plan is cached as such; NANOAMP_CUDNN_GRAPH_VERBOSE=1 prints it once ("conv graph:
+ * legacy path: PROBLEM -- REASON"), as it prints each plan ("conv graph: plan: PROBLEM: ..."). */
 int na_cuda_conv_graph_run(na_cg_kind kind, const na_conv_geom *g, const na_view *x,
                            const na_view *w, const na_view *y, bool *done);
 
@@ -168,6 +183,17 @@ int na_cuda_conv_graph_run(na_cg_kind kind, const na_conv_geom *g, const na_view
  * the op keeps as y. */
 int na_cuda_conv_graph_bias_relu(const na_conv_geom *g, const na_view *x, const na_view *w,
                                  const na_view *bias, const na_view *y, bool *done);
+
+/* y = conv(x, w) with sum[k] and sqsum[k] of y per output channel (FWD_STATS; sums f32 [K]
+ * or [1, K, 1, 1]), for conv2d_stats: not behind NANOAMP_CUDNN_GRAPH (the front-end asks only
+ * under NANOAMP_CONV_BN_STATS). The sums are zeroed on the stream before the graph runs (cheap,
+ * and right whether GenStats writes or accumulates). *done = false when no plan exists for the
+ * problem (na_cg_stats_rejects, or none that cuDNN builds): cached, printed once under
+ * NANOAMP_CUDNN_GRAPH_VERBOSE=1 as "conv graph: not served: PROBLEM -- REASON"; y is then
+ * unwritten (the sums may have been zeroed). */
+int na_cuda_conv_graph_stats(const na_conv_geom *g, const na_view *x, const na_view *w,
+                             const na_view *y, const na_view *sum, const na_view *sqsum,
+                             bool *done);
 
 /* Frees every cached plan (at exit, from na_cuda_conv_cache_release). */
 int na_cuda_conv_graph_release(void);

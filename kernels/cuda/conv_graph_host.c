@@ -12,7 +12,8 @@
 #include "nanoamp/error.h"
 
 static const char *const kind_names[NA_CG_KINDS] = {"forward", "backward data",
-                                                    "backward weight", "forward+bias+relu"};
+                                                    "backward weight", "forward+bias+relu",
+                                                    "forward+stats"};
 
 static int64_t at_least_1(int v) { return v > 0 ? v : 1; }
 
@@ -52,23 +53,24 @@ static int tensor_of(na_cg_tensor *t, const na_view *v, const int64_t want[4], n
     return NA_OK;
 }
 
-/* bias: [K] or [1, K, 1, 1], described as [1, K, 1, 1] whose unit dims have the strides they
- * would have in y's layout (NCHW y: [K, 1, 1, 1]; channels-last y: [K, 1, K, K]), as cuDNN's
- * pointwise operations expect operands of one layout */
-static int bias_of(na_cg_tensor *t, const na_view *b, const na_cg_tensor *y, int64_t k,
-                   na_dtype dt, const char *who) {
-    if (!b || !b->data) return na_set_error(NA_EINVAL, "%s: conv graph: no bias", who);
+/* A per-channel vector (bias, sum, sqsum: `name`) of dtype dt: [K] or [1, K, 1, 1], described
+ * as [1, K, 1, 1] whose unit dims have the strides they would have in y's layout (NCHW y: [K,
+ * 1, 1, 1]; channels-last y: [K, 1, K, K]), as cuDNN's pointwise and GenStats operations
+ * expect operands of one layout. `dt_is` says whose dtype it must have ("x is f16"). */
+static int channel_vector_of(na_cg_tensor *t, const na_view *b, const na_cg_tensor *y, int64_t k,
+                             na_dtype dt, const char *dt_is, const char *who, const char *name) {
+    if (!b || !b->data) return na_set_error(NA_EINVAL, "%s: conv graph: no %s", who, name);
     if (b->dtype != dt)
-        return na_set_error(NA_EDTYPE, "%s: conv graph: bias is %s, x is %s", who,
-                            na_dtype_name(b->dtype), na_dtype_name(dt));
+        return na_set_error(NA_EDTYPE, "%s: conv graph: %s is %s, %s", who, name,
+                            na_dtype_name(b->dtype), dt_is);
     int cdim = b->ndim == 1 ? 0 : 1;
     bool ok = b->ndim == 1 ? b->shape[0] == k
                            : b->ndim == 4 && b->shape[0] == 1 && b->shape[1] == k &&
                                  b->shape[2] == 1 && b->shape[3] == 1;
     if (!ok || b->stride[cdim] < 1)
-        return na_set_error(NA_ESHAPE, "%s: conv graph: bias must be [%lld] or [1, %lld, 1, 1] "
+        return na_set_error(NA_ESHAPE, "%s: conv graph: %s must be [%lld] or [1, %lld, 1, 1] "
                             "with a positive stride (it has %d dims, %lld elements)",
-                            who, (long long)k, (long long)k, b->ndim, (long long)b->numel);
+                            who, name, (long long)k, (long long)k, b->ndim, (long long)b->numel);
     int64_t s = b->stride[cdim];
     for (int i = 0; i < 4; i++) {
         t->dim[i] = i == 1 ? k : 1;
@@ -80,8 +82,8 @@ static int bias_of(na_cg_tensor *t, const na_view *b, const na_cg_tensor *y, int
 
 int na_cg_problem_init(na_cg_problem *p, na_cg_kind kind, const na_conv_geom *g,
                        const na_view *x, const na_view *w, const na_view *y,
-                       const na_view *bias, bool tf32, bool deterministic, bool autotune,
-                       const char *who) {
+                       const na_view *bias, const na_view *sum, const na_view *sqsum,
+                       bool tf32, bool deterministic, bool autotune, const char *who) {
     memset(p, 0, sizeof *p);
     if ((int)kind < 0 || kind >= NA_CG_KINDS)
         return na_set_error(NA_EINVAL, "%s: conv graph: kind %d is not one of the %d kinds", who,
@@ -109,8 +111,17 @@ int na_cg_problem_init(na_cg_problem *p, na_cg_kind kind, const na_conv_geom *g,
     if (rc == NA_OK)
         rc = tensor_of(&p->t[NA_CG_Y], y, ys, dt, who,
                        kind == NA_CG_BWD_DATA || kind == NA_CG_BWD_FILTER ? "gy" : "y");
+    char x_is[24];
+    snprintf(x_is, sizeof x_is, "x is %s", na_dtype_name(dt));
+    const na_cg_tensor *yt = &p->t[NA_CG_Y];
     if (rc == NA_OK && kind == NA_CG_FWD_BIAS_RELU)
-        rc = bias_of(&p->t[NA_CG_BIAS], bias, &p->t[NA_CG_Y], g->c_out, dt, who);
+        rc = channel_vector_of(&p->t[NA_CG_BIAS], bias, yt, g->c_out, dt, x_is, who, "bias");
+    if (rc == NA_OK && kind == NA_CG_FWD_STATS)
+        rc = channel_vector_of(&p->t[NA_CG_SUM], sum, yt, g->c_out, NA_DTYPE_F32,
+                               "the sums are f32", who, "sum");
+    if (rc == NA_OK && kind == NA_CG_FWD_STATS)
+        rc = channel_vector_of(&p->t[NA_CG_SQSUM], sqsum, yt, g->c_out, NA_DTYPE_F32,
+                               "the sums are f32", who, "sqsum");
     if (rc < 0) {
         memset(p, 0, sizeof *p);
         return rc;
@@ -167,7 +178,7 @@ int na_conv_layout_of(na_cg_kind kind, const na_view *x, const na_view *w, const
 }
 
 const char *na_cg_problem_str(const na_cg_problem *p, char *buf, size_t n) {
-    static const char *const names[NA_CG_TENSORS] = {"x", "w", "y", "bias"};
+    static const char *const names[NA_CG_TENSORS] = {"x", "w", "y", "bias", "sum", "sqsum"};
     if (!n) return buf;
     size_t at = 0;
     int k = (int)p->kind;
@@ -175,7 +186,9 @@ const char *na_cg_problem_str(const na_cg_problem *p, char *buf, size_t n) {
                            na_dtype_name((na_dtype)p->dtype), p->tf32 ? " (tf32)" : "");
     for (int i = 0; i < NA_CG_TENSORS && at < n; i++) {
         const na_cg_tensor *t = &p->t[i];
-        if (i == NA_CG_BIAS && p->kind != NA_CG_FWD_BIAS_RELU) break;
+        if ((i == NA_CG_BIAS && p->kind != NA_CG_FWD_BIAS_RELU) ||
+            (i >= NA_CG_SUM && p->kind != NA_CG_FWD_STATS))
+            continue;
         at += (size_t)snprintf(buf + at, n - at, " %s [%lld, %lld, %lld, %lld] str [%lld, %lld, "
                                "%lld, %lld]", names[i], (long long)t->dim[0], (long long)t->dim[1],
                                (long long)t->dim[2], (long long)t->dim[3], (long long)t->stride[0],
@@ -201,6 +214,33 @@ const char *na_cg_engine_rejects(unsigned notes, na_dtype dt, bool tf32, bool de
         return "tensor cores on f32 are TF32 (strict f32: NANOAMP_TF32 is off)";
     if (!allow_runtime_compiled && (notes & NA_CG_NOTE_RUNTIME_COMPILED))
         return "runtime-compiled (NVRTC in the warm-up)";
+    return NULL;
+}
+
+/* t is dense in `layout` (strides of size-1 dims ignored), as has_layout for a view */
+static bool tensor_has_layout(const na_cg_tensor *t, na_conv_layout layout) {
+    int64_t want[4];
+    na_conv_layout_strides(layout, t->dim, want);
+    for (int i = 0; i < 4; i++)
+        if (t->dim[i] != 1 && t->stride[i] != want[i]) return false;
+    return true;
+}
+
+const char *na_cg_stats_rejects(const na_cg_problem *p, int cc_major) {
+    if (p->kind != NA_CG_FWD_STATS) return NULL;
+    if (p->dtype != NA_DTYPE_F16 && p->dtype != NA_DTYPE_F32)
+        return "GenStats reads f16 or f32 only";
+    if (p->dtype == NA_DTYPE_F32 && cc_major < 8)
+        return "GenStats reads f32 from compute capability 8.0 on";
+    for (int i = NA_CG_X; i <= NA_CG_Y; i++)
+        if (!tensor_has_layout(&p->t[i], NA_CONV_NHWC))
+            return "GenStats wants NHWC fully packed tensors (x, y channels-last, w KRSC)";
+    if (p->t[NA_CG_SUM].stride[1] != 1 || p->t[NA_CG_SQSUM].stride[1] != 1)
+        return "GenStats wants packed sums (stride 1)";
+    if (p->dtype == NA_DTYPE_F16)
+        for (int i = 0; i < NA_CG_TENSORS; i++)
+            if (i != NA_CG_BIAS && p->t[i].align < 16)
+                return "ConvBNfprop wants 16-byte aligned pointers";
     return NULL;
 }
 
