@@ -66,39 +66,13 @@ static __device__ __forceinline__ C bn_gy(const void *gy, int gydt, const void *
     return ry ? g * bn_relu_grad(na_ld<C>(ry, rydt, o)) : g;
 }
 
-/* common/bn_stats.h by the compute type: every CUDA finalize (k_bn_train, k_bn2_finalize,
- * k_bn_finalize) takes invstd and the running statistics from there, as the CPU does */
-template <typename C> struct bn_stats_of;
-template <> struct bn_stats_of<float> {
-    static __device__ void from_sums(float s, float q, int64_t m, float *mean, float *var) {
-        na_bn_from_sums_f(s, q, m, mean, var);
-    }
-    static __device__ float invstd(float var, float eps) { return na_bn_invstd_f(var, eps); }
-    static __device__ float rmean(float r, float mean, float mo) {
-        return na_bn_running_mean_f(r, mean, mo);
-    }
-    static __device__ float rvar(float r, float var, int64_t m, float mo) {
-        return na_bn_running_var_f(r, var, m, mo);
-    }
-};
-template <> struct bn_stats_of<double> {
-    static __device__ void from_sums(double s, double q, int64_t m, double *mean, double *var) {
-        na_bn_from_sums_d(s, q, m, mean, var);
-    }
-    static __device__ double invstd(double var, double eps) { return na_bn_invstd_d(var, eps); }
-    static __device__ double rmean(double r, double mean, double mo) {
-        return na_bn_running_mean_d(r, mean, mo);
-    }
-    static __device__ double rvar(double r, double var, int64_t m, double mo) {
-        return na_bn_running_var_d(r, var, m, mo);
-    }
-};
-
+/* Every CUDA finalize (k_bn_train, k_bn2_finalize, k_bn_finalize) takes invstd and the
+ * running statistics from common/bn_stats.h (its overloads by the compute type C), as the CPU
+ * does. */
 template <typename C>
 __global__ void k_bn_train(const void *x, int xdt, const void *gamma, const void *beta, int pdt,
                            void *rmean, void *rvar, int rdt, void *y, int ydt, void *smean,
                            void *sinvstd, int sdt, bn_geom g, C momentum, C eps, bool relu) {
-    typedef bn_stats_of<C> S;
     __shared__ C sm[32];
     for (int64_t ch = blockIdx.x; ch < g.c; ch += gridDim.x) {
         C s = (C)0;
@@ -112,12 +86,12 @@ __global__ void k_bn_train(const void *x, int xdt, const void *gamma, const void
         }
         q = na_row_reduce(q, na_op_sum(), sm);
         const C var = q / (C)g.m;
-        const C invstd = S::invstd(var, eps);
+        const C invstd = na_bn_invstd(var, eps);
         if (threadIdx.x == 0) {
             if (smean) na_st(smean, sdt, ch, mean);
             if (sinvstd) na_st(sinvstd, sdt, ch, invstd);
-            if (rmean) na_st(rmean, rdt, ch, S::rmean(na_ld<C>(rmean, rdt, ch), mean, momentum));
-            if (rvar) na_st(rvar, rdt, ch, S::rvar(na_ld<C>(rvar, rdt, ch), var, g.m, momentum));
+            if (rmean) na_st(rmean, rdt, ch, na_bn_running_mean(na_ld<C>(rmean, rdt, ch), mean, momentum));
+            if (rvar) na_st(rvar, rdt, ch, na_bn_running_var(na_ld<C>(rvar, rdt, ch), var, g.m, momentum));
         }
         const C scale = invstd * (gamma ? na_ld<C>(gamma, pdt, ch) : (C)1);
         const C shift = beta ? na_ld<C>(beta, pdt, ch) : (C)0;
@@ -257,14 +231,13 @@ __global__ void k_bn_finalize(const void *sum, const void *sqsum, int tdt, int64
                               void *sinvstd, int sdt, int64_t c, C momentum, C eps) {
     int64_t ch = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (ch >= c) return;
-    typedef bn_stats_of<C> S;
     C mean, var;
-    S::from_sums(na_ld<C>(sum, tdt, ch), na_ld<C>(sqsum, tdt, ch), count, &mean, &var);
+    na_bn_from_sums(na_ld<C>(sum, tdt, ch), na_ld<C>(sqsum, tdt, ch), count, &mean, &var);
     na_st(smean, sdt, ch, mean);
     na_st(svar, sdt, ch, var);
-    na_st(sinvstd, sdt, ch, S::invstd(var, eps));
-    if (rmean) na_st(rmean, rdt, ch, S::rmean(na_ld<C>(rmean, rdt, ch), mean, momentum));
-    if (rvar) na_st(rvar, rdt, ch, S::rvar(na_ld<C>(rvar, rdt, ch), var, count, momentum));
+    na_st(sinvstd, sdt, ch, na_bn_invstd(var, eps));
+    if (rmean) na_st(rmean, rdt, ch, na_bn_running_mean(na_ld<C>(rmean, rdt, ch), mean, momentum));
+    if (rvar) na_st(rvar, rdt, ch, na_bn_running_var(na_ld<C>(rvar, rdt, ch), var, count, momentum));
 }
 
 int na_cuda_batch_norm_finalize(const na_view *sum, const na_view *sqsum, int64_t count,
@@ -476,13 +449,12 @@ __global__ void k_bn2_finalize(const typename bn2_ops<C>::W *__restrict__ parts,
     typename bn2_ops<C>::W w =
         bn2_warp_combine<C>(parts + ch * g.tiles, g.tiles, bn2_ops<C>::w_empty());
     if (threadIdx.x != 0) return;
-    typedef bn_stats_of<C> S;
     const C mean = w.mean, var = w.m2 / (C)g.m;
-    const C invstd = S::invstd(var, eps);
+    const C invstd = na_bn_invstd(var, eps);
     if (smean) na_st(smean, sdt, ch, mean);
     if (sinvstd) na_st(sinvstd, sdt, ch, invstd);
-    if (rmean) na_st(rmean, rdt, ch, S::rmean(na_ld<C>(rmean, rdt, ch), mean, momentum));
-    if (rvar) na_st(rvar, rdt, ch, S::rvar(na_ld<C>(rvar, rdt, ch), var, g.m, momentum));
+    if (rmean) na_st(rmean, rdt, ch, na_bn_running_mean(na_ld<C>(rmean, rdt, ch), mean, momentum));
+    if (rvar) na_st(rvar, rdt, ch, na_bn_running_var(na_ld<C>(rvar, rdt, ch), var, g.m, momentum));
     coef[ch * BN2_NCOEF + 0] = mean;
     coef[ch * BN2_NCOEF + 1] = invstd * (gamma ? na_ld<C>(gamma, pdt, ch) : (C)1);
     coef[ch * BN2_NCOEF + 2] = beta ? na_ld<C>(beta, pdt, ch) : (C)0;
