@@ -1,5 +1,8 @@
 /* A training step of the MNIST CNN per amp mode, CUDA against the CPU: the trainers' own step
- * (examples/common/amp_step.c) from the same initialization and batch. In every mode the loss
+ * (examples/common/amp_step.c) from the same initialization and batch. One more case trains a
+ * CNN of bias-free convolutions channels-last in fp16 with its Conv2d + BatchNorm2d pairs
+ * linked (na_module_fuse_conv_bn), the shape the conv + GenStats route serves on CUDA: under
+ * NANOAMP_CONV_BN_STATS=1 (scripts/gpu-switch-check) CUDA takes the route and the CPU not. In every mode the loss
  * before and after one full step (forward, backward, scaler, optimizer) is compared, and the
  * first update of every parameter (see update_tolerance); in f32 the parameters after both
  * steps too. Skips without a GPU; NANOAMP_PARITY_ON_CPU=1 runs it with the CPU standing in for
@@ -53,13 +56,28 @@ static void drop(snapshot *s) {
     for (int i = 0; i < s->n; i++) free(s->v[i]);
 }
 
-static void run(const char *mode, na_device dev, const na_tensor *x_cpu, const na_tensor *y_cpu,
-                run_result *r) {
+/* conv 3x3 (no bias) + BN + ReLU + 2x2 max pool, twice, then a linear layer; linked */
+static na_module *linked_cnn(void) {
+    na_conv2d_opts pad1 = {.padding = {1, 1}};
+    na_pool2d_opts pool2 = {.kernel = {2, 2}};
+    na_module *m = NA_SEQUENTIAL(
+        na_conv2d_new(1, 8, 3, 3, &pad1, false), na_batch_norm2d_new(8, NULL), na_relu_new(),
+        na_max_pool2d_new(&pool2), na_conv2d_new(8, 16, 3, 3, &pad1, false),
+        na_batch_norm2d_new(16, NULL), na_relu_new(), na_max_pool2d_new(&pool2),
+        na_flatten_new(1), na_linear_new(16 * 7 * 7, 10, true));
+    cr_assert(m && na_module_fuse_bn_relu(m) == 2 && na_module_fuse_conv_bn(m) == 2, "%s",
+              na_last_error());
+    return m;
+}
+
+/* linked: linked_cnn() fed channels-last batches, else the MNIST CNN */
+static void run(const char *mode, bool linked, na_device dev, const na_tensor *x_cpu,
+                const na_tensor *y_cpu, run_result *r) {
     trainer_opts o = {.program = "test", .model = "cnn", .lr = 0.05, .momentum = 0.9,
                       .optim = "sgd", .device = dev, .amp = mode,
-                      .quiet = true};
+                      .quiet = true, .channels_last = linked};
     na_manual_seed(3);
-    r->net = model_mnist_cnn();
+    r->net = linked ? linked_cnn() : model_mnist_cnn();
     cr_assert_not_null(r->net, "%s", na_last_error());
     cr_assert_eq(na_module_to(r->net, dev), NA_OK, "%s", na_last_error());
     cr_assert_eq(trainer_amp_setup(&o, r->net, &r->amp), NA_OK, "%s: %s", mode, na_last_error());
@@ -130,8 +148,9 @@ static double update_tolerance(const run_result *low, const run_result *f32, int
     return 2 * update_diff(low, f32, i) + eps * update_diff(low, NULL, i);
 }
 
-/* eps: the mode's compute dtype epsilon (0: f32, parameters compared after every step) */
-static void check_mode(const char *mode, double loss_tol, double eps) {
+/* eps: the mode's compute dtype epsilon (0: f32, parameters compared after every step);
+ * linked: the linked channels-last CNN (run) */
+static void check_mode(const char *mode, bool linked, double loss_tol, double eps) {
     na_manual_seed(11);
     na_tensor *x = na_randn(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(BATCH, 1, 28, 28), 0, 1);
     int32_t labels[BATCH];
@@ -144,8 +163,8 @@ static void check_mode(const char *mode, double loss_tol, double eps) {
     cr_assert_eq(na_copy_(yp, y), NA_OK);
     na_step_end();
     run_result c = {0}, g = {0}, ref = {0};
-    run(mode, NA_DEVICE_CPU, xp, yp, &c);
-    run(mode, other_device(), xp, yp, &g);
+    run(mode, linked, NA_DEVICE_CPU, xp, yp, &c);
+    run(mode, linked, other_device(), xp, yp, &g);
     for (int s = 0; s < STEPS; s++)
         cr_assert(fabs(g.loss[s] - c.loss[s]) <= loss_tol * fabs(c.loss[s]),
                   "%s step %d: loss cuda %.8g, cpu %.8g (tolerance %g relative)", mode, s,
@@ -159,7 +178,7 @@ static void check_mode(const char *mode, double loss_tol, double eps) {
                       mode, c.params.items[i].name, d, loss_tol);
         }
     } else {
-        run("off", NA_DEVICE_CPU, xp, yp, &ref);
+        run("off", linked, NA_DEVICE_CPU, xp, yp, &ref);
         cr_assert_eq(ref.first.n, c.first.n);
         for (int i = 0; i < c.first.n; i++) {
             double d = update_diff(&g, &c, i), tol = update_tolerance(&c, &ref, i, eps);
@@ -181,7 +200,8 @@ static void check_mode(const char *mode, double loss_tol, double eps) {
 /* Losses: f32 differs in summation order only (1e-4 after three steps on the H200); in f16 and
  * bf16 each stored activation's rounding may land on either side: 2e-2 (f16) and 5e-2 (bf16)
  * relative were seen to hold over three steps there. */
-Test(cuda_training, cnn_step_off) { check_mode("off", 1e-4, 0); }
-Test(cuda_training, cnn_step_fp16) { check_mode("fp16", 2e-2, 0x1p-10); }
-Test(cuda_training, cnn_step_bf16) { check_mode("bf16", 5e-2, 0x1p-7); }
-Test(cuda_training, cnn_step_o2) { check_mode("o2", 2e-2, 0x1p-10); }
+Test(cuda_training, cnn_step_off) { check_mode("off", false, 1e-4, 0); }
+Test(cuda_training, cnn_step_fp16) { check_mode("fp16", false, 2e-2, 0x1p-10); }
+Test(cuda_training, cnn_step_bf16) { check_mode("bf16", false, 5e-2, 0x1p-7); }
+Test(cuda_training, cnn_step_o2) { check_mode("o2", false, 2e-2, 0x1p-10); }
+Test(cuda_training, linked_channels_last_step_fp16) { check_mode("fp16", true, 2e-2, 0x1p-10); }
