@@ -30,6 +30,10 @@ check(d["amp_fp16"]["loss_scale"] > 1, "the amp run used a GradScaler")
 print("%d passed, %d failed" % (8 - len(fails), len(fails)))
 sys.exit(1 if fails else 0)
 '
+"$prog" --help | grep -q '^usage:' || { echo "FAIL: --help does not print the usage on stdout"; exit 1; }
+rc=0; "$prog" --steps 2>/dev/null || rc=$?
+[ "$rc" = 2 ] || { echo "FAIL: --steps without a value gave exit $rc, wanted 2"; exit 1; }
+echo "ok   --help exits 0 with the usage, a bad argument 2"
 trace=$("$prog" --steps 1 --amp-trace 2>&1 >/dev/null)
 grep -Eq '^amp: swish +in f16 +rule fp32 +compute f32 +out f32' <<<"$trace" ||
     { echo "FAIL: --amp-trace does not show swish with its rule:"; echo "$trace"; exit 1; }

@@ -18,8 +18,12 @@ d = json.load(sys.stdin)
 print("final loss %.6f, test accuracy %.4f, loss scale %g" % (d["final_loss"], d["test_acc"], d["final_scale"]))')
 echo "mnist-train:   $want"
 [ "$out" = "$want" ] || { echo "FAIL: the open loop and the trainer differ"; echo "0 passed, 1 failed"; exit 1; }
-# a limit that is not a number, or too many arguments: exit 2 with a message, no training
-for bad in "$data abc" "$data 10 10 10"; do
-    if "$minimal" $bad >/dev/null 2>&1; then echo "FAIL: '$bad' accepted"; echo "1 passed, 1 failed"; exit 1; fi
+# a limit that is not a number, too many arguments, or an option (mnist-train's --data): exit 2
+# with a message, no training
+for bad in "$data abc" "$data 10 10 10" "--data $data"; do
+    rc=0; "$minimal" $bad >/dev/null 2>"${TMPDIR:-/tmp}/mnist-minimal.err" || rc=$?
+    if [ "$rc" != 2 ]; then echo "FAIL: '$bad' gave exit $rc, wanted 2"; echo "1 passed, 1 failed"; exit 1; fi
 done
+grep -q "unknown option '--data'" "${TMPDIR:-/tmp}/mnist-minimal.err" ||
+    { echo "FAIL: --data is not named"; cat "${TMPDIR:-/tmp}/mnist-minimal.err"; echo "1 passed, 1 failed"; exit 1; }
 echo "2 passed, 0 failed"

@@ -143,8 +143,12 @@ int main(int argc, char **argv) {
         } else if (!strcmp(argv[i], "--amp-trace")) {
             amp_trace = true;
         } else {
-            fprintf(stderr, "usage: %s [--device cpu|cuda] [--steps N] [--amp-trace]\n", argv[0]);
-            return 2;
+            bool help = !strcmp(argv[i], "--help") || !strcmp(argv[i], "-h");
+            if (!help)
+                fprintf(stderr, "%s: unknown or incomplete argument '%s'\n", argv[0], argv[i]);
+            fprintf(help ? stdout : stderr, "usage: %s [--device cpu|cuda] [--steps N] "
+                    "[--amp-trace]\n", argv[0]);
+            return help ? 0 : 2;
         }
     }
     char gradcheck[256];

@@ -40,7 +40,14 @@ static double accuracy(na_module *net, const na_dataset *ds, const float *mean, 
 
 int main(int argc, char **argv) {
     bool help = argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"));
-    if (help || argc > 4) {
+    /* no options: an option a user brings from mnist-train (--data DIR) is not a directory */
+    int option = 0;
+    for (int i = 1; i < argc && !help && !option; i++)
+        if (argv[i][0] == '-') option = i;
+    if (help || argc > 4 || option) {
+        if (option)
+            fprintf(stderr, "%s: unknown option '%s' (this program takes no options: the data "
+                    "directory is its first argument)\n", argv[0], argv[option]);
         fprintf(help ? stdout : stderr, "usage: %s [DATA_DIR [TRAIN_LIMIT [TEST_LIMIT]]]\n", argv[0]);
         return help ? 0 : 2;
     }
