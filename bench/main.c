@@ -73,11 +73,18 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "info")) return info_main();
     if (!strcmp(cmd, "overhead")) return bench_overhead_main(argc, argv);
     if (!strcmp(cmd, "train")) return bench_train_main(argc, argv);
-    fprintf(stderr, "usage: %s info | overhead [options] | train [options]\n"
-                    "  overhead --device cpu|cuda --ops N --warmup N --repeats N\n"
-                    "  train --model mlp|cnn|resnet9 --device cpu|cuda --amp off|fp16|bf16|o2\n"
-                    "        --batch N --warmup N --repeats N --steps N --threads N\n"
-                    "(bench/run runs them all beside PyTorch; see docs/benchmarks.md)\n",
+    bool help = !strcmp(cmd, "--help") || !strcmp(cmd, "-h");
+    if (!help && *cmd)
+        fprintf(stderr, "%s: unknown command '%s'\n", argv[0], cmd);
+    else if (!help)
+        fprintf(stderr, "%s: no command given\n", argv[0]);
+    fprintf(help ? stdout : stderr,
+            "usage: %s info | overhead [options] | train [options]\n"
+            "  overhead --device cpu|cuda --ops N --warmup N --repeats N\n"
+            "  train --model mlp|cnn|resnet9 --device cpu|cuda --amp off|fp16|bf16|o2\n"
+            "        --batch N --warmup N --repeats N --steps N --threads N [--profile]\n"
+            "        [--cuda-graph] [--channels-last] [--tf32] [--ddp [--allreduce-dtype T]]\n"
+            "(bench/run runs them all beside PyTorch; see docs/benchmarks.md)\n",
             argv[0]);
-    return strcmp(cmd, "--help") && strcmp(cmd, "-h") ? 2 : 0;
+    return help ? 0 : 2;
 }

@@ -33,6 +33,10 @@ check "bench unknown model" run 1 "$bench" train --model nope --warmup 0 --repea
 check "  the JSON names the error" grep -q '"error": ".*unknown model' "$tmp/out"
 check "bench --batch 0" run 2 "$bench" train --batch 0
 check "  message" one_line "--batch expects an integer >= 1"
+check "bench unknown command" run 2 "$bench" --bogus
+check "  message names it" grep -q "unknown command '--bogus'" "$tmp/err"
+check "bench --help" run 0 "$bench" --help
+check "  usage on stdout" grep -q '^usage:' "$tmp/out"
 check "bench --tf32 on the CPU" run 1 "$bench" train --model mlp --tf32 --warmup 0 --repeats 1 --steps 1
 check "  the JSON says it needs CUDA" grep -q '"error": ".*--tf32 .*needs --device cuda' "$tmp/out"
 echo "bench_cli: $passed passed, $failed failed"
