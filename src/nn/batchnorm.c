@@ -68,7 +68,8 @@ static na_tensor *bn_forward(na_module *m, na_tensor *x) {
     if (track && s->cfg.cumulative_average) momentum = 1.0 / ((double)*count + 1.0);
     na_tensor *rm = track ? s->running_mean : NULL, *rv = track ? s->running_var : NULL;
     na_tensor *y;
-    bool offered = offered_y == x && offered_step == na_arena_generation();
+    /* the step first: an offer from an ended step points at freed tensors */
+    bool offered = offered_step == na_arena_generation() && offered_y == x;
     if (m->training && s->impl) { /* the replacement has no fused form: ReLU on its own */
         y = s->impl(s->impl_ctx, x, rm, rv, s->weight, s->bias, true, momentum, s->cfg.eps);
         if (y && s->cfg.fuse_relu) y = na_relu(y);
