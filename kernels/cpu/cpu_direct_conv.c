@@ -514,19 +514,24 @@ int na_cpu_direct_conv2d(const na_conv_geom *g, const na_view *x, const na_view 
     if (!wp) return NA_ENOMEM;
     float *bf = wp + psize;
     const float *wf = na_cpu_view_f(w->dtype, w->data, 0, wsize, bf + g->c_out);
-    /* wp[gi][b][k][i]: output o = b*8 + i of the group, k = (c, ki, kj) over its inputs */
+    /* wp[gi][b][k][i]: output o = b*8 + i of the group, k = (c, ki, kj) over its inputs; one
+     * output at a time, read in its source order with no division per element */
     for (int64_t gi = 0; gi < G; gi++)
-        for (int64_t b = 0; b < s->blocks; b++)
-            for (int64_t k = 0; k < s->K; k++)
-                for (int i = 0; i < DC_MR; i++) {
-                    int64_t o = b * DC_MR + i, c = k / taps, tap = k % taps;
-                    float v = 0.0f;
-                    if (o < s->cout)
-                        v = backward_data
-                                ? wf[((gi * cog + c) * cg + o) * taps + (taps - 1 - tap)]
-                                : wf[((gi * cog + o) * cg + c) * taps + tap];
-                    wp[((gi * s->blocks + b) * s->K + k) * DC_MR + i] = v;
+        for (int64_t o = 0; o < s->blocks * DC_MR; o++) {
+            float *d = wp + ((gi * s->blocks + o / DC_MR) * s->K) * DC_MR + o % DC_MR;
+            if (o >= s->cout) { /* the last block's rows past the group's outputs */
+                for (int64_t k = 0; k < s->K; k++) d[k * DC_MR] = 0.0f;
+            } else if (!backward_data) { /* w[o][c][tap] is k's order already */
+                const float *src = wf + (gi * cog + o) * s->K;
+                for (int64_t k = 0; k < s->K; k++) d[k * DC_MR] = src[k];
+            } else { /* w[c][o] flipped in space: input c of the forward is output o here */
+                for (int64_t c = 0; c < s->cin; c++) {
+                    const float *src = wf + ((gi * cog + c) * cg + o) * taps;
+                    for (int64_t tap = 0; tap < taps; tap++)
+                        d[(c * taps + tap) * DC_MR] = src[taps - 1 - tap];
                 }
+            }
+        }
     j.wp = wp;
     if (bias) {
         na_cpu_load_f(bias->dtype, bias->data, 0, g->c_out, bf);
