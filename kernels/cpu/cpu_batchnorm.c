@@ -428,6 +428,23 @@ int na_cpu_batch_norm_backward(const na_view *x, const na_view *gy, const na_vie
     return NA_OK;
 }
 
+/* channel ch's statistics from its sums over count values, in T (batch_norm_finalize) */
+#define NA_CPU_BN_FINALIZE(T, SFX)                                                          \
+    static void finalize_##SFX(const na_view *sum, const na_view *sqsum, int64_t m, int64_t ch,\
+                               na_view *rm, na_view *rv, na_view *sm, na_view *sv, na_view *si,\
+                               T momentum, T eps) {                                         \
+        T mean, var, r_mean = (T)param(rm, ch, 0), r_var = (T)param(rv, ch, 1);             \
+        na_bn_from_sums_##SFX((T)param(sum, ch, 0), (T)param(sqsum, ch, 0), m, &mean, &var);\
+        set_param(sm, ch, mean);                                                            \
+        set_param(sv, ch, var);                                                             \
+        set_param(si, ch, na_bn_invstd_##SFX(var, eps));                                    \
+        if (rm) set_param(rm, ch, na_bn_running_mean_##SFX(r_mean, mean, momentum));        \
+        if (rv) set_param(rv, ch, na_bn_running_var_##SFX(r_var, var, m, momentum));        \
+    }
+NA_CPU_BN_FINALIZE(float, f)
+NA_CPU_BN_FINALIZE(double, d)
+#undef NA_CPU_BN_FINALIZE
+
 int na_cpu_batch_norm_finalize(const na_view *sum, const na_view *sqsum, int64_t count,
                                na_view *running_mean, na_view *running_var, na_view *save_mean,
                                na_view *save_var, na_view *save_invstd, int64_t c,
@@ -445,32 +462,12 @@ int na_cpu_batch_norm_finalize(const na_view *sum, const na_view *sqsum, int64_t
                             "%lld)", fn, (long long)count, (long long)c, (long long)sum->numel,
                             (long long)sqsum->numel);
     for (int64_t ch = 0; ch < c; ch++) {
-        if (sum->dtype == NA_DTYPE_F64) {
-            double mean, var;
-            na_bn_from_sums_d(param(sum, ch, 0), param(sqsum, ch, 0), count, &mean, &var);
-            set_param(save_mean, ch, mean);
-            set_param(save_var, ch, var);
-            set_param(save_invstd, ch, na_bn_invstd_d(var, eps));
-            if (running_mean)
-                set_param(running_mean, ch,
-                          na_bn_running_mean_d(param(running_mean, ch, 0), mean, momentum));
-            if (running_var)
-                set_param(running_var, ch,
-                          na_bn_running_var_d(param(running_var, ch, 1), var, count, momentum));
-        } else {
-            float mean, var, m = (float)momentum;
-            na_bn_from_sums_f((float)param(sum, ch, 0), (float)param(sqsum, ch, 0), count, &mean,
-                              &var);
-            set_param(save_mean, ch, mean);
-            set_param(save_var, ch, var);
-            set_param(save_invstd, ch, na_bn_invstd_f(var, (float)eps));
-            if (running_mean)
-                set_param(running_mean, ch,
-                          na_bn_running_mean_f((float)param(running_mean, ch, 0), mean, m));
-            if (running_var)
-                set_param(running_var, ch,
-                          na_bn_running_var_f((float)param(running_var, ch, 1), var, count, m));
-        }
+        if (sum->dtype == NA_DTYPE_F64)
+            finalize_d(sum, sqsum, count, ch, running_mean, running_var, save_mean, save_var,
+                       save_invstd, momentum, eps);
+        else
+            finalize_f(sum, sqsum, count, ch, running_mean, running_var, save_mean, save_var,
+                       save_invstd, (float)momentum, (float)eps);
     }
     return NA_OK;
 }
