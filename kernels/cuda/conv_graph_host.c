@@ -142,14 +142,19 @@ void na_conv_layout_strides(na_conv_layout layout, const int64_t dim[4], int64_t
     }
 }
 
-/* v is a 4-d view dense in `layout` (strides of size-1 dims ignored) */
-static bool has_layout(const na_view *v, na_conv_layout layout) {
-    if (v->ndim != 4) return false;
+/* 4 dims and their strides dense in `layout` (strides of size-1 dims ignored) */
+static bool dims_have_layout(const int64_t dim[4], const int64_t stride[4],
+                             na_conv_layout layout) {
     int64_t want[4];
-    na_conv_layout_strides(layout, v->shape, want);
+    na_conv_layout_strides(layout, dim, want);
     for (int i = 0; i < 4; i++)
-        if (v->shape[i] != 1 && v->stride[i] != want[i]) return false;
+        if (dim[i] != 1 && stride[i] != want[i]) return false;
     return true;
+}
+
+/* v is a 4-d view dense in `layout` */
+static bool has_layout(const na_view *v, na_conv_layout layout) {
+    return v->ndim == 4 && dims_have_layout(v->shape, v->stride, layout);
 }
 
 int na_conv_layout_of(na_cg_kind kind, const na_view *x, const na_view *w, const na_view *y,
@@ -217,15 +222,6 @@ const char *na_cg_engine_rejects(unsigned notes, na_dtype dt, bool tf32, bool de
     return NULL;
 }
 
-/* t is dense in `layout` (strides of size-1 dims ignored), as has_layout for a view */
-static bool tensor_has_layout(const na_cg_tensor *t, na_conv_layout layout) {
-    int64_t want[4];
-    na_conv_layout_strides(layout, t->dim, want);
-    for (int i = 0; i < 4; i++)
-        if (t->dim[i] != 1 && t->stride[i] != want[i]) return false;
-    return true;
-}
-
 const char *na_cg_stats_rejects(const na_cg_problem *p, int cc_major) {
     if (p->kind != NA_CG_FWD_STATS) return NULL;
     if (p->dtype != NA_DTYPE_F16 && p->dtype != NA_DTYPE_F32)
@@ -233,7 +229,7 @@ const char *na_cg_stats_rejects(const na_cg_problem *p, int cc_major) {
     if (p->dtype == NA_DTYPE_F32 && cc_major < 8)
         return "GenStats reads f32 from compute capability 8.0 on";
     for (int i = NA_CG_X; i <= NA_CG_Y; i++)
-        if (!tensor_has_layout(&p->t[i], NA_CONV_NHWC))
+        if (!dims_have_layout(p->t[i].dim, p->t[i].stride, NA_CONV_NHWC))
             return "GenStats wants NHWC fully packed tensors (x, y channels-last, w KRSC)";
     if (p->t[NA_CG_SUM].stride[1] != 1 || p->t[NA_CG_SQSUM].stride[1] != 1)
         return "GenStats wants packed sums (stride 1)";
