@@ -22,11 +22,11 @@ static bool env_device_switch(const char *name, const char *unset, na_device dev
  * which read channels in groups of 8; padding the input and the weight with zero channels
  * computes the same output on those kernels. */
 static int64_t conv_channel_padding(const na_conv_geom *g, const na_tensor *x) {
-    /* NANOAMP_CONV_PAD_CHANNELS: on CUDA unless set otherwise */
-    bool device_ok = env_device_switch("NANOAMP_CONV_PAD_CHANNELS", "1", x->device);
     bool half = x->dtype == NA_DTYPE_F16 || x->dtype == NA_DTYPE_BF16;
-    if (!device_ok || !half || g->groups != 1 || g->c_in % 8 == 0 ||
-        na_memory_format_of(x) != NA_FORMAT_CHANNELS_LAST)
+    if (!half || g->groups != 1 || g->c_in % 8 == 0 ||
+        na_memory_format_of(x) != NA_FORMAT_CHANNELS_LAST ||
+        /* NANOAMP_CONV_PAD_CHANNELS, asked last (a getenv): on CUDA unless set otherwise */
+        !env_device_switch("NANOAMP_CONV_PAD_CHANNELS", "1", x->device))
         return 0;
     return 8 - g->c_in % 8;
 }
