@@ -433,6 +433,87 @@ Test(conv_graph, cache_is_bounded_and_evicts_the_least_recently_used) {
     cr_expect_null(e->plan, "a fresh entry has no plan (the legacy path) until one is set");
 }
 
+/* Plans used during a capture are pinned: a live step graph replays them, so a stream of new
+ * problems must evict the others, never these, until the last graph is freed. */
+Test(conv_graph, cache_never_evicts_a_plan_pinned_for_a_step_graph) {
+    static na_cg_cache c;
+    memset(&c, 0, sizeof c);
+    static int plans[3 * NA_CG_CACHE_CAP];
+    void *evicted = NULL;
+    /* problem 0 is the oldest, and pinned (captured); the rest fill the cache */
+    for (int i = 0; i < NA_CG_CACHE_CAP; i++) {
+        na_cg_problem p = problem_n(i);
+        na_cg_entry *e = na_cg_cache_claim(&c, &p, &evicted);
+        cr_assert_not_null(e);
+        e->plan = &plans[i];
+        if (i == 0) na_cg_cache_pin(e);
+    }
+    /* a whole cache's worth of new problems: each evicts an unpinned plan, never plan 0 */
+    for (int i = NA_CG_CACHE_CAP; i < 2 * NA_CG_CACHE_CAP; i++) {
+        na_cg_problem p = problem_n(i);
+        na_cg_entry *e = na_cg_cache_claim(&c, &p, &evicted);
+        cr_assert_not_null(e);
+        cr_expect_neq(evicted, &plans[0], "problem %d evicted the pinned plan", i);
+        cr_expect_not_null(evicted, "problem %d: a full cache evicts an unpinned plan", i);
+        e->plan = &plans[i];
+    }
+    na_cg_problem p0 = problem_n(0);
+    na_cg_entry *e0 = na_cg_cache_find(&c, &p0);
+    cr_assert_not_null(e0, "the pinned problem is still cached");
+    cr_expect_eq(e0->plan, &plans[0]);
+    /* every entry pinned: nothing can be claimed, nothing is evicted */
+    for (int i = 0; i < NA_CG_CACHE_CAP; i++) na_cg_cache_pin(&c.e[i]);
+    na_cg_problem pn = problem_n(2 * NA_CG_CACHE_CAP);
+    evicted = (void *)1;
+    cr_expect_null(na_cg_cache_claim(&c, &pn, &evicted), "a cache of pinned plans has no room");
+    cr_expect_null(evicted);
+    /* the last graph freed: the least recently used may go again (problem 0, found above, is
+     * newer than the problems before the last claims) */
+    na_cg_cache_unpin_all(&c);
+    na_cg_entry *e = na_cg_cache_claim(&c, &pn, &evicted);
+    cr_assert_not_null(e);
+    cr_expect_not_null(evicted);
+    cr_expect_neq(evicted, &plans[0]);
+    for (int i = 0; i < NA_CG_CACHE_CAP; i++) cr_expect(!c.e[i].pinned || &c.e[i] == e);
+}
+
+/* What a failing cuDNN status does (cuDNN 9's values, cudnn_graph.h: kinds of thousands). Any
+ * failure of one engine configuration passes it over, whatever its kind (cudnn-frontend does
+ * so while building plans): an NVRTC compile failure (INTERNAL_ERROR_COMPILATION_FAILED 4001),
+ * INTERNAL_ERROR 4000, EXECUTION_FAILED 5000, SUBLIBRARY_LOADING_FAILED 1008, as BAD_PARAM
+ * 2000 and NOT_SUPPORTED 3000 were. A failing graph or cached plan is never an error either:
+ * the plain path serves the problem (before, only BAD_PARAM and NOT_SUPPORTED did, and the
+ * others failed the convolution, and with it conv2d_stats' forward). */
+Test(conv_graph, every_failing_status_tries_the_next_config_or_the_plain_path) {
+    static const int fails[] = {1001, 1002, 1008, 2000, 2002, 2003, 3000, 3001, 3007, 3010,
+                                4000, 4001, 4003, 4004, 5000, 5001, 5003};
+    cr_expect_eq(na_cg_status_verdict(0, NA_CG_AT_CONFIG), NA_CG_OK);
+    cr_expect_eq(na_cg_status_verdict(0, NA_CG_AT_GRAPH), NA_CG_OK);
+    cr_expect_eq(na_cg_status_verdict(0, NA_CG_AT_RUN), NA_CG_OK);
+    for (size_t i = 0; i < sizeof fails / sizeof fails[0]; i++) {
+        int st = fails[i];
+        cr_expect_eq(na_cg_status_verdict(st, NA_CG_AT_CONFIG), NA_CG_NEXT_CONFIG,
+                     "status %d of one engine configuration: try the next", st);
+        cr_expect_eq(na_cg_status_verdict(st, NA_CG_AT_GRAPH), NA_CG_UNSERVED,
+                     "status %d of the graph: the plain path", st);
+        cr_expect_eq(na_cg_status_verdict(st, NA_CG_AT_RUN), NA_CG_UNSERVED,
+                     "status %d of the cached plan: the plain path", st);
+    }
+}
+
+/* The legacy path's fallback to im2col takes cuDNN 9's whole NOT_SUPPORTED kind (3000-3099),
+ * not only 3000 itself; under cuDNN 8 each status is its own kind (NOT_SUPPORTED was 9). */
+Test(conv_graph, status_kinds_group_cudnn9_sub_codes) {
+    for (int st = 3000; st <= 3014; st++)
+        cr_expect_eq(na_cudnn_status_kind(st, 9), 3000, "status %d is of the NOT_SUPPORTED kind", st);
+    cr_expect_eq(na_cudnn_status_kind(2003, 9), 2000);
+    cr_expect_eq(na_cudnn_status_kind(4001, 9), 4000);
+    cr_expect_eq(na_cudnn_status_kind(0, 9), 0);
+    cr_expect_neq(na_cudnn_status_kind(4000, 9), na_cudnn_status_kind(3000, 9));
+    cr_expect_eq(na_cudnn_status_kind(9, 8), 9, "cuDNN 8: NOT_SUPPORTED is its own kind");
+    cr_expect_neq(na_cudnn_status_kind(8, 8), na_cudnn_status_kind(9, 8));
+}
+
 /* ---- the layout of a convolution's tensors (conv.cu's legacy path and the graph path) ---- */
 Test(conv_graph, layout_strides_of_nchw_and_channels_last) {
     int64_t s[4];

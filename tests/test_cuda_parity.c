@@ -1559,15 +1559,18 @@ Test(cuda_kernels, conv2d_stats, .timeout = 300) {
 }
 
 /* batch_norm_finalize from sums of `count` values with known means and variances, with and
- * without running statistics; count 1 takes the running variance's m == 1 branch. */
+ * without running statistics; count 1 takes the running variance's m == 1 branch. 2^21
+ * channels are more threads than na_grid's cap (32 blocks of 256 per multiprocessor: 1.08 M
+ * on an H200), so the kernel's grid-stride loop must reach the last ones (once: f32, running). */
 Test(cuda_kernels, batch_norm_finalize) {
     REQUIRE_CUDA();
-    static const int64_t cs[] = {1, 7, 33, 1000}, counts[] = {1, 2048};
+    static const int64_t cs[] = {1, 7, 33, 1000, (int64_t)1 << 21}, counts[] = {1, 2048};
     static const na_dtype dts[] = {NA_DTYPE_F32, NA_DTYPE_F64};
     for (int d = 0; d < 2; d++)
-        for (int i = 0; i < 4; i++)
+        for (int i = 0; i < 5; i++)
             for (int j = 0; j < 2; j++)
                 for (int running = 0; running < 2; running++) {
+                    if (i == 4 && (d || !j || !running)) continue;
                     na_dtype dt = dts[d];
                     int64_t c = cs[i], m = counts[j];
                     what("batch_norm_finalize %s c %" PRId64 " count %" PRId64 " running %d",

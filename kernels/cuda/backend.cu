@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "cuda_common.cuh"
+#include "cuda/conv_graph.h"
 
 na_cuda_context na_cuda_ctx;
 
@@ -304,6 +305,7 @@ static void cuda_graph_free(void *graph) {
     (void)cudaStreamSynchronize(na_cuda_ctx.stream); /* a replay may still run */
     cudaGraphExecDestroy((cudaGraphExec_t)graph);
     if (--na_cuda_ctx.graphs_live > 0) return;
+    na_cuda_conv_graph_unpin(); /* no graph replays a cached convolution plan any more */
     for (int i = 0; i < na_cuda_ctx.n_retired; i++) {
         (void)cudaFree(na_cuda_ctx.retired[i].p);
         na_cuda_ctx.bytes_in_use -= na_cuda_ctx.retired[i].bytes;

@@ -224,20 +224,24 @@ int na_cuda_batch_norm_eval(const na_view *x, const na_view *gamma, const na_vie
     return NA_OK;
 }
 
-/* batch_norm_finalize: one thread per channel, the math of common/bn_stats.h */
+/* batch_norm_finalize: a thread per channel, the math of common/bn_stats.h; grid-stride, as
+ * na_grid caps the blocks */
 template <typename C>
 __global__ void k_bn_finalize(const void *sum, const void *sqsum, int tdt, int64_t count,
                               void *rmean, void *rvar, int rdt, void *smean, void *svar,
                               void *sinvstd, int sdt, int64_t c, C momentum, C eps) {
-    int64_t ch = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (ch >= c) return;
-    C mean, var;
-    na_bn_from_sums(na_ld<C>(sum, tdt, ch), na_ld<C>(sqsum, tdt, ch), count, &mean, &var);
-    na_st(smean, sdt, ch, mean);
-    na_st(svar, sdt, ch, var);
-    na_st(sinvstd, sdt, ch, na_bn_invstd(var, eps));
-    if (rmean) na_st(rmean, rdt, ch, na_bn_running_mean(na_ld<C>(rmean, rdt, ch), mean, momentum));
-    if (rvar) na_st(rvar, rdt, ch, na_bn_running_var(na_ld<C>(rvar, rdt, ch), var, count, momentum));
+    NA_GRID_STRIDE(ch, c) {
+        C mean, var;
+        na_bn_from_sums(na_ld<C>(sum, tdt, ch), na_ld<C>(sqsum, tdt, ch), count, &mean, &var);
+        na_st(smean, sdt, ch, mean);
+        na_st(svar, sdt, ch, var);
+        na_st(sinvstd, sdt, ch, na_bn_invstd(var, eps));
+        if (rmean)
+            na_st(rmean, rdt, ch, na_bn_running_mean(na_ld<C>(rmean, rdt, ch), mean, momentum));
+        if (rvar)
+            na_st(rvar, rdt, ch,
+                  na_bn_running_var(na_ld<C>(rvar, rdt, ch), var, count, momentum));
+    }
 }
 
 int na_cuda_batch_norm_finalize(const na_view *sum, const na_view *sqsum, int64_t count,

@@ -520,7 +520,9 @@ static int dnn_choose(int kind, dnn_entry *e, na_dtype dt, const void *x, const 
     NA_TRY(na_cuda_dnn(&h));
     void *ws = NULL;
     size_t wsb = 0;
-    if (e->key.find) {
+    if (e->key.find) { /* cudnnFind* allocates, synchronizes and runs every algorithm */
+        NA_TRY(na_cuda_capture_forbids("conv2d", "a new convolution is autotuned "
+                                       "(NANOAMP_CUDNN_FIND=1: run warm-up steps before capture)"));
         wsb = na_cuda_ctx.scratch_size > DNN_FIND_WS ? na_cuda_ctx.scratch_size : DNN_FIND_WS;
         if (!(ws = na_cuda_scratch(wsb))) return na_last_status();
     }
@@ -598,7 +600,10 @@ static int dnn_run(int kind, const conv_dims &d, na_dtype dt, const void *x, con
         st = cudnnConvolutionBackwardFilter(h, alpha, e->x, x, e->y, y, e->conv,
                                             (cudnnConvolutionBwdFilterAlgo_t)c->algo, ws, c->ws,
                                             beta, e->w, (void *)w);
-    if (st == CUDNN_STATUS_NOT_SUPPORTED) { /* remember: this problem takes the fallback */
+    /* the whole NOT_SUPPORTED kind (cuDNN 9's sub-codes: _SHAPE, _SHARED_MEMORY_INSUFFICIENT,
+     * ...): remember, this problem takes the fallback */
+    if (na_cudnn_status_kind(st, CUDNN_MAJOR) ==
+        na_cudnn_status_kind(CUDNN_STATUS_NOT_SUPPORTED, CUDNN_MAJOR)) {
         c->found = false;
         return NA_OK;
     }

@@ -9,10 +9,12 @@
  * cache (conv_graph_host.c) until evicted or na_cuda_conv_graph_release. Later calls make one
  * variant pack (the data pointers and the workspace) and execute.
  *
- * A build failure whose status is of cuDNN's BAD_PARAM or NOT_SUPPORTED kind, or no engine
- * left after the filter, sends the problem to the legacy path for good (the reason printed
- * under NANOAMP_CUDNN_GRAPH_VERBOSE=1); any other failure is an error naming the call and
- * the problem. The conv + GenStats kind (conv2d_stats) has no legacy path: its problems are
+ * Any failing status of one engine configuration passes it over for the next (as
+ * cudnn-frontend does); a failing graph or heuristic mode, no engine left, or a cached plan
+ * that fails to run sends the problem to the legacy path for good (na_cg_status_verdict; the
+ * reason printed under NANOAMP_CUDNN_GRAPH_VERBOSE=1). Only CUDA event and descriptor-release
+ * failures are errors. A plan used while a step graph is captured is pinned in the cache until
+ * the last step graph is freed (na_cuda_conv_graph_unpin). The conv + GenStats kind (conv2d_stats) has no legacy path: its problems are
  * "not served" (the caller runs conv2d and a BatchNorm), also when na_cg_stats_rejects says
  * cuDNN documents no engine for them (then nothing is asked of cuDNN). Needs cuDNN 9 (the
  * graph API's v9 names); with an older cuDNN or none, the graph path serves nothing.
@@ -73,13 +75,6 @@ static bool cg_get_(cg_status *s, cg_desc d, const char *what, cudnnBackendAttri
 }
 #define CG_SET(s, d, attr, type, n, v) cg_set_(s, d, #attr, attr, type, n, v)
 #define CG_GET(s, d, attr, type, n, got, v) cg_get_(s, d, #attr, attr, type, n, got, v)
-
-/* cuDNN 9 statuses come in kinds (thousands): BAD_PARAM and NOT_SUPPORTED say this problem or
- * engine is not served, which sends the problem to the legacy path rather than failing. */
-static bool cg_unsupported(cudnnStatus_t st) {
-    int kind = (int)st / 1000 * 1000;
-    return kind == CUDNN_STATUS_BAD_PARAM || kind == CUDNN_STATUS_NOT_SUPPORTED;
-}
 
 /* Destroys *d (NULL is fine); a failure is noted in s when s has none yet. */
 static void cg_destroy(cg_desc *d, cg_status *s) {
@@ -296,7 +291,8 @@ struct cg_candidate {
 };
 
 /* Plans from one heuristic mode appended to cand (up to `want` in all). `why` keeps the last
- * reason an engine was passed over. Failures of the unsupported kind are reasons, not errors. */
+ * reason an engine was passed over: an engine configuration's failure is a reason, never an
+ * error (s: the heuristics' own failures). */
 static void cg_candidates(cg_status *s, const na_cg_problem *p, cg_desc graph, cudnnHandle_t h,
                           cudnnBackendHeurMode_t mode, cg_candidate *cand, int *n_cand, int want,
                           char *why, size_t why_n) {
@@ -332,15 +328,13 @@ static void cg_candidates(cg_status *s, const na_cg_problem *p, cg_desc graph, c
             CG_GET(&es, plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &one, &ws);
             if (!es.st && ws > ((int64_t)1 << 30)) no = "needs over 1 GiB of workspace";
         }
-        if (es.st && !cg_unsupported(es.st)) { /* a real failure: stop */
-            *s = es;
-            cg_destroy(&plan, NULL); /* the failure is reported already */
-            break;
-        }
-        if (es.st || no) {
-            snprintf(why, why_n, "engine %lld: %s", (long long)index,
-                     no ? no : cudnnGetErrorString(es.st));
-            cg_destroy(&plan, s);
+        if (na_cg_status_verdict(es.st, NA_CG_AT_CONFIG) == NA_CG_NEXT_CONFIG || no) {
+            if (es.st)
+                snprintf(why, why_n, "engine %lld: %s: %s", (long long)index, es.call,
+                         cudnnGetErrorString(es.st));
+            else
+                snprintf(why, why_n, "engine %lld: %s", (long long)index, no);
+            cg_destroy(&plan, NULL); /* a half-made plan: its own failure is the reason */
             continue;
         }
         cand[*n_cand].cfg = cfgs[i];
@@ -372,8 +366,9 @@ static cudnnStatus_t cg_execute(cudnnHandle_t h, const cg_plan *pl, cg_desc plan
     return s->st;
 }
 
-/* The fastest candidate by CUDA events (each run once untimed, then 3 times timed). Runs that
- * fail as unsupported count as not timed. Synchronizes once per candidate. */
+/* The fastest candidate by CUDA events (each run once untimed, then 3 times timed). A
+ * candidate whose runs fail counts as not timed (passed over). Synchronizes once per
+ * candidate. */
 static int cg_time(cudnnHandle_t h, cg_candidate *cand, int n, const cg_plan *pl,
                    void *const *ptrs, const na_cg_problem *p, int *best) {
     int64_t ws = 0;
@@ -382,20 +377,16 @@ static int cg_time(cudnnHandle_t h, cg_candidate *cand, int n, const cg_plan *pl
     if (ws && !scratch) return na_last_status();
     cudaEvent_t ev[2] = {NULL, NULL};
     float ms[NA_CG_MAX_TIMED];
-    int rc = NA_OK;
     cudaError_t ce = cudaEventCreate(&ev[0]);
     if (ce == cudaSuccess) ce = cudaEventCreate(&ev[1]);
-    for (int i = 0; i < n && ce == cudaSuccess && rc == NA_OK; i++) {
+    for (int i = 0; i < n && ce == cudaSuccess; i++) {
         cg_status s = {};
         ms[i] = -1;
-        if (cg_execute(h, pl, cand[i].plan, ptrs, scratch, &s)) {
-            if (!cg_unsupported(s.st)) rc = NA_ECUDA;
-            if (rc < 0) {
-                char d[512];
-                na_set_error(rc, "conv2d graph (%s): timing engine %lld: %s failed: %s",
-                             na_cg_problem_str(p, d, sizeof d), (long long)cand[i].engine,
-                             s.call, cudnnGetErrorString(s.st));
-            }
+        if (na_cg_status_verdict(cg_execute(h, pl, cand[i].plan, ptrs, scratch, &s),
+                                 NA_CG_AT_CONFIG) != NA_CG_OK) {
+            if (cg_verbose())
+                fprintf(stderr, "nanoamp: conv graph: timing engine %lld: %s failed: %s\n",
+                        (long long)cand[i].engine, s.call, cudnnGetErrorString(s.st));
             continue;
         }
         ce = cudaEventRecord(ev[0], na_cuda_ctx.stream);
@@ -416,7 +407,6 @@ static int cg_time(cudnnHandle_t h, cg_candidate *cand, int n, const cg_plan *pl
         return na_set_error(NA_ECUDA, "conv2d graph (%s): timing with CUDA events failed: %s",
                             na_cg_problem_str(p, d, sizeof d), cudaGetErrorString(ce));
     }
-    if (rc < 0) return rc;
     *best = na_cg_fastest(ms, n);
     if (cg_verbose() && *best >= 0)
         fprintf(stderr, "nanoamp: conv graph: timed %d plans, engine %lld fastest (%.4f ms)\n", n,
@@ -425,6 +415,9 @@ static int cg_time(cudnnHandle_t h, cg_candidate *cand, int n, const cg_plan *pl
 }
 
 static na_cg_cache cg_cache;
+/* plans taken out of pinned entries (refused at run time), freed with the last step graph */
+static cg_plan *cg_retired[NA_CG_CACHE_CAP];
+static int cg_n_retired;
 
 /* Makes the plan of a new problem into *out (NULL, with the reason in why, when the graph
  * path cannot serve it). ptrs: the call's buffers by tensor slot, for timing. */
@@ -453,17 +446,12 @@ static int cg_plan_make(const na_cg_problem *p, void *const *ptrs, cg_plan **out
         /* a mode that refuses the graph leaves the other's plans standing */
         cg_status ms = {};
         cg_candidates(&ms, p, pl->part[pl->n_part - 1], h, modes[m], cand, &n, want, why, why_n);
-        if (ms.st && cg_unsupported(ms.st))
+        if (na_cg_status_verdict(ms.st, NA_CG_AT_GRAPH) == NA_CG_UNSERVED)
             snprintf(why, why_n, "%s: %s", ms.call, cudnnGetErrorString(ms.st));
-        else if (ms.st)
-            s = ms;
     }
     int rc = NA_OK;
     char d[512];
-    if (s.st && !cg_unsupported(s.st))
-        rc = na_set_error(NA_ECUDA, "conv2d graph (%s): %s failed: %s",
-                          na_cg_problem_str(p, d, sizeof d), s.call, cudnnGetErrorString(s.st));
-    else if (s.st)
+    if (na_cg_status_verdict(s.st, NA_CG_AT_GRAPH) == NA_CG_UNSERVED)
         snprintf(why, why_n, "%s: %s", s.call, cudnnGetErrorString(s.st));
     if (rc == NA_OK && !s.st && n > 1) rc = cg_time(h, cand, n, pl, ptrs, p, &best);
     if (rc == NA_OK && !s.st && n > 0 && best >= 0) {
@@ -492,10 +480,12 @@ static int cg_plan_make(const na_cg_problem *p, void *const *ptrs, cg_plan **out
     return rc;
 }
 
-/* The cached plan of p, made on the problem's first call; NULL: the legacy path serves it. */
+/* The cached plan of p, made on the problem's first call; NULL: the legacy path serves it.
+ * A plan looked up during a capture is pinned: the step graph will replay it. */
 static int cg_lookup(const na_cg_problem *p, void *const *ptrs, cg_plan **out) {
     na_cg_entry *e = na_cg_cache_find(&cg_cache, p);
     if (e) {
+        if (na_cuda_ctx.capturing) na_cg_cache_pin(e);
         *out = (cg_plan *)e->plan;
         return NA_OK;
     }
@@ -506,6 +496,21 @@ static int cg_lookup(const na_cg_problem *p, void *const *ptrs, cg_plan **out) {
     void *evicted = NULL;
     e = na_cg_cache_claim(&cg_cache, p, &evicted);
     cg_status cs = {};
+    if (!e) { /* every entry pinned by live step graphs: served uncached, on the legacy path */
+        cg_plan_free(pl, &cs);
+        *out = NULL;
+        if (cg_verbose()) {
+            char d[512];
+            fprintf(stderr, "nanoamp: conv graph: %s: %s -- the plan cache's %d entries are all "
+                    "pinned by live step graphs\n", cg_fallback(p->kind),
+                    na_cg_problem_str(p, d, sizeof d), NA_CG_CACHE_CAP);
+        }
+        if (cs.st)
+            return na_set_error(NA_ECUDA, "conv2d graph: freeing an uncached plan: %s failed: %s",
+                                cs.call, cudnnGetErrorString(cs.st));
+        return NA_OK;
+    }
+    if (na_cuda_ctx.capturing) na_cg_cache_pin(e);
     cg_plan_free((cg_plan *)evicted, &cs);
     if (cs.st) {
         cg_plan_free(pl, NULL);
@@ -568,17 +573,20 @@ static int cg_run(na_cg_kind kind, const na_conv_geom *g, const na_view *x, cons
         return NA_OK;
     }
     char d[512];
-    if (!cg_unsupported(s.st))
-        return na_set_error(NA_ECUDA, "%s (cuda): conv graph (%s): %s failed: %s", who[kind],
-                            na_cg_problem_str(&p, d, sizeof d), s.call, cudnnGetErrorString(s.st));
-    /* the plan refuses these buffers: the legacy path serves the problem from now on */
+    /* any status (na_cg_status_verdict, NA_CG_AT_RUN): the plan refuses these buffers, the
+     * legacy path serves the problem from now on */
     na_cg_entry *e = na_cg_cache_find(&cg_cache, &p);
     if (cg_verbose())
         fprintf(stderr, "nanoamp: conv graph: %s: %s -- %s failed: %s\n", cg_fallback(kind),
                 na_cg_problem_str(&p, d, sizeof d), s.call, cudnnGetErrorString(s.st));
+    if (e) e->plan = NULL;
+    if (e && e->pinned && cg_n_retired < NA_CG_CACHE_CAP) { /* a live step graph replays it */
+        cg_retired[cg_n_retired++] = pl;
+        return NA_OK;
+    }
+    if (e && e->pinned) return NA_OK; /* kept for good rather than freed under a graph */
     cg_status cs = {};
     cg_plan_free(pl, &cs);
-    if (e) e->plan = NULL;
     if (cs.st)
         return na_set_error(NA_ECUDA, "%s (cuda): conv graph: freeing a refused plan: %s failed: %s",
                             who[kind], cs.call, cudnnGetErrorString(cs.st));
@@ -607,8 +615,15 @@ extern "C" int na_cuda_conv_graph_stats(const na_conv_geom *g, const na_view *x,
     return cg_run(NA_CG_FWD_STATS, g, x, w, y, NULL, sum, sqsum, done);
 }
 
+extern "C" void na_cuda_conv_graph_unpin(void) {
+    na_cg_cache_unpin_all(&cg_cache);
+    for (int i = 0; i < cg_n_retired; i++) cg_plan_free(cg_retired[i], NULL);
+    cg_n_retired = 0;
+}
+
 extern "C" int na_cuda_conv_graph_release(void) {
     cg_status cs = {};
+    na_cuda_conv_graph_unpin();
     for (int i = 0; i < NA_CG_CACHE_CAP; i++)
         if (cg_cache.e[i].used) {
             cg_plan_free((cg_plan *)cg_cache.e[i].plan, &cs);
@@ -637,5 +652,6 @@ extern "C" int na_cuda_conv_graph_stats(const na_conv_geom *, const na_view *, c
     *done = false;
     return NA_OK;
 }
+extern "C" void na_cuda_conv_graph_unpin(void) {}
 extern "C" int na_cuda_conv_graph_release(void) { return NA_OK; }
 #endif

@@ -123,6 +123,34 @@ const char *na_cg_stats_rejects(const na_cg_problem *p, int cc_major);
  * given a negative time or NaN); the first on ties; -1 when none. */
 int na_cg_fastest(const float *ms, int n);
 
+/* ---- what a cuDNN status means (both cuDNN paths) ---------------------------------------- */
+/* cuDNN 9 statuses come in kinds, the thousands: NOT_SUPPORTED is 3000 and its sub-codes
+ * (NOT_SUPPORTED_SHAPE, ..._SHARED_MEMORY_INSUFFICIENT) 3001-3099; cuDNN 8's were 0-14, each
+ * its own kind. The kind of `status` under cuDNN `cudnn_major`. */
+int na_cudnn_status_kind(int status, int cudnn_major);
+
+/* Where a status of the graph path came from. */
+typedef enum {
+    NA_CG_AT_CONFIG, /* one engine configuration: its engine, execution plan, workspace query,
+                      * a timed run of its plan */
+    NA_CG_AT_GRAPH,  /* the problem's tensors, operations, operation graph, a heuristic mode */
+    NA_CG_AT_RUN,    /* the cached plan executed on a call's buffers */
+} na_cg_stage;
+
+typedef enum {
+    NA_CG_OK,          /* success */
+    NA_CG_NEXT_CONFIG, /* pass this engine configuration over, try the next */
+    NA_CG_UNSERVED,    /* the graph path does not serve the problem: the plain path does */
+} na_cg_verdict;
+
+/* What the graph path does about `status` at `stage`. As cudnn-frontend does when it builds
+ * plans, any failure of one engine configuration (an NVRTC compile failure is INTERNAL_ERROR,
+ * a missing sub-library SUBLIBRARY_LOADING_FAILED, a launch EXECUTION_FAILED) only passes that
+ * configuration over; any failure of the graph or of the cached plan sends the problem to the
+ * plain path (the legacy calls, or conv2d + BatchNorm for conv2d_stats), which either serves
+ * it or names its own error. None of them fails the convolution. */
+na_cg_verdict na_cg_status_verdict(int status, na_cg_stage stage);
+
 /* ---- the memory layout of a convolution (both cuDNN paths) ------------------------------- */
 /* The channels-last contract (kernels/backend.h): x and y (gx, gy) are both contiguous NCHW
  * with w (gw) contiguous [K, C/groups, R, S], or all channels-last: x, y with strides
@@ -140,10 +168,13 @@ int na_conv_layout_of(na_cg_kind kind, const na_view *x, const na_view *w, const
 void na_conv_layout_strides(na_conv_layout layout, const int64_t dim[4], int64_t stride[4]);
 
 /* ---- the plan cache: bounded, least recently used evicted ---------------------------------- */
+/* A plan that a live CUDA step graph replays must outlive it (its kernels, runtime-compiled
+ * ones in modules the plan owns, are recorded in the graph): entries used during a capture are
+ * pinned, never evicted, until the last step graph is freed (na_cg_cache_unpin_all). */
 #define NA_CG_CACHE_CAP 64
 
 typedef struct {
-    bool used;
+    bool used, pinned;
     uint64_t hash, last_use;
     na_cg_problem key;
     void *plan;        /* owned by conv_graph.cu; NULL: the problem takes the legacy path */
@@ -158,10 +189,15 @@ typedef struct {
 /* The entry of `key` (marked as just used), or NULL. */
 na_cg_entry *na_cg_cache_find(na_cg_cache *c, const na_cg_problem *key);
 /* A fresh entry for `key` (not yet in the cache): a free slot, else the least recently used
- * one, whose plan is handed to *evicted for the caller to free (NULL when none). */
+ * unpinned one, whose plan is handed to *evicted for the caller to free (NULL when none).
+ * NULL when every entry is pinned (the caller serves the problem on the plain path). */
 na_cg_entry *na_cg_cache_claim(na_cg_cache *c, const na_cg_problem *key, void **evicted);
 /* Empties an entry (a claim whose plan could not be made); its plan is the caller's. */
 void na_cg_cache_drop(na_cg_entry *e);
+/* Keeps e's plan until na_cg_cache_unpin_all (e is used by a capture). */
+void na_cg_cache_pin(na_cg_entry *e);
+/* The last step graph is gone: every entry may be evicted again. */
+void na_cg_cache_unpin_all(na_cg_cache *c);
 
 /* ---- the cuDNN side (conv_graph.cu; CUDA backend with cuDNN 9) ------------------------------- */
 
@@ -194,6 +230,10 @@ int na_cuda_conv_graph_bias_relu(const na_conv_geom *g, const na_view *x, const 
 int na_cuda_conv_graph_stats(const na_conv_geom *g, const na_view *x, const na_view *w,
                              const na_view *y, const na_view *sum, const na_view *sqsum,
                              bool *done);
+
+/* The last step graph was freed (backend.cu): the plans pinned for step graphs may be
+ * evicted again, and those they refused at run time are freed. */
+void na_cuda_conv_graph_unpin(void);
 
 /* Frees every cached plan (at exit, from na_cuda_conv_cache_release). */
 int na_cuda_conv_graph_release(void);

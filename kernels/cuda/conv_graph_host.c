@@ -269,8 +269,13 @@ na_cg_entry *na_cg_cache_find(na_cg_cache *c, const na_cg_problem *key) {
 
 na_cg_entry *na_cg_cache_claim(na_cg_cache *c, const na_cg_problem *key, void **evicted) {
     na_cg_entry *slot = NULL;
-    for (int i = 0; i < NA_CG_CACHE_CAP && !(slot && !slot->used); i++)
-        if (!slot || !c->e[i].used || c->e[i].last_use < slot->last_use) slot = &c->e[i];
+    *evicted = NULL;
+    for (int i = 0; i < NA_CG_CACHE_CAP && !(slot && !slot->used); i++) {
+        na_cg_entry *e = &c->e[i];
+        if (e->pinned) continue;
+        if (!slot || !e->used || e->last_use < slot->last_use) slot = e;
+    }
+    if (!slot) return NULL;
     *evicted = slot->used ? slot->plan : NULL;
     memset(slot, 0, sizeof *slot);
     slot->used = true;
@@ -281,3 +286,19 @@ na_cg_entry *na_cg_cache_claim(na_cg_cache *c, const na_cg_problem *key, void **
 }
 
 void na_cg_cache_drop(na_cg_entry *e) { memset(e, 0, sizeof *e); }
+
+void na_cg_cache_pin(na_cg_entry *e) { e->pinned = true; }
+
+void na_cg_cache_unpin_all(na_cg_cache *c) {
+    for (int i = 0; i < NA_CG_CACHE_CAP; i++) c->e[i].pinned = false;
+}
+
+/* ---- statuses ------------------------------------------------------------------------------ */
+int na_cudnn_status_kind(int status, int cudnn_major) {
+    return cudnn_major >= 9 ? status / 1000 * 1000 : status;
+}
+
+na_cg_verdict na_cg_status_verdict(int status, na_cg_stage stage) {
+    if (status == 0) return NA_CG_OK;
+    return stage == NA_CG_AT_CONFIG ? NA_CG_NEXT_CONFIG : NA_CG_UNSERVED;
+}
