@@ -328,9 +328,10 @@ Test(dist, collectives_switch_without_a_device_fails_cleanly) {
     na_step_end();
 }
 
-/* On a device (the GPU check): every collective over a one-rank NCCL communicator is an
- * identity, ordered after the kernels that wrote its input, and counted. */
-Test(dist, collectives_switch_on_cuda_goes_through_nccl) {
+/* On a device (the GPU check; suite dist_cuda, which meson's cuda suite runs): every
+ * collective over a one-rank NCCL communicator is an identity, ordered after the kernels that
+ * wrote its input, and counted. */
+Test(dist_cuda, collectives_switch_goes_through_nccl) {
     if (!na_cuda_available() || !na_dist_built_with_nccl())
         cr_skip_test("needs a CUDA device and NCCL");
     na_dist *d = world_of_one_with_collectives();

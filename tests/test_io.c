@@ -817,7 +817,9 @@ Test(checkpoint, save_and_load_state_lists) {
     na_tensor_free(rb);
 }
 
-Test(checkpoint, device_tensors_round_trip) {
+/* A suite of its own, which meson's cuda suite runs (tests/meson.build): needs a device. */
+TestSuite(checkpoint_cuda, .init = make_tmpdir, .fini = cleanup);
+Test(checkpoint_cuda, device_tensors_round_trip) {
     if (!na_cuda_available()) cr_skip_test("no CUDA device");
     const uint16_t h[4] = {0x3C00, 0x7E01, 0x8000, 0x0001};
     na_tensor *d = na_from_host(NA_DTYPE_F16, NA_DEVICE_CUDA, NA_SHAPE(2, 2), h);
