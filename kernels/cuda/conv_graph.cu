@@ -14,9 +14,10 @@
  * that fails to run sends the problem to the legacy path for good (na_cg_status_verdict; the
  * reason printed under NANOAMP_CUDNN_GRAPH_VERBOSE=1). Only CUDA event and descriptor-release
  * failures are errors. A plan used while a step graph is captured is pinned in the cache until
- * the last step graph is freed (na_cuda_conv_graph_unpin). The conv + GenStats kind (conv2d_stats) has no legacy path: its problems are
- * "not served" (the caller runs conv2d and a BatchNorm), also when na_cg_stats_rejects says
- * cuDNN documents no engine for them (then nothing is asked of cuDNN). Needs cuDNN 9 (the
+ * the last step graph is freed (na_cuda_conv_graph_unpin). The conv + GenStats kind
+ * (conv2d_stats) has no legacy path: its problems are "not served" (the caller runs conv2d
+ * and a BatchNorm), also when na_cg_stats_rejects says cuDNN documents no engine for them
+ * (then nothing is asked of cuDNN). Needs cuDNN 9 (the
  * graph API's v9 names); with an older cuDNN or none, the graph path serves nothing.
  */
 #include <stdio.h>

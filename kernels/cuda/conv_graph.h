@@ -206,8 +206,10 @@ bool na_cuda_conv_graph_enabled(void);
 
 /* Runs one convolution (kind FWD, BWD_DATA or BWD_FILTER: x, w, y as above, the written one
  * being y, x or w) through its cached plan, making the plan on the first call. *done = false
- * when the graph path does not serve the problem (the caller takes the legacy path). NA_OK or
- * a negative status (a cuDNN / CUDA failure, naming the call and the problem). A problem that
+ * when the graph path does not serve the problem (the caller takes the legacy path), whatever
+ * cuDNN's status (na_cg_status_verdict). NA_OK, or a negative status for what is not cuDNN's
+ * answer about the problem (host memory, the scratch buffer, CUDA events, releasing
+ * descriptors, a capture that forbids autotuning), naming the call and the problem. A problem that
  * gets no plan is cached as such; NANOAMP_CUDNN_GRAPH_VERBOSE=1 prints it once ("conv graph:
  * legacy path: PROBLEM -- REASON"), as it prints each plan ("conv graph: plan: PROBLEM: ..."). */
 int na_cuda_conv_graph_run(na_cg_kind kind, const na_conv_geom *g, const na_view *x,
