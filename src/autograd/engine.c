@@ -56,7 +56,8 @@ na_node *na_graph_record(const na_graph_op *op, na_tensor *out, int n_inputs,
     n->n_inputs = n_inputs;
     for (int k = 0; k < n_inputs; k++) n->inputs[k] = inputs[k];
     n->out = out;
-    for (int k = 0; k < n_inputs; k++) n->versions[k] = inputs[k] ? na_tensor_version(inputs[k]) : 0;
+    for (int k = 0; k < n_inputs; k++)
+        n->versions[k] = inputs[k] ? na_tensor_version(inputs[k]) : 0;
     n->versions[NA_NODE_MAX_INPUTS] = na_tensor_version(out);
     n->layer = na_profile_layer();
     out->requires_grad = true;
@@ -298,7 +299,8 @@ static na_tensor *node_ref(const na_node *n, int j) {
 }
 /* Reference j is one of saved[] (made for the backward alone), not also the output. */
 static bool ref_is_saved(const na_node *n, int j) {
-    return j >= n->n_inputs && j < n->n_inputs + NA_NODE_MAX_SAVED && n->saved[j - n->n_inputs] != n->out;
+    int s = j - n->n_inputs;
+    return s >= 0 && s < NA_NODE_MAX_SAVED && n->saved[s] != n->out;
 }
 
 /* Counts every node's references to the forward's step blocks; the root is the user's. */
@@ -338,7 +340,8 @@ static void release_saved(pass *p, const na_node *n) {
  * given back) cannot run again, as in PyTorch without retain_graph. */
 static int check_not_used(const char *fn, const na_node *n) {
     bool freed = false;
-    for (int j = 0; j < NODE_REFS(n); j++) freed |= node_ref(n, j) && !owner_of(node_ref(n, j))->data;
+    for (int j = 0; j < NODE_REFS(n); j++)
+        freed |= node_ref(n, j) && !owner_of(node_ref(n, j))->data;
     if (n->walked || freed)
         return na_set_error(NA_ESTATE, "%s: the graph of %s was already walked by na_backward, "
                             "which uses it up%s; walk it with na_backward_retain every time but "
@@ -347,24 +350,28 @@ static int check_not_used(const char *fn, const na_node *n) {
     return NA_OK;
 }
 
+int na_graph_version_error(const char *fn, const na_tensor *t, const char *place,
+                           const char *op, uint32_t expected) {
+    char b[2 * NA_DESCRIBE_MAX];
+    return na_set_error(NA_ESTATE, "%s: one of the variables needed for gradient computation has "
+                        "been modified by an inplace operation: %s, %s of %s, is at version %u; "
+                        "expected version %u instead (it was written after %s saved it: write a "
+                        "copy, or write it before %s runs)", fn,
+                        na_tensor_describe_named(t, b, sizeof b), place, op,
+                        (unsigned)na_tensor_version(t), (unsigned)expected, op, op);
+}
+
 /* The values n's backward reads (its op's `reads`) must be those the op saw: an in-place
- * write since (a version bump) would make the gradient silently wrong. PyTorch's message. */
+ * write since (a version bump) would make the gradient silently wrong. */
 static int check_versions(const char *fn, const na_node *n) {
     for (int k = 0; k <= n->n_inputs; k++) {
         int slot = k < n->n_inputs ? k : NA_NODE_MAX_INPUTS;
         na_tensor *t = k < n->n_inputs ? n->inputs[k] : n->out;
         if (!(n->op->reads >> slot & 1) || !t || na_tensor_version(t) == n->versions[slot])
             continue;
-        char b[NA_DESCRIBE_MAX], which[32];
-        snprintf(which, sizeof which, k < n->n_inputs ? "input %d" : "the output", k);
-        return na_set_error(NA_ESTATE, "%s: one of the variables needed for gradient computation "
-                            "has been modified by an inplace operation: %s%s%s%s, %s of %s, is at "
-                            "version %u; expected version %u instead (it was written after %s "
-                            "saved it: write a copy, or write it before the op)", fn,
-                            na_tensor_describe(t, b, sizeof b), t->name ? " (" : "",
-                            t->name ? t->name : "", t->name ? ")" : "", which, n->op->name,
-                            (unsigned)na_tensor_version(t), (unsigned)n->versions[slot],
-                            n->op->name);
+        char place[32];
+        snprintf(place, sizeof place, k < n->n_inputs ? "input %d" : "the output", k);
+        return na_graph_version_error(fn, t, place, n->op->name, n->versions[slot]);
     }
     return NA_OK;
 }

@@ -98,6 +98,11 @@ na_graph_leaf_hook na_graph_set_leaf_hook(na_graph_leaf_hook hook);
 void na_graph_mark_internal(na_tensor *t);
 void na_graph_unmark_internal(na_tensor *t);
 
+/* The error for a value a backward reads that was written in place after `op` saved it
+ * (`place`: "input 1", "the output", "saved tensor 0"): PyTorch's words, NA_ESTATE. */
+int na_graph_version_error(const char *fn, const na_tensor *t, const char *place,
+                           const char *op, uint32_t expected);
+
 /* True on this thread while na_backward runs backward functions: the ops they call compute
  * in the forward's dtypes (autocast reads this and stays out). */
 bool na_graph_in_backward(void);

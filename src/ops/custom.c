@@ -277,14 +277,9 @@ na_tensor *na_function_saved(const na_function_ctx *c, int k) {
     }
     na_tensor *t = c->saved[k];
     if (!c->in_forward && na_tensor_version(t) != c->saved_version[k]) { /* as PyTorch's unpack */
-        char b[NA_DESCRIBE_MAX];
-        na_set_error(NA_ESTATE, "%s: one of the variables needed for gradient computation has "
-                     "been modified by an inplace operation: %s%s%s%s, saved tensor %d of %s, is "
-                     "at version %u; expected version %u instead (it was written after %s's "
-                     "forward saved it)", fn, na_tensor_describe(t, b, sizeof b),
-                     t->name ? " (" : "", t->name ? t->name : "", t->name ? ")" : "", k,
-                     c->f->name, (unsigned)na_tensor_version(t), (unsigned)c->saved_version[k],
-                     c->f->name);
+        char place[32];
+        snprintf(place, sizeof place, "saved tensor %d", k);
+        na_graph_version_error(fn, t, place, c->f->name, c->saved_version[k]);
         return NULL;
     }
     return t;

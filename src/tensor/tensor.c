@@ -47,6 +47,13 @@ const char *na_tensor_describe(const na_tensor *t, char *buf, size_t size) {
     return buf;
 }
 
+const char *na_tensor_describe_named(const na_tensor *t, char *buf, size_t size) {
+    na_tensor_describe(t, buf, size);
+    size_t k = strlen(buf);
+    if (t && t->name && k < size) snprintf(buf + k, size - k, " (%s)", t->name);
+    return buf;
+}
+
 static bool check_shape(const char *fn, int ndim, const int64_t *shape) {
     if (ndim < 0 || ndim > NA_MAX_DIMS) {
         na_set_error(NA_ESHAPE, "%s: %d dims requested, at most %d are supported", fn, ndim,
@@ -352,12 +359,11 @@ bool na_check_tensor(const char *fn, const na_tensor *t, const char *what) {
         return false;
     }
     if (!na_tensor_owner(t)->data) { /* na_tensor_release gave its memory back */
-        char b[NA_DESCRIBE_MAX];
-        na_set_error(NA_ESTATE, "%s: %s %s%s%s%s was released: na_backward gave its memory back "
-                     "after its last use in the graph (an intermediate of a Sequential or "
-                     "Residual, or a tensor kept for backward); use it before na_backward, or "
-                     "walk with na_backward_retain", fn, what, na_tensor_describe(t, b, sizeof b),
-                     t->name ? " (" : "", t->name ? t->name : "", t->name ? ")" : "");
+        char b[2 * NA_DESCRIBE_MAX];
+        na_set_error(NA_ESTATE, "%s: %s %s was released: na_backward gave its memory back after "
+                     "its last use in the graph (an intermediate of a Sequential or Residual, or "
+                     "a tensor kept for backward); use it before na_backward, or walk with "
+                     "na_backward_retain", fn, what, na_tensor_describe_named(t, b, sizeof b));
         return false;
     }
     return true;

@@ -29,6 +29,9 @@ static inline void na_tensor_bump_version(na_tensor *t) { na_tensor_owner(t)->ve
 /* The backend of t's device (error set, NULL if unavailable). */
 const na_backend *na_be(const na_tensor *t);
 
+/* na_tensor_describe, then " (name)" when t has a name: "[2] f32 cpu (w)". */
+const char *na_tensor_describe_named(const na_tensor *t, char *buf, size_t size);
+
 /* Checks that set a message naming `fn` and return false on failure. na_check_tensor
  * refuses NULL and a tensor whose memory na_backward gave back (released). */
 bool na_check_tensor(const char *fn, const na_tensor *t, const char *what);
