@@ -17,15 +17,18 @@ Test(autograd, backward_accumulates_across_calls) {
     TH_EXPECT(w->grad, 0, 0, "first backward", 2, -4, 1);
     /* a second backward on a fresh graph adds (the header's contract: +=) */
     loss = TH_OK(na_sum(TH_OK(na_mul(w, w))));
-    TH_RC(na_backward(loss, NULL));
+    TH_RC(na_backward_retain(loss, NULL));
     TH_EXPECT(w->grad, 0, 0, "second backward accumulates", 4, -8, 2);
-    /* and the same graph run again adds once more */
-    TH_RC(na_backward(loss, NULL));
+    /* and the same graph, retained, run again adds once more */
+    TH_RC(na_backward_retain(loss, NULL));
     TH_EXPECT(w->grad, 0, 0, "the same graph again", 6, -12, 3);
     TH_RC(na_tensor_zero_grad(w));
     TH_EXPECT(w->grad, 0, 0, "zero_grad", 0, 0, 0);
     TH_RC(na_backward(loss, NULL));
     TH_EXPECT(w->grad, 0, 0, "after zero_grad", 2, -4, 1);
+    /* that walk did not retain: the graph is used up, and a walk more fails without adding */
+    TH_EXPECT_STATUS(na_backward(loss, NULL), NA_ESTATE, "already walked", "na_backward_retain");
+    TH_EXPECT(w->grad, 0, 0, "after the refused walk", 2, -4, 1);
     TH_RC(na_tensor_zero_grad(TH_OK(na_ones(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(1))))); /* no grad: fine */
 }
 

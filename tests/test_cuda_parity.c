@@ -789,6 +789,42 @@ void par_batch_norm(const oc_case *row, na_dtype dt) {
         }
 }
 
+/* ---- NaN rows: NaN propagates through ReLU (and its fusions), clamp and max pooling ---------- */
+
+static na_tensor *f_relu(na_tensor **in, void *c) { (void)c; return na_relu(in[0]); }
+static na_tensor *f_clamp(na_tensor **in, void *c) { (void)c; return na_clamp(in[0], -1, 1); }
+
+/* NaN at the first element, in a channel's weight, in a pooling window: every side computes
+ * the same NaNs (expect_close demands NaN where the CPU has one) and the same gradients. */
+static void par_nan_rows(na_dtype dt) {
+    double tol = tol_of(dt);
+    static const double xv[] = {NAN, -1, 2, 0, 0.5, -0.25, 3, NAN};
+    in_spec sp[1] = {SPEC(dt, -1, 1, true, 8)};
+    sp[0].vals = xv;
+    run_parity("relu with NaN", f_relu, NULL, 1, sp, tol);
+    run_parity("clamp with NaN", f_clamp, NULL, 1, sp, tol);
+    op_ctx pc = {.op = NA_OP_MAX_POOL2D, .pool = {.kernel = {2, 2}}};
+    in_spec pp[1] = {SPEC(dt, -1, 1, true, 1, 2, 2, 2)};
+    pp[0].vals = xv;
+    run_parity("max_pool2d with NaN", f_pool, &pc, 1, pp, tol);
+    static const double wv[] = {NAN, 1, 0.5};
+    op_ctx bc = {.training = true, .affine = true, .relu = true};
+    in_spec bp[3] = {SPEC(dt, -2, 3, true, 4, 3, 5, 7), SPEC(NA_DTYPE_F32, 0.5, 1.5, true, 3),
+                     SPEC(NA_DTYPE_F32, -0.5, 0.5, true, 3)};
+    bp[1].vals = wv;
+    run_parity("batch_norm_relu with a NaN weight", f_bn, &bc, 3, bp, tol);
+}
+
+Test(cuda_ops, nan_propagates) {
+    REQUIRE_CUDA();
+    for (int d = 0; d < N_FLOAT_DTYPES; d++) {
+        if (float_dtypes[d] == NA_DTYPE_BF16 && g_dev2 == NA_DEVICE_CUDA &&
+            !na_cuda_bf16_supported())
+            continue;
+        par_nan_rows(float_dtypes[d]);
+    }
+}
+
 /* ---- walking the table ---------------------------------------------------------------------- */
 
 Test(cuda_ops, every_op_has_a_case) {

@@ -4,6 +4,7 @@
  * dtypes forward and backward see, autocast off inside a forward that casts its inputs),
  * the trace, grad mode, accumulation, detach, the step arena, and the errors. */
 #include "helpers.h"
+#include "nanoamp/nn.h"
 
 /* ---- functions ---------------------------------------------------------------------------- */
 
@@ -395,4 +396,224 @@ Test(custom_function, forward_and_definition_errors) {
     f = (na_function){.name = "to_int", .n_inputs = 1, .n_outputs = 1, .forward = identity_fwd,
                       .cast_inputs = true, .forward_dtype = NA_DTYPE_I32};
     TH_EXPECT_ERROR(na_function_apply1(&f, &x, NULL), NA_EDTYPE, "to_int casts its inputs to i32");
+}
+
+/* ---- a function that saves its output, inside containers (issue 24) ------------------------- */
+
+/* y = exp(x), saving y for backward (PyTorch's Exp example) */
+static int myexp_fwd(na_function_ctx *c, na_tensor *const *in, na_tensor **out) {
+    out[0] = na_exp(in[0]);
+    return out[0] ? na_function_save(c, out[0]) : na_last_status();
+}
+static int myexp_bwd(na_function_ctx *c, na_tensor *const *g, na_tensor **gin) {
+    gin[0] = na_mul(g[0], na_function_saved(c, 0));
+    return gin[0] ? 1 : na_last_status();
+}
+static const na_function myexp = {.name = "myexp", .n_inputs = 1, .n_outputs = 1,
+                                  .forward = myexp_fwd, .backward = myexp_bwd};
+static na_tensor *myexp_module_fwd(na_module *m, na_tensor *x) {
+    (void)m;
+    return na_function_apply1(&myexp, &x, NULL);
+}
+
+/* Sequential(scale 0.5, myexp, scale 2) and Sequential(scale 0.5, Residual(myexp), scale 2):
+ * the function's saved output is what a container hands on and may give back once used; it
+ * must live until the function's backward. d/dx = exp(x/2), and 1 + exp(x/2). */
+Test(custom_function, saved_output_inside_sequential_and_residual) {
+    for (int residual = 0; residual < 2; residual++) {
+        na_module *body = na_module_new("MyExp", myexp_module_fwd, NULL, NULL);
+        na_module *net = NA_SEQUENTIAL(na_scale_new(0.5), residual ? na_residual_new(body) : body,
+                                       na_scale_new(2.0));
+        cr_assert_not_null(net, "%s", na_last_error());
+        static const double xv[] = {0.1, 0.2, -0.3};
+        na_tensor *x = th_leaf(NA_DTYPE_F64, NA_SHAPE(3), xv);
+        TH_RC(na_backward(TH_OK(na_sum(TH_OK(na_module_forward(net, x)))), NULL));
+        for (int i = 0; i < 3; i++) {
+            double want = residual + exp(xv[i] / 2);
+            cr_assert(fabs(na_get(x->grad, i) - want) < 1e-12, "residual %d: dx[%d] = %.17g, "
+                      "expected %.17g", residual, i, na_get(x->grad, i), want);
+        }
+        na_step_end();
+        na_module_free(net);
+    }
+}
+
+/* ---- a tensor na_backward gave back (issue 24) ----------------------------------------------- */
+
+static na_tensor *g_stashed;
+static na_tensor *stash_fwd(na_module *m, na_tensor *x) {
+    (void)m;
+    g_stashed = x; /* what Sequential handed this child: an intermediate it may give back */
+    return na_scale(x, 3);
+}
+
+/* Ops given a released tensor fail naming the op, instead of reading freed memory. */
+Test(custom_function, a_released_tensor_is_refused_by_name) {
+    na_module *net = NA_SEQUENTIAL(na_scale_new(2), na_module_new("Stash", stash_fwd, NULL, NULL),
+                                   na_scale_new(1));
+    na_tensor *x = th_leaf(NA_DTYPE_F32, NA_SHAPE(4), TH_V(1, 2, 3, 4));
+    TH_RC(na_backward(TH_OK(na_sum(TH_OK(na_module_forward(net, x)))), NULL));
+    cr_assert_not_null(g_stashed);
+    TH_EXPECT_ERROR(na_relu(g_stashed), NA_ESTATE, "na_relu: input [4] f32 cpu was released",
+                    "na_backward_retain");
+    TH_EXPECT_ERROR(na_add(x, g_stashed), NA_ESTATE, "na_add: b [4] f32 cpu was released");
+    na_clear_error();
+    cr_assert(isnan(na_get(g_stashed, 0)));
+    cr_assert(strstr(na_last_error(), "na_get: tensor [4] f32 cpu was released"), "%s",
+              na_last_error());
+    TH_EXPECT_STATUS(na_fill_(g_stashed, 1), NA_ESTATE, "na_fill_");
+    na_step_end();
+    na_module_free(net);
+}
+
+/* ---- in-place writes to what backward reads (issue 24) ---------------------------------------- */
+
+/* y = 2x written into x itself (a raw loop), declared with na_function_mark_dirty */
+static int double_fwd(na_function_ctx *c, na_tensor *const *in, na_tensor **out) {
+    double *d = in[0]->data;
+    for (int64_t i = 0; i < in[0]->numel; i++) d[i] *= 2;
+    out[0] = in[0];
+    return na_function_mark_dirty(c, 0);
+}
+static int double_bwd(na_function_ctx *c, na_tensor *const *g, na_tensor **gin) {
+    return (gin[0] = na_scale(g[0], 2)) ? 1 : na_last_status();
+}
+static const na_function double_ = {.name = "double_", .n_inputs = 1, .n_outputs = 1,
+                                    .forward = double_fwd, .backward = double_bwd};
+
+Test(custom_function, inplace_writes_to_saved_tensors_fail_backward) {
+    /* double_(exp(x)): exp's backward reads its output, which double_ overwrote */
+    na_tensor *x = th_leaf(NA_DTYPE_F64, NA_SHAPE(2), TH_V(0, 1));
+    na_tensor *e = TH_OK(na_exp(x));
+    na_tensor *y = TH_OK(na_function_apply1(&double_, &e, NULL));
+    TH_EXPECT(y, 1e-15, 0, "double_", 2, 2 * M_E);
+    TH_EXPECT_STATUS(na_backward(TH_OK(na_sum(y)), NULL), NA_ESTATE,
+                     "one of the variables needed for gradient computation has been modified by "
+                     "an inplace operation: [2] f64 cpu, the output of exp, is at version 1; "
+                     "expected version 0");
+    cr_assert_null(x->grad, "no gradient from values that are gone");
+
+    /* na_fill_ on an input mul saved; add reads none of its inputs, as in PyTorch */
+    na_tensor *w = th_leaf(NA_DTYPE_F64, NA_SHAPE(2), TH_V(3, 4));
+    na_tensor *v = TH_TENSOR(NA_DTYPE_F64, NA_SHAPE(2), 1, 2);
+    v->name = "v";
+    na_tensor *m = TH_OK(na_mul(w, v)), *a = TH_OK(na_add(w, v));
+    TH_RC(na_fill_(v, 5));
+    TH_EXPECT_STATUS(na_backward(TH_OK(na_sum(m)), NULL), NA_ESTATE,
+                     "[2] f64 cpu (v), input 1 of mul, is at version 2; expected version 1");
+    TH_RC(na_backward(TH_OK(na_sum(a)), NULL));
+    TH_EXPECT(w->grad, 0, 0, "add's gradient", 1, 1);
+
+    /* a custom function's saved tensor, written after its forward (cube's backward hands the
+     * NULL on to ops, which say "did an earlier op fail?" with NA_EINVAL and the cause) */
+    na_tensor *z = TH_TENSOR(NA_DTYPE_F64, NA_SHAPE(2), 1, 2);
+    na_tensor *zw = TH_OK(na_mul(z, w)); /* a non-leaf cube saves */
+    double k = 1;
+    na_tensor *c = TH_OK(na_function_apply1(&cube, &zw, &k));
+    TH_RC(na_copy_(zw, TH_TENSOR(NA_DTYPE_F64, NA_SHAPE(2), 7, 7)));
+    TH_EXPECT_STATUS(na_backward(TH_OK(na_sum(c)), NULL), NA_EINVAL,
+                     "backward of cube failed", "na_function_saved: one of the variables needed "
+                     "for gradient computation has been modified by an inplace operation",
+                     "saved tensor 0 of cube");
+
+    /* a leaf that requires grad cannot be written in place */
+    TH_EXPECT_ERROR(na_function_apply1(&double_, &w, NULL), NA_ESTATE,
+                    "na_function_mark_dirty: double_ writes input 0 in place, a leaf that "
+                    "requires grad");
+    na_step_end();
+}
+
+/* ---- a function without backward; callbacks that fail without a message (issue 24) ---------- */
+
+Test(custom_function, a_function_without_backward_fails_at_backward) {
+    na_function f = {.name = "nobwd", .n_inputs = 1, .n_outputs = 1, .forward = myexp_fwd};
+    na_tensor *x = th_leaf(NA_DTYPE_F64, NA_SHAPE(2), TH_V(1, 2));
+    na_tensor *y = TH_OK(na_function_apply1(&f, &x, NULL));
+    cr_assert(y->requires_grad, "its output is in the graph");
+    na_tensor *loss = TH_OK(na_add(TH_OK(na_sum(y)), TH_OK(na_sum(x))));
+    TH_EXPECT_STATUS(na_backward(loss, NULL), NA_ESTATE,
+                     "backward of nobwd failed: nobwd has no backward (.backward is NULL)");
+    na_no_grad_begin(); /* without grad nothing is recorded, and nothing fails */
+    y = TH_OK(na_function_apply1(&f, &x, NULL));
+    na_no_grad_end();
+    cr_assert(!y->requires_grad);
+    na_step_end();
+}
+
+static int silent_fail_fwd(na_function_ctx *c, na_tensor *const *in, na_tensor **out) {
+    return NA_EDTYPE; /* no na_set_error */
+}
+static int silent_fail_bwd(na_function_ctx *c, na_tensor *const *g, na_tensor **gin) {
+    return NA_ENOMEM;
+}
+
+Test(custom_function, a_callback_failing_without_a_message_is_named) {
+    na_tensor *x = th_leaf(NA_DTYPE_F32, NA_SHAPE(2), TH_V(1, 2));
+    na_set_error(NA_EIO, "a stale message from long ago");
+    na_function f = {.name = "quiet", .n_inputs = 1, .n_outputs = 1, .forward = silent_fail_fwd};
+    TH_EXPECT_ERROR(na_function_apply1(&f, &x, NULL), NA_EDTYPE,
+                    "forward of quiet failed: quiet's forward returned -3 (unsupported dtype) "
+                    "without a message");
+    cr_assert_null(strstr(na_last_error(), "stale"), "%s", na_last_error());
+    na_set_error(NA_EIO, "a stale message from long ago");
+    expect_backward_error(silent_fail_bwd, NA_ENOMEM,
+                          "my_op's backward returned -5 (out of memory) without a message");
+    cr_assert_null(strstr(na_last_error(), "stale"), "%s", na_last_error());
+    na_step_end();
+}
+
+/* ---- half-set autocast declarations (issue 24) ------------------------------------------------- */
+
+Test(custom_function, cast_inputs_alone_means_f32_and_forward_dtype_alone_is_refused) {
+    na_function f = probe_cast;
+    f.forward_dtype = NA_FUNCTION_DTYPE_UNSET; /* .cast_inputs = true alone */
+    f.name = "probe_cast_alone";
+    run_probe(&f, NA_DTYPE_F16, false);
+    for (int k = 0; k < 2; k++)
+        cr_assert_eq(g_seen.fwd_in[k], NA_DTYPE_F32, "input %d arrived as %s", k,
+                     na_dtype_name(g_seen.fwd_in[k]));
+    cr_assert(!g_seen.fwd_autocast, "autocast is off in a casting forward");
+    na_step_end();
+
+    na_tensor *x = th_leaf(NA_DTYPE_F32, NA_SHAPE(2), TH_V(1, 2));
+    f = (na_function){.name = "half_set", .n_inputs = 1, .n_outputs = 1, .forward = identity_fwd,
+                      .backward = identity_bwd, .forward_dtype = NA_DTYPE_F16};
+    TH_EXPECT_ERROR(na_function_apply1(&f, &x, NULL), NA_EINVAL,
+                    "half_set sets .forward_dtype f16 without .cast_inputs",
+                    "set .cast_inputs = true");
+    na_step_end();
+}
+
+/* ---- set_materialize_grads (issue 24) ------------------------------------------------------------ */
+
+static bool g_materialize;
+static bool g_got_null[2];
+static int mat_fwd(na_function_ctx *c, na_tensor *const *in, na_tensor **out) {
+    out[0] = na_scale(in[0], 2);
+    out[1] = na_scale(in[0], 3);
+    return out[0] && out[1] ? na_function_set_materialize_grads(c, g_materialize)
+                            : na_last_status();
+}
+static int mat_bwd(na_function_ctx *c, na_tensor *const *g, na_tensor **gin) {
+    for (int j = 0; j < 2; j++) g_got_null[j] = !g[j];
+    gin[0] = g[1] ? na_add(na_scale(g[0], 2), na_scale(g[1], 3)) : na_scale(g[0], 2);
+    return gin[0] ? 1 : na_last_status();
+}
+static const na_function mat = {.name = "mat", .n_inputs = 1, .n_outputs = 2,
+                                .forward = mat_fwd, .backward = mat_bwd};
+
+Test(custom_function, set_materialize_grads_false_gives_null_for_unused_outputs) {
+    for (int m = 0; m < 2; m++) {
+        g_materialize = m;
+        na_tensor *x = th_leaf(NA_DTYPE_F32, NA_SHAPE(2), TH_V(1, 2)), *o[2];
+        TH_RC(na_function_apply(&mat, &x, o, NULL));
+        TH_RC(na_backward(TH_OK(na_sum(o[0])), NULL)); /* o[1] unused */
+        cr_assert(!g_got_null[0], "the used output's gradient is there");
+        cr_assert_eq(g_got_null[1], !m, "materialize %d: the unused output's gradient is %s", m,
+                     g_got_null[1] ? "NULL" : "zeros");
+        TH_EXPECT(x->grad, 0, 0, "gradient", 2, 2);
+        na_step_end();
+    }
+    na_function_ctx *none = NULL;
+    TH_EXPECT_STATUS(na_function_set_materialize_grads(none, false), NA_EINVAL, "NULL context");
 }

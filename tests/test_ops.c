@@ -856,3 +856,66 @@ Test(numerics, half_conv_pool_batchnorm) {
     TH_EXPECT(rm, 1e-7, 1e-6, "running_mean after f16 batch", 0.25);
     TH_EXPECT(rv, 1e-7, 1e-6, "running_var after f16 batch", 0.9 + 0.1 * 5.0 / 3);
 }
+
+/* ---- NaN propagates, as in PyTorch (issue 24) ----------------------------------------------- */
+
+/* relu(NaN) is NaN and its gradient passes (threshold_backward cuts only where y <= 0); clamp
+ * keeps NaN and gives it no gradient (clamp_backward: x >= lo && x <= hi); max pooling and max
+ * pick the NaN and send it the gradient. In f32 and f64. */
+Test(numerics, nan_propagates_through_relu_clamp_and_max) {
+    static const na_dtype dts[] = {NA_DTYPE_F32, NA_DTYPE_F64};
+    for (int d = 0; d < 2; d++) {
+        na_dtype dt = dts[d];
+        na_tensor *x = th_leaf(dt, NA_SHAPE(4), TH_V(NAN, -1, 2, 0));
+        na_tensor *y = TH_OK(na_relu(x));
+        TH_EXPECT(y, 0, 0, "relu", NAN, 0, 2, 0);
+        TH_RC(na_backward(y, TH_TENSOR(dt, NA_SHAPE(4), 1, 1, 1, 1)));
+        TH_EXPECT(x->grad, 0, 0, "relu's gradient", 1, 0, 1, 0);
+
+        na_tensor *c = th_leaf(dt, NA_SHAPE(3), TH_V(NAN, -5, 0.5));
+        na_tensor *yc = TH_OK(na_clamp(c, -1, 1));
+        TH_EXPECT(yc, 0, 0, "clamp", NAN, -1, 0.5);
+        TH_RC(na_backward(yc, TH_TENSOR(dt, NA_SHAPE(3), 1, 1, 1)));
+        TH_EXPECT(c->grad, 0, 0, "clamp's gradient", 0, 0, 1);
+
+        na_tensor *p = th_leaf(dt, NA_SHAPE(1, 1, 2, 2), TH_V(1, NAN, 3, 2));
+        na_pool2d_opts o = {.kernel = {2, 2}};
+        na_tensor *yp = TH_OK(na_max_pool2d(p, &o));
+        TH_EXPECT(yp, 0, 0, "max_pool2d", NAN);
+        TH_RC(na_backward(TH_OK(na_sum(yp)), NULL));
+        TH_EXPECT(p->grad, 0, 0, "max_pool2d's gradient", 0, 1, 0, 0);
+        TH_EXPECT(TH_OK(na_global_max_pool2d(p)), 0, 0, "global_max_pool2d", NAN);
+        TH_EXPECT(TH_OK(na_max(p)), 0, 0, "max", NAN);
+        na_step_end();
+    }
+}
+
+/* BatchNorm + ReLU with a NaN weight: its channel is NaN, never the 0 that hid it, and the
+ * gradient passes there (the bias gradient is the sum of gy, as relu(batch_norm) in PyTorch),
+ * fused and unfused alike; S = 64 reaches the vector loops. */
+Test(numerics, nan_propagates_through_batch_norm_relu) {
+    enum { C = 2, S = 64 };
+    for (int fused = 0; fused < 2; fused++) {
+        double xv[C * S], gv[C * S], gsum[C] = {0};
+        th_rng r = {99};
+        for (int i = 0; i < C * S; i++) {
+            xv[i] = th_rng_uniform(&r, -2, 2);
+            gv[i] = th_rng_uniform(&r, -1, 1);
+            gsum[i / S] += (double)(float)gv[i];
+        }
+        na_tensor *x = th_leaf(NA_DTYPE_F32, NA_SHAPE(1, C, S), xv);
+        na_tensor *w = th_leaf(NA_DTYPE_F32, NA_SHAPE(C), TH_V(NAN, 1));
+        na_tensor *b = th_leaf(NA_DTYPE_F32, NA_SHAPE(C), TH_V(0, 0));
+        na_tensor *gy = th_tensor(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(1, C, S), gv);
+        na_tensor *y = fused ? TH_OK(na_batch_norm_relu(x, NULL, NULL, w, b, true, 0.1, 1e-5))
+                             : TH_OK(na_relu(TH_OK(na_batch_norm(x, NULL, NULL, w, b, true,
+                                                                 0.1, 1e-5))));
+        for (int i = 0; i < S; i++)
+            cr_assert(isnan(na_get(y, i)), "fused %d: y[0, 0, %d] = %g, expected NaN", fused, i,
+                      na_get(y, i));
+        TH_RC(na_backward(y, gy));
+        cr_assert(fabs(na_get(b->grad, 0) - gsum[0]) < 1e-4, "fused %d: bias gradient %g, "
+                  "expected the sum of gy %g", fused, na_get(b->grad, 0), gsum[0]);
+        na_step_end();
+    }
+}

@@ -709,3 +709,22 @@ Test(optim, clip_grad_norm) {
     na_optim_free(o);
     na_tensor_free(a), na_tensor_free(b), na_tensor_free(none), na_tensor_free(h);
 }
+
+/* A step writes the parameters in place: a retained graph that saved them (mul reads both
+ * inputs) cannot be walked again afterwards, as in PyTorch ("modified by an inplace
+ * operation"); before the step it can. */
+Test(optim, a_step_invalidates_a_retained_graph_that_saved_the_parameter) {
+    na_tensor *p = param(2, (const float[]){1, 2});
+    p->name = "w";
+    na_optim *o = sgd_for(p, (na_sgd_cfg){.lr = 0.1});
+    na_tensor *loss = na_sum(na_mul(p, p));
+    cr_assert_not_null(loss, "%s", na_last_error());
+    cr_assert_eq(na_backward_retain(loss, NULL), NA_OK, "%s", na_last_error());
+    cr_assert_eq(na_optim_step(o, NULL), NA_OK, "%s", na_last_error());
+    na_clear_error();
+    cr_assert_eq(na_backward(loss, NULL), NA_ESTATE);
+    cr_assert(strstr(na_last_error(), "modified by an inplace operation: [2] f32 cpu (w), input 0 "
+                     "of mul"), "%s", na_last_error());
+    na_optim_free(o);
+    na_tensor_free(p);
+}

@@ -30,8 +30,18 @@
  * backward (masks, indices, statistics). Everything the user holds stays as it was: the root,
  * the tensors ops returned to user code (a model's output, an intermediate of a module
  * forward of your own), inputs, leaves and persistent tensors. The graph is then used up, as
- * in PyTorch without retain_graph: walking it again fails with NA_ESTATE. To walk one graph
- * several times, use na_backward_retain for every walk but the last.
+ * in PyTorch without retain_graph: walking it again fails with NA_ESTATE (and adds nothing).
+ * To walk one graph several times, use na_backward_retain for every walk but the last. An op
+ * given a tensor na_backward gave back fails with NA_ESTATE, naming the op.
+ *
+ * In-place writes. Every tensor counts the in-place writes to its memory (t->version: na_copy_,
+ * na_fill_, na_copy_from_host, a custom function's na_function_mark_dirty; a view's writes
+ * count on its base). A node whose backward reads a value (exp's output, mul's inputs: the op
+ * table's reads column, nanoamp/ops.h) that was written after the op ran fails na_backward
+ * with NA_ESTATE, as PyTorch: "one of the variables needed for gradient computation has been
+ * modified by an inplace operation", naming the tensor and the op. Writes through t->data
+ * directly are invisible to the count: a custom function that writes an input says so with
+ * na_function_mark_dirty.
  *
  *     na_tensor_set_requires_grad(w, true);
  *     na_tensor *loss = na_sum(na_mul(w, w));
@@ -128,15 +138,22 @@ int na_gradcheck(na_gradcheck_fn f, void *ctx, na_tensor **inputs, int n_inputs,
 #define NA_FUNCTION_MAX_INPUTS 5  /* a graph node's inputs */
 #define NA_FUNCTION_MAX_OUTPUTS 8
 #define NA_FUNCTION_MAX_SAVED 8
+/* .forward_dtype left out of the initializer (0, which is also NA_DTYPE_F64, never a cast
+ * target): with .cast_inputs, f32. */
+#define NA_FUNCTION_DTYPE_UNSET NA_DTYPE_F64
 
 typedef struct na_function_ctx na_function_ctx;
 
 /* Fills outputs[0..n_outputs) with new tensors (or views of inputs); returns NA_OK or a
- * negative status (with na_set_error). inputs[k] may be NULL when the caller passed NULL. */
+ * negative status (with na_set_error; without, the message says which callback returned which
+ * status). inputs[k] may be NULL when the caller passed NULL. */
 typedef int (*na_function_forward)(na_function_ctx *ctx, na_tensor *const *inputs,
                                    na_tensor **outputs);
 /* grad_outputs[j] has outputs[j]'s shape, dtype and device, and is never NULL: an output
- * that received no gradient (unused, or non-differentiable) gets zeros. Writes
+ * that received no gradient (unused, or non-differentiable) gets zeros (NULL instead after
+ * na_function_set_materialize_grads(ctx, false)). It may be strided (a view: the gradient of
+ * a transpose or a broadcast): a raw loop over ->data calls na_contiguous first, or it reads
+ * the wrong elements. Writes
  * grad_inputs[k] with inputs[k]'s shape, dtype and device, or leaves it NULL (no gradient;
  * always fine for an input that does not need one, see na_function_needs_input_grad).
  * Returns the number of gradients it produced, which must be n_inputs (NULL ones count), or
@@ -152,14 +169,16 @@ typedef struct {
     int n_inputs;     /* 0..NA_FUNCTION_MAX_INPUTS */
     int n_outputs;    /* 1..NA_FUNCTION_MAX_OUTPUTS */
     na_function_forward forward;
-    na_function_backward backward; /* NULL: no gradient (its outputs never require grad) */
+    na_function_backward backward; /* NULL: none; a gradient reaching it fails na_backward */
     bool cast_inputs;              /* false: run as called; true: run forward in forward_dtype */
-    na_dtype forward_dtype;        /* with cast_inputs: f32, f16 or bf16 */
+    na_dtype forward_dtype;        /* with cast_inputs: f32 (also when unset), f16 or bf16; set
+                                      without cast_inputs, na_function_apply refuses it */
 } na_function;
 
 /* Runs f on inputs (f->n_inputs of them, NULL entries allowed) and fills outputs
  * (f->n_outputs). The outputs require grad, and backward reaches f->backward, when grad
- * mode is on, f has a backward and some input requires grad. `arg` is handed to forward
+ * mode is on and some input requires grad (f without a backward then fails na_backward, as
+ * PyTorch, when a gradient reaches it). `arg` is handed to forward
  * (na_function_arg), for parameters that are not tensors. Returns NA_OK or an error naming
  * the function (outputs are then NULL). */
 int na_function_apply(const na_function *f, na_tensor *const *inputs, na_tensor **outputs,
@@ -170,7 +189,8 @@ na_tensor *na_function_apply1(const na_function *f, na_tensor *const *inputs, vo
 /* ---- the context (forward and backward) ---- */
 /* Forward only: keeps t (an input, an output or any tensor) for backward, in order. */
 int na_function_save(na_function_ctx *ctx, na_tensor *t);
-/* The k-th saved tensor (NULL with an error when there is none). */
+/* The k-th saved tensor (NULL with an error when there is none, or, in backward, when it was
+ * written in place after forward returned: "modified by an inplace operation"). */
 na_tensor *na_function_saved(const na_function_ctx *ctx, int k);
 /* Plain values: a zeroed block of `size` bytes in the step arena, made at the first call;
  * later calls (forward or backward) return the same block. NULL with an error when `size`
@@ -181,8 +201,16 @@ void *na_function_arg(const na_function_ctx *ctx);
 /* Forward only: output k is not differentiable (an index, a mask): it never requires grad,
  * and backward receives zeros for it. Integer outputs are never differentiable. */
 int na_function_mark_non_differentiable(na_function_ctx *ctx, int k);
-/* Whether input k needs a gradient: it requires grad, grad mode was on at the call and f
- * has a backward. In backward, a function may skip the gradients nobody needs. */
+/* Forward only: forward wrote input k in place (through ->data, or a raw kernel). Counts as
+ * an in-place write (see "In-place writes" above): a node that saved the old values fails
+ * backward instead of using the new ones. A leaf that requires grad cannot be written
+ * (NA_ESTATE, as PyTorch). */
+int na_function_mark_dirty(na_function_ctx *ctx, int k);
+/* Forward only: false gives backward NULL (instead of zeros) for every output that received
+ * no gradient (PyTorch's ctx.set_materialize_grads(False)); default true. */
+int na_function_set_materialize_grads(na_function_ctx *ctx, bool materialize);
+/* Whether input k needs a gradient: it requires grad and grad mode was on at the call. In
+ * backward, a function may skip the gradients nobody needs. */
 bool na_function_needs_input_grad(const na_function_ctx *ctx, int k);
 const na_function *na_function_of(const na_function_ctx *ctx);
 

@@ -36,7 +36,7 @@ typedef enum {
 } na_amp_rule;
 
 /* The op table: one row per op, every fact about an op that code elsewhere looks up.
- *   X(ID, name, rule, autocast, unary, sums, differentiable)
+ *   X(ID, name, rule, autocast, unary, sums, differentiable, reads)
  *   rule       its default autocast rule, NA_AMP_<rule> (na_autocast_set_rule overrides it)
  *   autocast   ASKS: the front-end asks autocast to cast its inputs by the rule; FIXED: the op
  *              always runs in its inputs' dtype (views, copies, casts, and the ops that keep
@@ -47,50 +47,54 @@ typedef enum {
  *   sums       ACC: its sums (dot products, reductions, statistics, windows) accumulate in
  *              f32 for f16/bf16 data (the trace's acc column); NOACC: it sums nothing
  *   differentiable   false: it records no node (its output is an integer tensor)
+ *   reads      whose values its backward reads: IN0, IN01 (inputs 0 and 1), OUT (its output),
+ *              or both (IN1_OUT, IN01_OUT); NONE: shapes only, or tensors it made itself. An
+ *              in-place write to one of them between the op and na_backward fails backward
+ *              (version counters, nanoamp/autograd.h)
  * Its backward is na_bw_<ID>, written right below its forward in src/ops. */
-#define NA_OP_MAP(X)                                                                  \
-    X(ADD,           "add",           AS_IS, ASKS,  NONE,       NOACC, true)          \
-    X(SUB,           "sub",           AS_IS, ASKS,  NONE,       NOACC, true)          \
-    X(MUL,           "mul",           AS_IS, ASKS,  NONE,       NOACC, true)          \
-    X(DIV,           "div",           AS_IS, ASKS,  NONE,       NOACC, true)          \
-    X(NEG,           "neg",           AS_IS, ASKS,  NEG,        NOACC, true)          \
-    X(SCALE,         "scale",         AS_IS, ASKS,  SCALE,      NOACC, true)          \
-    X(ADD_SCALAR,    "add_scalar",    AS_IS, ASKS,  ADD_SCALAR, NOACC, true)          \
-    X(EXP,           "exp",           FP32,  ASKS,  EXP,        NOACC, true)          \
-    X(LOG,           "log",           FP32,  ASKS,  LOG,        NOACC, true)          \
-    X(SQRT,          "sqrt",          AS_IS, ASKS,  SQRT,       NOACC, true)          \
-    X(RSQRT,         "rsqrt",         FP32,  ASKS,  RSQRT,      NOACC, true)          \
-    X(POW,           "pow",           FP32,  ASKS,  POW,        NOACC, true)          \
-    X(ABS,           "abs",           AS_IS, ASKS,  ABS,        NOACC, true)          \
-    X(CLAMP,         "clamp",         AS_IS, ASKS,  CLAMP,      NOACC, true)          \
-    X(RELU,          "relu",          AS_IS, ASKS,  RELU,       NOACC, true)          \
-    X(GELU,          "gelu",          AS_IS, ASKS,  GELU,       NOACC, true)          \
-    X(SIGMOID,       "sigmoid",       AS_IS, ASKS,  SIGMOID,    NOACC, true)          \
-    X(TANH,          "tanh",          AS_IS, ASKS,  TANH,       NOACC, true)          \
-    X(SOFTPLUS,      "softplus",      FP32,  ASKS,  SOFTPLUS,   NOACC, true)          \
-    X(MATMUL,        "matmul",        LOWER, ASKS,  NONE,       ACC,   true)          \
-    X(LINEAR,        "linear",        LOWER, ASKS,  NONE,       ACC,   true)          \
-    X(SUM,           "sum",           FP32,  ASKS,  NONE,       ACC,   true)          \
-    X(MEAN,          "mean",          AS_IS, ASKS,  NONE,       ACC,   true)          \
-    X(MAX,           "max",           AS_IS, ASKS,  NONE,       NOACC, true)          \
-    X(ARGMAX,        "argmax",        AS_IS, FIXED, NONE,       NOACC, false)         \
-    X(SOFTMAX,       "softmax",       FP32,  ASKS,  NONE,       ACC,   true)          \
-    X(LOG_SOFTMAX,   "log_softmax",   FP32,  ASKS,  NONE,       ACC,   true)          \
-    X(CROSS_ENTROPY, "cross_entropy", FP32,  ASKS,  NONE,       ACC,   true)          \
-    X(MSE_LOSS,      "mse_loss",      FP32,  ASKS,  NONE,       NOACC, true)          \
-    X(DROPOUT,       "dropout",       AS_IS, FIXED, NONE,       NOACC, true)          \
-    X(CAST,          "cast",          AS_IS, FIXED, NONE,       NOACC, true)          \
-    X(TO_DEVICE,     "to_device",     AS_IS, FIXED, NONE,       NOACC, true)          \
-    X(RESHAPE,       "reshape",       AS_IS, FIXED, NONE,       NOACC, true)          \
-    X(PERMUTE,       "permute",       AS_IS, FIXED, NONE,       NOACC, true)          \
-    X(SLICE,         "slice",         AS_IS, FIXED, NONE,       NOACC, true)          \
-    X(CONTIGUOUS,    "contiguous",    AS_IS, FIXED, NONE,       NOACC, true)          \
-    X(PAD,           "pad",           AS_IS, FIXED, NONE,       NOACC, true)          \
-    X(CONV2D,        "conv2d",        LOWER, ASKS,  NONE,       ACC,   true)          \
-    X(BATCH_NORM,    "batch_norm",    AS_IS, FIXED, NONE,       ACC,   true)          \
-    X(BATCH_NORM_RELU, "batch_norm_relu", AS_IS, FIXED, NONE,   ACC,   true)          \
-    X(MAX_POOL2D,    "max_pool2d",    AS_IS, FIXED, NONE,       NOACC, true)          \
-    X(AVG_POOL2D,    "avg_pool2d",    AS_IS, FIXED, NONE,       ACC,   true)
+#define NA_OP_MAP(X)                                                                      \
+    X(ADD,           "add",           AS_IS, ASKS,  NONE,       NOACC, true,  NONE)       \
+    X(SUB,           "sub",           AS_IS, ASKS,  NONE,       NOACC, true,  NONE)       \
+    X(MUL,           "mul",           AS_IS, ASKS,  NONE,       NOACC, true,  IN01)       \
+    X(DIV,           "div",           AS_IS, ASKS,  NONE,       NOACC, true,  IN1_OUT)    \
+    X(NEG,           "neg",           AS_IS, ASKS,  NEG,        NOACC, true,  NONE)       \
+    X(SCALE,         "scale",         AS_IS, ASKS,  SCALE,      NOACC, true,  NONE)       \
+    X(ADD_SCALAR,    "add_scalar",    AS_IS, ASKS,  ADD_SCALAR, NOACC, true,  NONE)       \
+    X(EXP,           "exp",           FP32,  ASKS,  EXP,        NOACC, true,  OUT)        \
+    X(LOG,           "log",           FP32,  ASKS,  LOG,        NOACC, true,  IN0)        \
+    X(SQRT,          "sqrt",          AS_IS, ASKS,  SQRT,       NOACC, true,  OUT)        \
+    X(RSQRT,         "rsqrt",         FP32,  ASKS,  RSQRT,      NOACC, true,  OUT)        \
+    X(POW,           "pow",           FP32,  ASKS,  POW,        NOACC, true,  IN0)        \
+    X(ABS,           "abs",           AS_IS, ASKS,  ABS,        NOACC, true,  IN0)        \
+    X(CLAMP,         "clamp",         AS_IS, ASKS,  CLAMP,      NOACC, true,  IN0)        \
+    X(RELU,          "relu",          AS_IS, ASKS,  RELU,       NOACC, true,  IN0)        \
+    X(GELU,          "gelu",          AS_IS, ASKS,  GELU,       NOACC, true,  IN0)        \
+    X(SIGMOID,       "sigmoid",       AS_IS, ASKS,  SIGMOID,    NOACC, true,  OUT)        \
+    X(TANH,          "tanh",          AS_IS, ASKS,  TANH,       NOACC, true,  OUT)        \
+    X(SOFTPLUS,      "softplus",      FP32,  ASKS,  SOFTPLUS,   NOACC, true,  IN0)        \
+    X(MATMUL,        "matmul",        LOWER, ASKS,  NONE,       ACC,   true,  IN01)       \
+    X(LINEAR,        "linear",        LOWER, ASKS,  NONE,       ACC,   true,  IN01)       \
+    X(SUM,           "sum",           FP32,  ASKS,  NONE,       ACC,   true,  NONE)       \
+    X(MEAN,          "mean",          AS_IS, ASKS,  NONE,       ACC,   true,  NONE)       \
+    X(MAX,           "max",           AS_IS, ASKS,  NONE,       NOACC, true,  NONE)       \
+    X(ARGMAX,        "argmax",        AS_IS, FIXED, NONE,       NOACC, false, NONE)       \
+    X(SOFTMAX,       "softmax",       FP32,  ASKS,  NONE,       ACC,   true,  OUT)        \
+    X(LOG_SOFTMAX,   "log_softmax",   FP32,  ASKS,  NONE,       ACC,   true,  OUT)        \
+    X(CROSS_ENTROPY, "cross_entropy", FP32,  ASKS,  NONE,       ACC,   true,  IN01)       \
+    X(MSE_LOSS,      "mse_loss",      FP32,  ASKS,  NONE,       NOACC, true,  NONE)       \
+    X(DROPOUT,       "dropout",       AS_IS, FIXED, NONE,       NOACC, true,  NONE)       \
+    X(CAST,          "cast",          AS_IS, FIXED, NONE,       NOACC, true,  NONE)       \
+    X(TO_DEVICE,     "to_device",     AS_IS, FIXED, NONE,       NOACC, true,  NONE)       \
+    X(RESHAPE,       "reshape",       AS_IS, FIXED, NONE,       NOACC, true,  NONE)       \
+    X(PERMUTE,       "permute",       AS_IS, FIXED, NONE,       NOACC, true,  NONE)       \
+    X(SLICE,         "slice",         AS_IS, FIXED, NONE,       NOACC, true,  NONE)       \
+    X(CONTIGUOUS,    "contiguous",    AS_IS, FIXED, NONE,       NOACC, true,  NONE)       \
+    X(PAD,           "pad",           AS_IS, FIXED, NONE,       NOACC, true,  NONE)       \
+    X(CONV2D,        "conv2d",        LOWER, ASKS,  NONE,       ACC,   true,  IN01)       \
+    X(BATCH_NORM,    "batch_norm",    AS_IS, FIXED, NONE,       ACC,   true,  IN01)       \
+    X(BATCH_NORM_RELU, "batch_norm_relu", AS_IS, FIXED, NONE,   ACC,   true,  IN01_OUT)   \
+    X(MAX_POOL2D,    "max_pool2d",    AS_IS, FIXED, NONE,       NOACC, true,  NONE)       \
+    X(AVG_POOL2D,    "avg_pool2d",    AS_IS, FIXED, NONE,       ACC,   true,  NONE)
 
 typedef enum {
 #define NA_OP_ENUM_(id, ...) NA_OP_##id,

@@ -55,6 +55,10 @@ struct na_tensor {
     bool zero_deferred;    /* a gradient zero_grad marked: it reads as zeros but its memory
                               is not filled yet (nanoamp/autograd.h, na_grad_settle) */
     const char *name;      /* optional ("features.0.weight"), used in messages */
+    uint32_t version;      /* in-place writes to the memory this tensor owns (na_copy_,
+                              na_fill_, na_copy_from_host, na_function_mark_dirty): a view's
+                              writes count on its base. na_backward refuses a node whose
+                              saved tensors were written after it saved them. */
 };
 
 /* The kernel view of a tensor that may be NULL (then NULL). */

@@ -22,6 +22,14 @@
 #define NANOAMP_KERNELS_COMMON_ELEMENTWISE_OPS_H
 
 #define NA_SQRT1_2 0.70710678118654752440
+
+/* ReLU, for the RELU row and every fused ReLU (BatchNorm+ReLU, bias+ReLU): a NaN passes
+ * through, as PyTorch's relu (clamp_min), and so does its gradient, which is cut only where
+ * the value is <= 0 (PyTorch's threshold_backward on the output). v may be x or y = relu(x):
+ * both are <= 0 at the same elements. */
+#define NA_RELU(T, v) ((v) <= (T)0 ? (T)0 : (v))
+#define NA_RELU_GRAD(T, v) ((v) <= (T)0 ? (T)0 : (T)1)
+#define NA_RELU_PASS(T, v, g) ((v) <= (T)0 ? (T)0 : (g)) /* g where the gradient passes */
 #define NA_INV_SQRT_2PI 0.39894228040143267794
 
 #define NA_UNARY_OPS(X)                                                                     \
@@ -35,7 +43,7 @@
     X(POW, NA_EW_POW(x, a), a == (T)0 ? (T)0 : a * NA_EW_POW(x, a - (T)1))   /* x ** a */  \
     X(ABS, NA_EW_FABS(x), x > (T)0 ? (T)1 : (x < (T)0 ? (T)-1 : (T)0))                      \
     X(CLAMP, x < a ? a : (x > b ? b : x), (x >= a && x <= b) ? (T)1 : (T)0) /* to [a, b] */ \
-    X(RELU, x > (T)0 ? x : (T)0, x > (T)0 ? (T)1 : (T)0)                                    \
+    X(RELU, NA_RELU(T, x), NA_RELU_GRAD(T, x))                                              \
     X(GELU, (T)0.5 * x * ((T)1 + NA_EW_ERF(x * (T)NA_SQRT1_2)),                             \
       (T)0.5 * ((T)1 + NA_EW_ERF(x * (T)NA_SQRT1_2)) +                                      \
           x * (T)NA_INV_SQRT_2PI * NA_EW_EXP((T)-0.5 * x * x))                              \

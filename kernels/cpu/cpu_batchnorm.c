@@ -108,7 +108,7 @@ typedef struct {
                 for (int64_t i = 0; i < cnt; i++) out[i] = (v[i] - mean) * scale + shift;   \
                 if (relu)                                                                   \
                     for (int64_t i = 0; i < cnt; i++)                                       \
-                        out[i] = out[i] > (T)0 ? out[i] : (T)0;                             \
+                        out[i] = NA_RELU(T, out[i]);                                        \
                 na_cpu_store_##SFX(y->dtype, y->data, off, cnt, out);                       \
             }                                                                               \
     }                                                                                       \
@@ -143,9 +143,9 @@ typedef struct {
             chan_affine_##NAME(&xr, y, n, c, s, ch, (T)param(rm, ch, 0), scale, shift, relu); \
         }                                                                                   \
     }                                                                                       \
-    /* gy * relu'(y) when y is given (ReLU's derivative: 1 where y > 0), else gy */         \
+    /* gy * relu'(y) when y is given (NA_RELU_GRAD: 0 where y <= 0), else gy */             \
     static inline T masked_gy_##NAME(const T *g, const T *y, int64_t i) {                   \
-        return y ? g[i] * (y[i] > (T)0 ? (T)1 : (T)0) : g[i];                               \
+        return y ? g[i] * NA_RELU_GRAD(T, y[i]) : g[i];                                     \
     }                                                                                       \
     /* (sum of gm, sum of gm * xhat) over n values, gm = masked_gy: the order of            \
      * na_cpu_sum (8 lanes, pairwise above 128) for each, in one pass with no buffers */    \
@@ -171,7 +171,7 @@ typedef struct {
             if (y) {                                                                        \
                 v8 yv;                                                                      \
                 memcpy(&yv, y + i, sizeof yv);                                              \
-                gv = gv * __builtin_convertvector((yv > zero) & 1, v8); /* relu' */         \
+                gv = gv * __builtin_convertvector(~(yv <= zero) & 1, v8); /* NA_RELU_GRAD */ \
             }                                                                               \
             va1 += gv;                                                                      \
             va2 += gv * ((xv - vm) * vs);                                                   \
@@ -219,7 +219,7 @@ typedef struct {
                         T *g = gw + ni * s + o;                                             \
                         const T *yv = row_##NAME(&yr, ni, o, cnt, yb);                      \
                         for (int64_t i = 0; i < cnt; i++)                                   \
-                            g[i] = g[i] * (yv[i] > (T)0 ? (T)1 : (T)0);                     \
+                            g[i] = g[i] * NA_RELU_GRAD(T, yv[i]);                           \
                     }                                                                       \
                 yr.v.data = NULL; /* gy now holds gy * relu'(y) */                          \
             }                                                                               \

@@ -317,7 +317,7 @@ int na_cuda_batch_norm_backward(const na_view *x, const na_view *gy, const na_vi
  *             fixed-order combination, mean/invstd, running stats, scale/shift)
  *             -> apply (y = (x - mean) * scale + shift, optional ReLU): two reads, one write;
  *   eval:     coefficients from the running stats -> apply;
- *   backward: sums (per tile: sum g, sum g*xhat with g = gy, or gy where y > 0 with relu)
+ *   backward: sums (per tile: sum g, sum g*xhat with g = gy, or gy where y is not <= 0 with relu)
  *             -> finalize (ggamma, gbeta, the per-channel terms) -> apply (gx).
  * Every combination order is fixed (common/welford.h) and independent of the grid: results
  * are deterministic, with no atomics. The formulas are the CPU backend's (the v1 comment at
@@ -502,7 +502,7 @@ k_bn2_apply(const void *__restrict__ x, void *__restrict__ y, bn2_geom g,
 #pragma unroll
                 for (int i = 0; i < VW; i++) {
                     C r = (v[j][i] - mean) * scale + shift;
-                    v[j][i] = RELU ? (r > (C)0 ? r : (C)0) : r;
+                    v[j][i] = RELU ? NA_RELU(C, r) : r;
                 }
                 na_vst<DT, VW>(y, off[j], v[j]);
             }
@@ -510,7 +510,7 @@ k_bn2_apply(const void *__restrict__ x, void *__restrict__ y, bn2_geom g,
     }
 }
 
-/* per-tile (sum g, sum g*xhat), g = gy (where y > 0 with RELU) */
+/* per-tile (sum g, sum g*xhat), g = gy (where y is not <= 0 with RELU) */
 template <int DT, int VW, bool RELU>
 __global__ void __launch_bounds__(NA_BN_THREADS)
 k_bn2_bwd_sums(const void *__restrict__ x, const void *__restrict__ y,
@@ -541,7 +541,7 @@ k_bn2_bwd_sums(const void *__restrict__ x, const void *__restrict__ y,
                 if (!ok[j]) continue;
 #pragma unroll
                 for (int i = 0; i < VW; i++) {
-                    C gvi = RELU ? (yv[j][i] > (C)0 ? gv[j][i] : (C)0) : gv[j][i];
+                    C gvi = RELU ? NA_RELU_PASS(C, yv[j][i], gv[j][i]) : gv[j][i];
                     acc.a += gvi;
                     acc.b += gvi * ((xv[j][i] - mu) * is);
                 }
@@ -600,7 +600,7 @@ k_bn2_bwd_apply(const void *__restrict__ x, const void *__restrict__ y,
                 if (off[j] < 0) continue;
 #pragma unroll
                 for (int i = 0; i < VW; i++) {
-                    C gvi = RELU ? (yv[j][i] > (C)0 ? gv[j][i] : (C)0) : gv[j][i];
+                    C gvi = RELU ? NA_RELU_PASS(C, yv[j][i], gv[j][i]) : gv[j][i];
                     gv[j][i] = TRAIN ? (gvi - mg - ((xv[j][i] - mu) * is) * mgx) * scale
                                      : gvi * scale;
                 }
@@ -856,7 +856,7 @@ k_bnr_stats(const void *__restrict__ x, na_bn_rows_geom g,
     }
 }
 
-/* per-chunk (sum g, sum g*xhat), g = gy (where y > 0 with RELU): parts[ch * chunks + chunk] */
+/* per-chunk (sum g, sum g*xhat), g = gy (where y is not <= 0 with RELU): parts[ch * chunks + chunk] */
 template <int DT, int VW, bool RELU>
 __global__ void __launch_bounds__(NA_BN_THREADS)
 k_bnr_bwd_sums(const void *__restrict__ x, const void *__restrict__ y,
@@ -900,7 +900,7 @@ k_bnr_bwd_sums(const void *__restrict__ x, const void *__restrict__ y,
                 if (j >= cnt) break;
 #pragma unroll
                 for (int i = 0; i < VW; i++) {
-                    const C gvi = RELU ? (yv[j][i] > (C)0 ? gv[j][i] : (C)0) : gv[j][i];
+                    const C gvi = RELU ? NA_RELU_PASS(C, yv[j][i], gv[j][i]) : gv[j][i];
                     acc[i].a += gvi;
                     acc[i].b += gvi * ((xv[j][i] - mu[i]) * is[i]);
                 }
@@ -948,7 +948,7 @@ k_bnr_apply(const void *__restrict__ x, void *__restrict__ y, na_bn_rows_geom g,
 #pragma unroll
                 for (int i = 0; i < VW; i++) {
                     const C r = (v[j][i] - mean[i]) * scale[i] + shift[i];
-                    v[j][i] = RELU ? (r > (C)0 ? r : (C)0) : r;
+                    v[j][i] = RELU ? NA_RELU(C, r) : r;
                 }
                 na_vst<DT, VW>(y, off[j], v[j]);
             }
@@ -989,7 +989,7 @@ k_bnr_bwd_apply(const void *__restrict__ x, const void *__restrict__ y,
                 if (off[j] < 0) continue;
 #pragma unroll
                 for (int i = 0; i < VW; i++) {
-                    const C gvi = RELU ? (yv[j][i] > (C)0 ? gv[j][i] : (C)0) : gv[j][i];
+                    const C gvi = RELU ? NA_RELU_PASS(C, yv[j][i], gv[j][i]) : gv[j][i];
                     gv[j][i] = TRAIN ? (gvi - mg[i] - ((xv[j][i] - mu[i]) * is[i]) * mgx[i]) * scale[i]
                                      : gvi * scale[i];
                 }

@@ -112,7 +112,7 @@ __global__ void k_add_bias(void *y, int ydt, const void *bias, int bdt, int64_t 
     NA_GRID_STRIDE(i, n) {
         C v = na_ld<C>(y, ydt, i);
         if (bias) v = v + na_ld<C>(bias, bdt, (i / inner) % channels);
-        if (relu) v = v > (C)0 ? v : (C)0;
+        if (relu) v = NA_RELU(C, v);
         na_st(y, ydt, i, v);
     }
 }

@@ -26,7 +26,7 @@ extern "C" {
 /* One BatchNorm call over x [N, C, S] (the kernel list's contract, plus `relu`):
  *  train:    y = relu?(norm(x)); stats into save_mean/save_invstd, running stats updated;
  *  eval:     y = relu?(norm(x)) with the running stats;
- *  backward: from x, gy (and, with relu, the forward's output y: gy counts where y > 0)
+ *  backward: from x, gy (and, with relu, the forward's output y: gy counts where y is not <= 0: NaN passes, NA_RELU_GRAD)
  *            with mean/invstd (the saved stats; the running ones and train = false in eval)
  *            into gx, ggamma, gbeta (each may be NULL).
  * relu = true is BatchNorm + ReLU in one pass each way (na_batch_norm_relu reaches it through

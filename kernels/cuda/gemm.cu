@@ -47,7 +47,7 @@ __global__ void k_gemm_epilogue(void *c, int cdt, const void *bias, int bdt, int
         C v = mode == 0 ? (C)0 : na_ld<C>(c, cdt, off);
         if (mode == 1) v = beta * v;
         if (bias) v = v + na_ld<C>(bias, bdt, j);
-        if (relu) v = v > (C)0 ? v : (C)0;
+        if (relu) v = NA_RELU(C, v);
         na_st(c, cdt, off, v);
     }
 }

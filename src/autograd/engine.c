@@ -14,6 +14,7 @@
  * results would change. The pass ends by filling the marks it did not reach, and fills a
  * leaf's before the leaf hook reads it: after na_backward nothing is left marked. */
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "src/autograd/graph.h"
@@ -55,6 +56,9 @@ na_node *na_graph_record(const na_graph_op *op, na_tensor *out, int n_inputs,
     n->n_inputs = n_inputs;
     for (int k = 0; k < n_inputs; k++) n->inputs[k] = inputs[k];
     n->out = out;
+    for (int k = 0; k < n_inputs; k++)
+        n->versions[k] = inputs[k] ? na_tensor_version(inputs[k]) : 0;
+    n->versions[NA_NODE_MAX_INPUTS] = na_tensor_version(out);
     n->layer = na_profile_layer();
     out->requires_grad = true;
     out->grad_fn = n;
@@ -217,7 +221,7 @@ typedef struct {
     bool free_saved;    /* give activations back after their last use (not na_backward_retain) */
 } pass;
 
-static na_tensor *owner_of(na_tensor *t) { return t->base ? t->base : t; }
+static na_tensor *owner_of(na_tensor *t) { return na_tensor_owner(t); }
 
 static bool pass_made(const pass *p, const na_tensor *o) {
     return !o->persistent && o->data && na_arena_host_newer(p->mark, o);
@@ -285,12 +289,18 @@ static void unhold(pass *p, na_tensor *g) {
     if (r && --r->refs == 0) na_tensor_release(o);
 }
 
-/* A node's references to forward tensors: its inputs, saved tensors and output. */
-#define NODE_REFS(n) ((n)->n_inputs + NA_NODE_MAX_SAVED + 1)
+/* A node's references to forward tensors: its inputs, saved tensors, output and kept ones. */
+#define NODE_REFS(n) ((n)->n_inputs + NA_NODE_MAX_SAVED + 1 + (n)->n_kept)
 static na_tensor *node_ref(const na_node *n, int j) {
     if (j < n->n_inputs) return n->inputs[j];
     j -= n->n_inputs;
-    return j < NA_NODE_MAX_SAVED ? n->saved[j] : n->out;
+    if (j < NA_NODE_MAX_SAVED) return n->saved[j];
+    return j == NA_NODE_MAX_SAVED ? n->out : n->kept[j - NA_NODE_MAX_SAVED - 1];
+}
+/* Reference j is one of saved[] (made for the backward alone), not also the output. */
+static bool ref_is_saved(const na_node *n, int j) {
+    int s = j - n->n_inputs;
+    return s >= 0 && s < NA_NODE_MAX_SAVED && n->saved[s] != n->out;
 }
 
 /* Counts every node's references to the forward's step blocks; the root is the user's. */
@@ -301,7 +311,7 @@ static void count_saved(pass *p, const node_list *order, na_tensor *root) {
             block_refs *r = o && !o->persistent && o->data ? refs_of(&p->acts, o, true) : NULL;
             if (!r) continue;
             r->refs++;
-            bool in_saved = j >= order->items[i]->n_inputs && t != order->items[i]->out;
+            bool in_saved = ref_is_saved(order->items[i], j);
             r->saved |= in_saved;
             r->io |= !in_saved;
         }
@@ -326,14 +336,42 @@ static void release_saved(pass *p, const na_node *n) {
     }
 }
 
-/* A node whose saved tensors an earlier na_backward gave back cannot run again. */
-static int check_not_freed(const na_node *n) {
-    for (int j = 0; j < NODE_REFS(n); j++) {
-        na_tensor *t = node_ref(n, j);
-        if (t && !owner_of(t)->data)
-            return na_set_error(NA_ESTATE, "na_backward: the graph of %s was already walked and "
-                                "its saved tensors given back; walk it with na_backward_retain "
-                                "every time but the last", n->op->name);
+/* A node an earlier na_backward used up (walked without retain, its saved tensors perhaps
+ * given back) cannot run again, as in PyTorch without retain_graph. */
+static int check_not_used(const char *fn, const na_node *n) {
+    bool freed = false;
+    for (int j = 0; j < NODE_REFS(n); j++)
+        freed |= node_ref(n, j) && !owner_of(node_ref(n, j))->data;
+    if (n->walked || freed)
+        return na_set_error(NA_ESTATE, "%s: the graph of %s was already walked by na_backward, "
+                            "which uses it up%s; walk it with na_backward_retain every time but "
+                            "the last", fn, n->op->name,
+                            freed ? " and gave its saved tensors back" : "");
+    return NA_OK;
+}
+
+int na_graph_version_error(const char *fn, const na_tensor *t, const char *place,
+                           const char *op, uint32_t expected) {
+    char b[2 * NA_DESCRIBE_MAX];
+    return na_set_error(NA_ESTATE, "%s: one of the variables needed for gradient computation has "
+                        "been modified by an inplace operation: %s, %s of %s, is at version %u; "
+                        "expected version %u instead (it was written after %s saved it: write a "
+                        "copy, or write it before %s runs)", fn,
+                        na_tensor_describe_named(t, b, sizeof b), place, op,
+                        (unsigned)na_tensor_version(t), (unsigned)expected, op, op);
+}
+
+/* The values n's backward reads (its op's `reads`) must be those the op saw: an in-place
+ * write since (a version bump) would make the gradient silently wrong. */
+static int check_versions(const char *fn, const na_node *n) {
+    for (int k = 0; k <= n->n_inputs; k++) {
+        int slot = k < n->n_inputs ? k : NA_NODE_MAX_INPUTS;
+        na_tensor *t = k < n->n_inputs ? n->inputs[k] : n->out;
+        if (!(n->op->reads >> slot & 1) || !t || na_tensor_version(t) == n->versions[slot])
+            continue;
+        char place[32];
+        snprintf(place, sizeof place, k < n->n_inputs ? "input %d" : "the output", k);
+        return na_graph_version_error(fn, t, place, n->op->name, n->versions[slot]);
     }
     return NA_OK;
 }
@@ -465,7 +503,7 @@ static int backward(na_tensor *root, na_tensor *grad, bool retain) {
             continue;
         }
         na_tensor *gin[NA_NODE_MAX_INPUTS] = {0};
-        if ((rc = check_not_freed(n))) break;
+        if ((rc = check_not_used(fn, n)) || (rc = check_versions(fn, n))) break;
         offer_grad_into(n);
         rc = n->op->backward(n, gout, gin);
         for (int k = 0; k < n->n_inputs; k++) {
@@ -490,6 +528,7 @@ static int backward(na_tensor *root, na_tensor *grad, bool retain) {
         if (!rc) { /* consumed */
             if (!n->op->keeps_gout) unhold(&p, gout);
             n->out->grad = NULL;
+            n->walked = !retain;
             release_saved(&p, n);
         }
         if (finals && !rc) rc = fire_final(finals, n_finals, &next_final, i);

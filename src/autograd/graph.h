@@ -28,7 +28,12 @@ typedef struct {
     na_backward_fn backward; /* NULL: the op has no gradient and records no node */
     bool keeps_gout;         /* the backward keeps gout for a later node (the engine then
                                 leaves its memory alone until the step ends) */
+    unsigned reads;          /* whose values the backward reads: bit k input k, NA_READS_OUT
+                                the output; na_backward refuses the node when one of them
+                                was written in place since the op ran (version counters) */
 } na_graph_op;
+
+#define NA_READS_OUT (1u << NA_NODE_MAX_INPUTS)
 
 struct na_node {
     const na_graph_op *op;
@@ -46,8 +51,15 @@ struct na_node {
      * beta 0, cuDNN's weight gradient) writes it in place: no temporary, no fill, no add.
      * NULL elsewhere, and for every input but the first where one leaf is input twice. */
     na_tensor *grad_into[NA_NODE_MAX_INPUTS];
+    /* Tensors the backward reads besides inputs, saved and out (a custom function's saved
+     * tensors, perhaps its own outputs): references the pass counts, so it gives none of them
+     * back before this node has run; being kept here never makes a tensor freeable. */
+    na_tensor *const *kept;
+    int n_kept;
+    uint32_t versions[NA_NODE_MAX_INPUTS + 1]; /* inputs' and out's versions when recorded */
     na_tensor *out;
     bool out_internal; /* out is unreachable from user code (na_graph_mark_internal) */
+    bool walked;       /* its backward ran in a pass that did not retain: used up */
     unsigned visit; /* topological-sort mark */
     int layer;      /* the profiler's layer of the forward (0: none; src/autograd/profile.h) */
 };
@@ -85,6 +97,11 @@ na_graph_leaf_hook na_graph_set_leaf_hook(na_graph_leaf_hook hook);
  * it for t's memory (a container's result that is a view of an internal tensor). */
 void na_graph_mark_internal(na_tensor *t);
 void na_graph_unmark_internal(na_tensor *t);
+
+/* The error for a value a backward reads that was written in place after `op` saved it
+ * (`place`: "input 1", "the output", "saved tensor 0"): PyTorch's words, NA_ESTATE. */
+int na_graph_version_error(const char *fn, const na_tensor *t, const char *place,
+                           const char *op, uint32_t expected);
 
 /* True on this thread while na_backward runs backward functions: the ops they call compute
  * in the forward's dtypes (autocast reads this and stays out). */

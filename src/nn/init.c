@@ -14,6 +14,7 @@ int na_init_uniform_(na_tensor *t, double lo, double hi) {
     if (!(lo <= hi)) return na_set_error(NA_EINVAL, "%s: empty range [%g, %g)", fn, lo, hi);
     const na_backend *be = na_be(t);
     if (!be) return na_last_status();
+    na_tensor_bump_version(t);
     return be->fill_uniform(&t->view, lo, hi, na_rng_seed(), na_rng_reserve((uint64_t)t->numel));
 }
 

@@ -25,7 +25,9 @@ struct na_function_ctx {
     na_tensor *inputs[NA_FUNCTION_MAX_INPUTS]; /* as forward saw them (after autocast) */
     na_tensor *outputs[NA_FUNCTION_MAX_OUTPUTS];
     na_tensor *saved[NA_FUNCTION_MAX_SAVED];
+    uint32_t saved_version[NA_FUNCTION_MAX_SAVED]; /* when forward returned */
     int n_saved;
+    bool no_materialize; /* na_function_set_materialize_grads(ctx, false) */
     void *data;
     size_t data_size;
     na_tensor *grad_out[NA_FUNCTION_MAX_OUTPUTS]; /* handed over by the output nodes */
@@ -67,22 +69,36 @@ static int check_grad(const na_function_ctx *c, int k, const na_tensor *g) {
     return NA_OK;
 }
 
+/* A callback's negative status: its own message, or one saying who returned what (a callback
+ * that returns an error without na_set_error; the message was cleared before the call). */
+static int callback_failed(const na_function *f, const char *which, int rc) {
+    if (na_last_status() != NA_OK) return rc;
+    return na_set_error(rc, "%s's %s returned %d (%s) without a message (na_set_error says "
+                        "what went wrong)", f->name, which, rc, na_status_str(rc));
+}
+
 static int function_backward(na_node *n, na_tensor *gout, na_tensor **gin) {
     na_function_ctx *c = n->extra;
     const na_function *f = c->f;
+    if (!f->backward) /* PyTorch: "You must implement ... backward" */
+        return na_set_error(NA_ESTATE, "%s has no backward (.backward is NULL) but a gradient "
+                            "reached it: give it one, mark its outputs non-differentiable, or "
+                            "na_detach them", f->name);
     unsigned received = (unsigned)na_item(gout);
     na_tensor *gouts[NA_FUNCTION_MAX_OUTPUTS];
     for (int j = 0; j < f->n_outputs; j++) {
-        gouts[j] = received >> j & 1 ? c->grad_out[j] : na_zeros_like(c->outputs[j]);
+        bool got = received >> j & 1;
+        gouts[j] = got ? c->grad_out[j] : c->no_materialize ? NULL : na_zeros_like(c->outputs[j]);
         c->grad_out[j] = NULL;
-        if (!gouts[j]) return na_last_status();
+        if (!gouts[j] && (got || !c->no_materialize)) return na_last_status();
     }
     int rc = c->fwd_autocast ? na_autocast_begin_backward(true, c->fwd_dtype) : NA_OK;
     if (rc) return rc;
     na_tensor *user[NA_FUNCTION_MAX_INPUTS] = {0};
+    na_clear_error();
     int count = f->backward(c, gouts, user);
     if (c->fwd_autocast) na_autocast_end();
-    if (count < 0) return count;
+    if (count < 0) return callback_failed(f, "backward", count);
     if (count != f->n_inputs)
         return na_set_error(NA_EINVAL, "%s returned %d gradients for its %d inputs (return "
                             "n_inputs: one gradient per input, NULL for none)", f->name, count,
@@ -106,10 +122,21 @@ static int check_function(const char *fn, const na_function *f) {
                             "1 to %d outputs)", fn, f->name, f->n_inputs, f->n_outputs,
                             NA_FUNCTION_MAX_INPUTS, NA_FUNCTION_MAX_OUTPUTS);
     na_dtype d = f->forward_dtype;
-    if (f->cast_inputs && d != NA_DTYPE_F32 && d != NA_DTYPE_F16 && d != NA_DTYPE_BF16)
+    if (!f->cast_inputs && d != NA_FUNCTION_DTYPE_UNSET)
+        return na_set_error(NA_EINVAL, "%s: %s sets .forward_dtype %s without .cast_inputs, "
+                            "which alone casts: set .cast_inputs = true to run forward in %s, or "
+                            "leave .forward_dtype unset to run as called", fn, f->name,
+                            na_dtype_name(d), na_dtype_name(d));
+    if (f->cast_inputs && d != NA_FUNCTION_DTYPE_UNSET && d != NA_DTYPE_F32 &&
+        d != NA_DTYPE_F16 && d != NA_DTYPE_BF16)
         return na_set_error(NA_EDTYPE, "%s: %s casts its inputs to %s (f32, f16 or bf16 only)",
                             fn, f->name, na_dtype_name(d));
     return NA_OK;
+}
+
+/* What a .cast_inputs forward computes in: f32 when .forward_dtype is left unset. */
+static na_dtype forward_dtype_of(const na_function *f) {
+    return f->forward_dtype == NA_FUNCTION_DTYPE_UNSET ? NA_DTYPE_F32 : f->forward_dtype;
 }
 
 static int run_forward(na_function_ctx *c) {
@@ -122,13 +149,16 @@ static int run_forward(na_function_ctx *c) {
     c->fwd_dtype = na_autocast_dtype();
     c->in_forward = true;
     na_no_grad_begin();
+    na_clear_error();
     rc = f->forward(c, c->inputs, c->outputs);
+    if (rc < 0) rc = callback_failed(f, "forward", rc);
     na_no_grad_end();
     c->in_forward = false;
     c->arg = NULL;
     if (off) na_autocast_end();
     if (rc) return na_set_error(rc < 0 ? rc : NA_EINVAL, "forward of %s failed: %s", f->name,
                                 rc < 0 ? na_last_error() : "it returned a positive value");
+    for (int k = 0; k < c->n_saved; k++) c->saved_version[k] = na_tensor_version(c->saved[k]);
     return NA_OK;
 }
 
@@ -161,6 +191,8 @@ static int record(na_function_ctx *c) {
     na_node *n = na_graph_record(&c->fn_op, bundle, f->n_inputs, c->inputs);
     if (!n) return na_last_status();
     n->extra = c;
+    n->kept = c->saved; /* the pass keeps them (an output, say) until backward has run */
+    n->n_kept = c->n_saved;
     for (int j = 0; j < f->n_outputs; j++) {
         if (!(diff >> j & 1)) continue;
         na_node *o = na_graph_record(&c->out_op, c->outputs[j], 1, &bundle);
@@ -187,11 +219,11 @@ int na_function_apply(const na_function *f, na_tensor *const *inputs, na_tensor 
     c->f = f;
     c->arg = arg;
     for (int k = 0; k < f->n_inputs; k++) c->inputs[k] = inputs[k];
-    rc = na_autocast_function_inputs(f->name, f->cast_inputs, f->forward_dtype, c->inputs,
+    rc = na_autocast_function_inputs(f->name, f->cast_inputs, forward_dtype_of(f), c->inputs,
                                      f->n_inputs);
-    for (int k = 0; k < f->n_inputs; k++) {
+    for (int k = 0; k < f->n_inputs; k++) { /* without a backward too: it fails at backward */
         bool needs = c->inputs[k] && c->inputs[k]->requires_grad;
-        if (needs && f->backward && na_grad_enabled()) c->needs_grad |= 1u << k;
+        if (needs && na_grad_enabled()) c->needs_grad |= 1u << k;
     }
     if (!rc) rc = run_forward(c);
     if (!rc) rc = adopt_outputs(c);
@@ -237,10 +269,20 @@ int na_function_save(na_function_ctx *c, na_tensor *t) {
 }
 
 na_tensor *na_function_saved(const na_function_ctx *c, int k) {
-    if (c && k >= 0 && k < c->n_saved) return c->saved[k];
-    na_set_error(NA_EINVAL, "na_function_saved: %s saved %d tensors, asked for number %d",
-                 c ? c->f->name : "(NULL context)", c ? c->n_saved : 0, k);
-    return NULL;
+    const char *fn = "na_function_saved";
+    if (!c || k < 0 || k >= c->n_saved) {
+        na_set_error(NA_EINVAL, "%s: %s saved %d tensors, asked for number %d", fn,
+                     c ? c->f->name : "(NULL context)", c ? c->n_saved : 0, k);
+        return NULL;
+    }
+    na_tensor *t = c->saved[k];
+    if (!c->in_forward && na_tensor_version(t) != c->saved_version[k]) { /* as PyTorch's unpack */
+        char place[32];
+        snprintf(place, sizeof place, "saved tensor %d", k);
+        na_graph_version_error(fn, t, place, c->f->name, c->saved_version[k]);
+        return NULL;
+    }
+    return t;
 }
 
 void *na_function_data(na_function_ctx *c, size_t size) {
@@ -268,6 +310,27 @@ int na_function_mark_non_differentiable(na_function_ctx *c, int k) {
         return na_set_error(NA_EINVAL, "%s: %s has %d outputs, got output %d", fn, c->f->name,
                             c->f->n_outputs, k);
     c->non_diff |= 1u << k;
+    return NA_OK;
+}
+
+int na_function_mark_dirty(na_function_ctx *c, int k) {
+    const char *fn = "na_function_mark_dirty";
+    if (!forward_only(fn, c)) return na_last_status();
+    if (k < 0 || k >= c->f->n_inputs || !c->inputs[k])
+        return na_set_error(NA_EINVAL, "%s: %s has %d inputs, got input %d%s", fn, c->f->name,
+                            c->f->n_inputs, k, k >= 0 && k < c->f->n_inputs ? " (NULL)" : "");
+    na_tensor *t = c->inputs[k];
+    if (!t->grad_fn && (c->needs_grad >> k & 1)) /* PyTorch refuses it too */
+        return na_set_error(NA_ESTATE, "%s: %s writes input %d in place, a leaf that requires "
+                            "grad (its gradient would be of values it no longer holds): write a "
+                            "copy", fn, c->f->name, k);
+    na_tensor_bump_version(t);
+    return NA_OK;
+}
+
+int na_function_set_materialize_grads(na_function_ctx *c, bool materialize) {
+    if (!forward_only("na_function_set_materialize_grads", c)) return na_last_status();
+    c->no_materialize = !materialize;
     return NA_OK;
 }
 

@@ -10,6 +10,7 @@ static bool check_param(const char *fn, const na_tensor *p, const char *what, na
                         int64_t c, const na_tensor *x) {
     char s[NA_DESCRIBE_MAX];
     if (!p) return true;
+    if (!na_check_tensor(fn, p, what)) return false;
     if (p->ndim != 1 || p->shape[0] != c || p->dtype != dt || p->device != x->device ||
         !na_is_contiguous(p)) {
         na_set_error(NA_ESHAPE, "%s: %s is %s, expected [%" PRId64 "] %s %s", fn, what,

@@ -7,11 +7,17 @@
 #define FIXED false
 #define ACC true
 #define NOACC false
+/* the reads column: bits of na_graph_op.reads (src/autograd/graph.h) */
+#define NA_READS_NONE 0u
+#define NA_READS_IN0 1u
+#define NA_READS_IN01 3u
+#define NA_READS_IN1_OUT (2u | NA_READS_OUT)
+#define NA_READS_IN01_OUT (3u | NA_READS_OUT)
 
 const na_op_def na_op_defs[NA_OP_COUNT] = {
-#define NA_OP_ROW_(ID, NAME, RULE, AUTOCAST, UNARY, SUMS, DIFF)                                \
+#define NA_OP_ROW_(ID, NAME, RULE, AUTOCAST, UNARY, SUMS, DIFF, READS)                         \
     [NA_OP_##ID] = {.graph = {.id = NA_OP_##ID, .name = NAME,                                   \
-                              .backward = DIFF ? na_bw_##ID : NULL},                            \
+                              .backward = DIFF ? na_bw_##ID : NULL, .reads = NA_READS_##READS}, \
                     .rule = NA_AMP_##RULE, .asks_autocast = AUTOCAST, .accumulates = SUMS,     \
                     .unary = NA_UNARY_##UNARY},
     NA_OP_MAP(NA_OP_ROW_)

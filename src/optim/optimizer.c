@@ -13,6 +13,7 @@
 #include "nanoamp/optim.h"
 #include "src/optim/optim_internal.h"
 #include "src/tensor/arena.h"
+#include "src/tensor/tensor_internal.h" /* na_tensor_bump_version */
 
 enum { HP_LR, HP_WEIGHT_DECAY, HP_INITIAL_LR, HP_MOMENTUM, HP_DAMPENING, HP_BETA1, HP_BETA2,
        HP_EPS, HP_COUNT };
@@ -316,6 +317,8 @@ static int step_group(na_optim *o, const opt_group *g, na_device dev,
         o->l_m[count] = NA_VIEW_OF(s->exp_avg), o->l_v[count] = NA_VIEW_OF(s->exp_avg_sq);
         o->l_vmax[count] = NA_VIEW_OF(s->max_exp_avg_sq), o->l_copies[count] = NA_VIEW_OF(copy);
         count++;
+        na_tensor_bump_version(p); /* written in place: a graph that saved it cannot use it */
+        if (copy) na_tensor_bump_version(copy);
     }
     if (!count) return NA_OK;
     const na_tensor *found_inf = opts ? opts->found_inf : NULL;

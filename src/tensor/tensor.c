@@ -47,6 +47,13 @@ const char *na_tensor_describe(const na_tensor *t, char *buf, size_t size) {
     return buf;
 }
 
+const char *na_tensor_describe_named(const na_tensor *t, char *buf, size_t size) {
+    na_tensor_describe(t, buf, size);
+    size_t k = strlen(buf);
+    if (t && t->name && k < size) snprintf(buf + k, size - k, " (%s)", t->name);
+    return buf;
+}
+
 static bool check_shape(const char *fn, int ndim, const int64_t *shape) {
     if (ndim < 0 || ndim > NA_MAX_DIMS) {
         na_set_error(NA_ESHAPE, "%s: %d dims requested, at most %d are supported", fn, ndim,
@@ -239,6 +246,7 @@ void na_step_end(void) {
 const na_backend *na_be(const na_tensor *t) { return na_backend_get(t->device); }
 
 int na_copy_to_host(const na_tensor *t, void *host) {
+    if (!na_check_tensor("na_copy_to_host", t, "tensor")) return na_last_status();
     const na_backend *be = na_be(t);
     if (!be) return na_last_status();
     if (na_zero_settle_memory(t)) return na_last_status(); /* a gradient zero_grad marked */
@@ -251,20 +259,24 @@ int na_copy_to_host(const na_tensor *t, void *host) {
 }
 
 int na_copy_from_host(na_tensor *t, const void *host) {
+    if (!na_check_tensor("na_copy_from_host", t, "destination")) return na_last_status();
     if (!na_is_contiguous(t))
         return na_set_error(NA_EINVAL, "na_copy_from_host: the destination must be contiguous");
     const na_backend *be = na_be(t);
     if (!be) return na_last_status();
+    na_tensor_bump_version(t);
     return be->memcpy_h2d(t->data, host, (size_t)t->numel * na_dtype_size(t->dtype));
 }
 
 int na_copy_(na_tensor *dst, const na_tensor *src) {
     char a[NA_DESCRIBE_MAX], b[NA_DESCRIBE_MAX];
-    if (!dst || !src) return na_set_error(NA_EINVAL, "na_copy_: NULL tensor");
+    if (!na_check_tensor("na_copy_", dst, "dst") || !na_check_tensor("na_copy_", src, "src"))
+        return na_last_status();
     if (!na_same_shape(dst, src))
         return na_set_error(NA_ESHAPE, "na_copy_: shapes differ: dst %s, src %s",
                             na_tensor_describe(dst, a, sizeof a),
                             na_tensor_describe(src, b, sizeof b));
+    na_tensor_bump_version(dst);
     if (dst->device == src->device) { /* the backend writes any dst (channels-last, a region) */
         const na_backend *be = na_be(dst);
         return be ? be->copy(&dst->view, &src->view) : na_last_status();
@@ -295,13 +307,16 @@ int na_copy_(na_tensor *dst, const na_tensor *src) {
 }
 
 int na_fill_(na_tensor *t, double value) {
+    if (!na_check_tensor("na_fill_", t, "tensor")) return na_last_status();
     if (!na_is_contiguous(t)) return na_set_error(NA_EINVAL, "na_fill_: tensor must be contiguous");
+    na_tensor_bump_version(t);
     const na_backend *be = na_be(t);
     return be ? be->fill(&t->view, value) : na_last_status();
 }
 
 double na_get(const na_tensor *t, int64_t i) {
-    if (!t || i < 0 || i >= t->numel) {
+    if (!na_check_tensor("na_get", t, "tensor")) return 0.0 / 0.0;
+    if (i < 0 || i >= t->numel) {
         na_set_error(NA_EINVAL, "na_get: index %" PRId64 " out of range", i);
         return 0.0 / 0.0;
     }
@@ -341,6 +356,14 @@ bool na_check_tensor(const char *fn, const na_tensor *t, const char *what) {
     if (!t) {
         na_set_error(NA_EINVAL, "%s: %s is NULL (did an earlier op fail? %s)", fn, what,
                      na_last_error());
+        return false;
+    }
+    if (!na_tensor_owner(t)->data) { /* na_tensor_release gave its memory back */
+        char b[2 * NA_DESCRIBE_MAX];
+        na_set_error(NA_ESTATE, "%s: %s %s was released: na_backward gave its memory back after "
+                     "its last use in the graph (an intermediate of a Sequential or Residual, or "
+                     "a tensor kept for backward); use it before na_backward, or walk with "
+                     "na_backward_retain", fn, what, na_tensor_describe_named(t, b, sizeof b));
         return false;
     }
     return true;

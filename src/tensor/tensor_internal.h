@@ -16,10 +16,24 @@ void na_set_contiguous_strides(na_tensor *t);
 void na_tensor_release(na_tensor *t);
 int64_t na_shape_numel(int ndim, const int64_t *shape);
 
+/* The tensor that owns t's memory: t, or the base a view shares. */
+static inline na_tensor *na_tensor_owner(const na_tensor *t) {
+    return t->base ? t->base : (na_tensor *)t;
+}
+/* Version counters (na_tensor.version) live on the owner, so views share them. */
+static inline uint32_t na_tensor_version(const na_tensor *t) {
+    return na_tensor_owner(t)->version;
+}
+static inline void na_tensor_bump_version(na_tensor *t) { na_tensor_owner(t)->version++; }
+
 /* The backend of t's device (error set, NULL if unavailable). */
 const na_backend *na_be(const na_tensor *t);
 
-/* Checks that set a message naming `fn` and return false on failure. */
+/* na_tensor_describe, then " (name)" when t has a name: "[2] f32 cpu (w)". */
+const char *na_tensor_describe_named(const na_tensor *t, char *buf, size_t size);
+
+/* Checks that set a message naming `fn` and return false on failure. na_check_tensor
+ * refuses NULL and a tensor whose memory na_backward gave back (released). */
 bool na_check_tensor(const char *fn, const na_tensor *t, const char *what);
 bool na_check_float(const char *fn, const na_tensor *t, const char *what);
 bool na_check_same_device(const char *fn, const na_tensor *a, const na_tensor *b);
