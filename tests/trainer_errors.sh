@@ -154,6 +154,14 @@ check "  message" one_line -- "--cuda-graph takes no value"
 check "mnist has no --synthetic" run 2 "$mnist" --synthetic 64
 check "unwritable --log" run 1 "$mnist" "${small[@]}" --log "$tmp/no/dir/log.csv"
 check "  message" one_line "--log.*no/dir/log.csv"
+check "--log a directory" run 1 "$mnist" "${small[@]}" --log "$tmp"
+check "  message" one_line "--log: .*'$tmp': Is a directory"
+check "--log /dev/full" run 1 "$mnist" "${small[@]}" --log /dev/full
+check "  message" one_line "--log: .*'/dev/full': No space left on device"
+# a log that fills up mid-run (a file-size limit, as a full disk) stops the run, exit 1
+check "--log filling up" run 1 bash -c 'trap "" XFSZ; ulimit -f 4; exec "$@"' _ "$mnist" \
+    --data "$data" --limit 2048 --test-limit 64 --model mlp --batch 8 --epochs 1 --quiet --log "$tmp/full.csv"
+check "  message" one_line "--log: .*full.csv': File too large"
 check "unwritable --save" run 1 "$mnist" "${small[@]}" --save "$tmp/no/dir/ck.safetensors"
 check "  refused before training" one_line "--save .*no/dir/ck.safetensors"
 check "--save a directory" run 1 "$mnist" "${small[@]}" --save "$tmp"

@@ -221,6 +221,11 @@ static int train_epoch(run_state *r, int64_t epoch, double *train_loss) {
                         o->program, at, na_amp_monitor_describe(amp->mon, why, sizeof why));
                 amp->alerts_shown |= alerts;
             }
+            if (na_amp_monitor_csv_status(amp->mon)) { /* a full disk: the log stops here */
+                r->failed_alone = r->dist != NULL; /* only rank 0 logs */
+                fprintf(stderr, "%s%s: --log: %s\n", after_bar(r), o->program, na_last_error());
+                rc = 1;
+            }
         }
         images += n, step++;
         /* Reading the loss is a host round trip (a sync on CUDA): only at the first and the
