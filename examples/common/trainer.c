@@ -128,8 +128,8 @@ static void show_progress(run_state *r, trainer_progress *p, bool read_now) {
     if (read_now && p->scaled && na_grad_scaler_stats_get(gs, &st) == NA_OK)
         p->scale = st.scale, p->skipped = st.skipped;
     char line[512];
-    trainer_progress_format(p, r->tty ? trainer_terminal_width(STDERR_FILENO) : 200, line,
-                            sizeof line);
+    if (r->tty) trainer_progress_format(p, trainer_terminal_width(STDERR_FILENO), line, sizeof line);
+    else trainer_progress_plain(p, line, sizeof line);
     fprintf(stderr, r->tty ? "\r%s\033[K%s" : "%s\n%s", line, r->tty && last ? "\n" : "");
     fflush(stderr);
     r->last_draw = t;
