@@ -177,12 +177,20 @@ sh -c 'exit 0' & dead=$!; wait $dead
 head -c 100000 /dev/zero >"$tmp/keep.safetensors.tmp.$dead"
 check "save after a killed save" run 0 "$mnist" "${small[@]}" --quiet --save "$tmp/keep.safetensors"
 check "  stale temporary removed" test ! -e "$tmp/keep.safetensors.tmp.$dead"
+# scaling flags the mode would ignore: a bad command line (exit 2, as the README says)
 for mode in bf16 off; do
-    check "--loss-scale with $mode" run 1 "$mnist" "${small[@]}" --amp "$mode" --loss-scale 128
+    check "--loss-scale with $mode" run 2 "$mnist" "${small[@]}" --amp "$mode" --loss-scale 128
     check "  message" one_line "--loss-scale applies to --amp fp16 and o2"
+    check "--growth-interval with $mode" run 2 "$mnist" "${small[@]}" --amp "$mode" --growth-interval 10
+    check "  message" one_line "--growth-interval applies to --amp fp16 and o2"
 done
-check "--growth-interval with a static scale" run 1 "$mnist" "${small[@]}" --amp fp16 --loss-scale 128 --growth-interval 10
+check "--growth-interval with a static scale" run 2 "$mnist" "${small[@]}" --amp fp16 --loss-scale 128 --growth-interval 10
 check "  message" one_line "--growth-interval"
+# a flag after a flag that takes a value is no value
+check "--data --epochs 1" run 2 "$mnist" --data --epochs 1
+check "  message" one_line "mnist-train: --data needs a value, not the flag --epochs"
+check "--data=--x is a value" run 1 "$mnist" --data=--x --epochs 1 --model mlp
+check "  message" grep -q -- "'--x/train-images-idx3-ubyte'" "$tmp/err"
 # --weight-decay 0 is a value, not "the default": AdamW without decay differs from AdamW's 0.01
 loss_of() {
     run 0 "$mnist" "${small[@]}" --quiet --json --optim adamw --lr 0.05 "$@" &&
