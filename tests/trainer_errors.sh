@@ -38,14 +38,15 @@ sys.exit(0 if eval(sys.argv[1]) else "does not hold: " + sys.argv[1] + " in " + 
 check() { local name=$1; shift; if "$@"; then passed=$((passed + 1)); else fail "$name"; fi; }
 
 # A small MNIST-format data set (IDX files): N images of HxW, labels 0..9.
-make_idx() { # DIR PREFIX N H W
+make_idx() { # DIR PREFIX N H W [PIXEL: every pixel this value, else random]
     python3 - "$@" <<'EOF'
 import os, struct, sys, random
-d, prefix, n, h, w = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:])
+d, prefix, n, h, w, *pixel = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:])
 os.makedirs(d, exist_ok=True)
 r = random.Random(n * h * w)
+px = (lambda: pixel[0]) if pixel else (lambda: r.randrange(256))
 with open(f"{d}/{prefix}-images-idx3-ubyte", "wb") as f:
-    f.write(struct.pack(">IIII", 0x803, n, h, w) + bytes(r.randrange(256) for _ in range(n * h * w)))
+    f.write(struct.pack(">IIII", 0x803, n, h, w) + bytes(px() for _ in range(n * h * w)))
 with open(f"{d}/{prefix}-labels-idx1-ubyte", "wb") as f:
     f.write(struct.pack(">II", 0x801, n) + bytes(i % 10 for i in range(n)))
 EOF
@@ -198,6 +199,44 @@ loss_of() {
 }
 wd0=$(loss_of --weight-decay 0) wd_default=$(loss_of --weight-decay 0.01)
 check "--weight-decay 0 honoured" test "$wd0" != "$wd_default"
+
+# --- messages (#24 item 20)
+rc=0; "$mnist" "${small[@]}" --device cuda --quiet >"$tmp/out" 2>"$tmp/err" || rc=$?
+check "--device cuda without a GPU names --device" bash -c "[ $rc = 0 ] || grep -q -- '--device cuda: ' '$tmp/err'"
+mkdir -p "$tmp/cut"; cp "$tmp/small"/* "$tmp/cut/"
+head -c 5000 "$tmp/small/train-images-idx3-ubyte" >"$tmp/cut/train-images-idx3-ubyte"
+check "truncated data" run 1 "$mnist" --data "$tmp/cut" --model mlp
+check "  no hint where to put files" one_line "cut/train-images-idx3-ubyte"
+check "missing data" run 1 "$mnist" --data "$tmp/none" --model mlp
+check "  where to get them" grep -q "apt-get install dataset-fashion-mnist" "$tmp/err"
+mkdir -p "$tmp/cifar/data_batch_1.bin"; touch "$tmp"/cifar/{data_batch_{2..5},test_batch}.bin
+check "cifar: a directory for a data file" run 1 "$cifar" --data "$tmp/cifar" --epochs 1
+check "  named for what it is" grep -q "data_batch_1.bin' is a directory, not a regular file" "$tmp/err"
+check "  not 'missing'" bash -c "! grep -q missing '$tmp/err'"
+check "cifar: missing data" run 1 "$cifar" --data "$tmp/none" --epochs 1
+check "  mentions --synthetic" grep -q -- "--synthetic N" "$tmp/err"
+check "cifar: --synthetic with --data" run 2 "$cifar" --synthetic 64 --data "$tmp/none"
+check "  message" one_line "cifar-train: --synthetic .* no --data"
+check "nothing left to train, not quiet" run 0 "$mnist" "${small[@]}" --resume "$tmp/mlp.safetensors"
+check "  no nan images/s" bash -c "grep -q 'nothing trained' '$tmp/out' && ! grep -q nan '$tmp/out'"
+make_idx "$tmp/flat" train 256 28 28 7; make_idx "$tmp/flat" t10k 100 28 28
+check "constant training images" run 0 "$mnist" --data "$tmp/flat" --model mlp --batch 32 --epochs 1
+check "  a warning" grep -q "warning: channel 0 of the training images is constant" "$tmp/err"
+# Ctrl-C: the step under way ends, a line says where, exit 130 (python: a child it starts has
+# SIGINT at its default, a background job of this script would ignore it)
+check "Ctrl-C" python3 - "$mnist" "$data" <<'EOF'
+import signal, subprocess, sys, time
+p = subprocess.Popen([sys.argv[1], "--data", sys.argv[2], "--model", "mlp", "--batch", "8",
+                      "--epochs", "1", "--limit", "60000", "--test-limit", "64"],
+                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+time.sleep(3)
+p.send_signal(signal.SIGINT)
+out, err = p.communicate(timeout=60)
+lines = [l for l in err.splitlines() if "interrupted" in l]
+ok = p.returncode == 130 and len(lines) == 1 and "interrupted at epoch 1, step " in lines[0]
+if not ok: print("  exit", p.returncode, "stderr:", err[-500:])
+sys.exit(0 if ok else 1)
+EOF
 
 echo "$passed passed, $failed failed"
 [ "$failed" = 0 ]

@@ -289,6 +289,10 @@ int trainer_parse_args(trainer_opts *o, int argc, char **argv, const char *model
         trainer_start_failed(o, "%s", TRAINER_CUDA_GRAPH_NEEDS_CUDA);
         return -1;
     }
+    if (o->synthetic && o->data_dir) {
+        trainer_start_failed(o, "--synthetic trains on generated images: it reads no --data");
+        return -1;
+    }
     if (strcmp(o->amp, "auto") && trainer_amp_check_scaling(o, o->amp)) {
         trainer_start_failed(o, "%s", na_last_error());
         return -1;
