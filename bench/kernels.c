@@ -268,6 +268,19 @@ int main(int argc, char **argv) {
     bool chosen[NCASES] = {false}, any = false;
     /* every argument is checked before anything runs: a mistake costs no benchmark time */
     for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            printf("usage: na-kbench [--repeats N] [--cpu-clock] [case...]\n"
+                   "CPU kernel micro-benchmarks: the minimum over N timed calls (default 20), "
+                   "in ms; --cpu-clock times CPU time instead of wall time\ncases (default: "
+                   "all):");
+            for (size_t c = 0; c < NCASES; c++) printf(" %s", cases[c].name);
+            printf("\n");
+            return 0;
+        }
+        if (!strcmp(argv[i], "--version")) {
+            printf("na-kbench (nanoamp %s)\n", NANOAMP_VERSION);
+            return 0;
+        }
         if (!strcmp(argv[i], "--repeats")) {
             repeats = (int)bench_arg_i64(argc, argv, &i, 1);
             continue;

@@ -82,8 +82,8 @@ static int setup(bench_trainer *t, const char *model, const char *amp, na_device
     shape[0] = batch;
     t->x = na_tensor_new(NA_DTYPE_F32, dev, 4, shape);
     t->y = na_tensor_new(NA_DTYPE_I32, dev, NA_SHAPE(batch));
-    int32_t *labels = malloc(sizeof(int32_t) * (size_t)batch);
-    if (!t->x || !t->y || !labels) return -1;
+    int32_t *labels = t->x && t->y ? malloc(sizeof(int32_t) * (size_t)batch) : NULL;
+    if (!labels) return -1;
     uint64_t s = 0x9E3779B97F4A7C15ull;
     for (int64_t i = 0; i < batch; i++) {
         s = s * 6364136223846793005ull + 1442695040888963407ull;
@@ -183,40 +183,42 @@ int bench_train_main(int argc, char **argv) {
         return bench_fail(key, "setup");
     }
 
+    /* every failure goes through `done`, which frees what was made */
+    const char *failed = NULL; /* the stage that failed */
+#define FAIL(stage) do { failed = (stage); goto done; } while (0)
     na_dist *dist = NULL;
-    if (ddp && !(dist = na_dist_init())) return bench_fail(key, "na_dist_init");
+    bench_trainer t = {0};
+    double *per_step = NULL;
+    na_tensor *last_loss = NULL;
+    na_step_graph *graph = NULL; /* --cuda-graph: the step, writing its loss into last_loss */
+    if (ddp && !(dist = na_dist_init())) FAIL("na_dist_init");
     na_dtype ar_dtype = !strcmp(allreduce, "f16")    ? NA_DTYPE_F16
                         : !strcmp(allreduce, "bf16") ? NA_DTYPE_BF16 : NA_DTYPE_F32;
     if (threads > 0 && na_set_num_threads((int)(threads < NA_MAX_THREADS ? threads
                                                                           : NA_MAX_THREADS + 1)))
-        return bench_fail(key, "--threads");
+        FAIL("--threads");
     double base_rss = bench_rss_now_mib();
     na_manual_seed(0);
-    bench_trainer t = {0};
-    if (setup(&t, model, amp, dev, batch, dist, ar_dtype)) return bench_fail(key, "setup");
+    if (setup(&t, model, amp, dev, batch, dist, ar_dtype)) FAIL("setup");
     t.amp.channels_last = channels_last;
     /* before the warm-up, so that the warm-up steps make what the captured one needs */
-    if (cuda_graph && trainer_amp_graph_prepare(&t.amp, t.net, dev))
-        return bench_fail(key, "--cuda-graph");
+    if (cuda_graph && trainer_amp_graph_prepare(&t.amp, t.net, dev)) FAIL("--cuda-graph");
 
     for (int64_t i = 0; i < warmup; i++) {
-        if (train_step(&t)) return bench_fail(key, "warm-up step");
+        if (train_step(&t)) FAIL("warm-up step");
         na_step_end();
     }
-    double *per_step = calloc((size_t)repeats, sizeof *per_step);
-    if (!per_step) return bench_fail(key, "out of memory");
+    if (!(per_step = calloc((size_t)repeats, sizeof *per_step))) FAIL("out of memory");
     /* the last step's loss is copied here on the device (no round trip) and read at the end */
-    na_tensor *last_loss = na_tensor_new(NA_DTYPE_F32, dev, 0, NULL);
-    if (!last_loss) return bench_fail(key, "setup");
-    na_step_graph *graph = NULL; /* --cuda-graph: the step, writing its loss into last_loss */
+    if (!(last_loss = na_tensor_new(NA_DTYPE_F32, dev, 0, NULL))) FAIL("setup");
     if (cuda_graph) {
         if (warmup < 2) {
             na_set_error(NA_EINVAL, "--cuda-graph needs --warmup 2 or more (the step's memory "
                          "must be in place before the capture)");
-            return bench_fail(key, "setup");
+            FAIL("setup");
         }
         if (!(graph = trainer_amp_capture(&t.amp, t.net, t.x, t.y, 0.0, last_loss)))
-            return bench_fail(key, "--cuda-graph capture");
+            FAIL("--cuda-graph capture");
     }
     uint64_t syncs = 0;
     for (int64_t r = 0; r < repeats; r++) {
@@ -224,11 +226,11 @@ int bench_train_main(int argc, char **argv) {
         uint64_t c0 = na_cuda_sync_count();
         double t0 = bench_now_s();
         for (int64_t i = 0; i < steps && graph; i++)
-            if (na_step_graph_replay(graph)) return bench_fail(key, "graph replay");
+            if (na_step_graph_replay(graph)) FAIL("graph replay");
         for (int64_t i = 0; i < steps && !graph; i++) {
-            if (train_step(&t)) return bench_fail(key, "step");
+            if (train_step(&t)) FAIL("step");
             if (r == repeats - 1 && i == steps - 1 && na_copy_(last_loss, t.loss))
-                return bench_fail(key, "keeping the loss");
+                FAIL("keeping the loss");
             na_step_end();
         }
         syncs += na_cuda_sync_count() - c0;
@@ -238,24 +240,17 @@ int bench_train_main(int argc, char **argv) {
     double loss = na_item(last_loss);
     if (profile) {
         na_profile_begin();
-        int failed = train_step(&t);
+        int bad = train_step(&t);
         na_step_end();
         na_profile_end();
-        if (failed) return bench_fail(key, "profiled step");
+        if (bad) FAIL("profiled step");
         na_profile_print(stderr);
         na_profile_reset();
     }
-    na_step_graph_free(graph);
-    na_tensor_free(last_loss);
 
     bench_stats st = bench_stats_of(per_step, (int)repeats);
     int world = na_dist_world_size(dist);
-    if (na_dist_rank(dist) != 0) { /* rank 0 reports for all */
-        free(per_step);
-        teardown(&t);
-        na_dist_free(dist);
-        return 0;
-    }
+    if (na_dist_rank(dist) != 0) goto done; /* rank 0 reports for all */
     bench_json j;
     bench_json_begin(&j, stdout);
     bench_json_str(&j, "bench", "train");
@@ -291,8 +286,13 @@ int bench_train_main(int argc, char **argv) {
         bench_json_bool(&j, "tf32", na_cuda_tf32());
     }
     bench_json_end(&j);
+done:;
+#undef FAIL
+    int rc = failed ? bench_fail(key, failed) : 0;
+    na_step_graph_free(graph);
+    na_tensor_free(last_loss);
     free(per_step);
     teardown(&t);
     na_dist_free(dist);
-    return 0;
+    return rc;
 }

@@ -2,9 +2,9 @@
 # The benchmark programs given bad arguments: each exits 2 (1 for a run that fails) with one
 # message, and na-kbench checks every argument before it runs any case (a typo at the end of a
 # long command costs no benchmark time). A one-repeat kernel case runs and prints JSON lines.
-# usage: bench_cli.sh NA_KBENCH NA_BENCH
+# usage: bench_cli.sh NA_KBENCH NA_BENCH AMP_PLOT
 set -uo pipefail
-kbench="$1" bench="$2"
+kbench="$1" bench="$2" amp_plot="$3"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 passed=0 failed=0
 check() {
@@ -39,5 +39,18 @@ check "bench --help" run 0 "$bench" --help
 check "  usage on stdout" grep -q '^usage:' "$tmp/out"
 check "bench --tf32 on the CPU" run 1 "$bench" train --model mlp --tf32 --warmup 0 --repeats 1 --steps 1
 check "  the JSON says it needs CUDA" grep -q '"error": ".*--tf32 .*needs --device cuda' "$tmp/out"
+check "kbench --help" run 0 "$kbench" --help
+check "  usage on stdout, with the cases" grep -q '^usage: na-kbench.*' "$tmp/out"
+check "  the cases" grep -q 'conv conv-resnet9' "$tmp/out"
+check "kbench --version" run 0 "$kbench" --version
+check "  output" grep -Eq '^na-kbench \(nanoamp [0-9]+\.[0-9]+\.[0-9]+\)$' "$tmp/out"
+# a setup failure (no memory for a batch of 10^11 images) frees what setup made: LeakSanitizer
+# on for this one run (a no-op without ASan)
+check "bench setup failure" run 1 env ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 "$bench" train --model mlp \
+    --batch 100000000000 --warmup 0 --repeats 1 --steps 1
+check "  the JSON names the stage" grep -q '"error": "setup' "$tmp/out"
+check "  nothing leaked" bash -c "! grep -q LeakSanitizer '$tmp/err'"
+check "amp-plot --version" run 0 "$amp_plot" --version
+check "  output" grep -Eq '^amp-plot \(nanoamp [0-9]+\.[0-9]+\.[0-9]+\)$' "$tmp/out"
 echo "bench_cli: $passed passed, $failed failed"
 [ "$failed" = 0 ]

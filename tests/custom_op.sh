@@ -33,6 +33,10 @@ sys.exit(1 if fails else 0)
 "$prog" --help | grep -q '^usage:' || { echo "FAIL: --help does not print the usage on stdout"; exit 1; }
 rc=0; "$prog" --steps 2>/dev/null || rc=$?
 [ "$rc" = 2 ] || { echo "FAIL: --steps without a value gave exit $rc, wanted 2"; exit 1; }
+for bad in 3x 0 -1 99999999999 " 5" ""; do # strict: no atoi prefix, no count out of range
+    rc=0; "$prog" --steps "$bad" >/dev/null 2>&1 || rc=$?
+    [ "$rc" = 2 ] || { echo "FAIL: --steps '$bad' gave exit $rc, wanted 2"; exit 1; }
+done
 echo "ok   --help exits 0 with the usage, a bad argument 2"
 trace=$("$prog" --steps 1 --amp-trace 2>&1 >/dev/null)
 grep -Eq '^amp: swish +in f16 +rule fp32 +compute f32 +out f32' <<<"$trace" ||

@@ -1,4 +1,7 @@
 /* The training monitor (skip rate, alerts, CSV) and the CSV -> SVG plotter of examples/amp. */
+#include <signal.h>
+#include <sys/resource.h>
+
 #include "helpers.h"
 
 #include "../examples/amp/amp_plot.h"
@@ -111,6 +114,36 @@ Test(amp_monitor, scale_at_the_floor) {
         na_tensor_free(w);
         na_grad_scaler_free(gs);
     }
+}
+
+/* A log that cannot be written says why at once; one that fills up (here a file size limit,
+ * as a full disk) stops there and says so, never a silently short log. */
+Test(amp_monitor, csv_write_errors_are_reported_with_the_file_and_reason) {
+    na_amp_monitor *m = monitor((na_amp_monitor_cfg)NA_AMP_MONITOR_DEFAULTS);
+    cr_assert_eq(na_amp_monitor_open_csv(m, "/tmp"), NA_EIO);
+    cr_assert(strstr(na_last_error(), "'/tmp': Is a directory"), "%s", na_last_error());
+    cr_assert_eq(na_amp_monitor_open_csv(m, "/dev/full"), NA_EIO);
+    cr_assert(strstr(na_last_error(), "'/dev/full': No space left on device"), "%s",
+              na_last_error());
+
+    char csv[] = "/tmp/amp_monitor_XXXXXX";
+    int fd = mkstemp(csv);
+    cr_assert(fd >= 0);
+    close(fd);
+    TH_RC(na_amp_monitor_open_csv(m, csv));
+    signal(SIGXFSZ, SIG_IGN); /* the write then fails with EFBIG instead of killing us */
+    struct rlimit lim = {.rlim_cur = 4096, .rlim_max = RLIM_INFINITY};
+    cr_assert_eq(setrlimit(RLIMIT_FSIZE, &lim), 0);
+    int64_t step = 0;
+    for (; step < 1000 && na_amp_monitor_csv_status(m) == NA_OK; step++)
+        na_amp_monitor_record(m, step, 0.5, 65536, false);
+    cr_assert_lt(step, 1000, "4096 bytes hold fewer than 1000 lines");
+    cr_assert_gt(step, 10);
+    cr_assert_eq(na_amp_monitor_csv_status(m), NA_EIO);
+    cr_assert(strstr(na_last_error(), csv), "%s", na_last_error());
+    cr_assert(strstr(na_last_error(), "File too large"), "%s", na_last_error());
+    na_amp_monitor_free(m);
+    remove(csv);
 }
 
 Test(amp_monitor, csv_from_a_scaler_and_the_svg_plot) {

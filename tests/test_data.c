@@ -507,6 +507,27 @@ Test(idx, missing_files_and_bad_arguments) {
     cr_assert_null(na_mnist_load(NULL, true));
 }
 
+/* A FIFO with no writer would block fopen forever: it is refused before anything waits. A
+ * directory where a data file belongs is named for what it is, not reported missing. */
+Test(idx, fifos_and_directories_are_refused_without_blocking, .timeout = 30) {
+    cr_assert_eq(mkfifo(tpath("fifo"), 0600), 0);
+    cr_assert_null(na_idx_load(tpath("fifo"), tpath("fifo")));
+    cr_assert_eq(na_last_status(), NA_EIO);
+    assert_msg_has(tpath("fifo"));
+    assert_msg_has("is a FIFO, not a regular file");
+    const char *p[] = {tpath("fifo")};
+    cr_assert_null(na_cifar_load_files(p, 1, false));
+    assert_msg_has("is a FIFO, not a regular file");
+    cr_assert_null(na_idx_load(tmpdir, tmpdir));
+    assert_msg_has("is a directory, not a regular file");
+
+    cr_assert_eq(mkdir(tpath("train-images-idx3-ubyte"), 0755), 0);
+    write_bytes(tpath("train-labels-idx1-ubyte"), "x", 1, false);
+    cr_assert_null(na_mnist_load(tmpdir, true));
+    cr_assert_eq(na_last_status(), NA_EIO);
+    assert_msg_has("train-images-idx3-ubyte' is a directory, not a regular file");
+}
+
 /* ---- CIFAR -------------------------------------------------------------------------------- */
 
 TestSuite(cifar, .init = make_tmpdir, .fini = cleanup);
@@ -622,6 +643,12 @@ Test(cifar, cifar10_load_finds_official_files_or_says_where_to_put_them) {
     }
     cr_assert_null(na_cifar10_load(tmpdir, true));
     assert_msg_has("data_batch_5.bin");
+    /* a directory by that name is there, not missing */
+    snprintf(path, sizeof path, "%s/data_batch_5.bin", sub);
+    cr_assert_eq(mkdir(path, 0755), 0);
+    cr_assert_null(na_cifar10_load(tmpdir, true));
+    assert_msg_has("data_batch_5.bin' is a directory, not a regular file");
+    cr_assert_null(strstr(na_last_error(), "missing"), "%s", na_last_error());
 }
 
 /* ---- synthetic ---------------------------------------------------------------------------- */

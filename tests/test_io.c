@@ -817,6 +817,66 @@ Test(checkpoint, save_and_load_state_lists) {
     na_tensor_free(rb);
 }
 
+static float first_of(const na_tensor *t) {
+    float v[3] = {0};
+    na_copy_to_host(t, v);
+    return v[0];
+}
+
+/* A later item's failure (shape, I64 value, strict extra) leaves the earlier ones untouched. */
+Test(checkpoint, copy_list_is_all_or_nothing) {
+    const float a[3] = {1, 2, 3};
+    na_checkpoint *ck = na_checkpoint_new();
+    cr_assert_eq(na_checkpoint_add_host(ck, "a", NA_DTYPE_F32, NA_SHAPE(3), a), NA_OK);
+    cr_assert_eq(na_checkpoint_add_host(ck, "b", NA_DTYPE_F32, NA_SHAPE(3), a), NA_OK);
+    cr_assert_eq(na_checkpoint_save(ck, tpath("aon.safetensors")), NA_OK, "%s", na_last_error());
+    na_checkpoint_free(ck);
+    na_tensor *ra = na_tensor_new(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(3));
+    na_tensor *rb2 = na_tensor_new(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(2));
+    na_fill_(ra, -5);
+    na_named_tensors shape = {0}, strict = {0};
+    cr_assert_eq(na_named_tensors_add(&shape, ra, "a"), NA_OK);
+    cr_assert_eq(na_named_tensors_add(&shape, rb2, "b"), NA_OK);
+    cr_assert_eq(na_checkpoint_load_list(tpath("aon.safetensors"), &shape, false), NA_ESHAPE);
+    assert_msg_has("'b'");
+    cr_assert_eq(first_of(ra), -5.0f);
+    cr_assert_eq(na_named_tensors_add(&strict, ra, "a"), NA_OK);
+    cr_assert_eq(na_checkpoint_load_list(tpath("aon.safetensors"), &strict, true), NA_EINVAL);
+    assert_msg_has("strict");
+    cr_assert_eq(first_of(ra), -5.0f);
+
+    /* an I64 value the item cannot hold (3000000001 into i32), after one that fits */
+    write_torch_style(tpath("torch.safetensors"));
+    na_tensor *mean = na_tensor_new(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(2));
+    na_tensor *ri = na_tensor_new(NA_DTYPE_I32, NA_DEVICE_CPU, NA_SHAPE(3));
+    na_fill_(mean, -5);
+    na_named_tensors i64 = {0};
+    cr_assert_eq(na_named_tensors_add(&i64, mean, "bn.running_mean"), NA_OK);
+    cr_assert_eq(na_named_tensors_add(&i64, ri, "big"), NA_OK);
+    cr_assert_eq(na_checkpoint_load_list(tpath("torch.safetensors"), &i64, false), NA_EDTYPE);
+    assert_msg_has("3000000001");
+    cr_assert_eq(first_of(mean), -5.0f);
+    /* and all of it when everything fits */
+    na_named_tensors_truncate(&shape, 1);
+    cr_assert_eq(na_checkpoint_load_list(tpath("aon.safetensors"), &shape, false), NA_OK);
+    cr_assert_eq(first_of(ra), 1.0f);
+    na_named_tensors *lists[] = {&shape, &strict, &i64};
+    for (int i = 0; i < 3; i++) na_named_tensors_free(lists[i]);
+    na_tensor_free(ra);
+    na_tensor_free(rb2);
+    na_tensor_free(ri);
+    na_tensor_free(mean);
+}
+
+/* A FIFO with no writer would block fopen forever: refused before anything waits. */
+Test(checkpoint, a_fifo_is_refused_without_blocking, .timeout = 30) {
+    cr_assert_eq(mkfifo(tpath("fifo"), 0600), 0);
+    cr_assert_null(na_checkpoint_load(tpath("fifo")));
+    cr_assert_eq(na_last_status(), NA_EIO);
+    assert_msg_has(tpath("fifo"));
+    assert_msg_has("is a FIFO, not a regular file");
+}
+
 /* A suite of its own, which meson's cuda suite runs (tests/meson.build): needs a device. */
 TestSuite(checkpoint_cuda, .init = make_tmpdir, .fini = cleanup);
 Test(checkpoint_cuda, device_tensors_round_trip) {

@@ -56,9 +56,55 @@ Test(progress, never_wider_than_the_terminal) {
     }
     trainer_progress_format(&p, 100, buf, sizeof buf);
     cr_assert(strchr(buf, '#'), "a bar where there is room: %s", buf);
-    trainer_progress_format(&p, 70, buf, sizeof buf);
-    cr_assert_str_eq(buf, "epoch 1/2  46% 54/118 [00:03<00:03, 1834 img/s, loss 0.5123",
-                     "whole numbers first");
+}
+
+/* Fields are dropped whole in the stated order (img/s, scale, remaining time, step counts,
+ * bar, elapsed, skipped, loss): the bar and the skipped count survive 80 columns, the loss 30;
+ * the bracket is always closed. */
+Test(progress, narrow_terminals_drop_whole_fields_in_order) {
+    trainer_progress p = sample();
+    char buf[512];
+    struct { int width; const char *want; } cases[] = {
+        {120, "epoch 1/2  46%|###############                  | 54/118 [00:03<00:03, 1834 "
+              "img/s, loss 0.5123, scale 65536, skipped 3]"},
+        {80, "epoch 1/2  46%|########          | 54/118 [00:03<00:03, loss 0.5123, skipped 3]"},
+        {60, "epoch 1/2  46%|#####      | [00:03, loss 0.5123, skipped 3]"},
+        {30, "epoch 1/2  46% [loss 0.5123]"},
+        {20, "epoch 1/2  46%"},
+        {5, ""},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        trainer_progress_format(&p, cases[i].width, buf, sizeof buf);
+        cr_assert_str_eq(buf, cases[i].want, "width %d", cases[i].width);
+    }
+    for (int width = 1; width <= 300; width++) { /* brackets balanced, numbers whole */
+        trainer_progress_format(&p, width, buf, sizeof buf);
+        cr_assert_eq(!strchr(buf, '['), !strchr(buf, ']'), "width %d: '%s'", width, buf);
+        const char *loss = strstr(buf, "loss ");
+        cr_assert(!loss || !strncmp(loss, "loss 0.5123", 11), "width %d: '%s'", width, buf);
+        cr_assert(!strstr(buf, "<0") || strstr(buf, "<00:03"), "width %d: '%s'", width, buf);
+    }
+    p.scaled = false; /* an unscaled run keeps img/s at 80 */
+    trainer_progress_format(&p, 80, buf, sizeof buf);
+    cr_assert_str_eq(buf, "epoch 1/2  46%|#######          | 54/118 [00:03<00:03, 1834 img/s, "
+                          "loss 0.5123]");
+}
+
+/* Without a terminal (a log, mpirun's stderr): no bar, under 80 columns. */
+Test(progress, plain_lines_fit_80_columns) {
+    trainer_progress p = sample();
+    char buf[512];
+    trainer_progress_plain(&p, buf, sizeof buf);
+    cr_assert_str_eq(buf, "epoch 1/2  46% 54/118 [00:03<00:03, loss 0.5123, scale 65536, "
+                          "skipped 3]");
+    p.step = 123456, p.steps = 999999, p.images_per_s = 1e6, p.epoch = 100, p.epochs = 100;
+    p.elapsed_s = 40000;
+    trainer_progress_plain(&p, buf, sizeof buf);
+    cr_assert_lt(strlen(buf), TRAINER_PLAIN_WIDTH, "%s", buf);
+    cr_assert(strstr(buf, "skipped 3]"), "%s", buf);
+    p = sample(), p.scaled = false;
+    trainer_progress_plain(&p, buf, sizeof buf);
+    cr_assert(strstr(buf, "1834 img/s, loss 0.5123]"), "%s", buf);
 }
 
 Test(progress, terminal_width_from_columns_without_a_tty) {

@@ -38,14 +38,15 @@ sys.exit(0 if eval(sys.argv[1]) else "does not hold: " + sys.argv[1] + " in " + 
 check() { local name=$1; shift; if "$@"; then passed=$((passed + 1)); else fail "$name"; fi; }
 
 # A small MNIST-format data set (IDX files): N images of HxW, labels 0..9.
-make_idx() { # DIR PREFIX N H W
+make_idx() { # DIR PREFIX N H W [PIXEL: every pixel this value, else random]
     python3 - "$@" <<'EOF'
 import os, struct, sys, random
-d, prefix, n, h, w = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:])
+d, prefix, n, h, w, *pixel = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:])
 os.makedirs(d, exist_ok=True)
 r = random.Random(n * h * w)
+px = (lambda: pixel[0]) if pixel else (lambda: r.randrange(256))
 with open(f"{d}/{prefix}-images-idx3-ubyte", "wb") as f:
-    f.write(struct.pack(">IIII", 0x803, n, h, w) + bytes(r.randrange(256) for _ in range(n * h * w)))
+    f.write(struct.pack(">IIII", 0x803, n, h, w) + bytes(px() for _ in range(n * h * w)))
 with open(f"{d}/{prefix}-labels-idx1-ubyte", "wb") as f:
     f.write(struct.pack(">II", 0x801, n) + bytes(i % 10 for i in range(n)))
 EOF
@@ -154,6 +155,14 @@ check "  message" one_line -- "--cuda-graph takes no value"
 check "mnist has no --synthetic" run 2 "$mnist" --synthetic 64
 check "unwritable --log" run 1 "$mnist" "${small[@]}" --log "$tmp/no/dir/log.csv"
 check "  message" one_line "--log.*no/dir/log.csv"
+check "--log a directory" run 1 "$mnist" "${small[@]}" --log "$tmp"
+check "  message" one_line "--log: .*'$tmp': Is a directory"
+check "--log /dev/full" run 1 "$mnist" "${small[@]}" --log /dev/full
+check "  message" one_line "--log: .*'/dev/full': No space left on device"
+# a log that fills up mid-run (a file-size limit, as a full disk) stops the run, exit 1
+check "--log filling up" run 1 bash -c 'trap "" XFSZ; ulimit -f 4; exec "$@"' _ "$mnist" \
+    --data "$data" --limit 2048 --test-limit 64 --model mlp --batch 8 --epochs 1 --quiet --log "$tmp/full.csv"
+check "  message" one_line "--log: .*full.csv': File too large"
 check "unwritable --save" run 1 "$mnist" "${small[@]}" --save "$tmp/no/dir/ck.safetensors"
 check "  refused before training" one_line "--save .*no/dir/ck.safetensors"
 check "--save a directory" run 1 "$mnist" "${small[@]}" --save "$tmp"
@@ -169,12 +178,20 @@ sh -c 'exit 0' & dead=$!; wait $dead
 head -c 100000 /dev/zero >"$tmp/keep.safetensors.tmp.$dead"
 check "save after a killed save" run 0 "$mnist" "${small[@]}" --quiet --save "$tmp/keep.safetensors"
 check "  stale temporary removed" test ! -e "$tmp/keep.safetensors.tmp.$dead"
+# scaling flags the mode would ignore: a bad command line (exit 2, as the README says)
 for mode in bf16 off; do
-    check "--loss-scale with $mode" run 1 "$mnist" "${small[@]}" --amp "$mode" --loss-scale 128
+    check "--loss-scale with $mode" run 2 "$mnist" "${small[@]}" --amp "$mode" --loss-scale 128
     check "  message" one_line "--loss-scale applies to --amp fp16 and o2"
+    check "--growth-interval with $mode" run 2 "$mnist" "${small[@]}" --amp "$mode" --growth-interval 10
+    check "  message" one_line "--growth-interval applies to --amp fp16 and o2"
 done
-check "--growth-interval with a static scale" run 1 "$mnist" "${small[@]}" --amp fp16 --loss-scale 128 --growth-interval 10
+check "--growth-interval with a static scale" run 2 "$mnist" "${small[@]}" --amp fp16 --loss-scale 128 --growth-interval 10
 check "  message" one_line "--growth-interval"
+# a flag after a flag that takes a value is no value
+check "--data --epochs 1" run 2 "$mnist" --data --epochs 1
+check "  message" one_line "mnist-train: --data needs a value, not the flag --epochs"
+check "--data=--x is a value" run 1 "$mnist" --data=--x --epochs 1 --model mlp
+check "  message" grep -q -- "'--x/train-images-idx3-ubyte'" "$tmp/err"
 # --weight-decay 0 is a value, not "the default": AdamW without decay differs from AdamW's 0.01
 loss_of() {
     run 0 "$mnist" "${small[@]}" --quiet --json --optim adamw --lr 0.05 "$@" &&
@@ -182,6 +199,44 @@ loss_of() {
 }
 wd0=$(loss_of --weight-decay 0) wd_default=$(loss_of --weight-decay 0.01)
 check "--weight-decay 0 honoured" test "$wd0" != "$wd_default"
+
+# --- messages (#24 item 20)
+rc=0; "$mnist" "${small[@]}" --device cuda --quiet >"$tmp/out" 2>"$tmp/err" || rc=$?
+check "--device cuda without a GPU names --device" bash -c "[ $rc = 0 ] || grep -q -- '--device cuda: ' '$tmp/err'"
+mkdir -p "$tmp/cut"; cp "$tmp/small"/* "$tmp/cut/"
+head -c 5000 "$tmp/small/train-images-idx3-ubyte" >"$tmp/cut/train-images-idx3-ubyte"
+check "truncated data" run 1 "$mnist" --data "$tmp/cut" --model mlp
+check "  no hint where to put files" one_line "cut/train-images-idx3-ubyte"
+check "missing data" run 1 "$mnist" --data "$tmp/none" --model mlp
+check "  where to get them" grep -q "apt-get install dataset-fashion-mnist" "$tmp/err"
+mkdir -p "$tmp/cifar/data_batch_1.bin"; touch "$tmp"/cifar/{data_batch_{2..5},test_batch}.bin
+check "cifar: a directory for a data file" run 1 "$cifar" --data "$tmp/cifar" --epochs 1
+check "  named for what it is" grep -q "data_batch_1.bin' is a directory, not a regular file" "$tmp/err"
+check "  not 'missing'" bash -c "! grep -q missing '$tmp/err'"
+check "cifar: missing data" run 1 "$cifar" --data "$tmp/none" --epochs 1
+check "  mentions --synthetic" grep -q -- "--synthetic N" "$tmp/err"
+check "cifar: --synthetic with --data" run 2 "$cifar" --synthetic 64 --data "$tmp/none"
+check "  message" one_line "cifar-train: --synthetic .* no --data"
+check "nothing left to train, not quiet" run 0 "$mnist" "${small[@]}" --resume "$tmp/mlp.safetensors"
+check "  no nan images/s" bash -c "grep -q 'nothing trained' '$tmp/out' && ! grep -q nan '$tmp/out'"
+make_idx "$tmp/flat" train 256 28 28 7; make_idx "$tmp/flat" t10k 100 28 28
+check "constant training images" run 0 "$mnist" --data "$tmp/flat" --model mlp --batch 32 --epochs 1
+check "  a warning" grep -q "warning: channel 0 of the training images is constant" "$tmp/err"
+# Ctrl-C: the step under way ends, a line says where, exit 130 (python: a child it starts has
+# SIGINT at its default, a background job of this script would ignore it)
+check "Ctrl-C" python3 - "$mnist" "$data" <<'EOF'
+import signal, subprocess, sys, time
+p = subprocess.Popen([sys.argv[1], "--data", sys.argv[2], "--model", "mlp", "--batch", "8",
+                      "--epochs", "1", "--limit", "60000", "--test-limit", "64"],
+                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+time.sleep(3)
+p.send_signal(signal.SIGINT)
+out, err = p.communicate(timeout=60)
+lines = [l for l in err.splitlines() if "interrupted" in l]
+ok = p.returncode == 130 and len(lines) == 1 and "interrupted at epoch 1, step " in lines[0]
+if not ok: print("  exit", p.returncode, "stderr:", err[-500:])
+sys.exit(0 if ok else 1)
+EOF
 
 echo "$passed passed, $failed failed"
 [ "$failed" = 0 ]

@@ -11,10 +11,14 @@
 #include "amp_plot.h"
 
 int main(int argc, char **argv) {
+    if (argc == 2 && !strcmp(argv[1], "--version")) {
+        printf("amp-plot (nanoamp %s)\n", NANOAMP_VERSION);
+        return 0;
+    }
     bool help = argc == 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"));
     if (help || argc < 2 || argc > 3) {
         fprintf(help ? stdout : stderr,
-                "usage: amp-plot LOG.csv [OUT.svg | -]\n"
+                "usage: amp-plot LOG.csv [OUT.svg | -] | --help | --version\n"
                 "draws the loss, the loss scale (log axis) and the skipped steps of a training "
                 "log (columns step,loss,scale,skipped)\n");
         return help ? 0 : 2;

@@ -48,7 +48,8 @@ int main(int argc, char **argv) {
                                             .batcher = {.crop_pad = 4, .hflip = true,
                                                         .prefetch = true}});
     } else {
-        trainer_start_failed(&o, "%s", na_last_error());
+        trainer_start_failed(&o, "%s%s", na_last_error(), na_last_status() != NA_EIO ? "" :
+                             "\n(or --synthetic N: train on N generated images of CIFAR's shape)");
         rc = 1;
     }
     na_dataset_free(train);

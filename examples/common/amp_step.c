@@ -89,6 +89,19 @@ int trainer_amp_setup(const trainer_opts *o, na_module *net, trainer_amp *a) {
     return trainer_amp_setup_dist(o, net, NULL, a);
 }
 
+int trainer_amp_check_scaling(const trainer_opts *o, const char *mode) {
+    bool auto_ = strcmp(o->amp, mode) != 0;
+    const char *scaling_flag = o->loss_scale ? "--loss-scale" : "--growth-interval";
+    if ((o->loss_scale || o->growth_interval) && strcmp(mode, "fp16") && strcmp(mode, "o2"))
+        return na_set_error(NA_EINVAL, "%s applies to --amp fp16 and o2 only (--amp %s%s%s has "
+                            "no loss scaling)", scaling_flag, o->amp, auto_ ? ": " : "",
+                            auto_ ? mode : "");
+    if (o->growth_interval && o->loss_scale && strcmp(o->loss_scale, "dynamic"))
+        return na_set_error(NA_EINVAL, "--growth-interval applies to dynamic loss scaling, not "
+                            "to --loss-scale %s", o->loss_scale);
+    return NA_OK;
+}
+
 int trainer_amp_setup_dist(const trainer_opts *o, na_module *net, na_dist *dist, trainer_amp *a) {
     const char *mode = o->amp;
     *a = (trainer_amp){.mode = mode};
@@ -101,15 +114,7 @@ int trainer_amp_setup_dist(const trainer_opts *o, na_module *net, na_dist *dist,
     bool fp16 = !strcmp(mode, "fp16"), bf16 = !strcmp(mode, "bf16"), o2 = !strcmp(mode, "o2");
     bool dynamic = !o->loss_scale || !strcmp(o->loss_scale, "dynamic");
     double static_scale = dynamic ? 1.0 : strtod(o->loss_scale, NULL);
-    /* scaling options that the mode would silently ignore are refused */
-    const char *scaling_flag = o->loss_scale ? "--loss-scale" : "--growth-interval";
-    if ((o->loss_scale || o->growth_interval) && !fp16 && !o2)
-        return na_set_error(NA_EINVAL, "%s applies to --amp fp16 and o2 only (--amp %s%s%s has "
-                            "no loss scaling)", scaling_flag, o->amp, auto_ ? ": " : "",
-                            auto_ ? mode : "");
-    if (o->growth_interval && !dynamic)
-        return na_set_error(NA_EINVAL, "--growth-interval applies to dynamic loss scaling, not "
-                            "to --loss-scale %s", o->loss_scale);
+    if (trainer_amp_check_scaling(o, mode)) return na_last_status();
     if ((fp16 || bf16) &&
         na_autocast_check_device(o->device, fp16 ? NA_DTYPE_F16 : NA_DTYPE_BF16))
         return na_last_status();

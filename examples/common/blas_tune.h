@@ -2,7 +2,8 @@
  *
  * OpenBLAS picks its kernels when it loads, from the CPU model it recognizes; on CPUs it does
  * not know (common in VMs) it falls back to its slowest SSE3 kernels, 3-5x slower here. The
- * trainers call blas_tune_reexec first thing; na-bench reports blas_tune_core() (bench/run
+ * trainers and mnist-minimal call blas_tune_reexec first thing (the kernels change the GEMMs'
+ * sums: the program to copy must get the trainer's numbers); na-bench reports blas_tune_core() (bench/run
  * sets OPENBLAS_CORETYPE from it for both sides of the comparison). */
 #ifndef NANOAMP_EXAMPLES_BLAS_TUNE_H
 #define NANOAMP_EXAMPLES_BLAS_TUNE_H

@@ -272,9 +272,13 @@ int trainer_parse_args(trainer_opts *o, int argc, char **argv, const char *model
               : &o->amp_trace) = true;
             continue;
         }
-        const char *v = eq ? eq + 1 : i + 1 < argc ? argv[++i] : NULL;
+        /* "--data --epochs 1": the next flag is no value (--data=--x is one, if need be) */
+        const char *v = eq ? eq + 1 : i + 1 < argc && strncmp(argv[i + 1], "--", 2) ? argv[++i]
+                      : NULL;
         if (!v || !*v) {
-            trainer_start_failed(o, "%.*s needs a value (see --help)", (int)name_len, a);
+            trainer_start_failed(o, "%.*s needs a value%s%s (see --help)", (int)name_len, a,
+                                 !eq && i + 1 < argc ? ", not the flag " : "",
+                                 !eq && i + 1 < argc ? argv[i + 1] : "");
             return -1;
         }
         char flag[32];
@@ -283,6 +287,14 @@ int trainer_parse_args(trainer_opts *o, int argc, char **argv, const char *model
     }
     if (o->cuda_graph && o->device != NA_DEVICE_CUDA) {
         trainer_start_failed(o, "%s", TRAINER_CUDA_GRAPH_NEEDS_CUDA);
+        return -1;
+    }
+    if (o->synthetic && o->data_dir) {
+        trainer_start_failed(o, "--synthetic trains on generated images: it reads no --data");
+        return -1;
+    }
+    if (strcmp(o->amp, "auto") && trainer_amp_check_scaling(o, o->amp)) {
+        trainer_start_failed(o, "%s", na_last_error());
         return -1;
     }
     return 0;

@@ -3,11 +3,13 @@
 
 #include <inttypes.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
 
 #define BAR_MAX 40 /* a wider bar tells no more */
+#define BAR_MIN 10 /* a narrower one, hardly anything */
 
 /* tqdm's time: MM:SS, or H:MM:SS from an hour; "?" when unknown */
 static void format_time(double s, char *buf, size_t size) {
@@ -20,39 +22,82 @@ static void format_time(double s, char *buf, size_t size) {
     else snprintf(buf, size, "%02ld:%02ld", t / 60, t % 60);
 }
 
-char *trainer_progress_format(const trainer_progress *p, int width, char *buf, size_t size) {
-    if (!size) return buf;
+/* The fields of the progress line, in the order they are dropped when it does not fit. */
+enum { F_RATE, F_SCALE, F_REMAINING, F_COUNTS, F_BAR, F_ELAPSED, F_SKIPPED, F_LOSS, F_PERCENT,
+       F_EPOCH, F_COUNT };
+
+/* Appends to a line, counting what would be written past its end too. */
+typedef struct {
+    char *buf;
+    size_t size, n;
+} line_buf;
+
+__attribute__((format(printf, 2, 3))) static void put(line_buf *l, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vsnprintf(l->buf + (l->n < l->size ? l->n : l->size - 1),
+                      l->n < l->size ? l->size - l->n : 1, fmt, ap);
+    va_end(ap);
+    l->n += k > 0 ? (size_t)k : 0;
+}
+
+/* The line with the fields in `keep` (a bit per field) and a bar of `cells` cells; its length. */
+static int render(const trainer_progress *p, unsigned keep, int cells, char *buf, size_t size) {
     double frac = p->steps > 0 ? (double)p->step / (double)p->steps : 1.0;
-    char elapsed[32], remaining[32], prefix[64], suffix[192];
+    char elapsed[32], remaining[32];
     format_time(p->elapsed_s, elapsed, sizeof elapsed);
     format_time(p->step > 0 ? p->elapsed_s / (double)p->step * (double)(p->steps - p->step) : NAN,
                 remaining, sizeof remaining);
-    snprintf(prefix, sizeof prefix, "epoch %" PRId64 "/%" PRId64 " %3.0f%%", p->epoch, p->epochs,
-             100 * frac);
-    int n = snprintf(suffix, sizeof suffix, " %" PRId64 "/%" PRId64 " [%s<%s, %.0f img/s, loss %.4f",
-                     p->step, p->steps, elapsed, remaining, p->images_per_s, p->loss);
-    if (p->scaled && n > 0 && (size_t)n < sizeof suffix)
-        n += snprintf(suffix + n, sizeof suffix - (size_t)n, ", scale %g, skipped %" PRId64,
-                      p->scale, p->skipped);
-    if (n > 0 && (size_t)n < sizeof suffix) snprintf(suffix + n, sizeof suffix - (size_t)n, "]");
-    int room = width - 1 - (int)strlen(prefix) - (int)strlen(suffix) - 2; /* 2: the '|'s */
-    int bar = room < BAR_MAX ? room : BAR_MAX;
-    if (bar >= 3) {
-        char cells[BAR_MAX + 1];
-        int fill = (int)(frac * bar);
-        for (int i = 0; i < bar; i++) cells[i] = i < fill ? '#' : ' ';
-        cells[bar] = '\0';
-        snprintf(buf, size, "%s|%s|%s", prefix, cells, suffix);
-    } else { /* no room for a bar: the numbers, as many whole ones as fit */
-        snprintf(buf, size, "%s%s", prefix, suffix);
+    line_buf l = {buf, size, 0};
+    buf[0] = '\0';
+#define HAS(f) (keep >> (f) & 1u)
+    if (HAS(F_EPOCH)) put(&l, "epoch %" PRId64 "/%" PRId64, p->epoch, p->epochs);
+    if (HAS(F_PERCENT)) put(&l, " %3.0f%%", 100 * frac);
+    if (HAS(F_BAR)) {
+        char bar[BAR_MAX + 1];
+        int fill = (int)(frac * cells);
+        for (int i = 0; i < cells; i++) bar[i] = i < fill ? '#' : ' ';
+        bar[cells] = '\0';
+        put(&l, "|%s|", bar);
     }
-    size_t fit = width >= 1 ? (size_t)width - 1 : 0;
-    if (strlen(buf) > fit && fit < size) {
-        buf[fit] = '\0';
-        char *comma = strrchr(buf, ',');
-        if (comma) *comma = '\0'; /* never a cut number ("scale 65" of 65536) */
-    }
+    if (HAS(F_COUNTS)) put(&l, " %" PRId64 "/%" PRId64, p->step, p->steps);
+    const char *sep = " [";
+    if (HAS(F_ELAPSED))
+        put(&l, "%s%s%s%s", sep, elapsed, HAS(F_REMAINING) ? "<" : "",
+            HAS(F_REMAINING) ? remaining : ""), sep = ", ";
+    if (HAS(F_RATE)) put(&l, "%s%.0f img/s", sep, p->images_per_s), sep = ", ";
+    if (HAS(F_LOSS)) put(&l, "%sloss %.4f", sep, p->loss), sep = ", ";
+    if (HAS(F_SCALE)) put(&l, "%sscale %g", sep, p->scale), sep = ", ";
+    if (HAS(F_SKIPPED)) put(&l, "%sskipped %" PRId64, sep, p->skipped), sep = ", ";
+    if (sep[0] == ',') put(&l, "]");
+#undef HAS
+    return (int)l.n;
+}
+
+/* The fields that fit in width - 1 columns, dropped in enum order, with the widest bar that
+ * still fits (a bar narrower than BAR_MIN is dropped as a field). */
+static char *layout(const trainer_progress *p, int width, bool bar, char *buf, size_t size) {
+    if (!size) return buf;
+    int fit = width - 1;
+    unsigned keep = (1u << F_COUNT) - 1;
+    if (!p->scaled) keep &= ~(1u << F_SCALE | 1u << F_SKIPPED);
+    if (!bar) keep &= ~(1u << F_BAR);
+    int len = 0;
+    for (int f = 0; (len = render(p, keep, BAR_MIN, buf, size)) > fit && f < F_COUNT; f++)
+        keep &= ~(1u << f);
+    if (len > fit) buf[0] = '\0'; /* not even the epoch fits */
+    else if (keep >> F_BAR & 1u)
+        render(p, keep, BAR_MIN + (fit - len < BAR_MAX - BAR_MIN ? fit - len : BAR_MAX - BAR_MIN),
+               buf, size);
     return buf;
+}
+
+char *trainer_progress_format(const trainer_progress *p, int width, char *buf, size_t size) {
+    return layout(p, width, true, buf, size);
+}
+
+char *trainer_progress_plain(const trainer_progress *p, char *buf, size_t size) {
+    return layout(p, TRAINER_PLAIN_WIDTH, false, buf, size);
 }
 
 int trainer_terminal_width(int fd) {

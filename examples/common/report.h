@@ -23,11 +23,19 @@ typedef struct {
     int64_t skipped;        /* steps skipped so far in the run */
 } trainer_progress;
 
-/* tqdm's layout, fitted into width - 1 columns (the bar shrinks first, then the text is cut),
- * so that a terminal never wraps it:
- *   epoch 1/2  45%|#####      | 54/118 [00:03<00:04, 1834 img/s, loss 0.5123, scale 65536, skipped 0]
- * The remaining time is this epoch's, from its rate so far. Returns buf. */
+/* tqdm's layout, fitted into width - 1 columns so that a terminal never wraps it:
+ *   epoch 1/2  46%|#####      | 54/118 [00:03<00:03, 1834 img/s, loss 0.5123, scale 65536, skipped 3]
+ * The remaining time is this epoch's, from its rate so far. The bar takes the room left, 10 to
+ * 40 cells. Where the whole line does not fit, fields are dropped whole (never cut, the
+ * bracket always closed), in this order: img/s, scale, remaining time, step counts, the bar,
+ * elapsed time, skipped, loss, percentage, epoch. So at 80 columns a scaled run shows
+ *   epoch 1/2  46%|########          | 54/118 [00:03<00:03, loss 0.5123, skipped 3]
+ * Returns buf. */
 char *trainer_progress_format(const trainer_progress *p, int width, char *buf, size_t size);
+/* The same as a plain line, for output that is not a terminal (a log, mpirun): no bar, under
+ * TRAINER_PLAIN_WIDTH columns. */
+#define TRAINER_PLAIN_WIDTH 80
+char *trainer_progress_plain(const trainer_progress *p, char *buf, size_t size);
 /* The width of the terminal on fd (TIOCGWINSZ), else $COLUMNS, else 80. */
 int trainer_terminal_width(int fd);
 

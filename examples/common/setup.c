@@ -87,6 +87,11 @@ int trainer_setup(const trainer_opts *o, trainer_job *job) {
     }
     if (check_shapes(o, job) || check_save_path(o)) return -1;
     trainer_channel_stats(job->train, job->mean, job->std);
+    for (int c = 0; c < job->train->channels && !o->quiet; c++)
+        if (job->std[c] <= 1e-6f) /* the floor of trainer_channel_stats */
+            fprintf(stderr, "%s: warning: channel %d of the training images is constant (%g in "
+                    "every pixel, std 0): nothing to learn from it; are the files right?\n",
+                    o->program, c, 255.0 * job->mean[c]);
     job->batcher.mean = job->mean, job->batcher.std = job->std;
     return 0;
 }

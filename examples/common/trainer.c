@@ -114,6 +114,14 @@ typedef struct {
 
 #define GRAPH_WARMUP_STEPS 2 /* the second step of a shape allocates nothing new */
 
+/* Ctrl-C (one process): the step under way ends, then the run stops saying where, exit 130;
+ * a second Ctrl-C ends the process at once. */
+static volatile sig_atomic_t interrupted;
+static void on_sigint(int sig) {
+    interrupted = 1;
+    signal(sig, SIG_DFL);
+}
+
 /* Draws the bar: on a terminal at the first and last step and at most every 0.1 s between;
  * otherwise a plain line every 10 s. The scaler is read (a sync on CUDA) only where the loss
  * was (read_now). */
@@ -128,8 +136,8 @@ static void show_progress(run_state *r, trainer_progress *p, bool read_now) {
     if (read_now && p->scaled && na_grad_scaler_stats_get(gs, &st) == NA_OK)
         p->scale = st.scale, p->skipped = st.skipped;
     char line[512];
-    trainer_progress_format(p, r->tty ? trainer_terminal_width(STDERR_FILENO) : 200, line,
-                            sizeof line);
+    if (r->tty) trainer_progress_format(p, trainer_terminal_width(STDERR_FILENO), line, sizeof line);
+    else trainer_progress_plain(p, line, sizeof line);
     fprintf(stderr, r->tty ? "\r%s\033[K%s" : "%s\n%s", line, r->tty && last ? "\n" : "");
     fflush(stderr);
     r->last_draw = t;
@@ -188,7 +196,7 @@ static int train_epoch(run_state *r, int64_t epoch, double *train_loss) {
         fprintf(stderr, "%s: %s\n", o->program, na_last_error());
         return 1;
     }
-    while (!rc && na_batcher_next(r->b, r->x, r->y, &n)) {
+    while (!rc && !interrupted && na_batcher_next(r->b, r->x, r->y, &n)) {
         int64_t at = epoch * r->steps + step, shape[4] = {n, train->channels, train->height,
                                                           train->width};
         na_lr_schedule_apply(&r->sched, amp->opt, at);
@@ -220,6 +228,11 @@ static int train_epoch(run_state *r, int64_t epoch, double *train_loss) {
                 fprintf(stderr, "%s%s: amp monitor at step %" PRId64 ": %s\n", after_bar(r),
                         o->program, at, na_amp_monitor_describe(amp->mon, why, sizeof why));
                 amp->alerts_shown |= alerts;
+            }
+            if (na_amp_monitor_csv_status(amp->mon)) { /* a full disk: the log stops here */
+                r->failed_alone = r->dist != NULL; /* only rank 0 logs */
+                fprintf(stderr, "%s%s: --log: %s\n", after_bar(r), o->program, na_last_error());
+                rc = 1;
             }
         }
         images += n, step++;
@@ -254,6 +267,11 @@ static int train_epoch(run_state *r, int64_t epoch, double *train_loss) {
         }
         na_step_end();
     }
+    if (!rc && interrupted) {
+        fprintf(stderr, "%s%s: interrupted at epoch %" PRId64 ", step %" PRId64 " of %" PRId64
+                "\n", after_bar(r), o->program, epoch + 1, step, r->steps);
+        rc = 130; /* the shell's status for SIGINT */
+    }
     r->res.train_time_s += now_s() - t0;
     r->images += images;
     *train_loss = loss_count ? loss_sum / (double)loss_count : NAN;
@@ -273,7 +291,8 @@ static int train(run_state *r, int64_t start_epoch) {
     for (int64_t epoch = start_epoch; epoch < o->epochs || epoch == start_epoch; epoch++) {
         double t0 = now_s(), train_loss = NAN;
         bool trains = epoch < o->epochs; /* else: only evaluate what was resumed */
-        if (trains && train_epoch(r, epoch, &train_loss)) return 1;
+        int rc = trains ? train_epoch(r, epoch, &train_loss) : 0;
+        if (rc) return rc;
         if (evaluate_in_batches(job->net, job->test, job->batcher.mean, job->batcher.std,
                                 o->device, input_dtype, r->amp->channels_last, o->batch,
                                 r->dist, &r->res.test_acc, &r->res.test_loss)) {
@@ -313,10 +332,13 @@ static void report(const run_state *r, bool ok) {
     /* all ranks' images (each trains as many) */
     res.images_per_s = res.train_time_s > 0
                            ? (double)(r->images * r->world) / res.train_time_s : NAN;
-    if (ok && !o->quiet)
+    if (ok && !o->quiet && r->images)
         printf("%s: %s on %s, test accuracy %.2f%%, %.0f images/s, %.1f s training\n", o->program,
                o->model, na_device_name(o->device), 100 * res.test_acc, res.images_per_s,
                res.train_time_s);
+    else if (ok && !o->quiet) /* a resumed run with no epoch left: only evaluated */
+        printf("%s: %s on %s, test accuracy %.2f%% (nothing trained)\n", o->program, o->model,
+               na_device_name(o->device), 100 * res.test_acc);
     if (o->json && (ok || res.diverged_at_step)) trainer_json_print(stdout, o, &res);
     fflush(stdout);
 }
@@ -372,7 +394,7 @@ static int run(const trainer_opts *o, trainer_job *job, na_dist *dist, bool *fai
         trainer_check_ranks_agree(dist, o, job))
         goto done;
     /* in this order, so that nothing runs (the batcher's prefetch thread) when one fails */
-    if (!all_ok(&r, na_module_to(job->net, o->device), NULL, NULL) ||
+    if (!all_ok(&r, na_module_to(job->net, o->device), "--device", na_device_name(o->device)) ||
         !all_ok(&r, trainer_amp_setup_dist(o, job->net, dist, &amp), NULL, NULL))
         goto done;
     if (o->resume_path) { /* every rank reads the same file */
@@ -436,6 +458,9 @@ int trainer_run(const trainer_opts *opts, trainer_job *job) {
     char program[128];
     trainer_opts o = trainer_rank_opts(opts, d, program, sizeof program);
     bool failed_alone = false;
+    struct sigaction sa;
+    if (na_dist_world_size(d) == 1 && !sigaction(SIGINT, NULL, &sa) && sa.sa_handler != SIG_IGN)
+        signal(SIGINT, on_sigint); /* (under mpirun the launcher ends the ranks together) */
     /* a world of 1 trains without the wrapper, unless NANOAMP_DIST_COLLECTIVES asks for it */
     int rc = run(&o, job, na_dist_collectives(d) ? d : NULL, &failed_alone);
     /* The other ranks wait in a collective for this one, and finalizing would wait for them:

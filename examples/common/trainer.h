@@ -103,6 +103,10 @@ int trainer_amp_init_dist(trainer_amp *a, const char *mode, na_module *net, na_o
  * --growth-interval, and the --log monitor. On failure the message names the option at fault;
  * call trainer_amp_free either way. */
 int trainer_amp_setup(const trainer_opts *o, na_module *net, trainer_amp *a);
+/* Refuses scaling options (--loss-scale, --growth-interval) that amp mode `mode` would
+ * silently ignore, naming the flag; trainer_parse_args calls it for a mode given by name (a
+ * command-line error, exit 2), trainer_amp_setup for the one --amp auto chose. */
+int trainer_amp_check_scaling(const trainer_opts *o, const char *mode);
 /* The same, data parallel over dist unless it is NULL (trainer_amp_init_dist with
  * --allreduce-dtype and --bucket-mb; with --sync-bn the BatchNorms reduce their statistics
  * over dist). A collective: every rank calls it. */

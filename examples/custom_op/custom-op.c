@@ -9,6 +9,8 @@
  * --amp-trace prints the dtype each op of the amp run's first forward ran in: swish shows
  * there with its declared rule (fp32), between the f16 linear layers.
  */
+#include <ctype.h>
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -130,6 +132,16 @@ static void print_dtypes(unsigned bits) {
     printf("]");
 }
 
+/* A whole number in [1, 10^6], nothing after it ("3x" is no count). */
+static bool parse_steps(const char *s, int *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (!isdigit((unsigned char)s[0]) || *end || errno || v < 1 || v > 1000000) return false;
+    *out = (int)v;
+    return true;
+}
+
 int main(int argc, char **argv) {
     na_device dev = NA_DEVICE_CPU;
     int steps = 150;
@@ -138,15 +150,15 @@ int main(int argc, char **argv) {
             dev = NA_DEVICE_CUDA, i++;
         } else if (!strcmp(argv[i], "--device") && i + 1 < argc && !strcmp(argv[i + 1], "cpu")) {
             i++;
-        } else if (!strcmp(argv[i], "--steps") && i + 1 < argc && atoi(argv[i + 1]) > 0) {
-            steps = atoi(argv[++i]);
+        } else if (!strcmp(argv[i], "--steps") && i + 1 < argc && parse_steps(argv[i + 1], &steps)) {
+            i++;
         } else if (!strcmp(argv[i], "--amp-trace")) {
             amp_trace = true;
         } else {
             bool help = !strcmp(argv[i], "--help") || !strcmp(argv[i], "-h");
             if (!help)
                 fprintf(stderr, "%s: unknown or incomplete argument '%s'\n", argv[0], argv[i]);
-            fprintf(help ? stdout : stderr, "usage: %s [--device cpu|cuda] [--steps N] "
+            fprintf(help ? stdout : stderr, "usage: %s [--device cpu|cuda] [--steps N (1..10^6)] "
                     "[--amp-trace]\n", argv[0]);
             return help ? 0 : 2;
         }

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../common/blas_tune.h"
 #include "../common/models.h"
 #include "../common/trainer.h"
 
@@ -39,6 +40,9 @@ static double accuracy(na_module *net, const na_dataset *ds, const float *mean, 
 }
 
 int main(int argc, char **argv) {
+    /* OpenBLAS's kernels for this CPU, as the trainers choose them (it may re-execute the
+     * program once): the GEMMs' sums, and so the losses, depend on the kernels */
+    blas_tune_reexec(argv);
     bool help = argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"));
     /* no options: an option a user brings from mnist-train (--data DIR) is not a directory */
     int option = 0;

@@ -48,10 +48,12 @@ int main(int argc, char **argv) {
         rc = trainer_run(&o, &(trainer_job){.train = train, .test = test,
                                             .batcher = {.prefetch = true}});
     } else {
-        trainer_start_failed(&o, "%s\n(put train-images-idx3-ubyte[.gz], train-labels-idx1-ubyte"
+        /* where to get the files when they are not there (NA_EIO), not when damaged */
+        trainer_start_failed(&o, "%s%s", na_last_error(), na_last_status() != NA_EIO ? "" :
+                             "\n(put train-images-idx3-ubyte[.gz], train-labels-idx1-ubyte"
                              "[.gz], t10k-images-idx3-ubyte[.gz] and t10k-labels-idx1-ubyte[.gz] "
                              "in a directory and pass --data DIR, or apt-get install "
-                             "dataset-fashion-mnist)", na_last_error());
+                             "dataset-fashion-mnist)");
         rc = 1;
     }
     na_dataset_free(train);

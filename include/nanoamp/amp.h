@@ -342,8 +342,13 @@ typedef struct {
 typedef struct na_amp_monitor na_amp_monitor;
 na_amp_monitor *na_amp_monitor_new(const na_amp_monitor_cfg *cfg); /* NULL: defaults */
 void na_amp_monitor_free(na_amp_monitor *m); /* closes the CSV log */
-/* Starts a CSV log at path (written through, flushed at each record). */
+/* Starts a CSV log at path (written through, flushed at each record). NA_EIO with the reason
+ * ("Is a directory", "No space left on device") when path cannot be written. */
 int na_amp_monitor_open_csv(na_amp_monitor *m, const char *path);
+/* NA_OK while every line of the log was written; after the first failed write (a full disk)
+ * the log stops and this returns NA_EIO naming the file and the reason. Records cannot return
+ * it (they return alerts): check after each, or at least at the end of the run. */
+int na_amp_monitor_csv_status(const na_amp_monitor *m);
 /* One step. Returns the alerts raised by this record (0 when none). */
 unsigned na_amp_monitor_record(na_amp_monitor *m, int64_t step, double loss, double scale,
                                bool skipped);

@@ -126,7 +126,9 @@ bool na_safetensors_dtype_parse(const char *s, na_dtype *out);
 /* Adds every item of l (na_checkpoint_add for each: the tensors must live until the save). */
 int na_checkpoint_add_list(na_checkpoint *ck, const na_named_tensors *l);
 /* Copies each named tensor of ck into its item of l (na_checkpoint_copy_into for each; a
- * missing name fails). strict: ck must hold no other tensor. */
+ * missing name fails). strict: ck must hold no other tensor. All or nothing: every item is
+ * checked (name, dtype, shape, I64 values, strict) before the first is written, so a failing
+ * call leaves every tensor of l as it was (short of a device failing mid-copy). */
 int na_checkpoint_copy_list(const na_checkpoint *ck, const na_named_tensors *l, bool strict);
 /* The same with a file: save exactly l's tensors to path; load path into l's tensors. */
 int na_checkpoint_save_list(const char *path, const na_named_tensors *l);

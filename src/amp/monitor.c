@@ -1,6 +1,8 @@
 /* The training monitor: per-step loss, scale and skips, a CSV log, and health alerts. Host only:
  * it is given numbers (or reads them from a scaler when asked). */
+#include <errno.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +36,8 @@ enum {
 struct na_amp_monitor {
     na_amp_monitor_cfg cfg;
     FILE *csv;
+    char *csv_path;
+    int csv_errno;                         /* the first failed write's; 0: none */
     na_tensor *counters, *window, *scales; /* f64, CPU */
     double *c, *win, *sc;                  /* their data */
 };
@@ -70,6 +74,7 @@ na_amp_monitor *na_amp_monitor_new(const na_amp_monitor_cfg *cfg) {
 void na_amp_monitor_free(na_amp_monitor *m) {
     if (!m) return;
     if (m->csv) fclose(m->csv);
+    free(m->csv_path);
     na_tensor_free(m->counters);
     na_tensor_free(m->window);
     na_tensor_free(m->scales);
@@ -106,15 +111,39 @@ static int check_counts(const na_amp_monitor *m) {
     return NA_OK;
 }
 
+/* One line, written through; the first failure (a full disk) stops the log and is kept for
+ * na_amp_monitor_csv_status. */
+static void csv_line(na_amp_monitor *m, const char *fmt, ...) {
+    if (!m->csv || m->csv_errno) return;
+    va_list ap;
+    va_start(ap, fmt);
+    errno = 0;
+    int n = vfprintf(m->csv, fmt, ap);
+    va_end(ap);
+    if (n < 0 || fflush(m->csv) != 0) m->csv_errno = errno ? errno : EIO;
+}
+
+int na_amp_monitor_csv_status(const na_amp_monitor *m) {
+    if (!m || !m->csv_errno) return NA_OK;
+    return na_set_error(NA_EIO, "na_amp_monitor: cannot write the CSV log '%s': %s",
+                        m->csv_path, strerror(m->csv_errno));
+}
+
 int na_amp_monitor_open_csv(na_amp_monitor *m, const char *path) {
     if (!m || !path) return na_set_error(NA_EINVAL, "na_amp_monitor_open_csv: NULL argument");
-    FILE *f = fopen(path, "w");
-    if (!f) return na_set_error(NA_EIO, "na_amp_monitor_open_csv: cannot write '%s'", path);
+    char *copy = strdup(path);
+    FILE *f = copy ? fopen(path, "w") : NULL;
+    if (!f) {
+        int err = copy ? errno : ENOMEM;
+        free(copy);
+        return na_set_error(NA_EIO, "na_amp_monitor_open_csv: cannot write '%s': %s", path,
+                            strerror(err));
+    }
     if (m->csv) fclose(m->csv);
-    m->csv = f;
-    fprintf(f, "step,loss,scale,skipped\n");
-    fflush(f);
-    return NA_OK;
+    free(m->csv_path);
+    m->csv = f, m->csv_path = copy, m->csv_errno = 0;
+    csv_line(m, "step,loss,scale,skipped\n");
+    return na_amp_monitor_csv_status(m);
 }
 
 /* A record covering `steps` optimizer steps of which `skips` were skipped; `floor` is the
@@ -153,10 +182,7 @@ static unsigned record(na_amp_monitor *m, int64_t step, double loss, double scal
         if (c[MON_RISING] >= cfg->loss_rise_steps) a |= NA_AMP_ALERT_LOSS_RISING;
     }
     c[MON_ALERTS] = a;
-    if (m->csv) {
-        fprintf(m->csv, "%lld,%.9g,%.9g,%lld\n", (long long)step, loss, scale, (long long)skips);
-        fflush(m->csv);
-    }
+    csv_line(m, "%lld,%.9g,%.9g,%lld\n", (long long)step, loss, scale, (long long)skips);
     return a;
 }
 

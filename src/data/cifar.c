@@ -11,6 +11,7 @@
 
 #include "nanoamp/data.h"
 #include "nanoamp/error.h"
+#include "reader.h"
 
 #define CIFAR_PIXELS 3072
 #define CIFAR_CLASSES 10
@@ -20,20 +21,15 @@
 static int64_t cifar_file_records(const char *fn, const char *path, bool exact_size) {
     if (!path) return na_set_error(NA_EINVAL, "%s: a file path is NULL", fn);
     struct stat st;
-    if (stat(path, &st) != 0)
-        return na_set_error(NA_EIO, "%s: cannot open '%s': %s", fn, path, strerror(errno));
-    if (!S_ISREG(st.st_mode)) return na_set_error(NA_EIO, "%s: '%s' is not a regular file", fn, path);
+    FILE *f = na_fopen_regular(fn, path, &st);
+    if (!f) return na_last_status();
+    unsigned char m[2];
+    bool gz = fread(m, 1, 2, f) == 2 && m[0] == 0x1f && m[1] == 0x8b;
+    fclose(f);
     int64_t size = (int64_t)st.st_size;
     if (size == 0) return na_set_error(NA_EFORMAT, "%s: '%s' is empty", fn, path);
     if (size % NA_CIFAR_RECORD_BYTES != 0) {
-        const char *hint = "";
-        FILE *f = fopen(path, "rb");
-        if (f) {
-            unsigned char m[2];
-            if (fread(m, 1, 2, f) == 2 && m[0] == 0x1f && m[1] == 0x8b)
-                hint = " (it looks gzip-compressed: extract the binary version first)";
-            fclose(f);
-        }
+        const char *hint = gz ? " (it looks gzip-compressed: extract the binary version first)" : "";
         return na_set_error(NA_EFORMAT,
                             "%s: '%s' is %lld bytes, not a multiple of the %d-byte record "
                             "(1 label byte + 3072 pixel bytes): %lld whole records and %lld stray "
@@ -53,8 +49,9 @@ static int64_t cifar_file_records(const char *fn, const char *path, bool exact_s
 /* Reads `records` records of one file into images/labels. */
 static int cifar_read_file(const char *fn, const char *path, int64_t records, uint8_t *images,
                            int32_t *labels, uint8_t *chunk) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return na_set_error(NA_EIO, "%s: cannot open '%s': %s", fn, path, strerror(errno));
+    struct stat st;
+    FILE *f = na_fopen_regular(fn, path, &st);
+    if (!f) return na_last_status();
     for (int64_t r0 = 0; r0 < records; r0 += CIFAR_CHUNK_RECORDS) {
         int64_t nr = records - r0 < CIFAR_CHUNK_RECORDS ? records - r0 : CIFAR_CHUNK_RECORDS;
         size_t want = (size_t)nr * NA_CIFAR_RECORD_BYTES;
@@ -137,10 +134,6 @@ na_dataset *na_cifar_load_files(const char *const *paths, int n_paths, bool exac
     return cifar_load("na_cifar_load_files", paths, n_paths, exact_size);
 }
 
-static bool is_file(const char *path) {
-    struct stat st;
-    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
-}
 
 na_dataset *na_cifar10_load(const char *dir, bool train) {
     const char *fn = "na_cifar10_load";
@@ -160,9 +153,9 @@ na_dataset *na_cifar10_load(const char *dir, bool train) {
     const char *sub = "";
     char probe[4096];
     snprintf(probe, sizeof probe, "%s/%s", dir, names[0]);
-    if (!is_file(probe)) {
+    if (!na_path_exists(probe)) {
         snprintf(probe, sizeof probe, "%s/cifar-10-batches-bin/%s", dir, names[0]);
-        if (is_file(probe)) sub = "cifar-10-batches-bin/";
+        if (na_path_exists(probe)) sub = "cifar-10-batches-bin/";
     }
     for (int i = 0; i < n; i++) {
         int len = snprintf(paths[i], sizeof paths[i], "%s/%s%s", dir, sub, names[i]);
@@ -170,7 +163,7 @@ na_dataset *na_cifar10_load(const char *dir, bool train) {
             na_set_error(NA_EINVAL, "%s: path '%s/%s%s' is too long", fn, dir, sub, names[i]);
             return NULL;
         }
-        if (!is_file(paths[i])) {
+        if (!na_path_exists(paths[i])) {
             na_set_error(NA_EIO,
                          "%s: missing '%s': download the CIFAR-10 binary version "
                          "(cifar-10-binary.tar.gz from https://www.cs.toronto.edu/~kriz/cifar.html) "

@@ -269,19 +269,15 @@ na_dataset *na_idx_load(const char *images_path, const char *labels_path) {
     return idx_load("na_idx_load", images_path, labels_path);
 }
 
-static bool is_file(const char *path) {
-    struct stat st;
-    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
-}
 
 /* Finds <dir>/<name> or <dir>/<name>.gz. */
 static int find_idx(const char *dir, const char *name, char *out, size_t size) {
     int len = snprintf(out, size, "%s/%s", dir, name);
     if (len < 0 || (size_t)len + 3 >= size)
         return na_set_error(NA_EINVAL, "na_mnist_load: path '%s/%s' is too long", dir, name);
-    if (is_file(out)) return NA_OK;
+    if (na_path_exists(out)) return NA_OK;
     memcpy(out + len, ".gz", 4);
-    if (is_file(out)) return NA_OK;
+    if (na_path_exists(out)) return NA_OK;
     return na_set_error(NA_EIO,
                         "na_mnist_load: neither '%s/%s' nor '%s/%s.gz' exists; put the four "
                         "MNIST (or Fashion-MNIST) files train-images-idx3-ubyte, "

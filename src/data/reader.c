@@ -5,14 +5,45 @@
 #include "reader.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "nanoamp/error.h"
 
 #define NA_READER_CHUNK ((int64_t)1 << 20) /* inflate takes an unsigned int: <= 1 MiB a call */
 #define NA_READER_GZ_IN (64 * 1024)        /* compressed bytes read from the file at a time */
+
+static const char *file_kind(mode_t m) {
+    return S_ISDIR(m) ? "a directory" : S_ISFIFO(m) ? "a FIFO" : S_ISCHR(m) ? "a character device"
+         : S_ISBLK(m) ? "a block device" : S_ISSOCK(m) ? "a socket" : "not a regular file";
+}
+
+bool na_path_exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+FILE *na_fopen_regular(const char *fn, const char *path, struct stat *st) {
+    /* O_NONBLOCK: opening a FIFO that has no writer would wait for one forever */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+        na_set_error(NA_EIO, "%s: cannot open '%s': %s", fn, path, strerror(errno));
+        return NULL;
+    }
+    FILE *f = NULL;
+    if (fstat(fd, st) != 0)
+        na_set_error(NA_EIO, "%s: cannot stat '%s': %s", fn, path, strerror(errno));
+    else if (!S_ISREG(st->st_mode))
+        na_set_error(NA_EIO, "%s: '%s' is %s, not a regular file", fn, path,
+                     file_kind(st->st_mode));
+    else if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0 || !(f = fdopen(fd, "rb")))
+        na_set_error(NA_EIO, "%s: cannot open '%s': %s", fn, path, strerror(errno));
+    if (!f) close(fd);
+    return f;
+}
 
 int na_reader_open(na_reader *r, const char *fn, const char *path) {
     memset(r, 0, sizeof *r);
@@ -20,13 +51,9 @@ int na_reader_open(na_reader *r, const char *fn, const char *path) {
     r->path = path;
     r->size = -1;
     if (!path) return na_set_error(NA_EINVAL, "%s: file path is NULL", fn);
-    FILE *f = fopen(path, "rb");
-    if (!f) return na_set_error(NA_EIO, "%s: cannot open '%s': %s", fn, path, strerror(errno));
     struct stat st;
-    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
-        fclose(f);
-        return na_set_error(NA_EIO, "%s: '%s' is not a regular file", fn, path);
-    }
+    FILE *f = na_fopen_regular(fn, path, &st);
+    if (!f) return na_last_status();
     unsigned char magic[2];
     size_t got = fread(magic, 1, 2, f);
     if (fseek(f, 0, SEEK_SET) != 0) {

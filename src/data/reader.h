@@ -16,6 +16,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <sys/stat.h>
 #include <zlib.h>
 
 typedef struct {
@@ -35,7 +36,14 @@ typedef struct {
     bool at_end;       /* the last member ended exactly at the end of the file */
 } na_reader;
 
-/* Opens path; on failure sets NA_EIO naming fn and path and returns the status. */
+/* Anything by that name, of any type: a directory where a file should be is then opened by
+ * na_fopen_regular and named for what it is, never reported missing. */
+bool na_path_exists(const char *path);
+/* Opens path for reading if it is a regular file, else NULL with NA_EIO naming fn, path and
+ * what it is ("a FIFO", "a directory"), decided before anything can block; *st gets its
+ * stat. */
+FILE *na_fopen_regular(const char *fn, const char *path, struct stat *st);
+/* Opens path (a regular file, as na_fopen_regular); on failure sets NA_EIO naming fn and path and returns the status. */
 int na_reader_open(na_reader *r, const char *fn, const char *path);
 /* Reads up to n bytes; returns how many were read (fewer only at the clean end of the data),
  * or a negative status (message set) on an I/O error or damaged gzip data (see above). */

@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "json.h"
+#include "src/data/reader.h"
 #include "nanoamp/error.h"
 #include "nanoamp/io.h"
 
@@ -694,16 +695,8 @@ na_checkpoint *na_checkpoint_load(const char *path) {
         na_set_error(NA_ENOMEM, "na_checkpoint_load: out of memory");
         goto fail;
     }
-    f = fopen(path, "rb");
-    if (!f) {
-        na_set_error(NA_EIO, "na_checkpoint_load: cannot open '%s': %s", path, strerror(errno));
-        goto fail;
-    }
     struct stat sb;
-    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        na_set_error(NA_EIO, "na_checkpoint_load: '%s' is not a regular file", path);
-        goto fail;
-    }
+    if (!(f = na_fopen_regular("na_checkpoint_load", path, &sb))) goto fail;
     const uint64_t size = (uint64_t)sb.st_size;
     if (size < 8) {
         fmt_error(path, "the file is %" PRIu64 " bytes, too small for the 8-byte header length",
@@ -934,7 +927,8 @@ static int wrap_error(int st, const char *fn, const char *name) {
  * integers (range-checked for an integer dst) go through an f64 staging tensor (exact up to
  * 2^53) and the library's own conversion, and for a float dst a read back must give the same
  * value. */
-static int copy_i64_into(const char *fn, const ck_entry *e, na_tensor *dst, const char *file) {
+static int stage_i64(const char *fn, const ck_entry *e, const na_tensor *dst, const char *file,
+                     na_tensor **staged) {
     const int64_t limit = INT64_C(1) << 53;
     const int64_t lo = dst->dtype == NA_DTYPE_I32 ? INT32_MIN : dst->dtype == NA_DTYPE_U8 ? 0 : -limit;
     const int64_t hi = dst->dtype == NA_DTYPE_I32 ? INT32_MAX : dst->dtype == NA_DTYPE_U8 ? 255 : limit;
@@ -960,47 +954,70 @@ static int copy_i64_into(const char *fn, const ck_entry *e, na_tensor *dst, cons
     }
     for (int64_t k = 0; na_dtype_is_float(dst->dtype) && k < e->numel && bad < 0; k++)
         if (na_get(conv, k) != v[k]) bad = k;
-    if (bad < 0 && (st = na_copy_(dst, conv))) st = wrap_error(st, fn, e->name);
 done:
     if (bad >= 0)
         st = na_set_error(NA_EDTYPE,
                           "%s: checkpoint tensor '%s' (I64) holds %" PRId64 " at element %" PRId64
                           ", which the model's %s tensor cannot hold exactly (file '%s')",
                           fn, e->name, i64_at(e, bad), bad, na_dtype_name(dst->dtype), file);
-    na_tensor_free(conv);
+    if (st) na_tensor_free(conv), conv = NULL;
+    *staged = conv;
     na_tensor_free(f64);
     free(v);
     return st;
 }
 
-int na_checkpoint_copy_into(const na_checkpoint *ck, const char *name, na_tensor *dst) {
-    const char *fn = "na_checkpoint_copy_into";
-    if (!ck || !name || !dst) return na_set_error(NA_EINVAL, "%s: NULL argument", fn);
+/* The entry `name` after the checks a copy into dst makes (present, dtype, shape), or NULL
+ * with the message set. */
+static const ck_entry *entry_for(const char *fn, const na_checkpoint *ck, const char *name,
+                                 const na_tensor *dst) {
     int64_t i = find(ck, name);
     const char *file = ck->path ? ck->path : "(unsaved)";
-    if (i < 0)
-        return na_set_error(NA_EINVAL, "%s: no tensor '%s' in checkpoint '%s'", fn, name, file);
+    if (i < 0) {
+        na_set_error(NA_EINVAL, "%s: no tensor '%s' in checkpoint '%s'", fn, name, file);
+        return NULL;
+    }
     const ck_entry *e = &ck->e[i];
-    if (e->dtype != dst->dtype && e->dtype != NA_DTYPE_COUNT)
-        return na_set_error(NA_EDTYPE,
-                            "%s: checkpoint tensor '%s' has dtype %s but the model's is %s "
-                            "(file '%s')",
-                            fn, name, na_dtype_name(e->dtype), na_dtype_name(dst->dtype), file);
+    if (e->dtype != dst->dtype && e->dtype != NA_DTYPE_COUNT) {
+        na_set_error(NA_EDTYPE,
+                     "%s: checkpoint tensor '%s' has dtype %s but the model's is %s (file '%s')",
+                     fn, name, na_dtype_name(e->dtype), na_dtype_name(dst->dtype), file);
+        return NULL;
+    }
     bool same = e->ndim == dst->ndim;
     for (int d = 0; same && d < e->ndim; d++) same = e->shape[d] == dst->shape[d];
     if (!same) {
         char a[160], b[160];
         shape_str(a, sizeof a, e->ndim, e->shape);
         shape_str(b, sizeof b, dst->ndim, dst->shape);
-        return na_set_error(NA_ESHAPE,
-                            "%s: checkpoint tensor '%s' has shape %s but the model's is %s "
-                            "(file '%s')",
-                            fn, name, a, b, file);
+        na_set_error(NA_ESHAPE,
+                     "%s: checkpoint tensor '%s' has shape %s but the model's is %s (file '%s')",
+                     fn, name, a, b, file);
+        return NULL;
     }
+    return e;
+}
+
+/* Writes a checked entry into dst: from the I64 staging tensor when there is one. */
+static int commit(const char *fn, const ck_entry *e, na_tensor *dst, const na_tensor *staged) {
     if (e->numel == 0) return NA_OK;
-    if (e->dtype == NA_DTYPE_COUNT) return copy_i64_into(fn, e, dst, file);
-    int st = e->data ? na_copy_from_host(dst, e->data) : na_copy_(dst, e->tensor);
-    return st ? wrap_error(st, fn, name) : NA_OK;
+    int st = staged ? na_copy_(dst, staged)
+           : e->data ? na_copy_from_host(dst, e->data) : na_copy_(dst, e->tensor);
+    return st ? wrap_error(st, fn, e->name) : NA_OK;
+}
+
+int na_checkpoint_copy_into(const na_checkpoint *ck, const char *name, na_tensor *dst) {
+    const char *fn = "na_checkpoint_copy_into";
+    if (!ck || !name || !dst) return na_set_error(NA_EINVAL, "%s: NULL argument", fn);
+    const ck_entry *e = entry_for(fn, ck, name, dst);
+    if (!e) return na_last_status();
+    na_tensor *staged = NULL;
+    int st = e->dtype == NA_DTYPE_COUNT && e->numel
+                 ? stage_i64(fn, e, dst, ck->path ? ck->path : "(unsaved)", &staged)
+                 : NA_OK;
+    if (!st) st = commit(fn, e, dst, staged);
+    na_tensor_free(staged);
+    return st;
 }
 
 const char *na_checkpoint_get_meta(const na_checkpoint *ck, const char *key) {
@@ -1031,21 +1048,34 @@ int na_checkpoint_add_list(na_checkpoint *ck, const na_named_tensors *l) {
     return st;
 }
 
+/* All or nothing: every item is checked (and an I64 entry converted into a staging tensor)
+ * before the first is written, so a failure leaves every tensor of l as it was. */
 int na_checkpoint_copy_list(const na_checkpoint *ck, const na_named_tensors *l, bool strict) {
     const char *fn = "na_checkpoint_copy_list";
     if (!ck || !l) return na_set_error(NA_EINVAL, "%s: NULL checkpoint or list", fn);
+    const char *file = ck->path ? ck->path : "(unsaved)";
     bool *used = calloc((size_t)(ck->n ? ck->n : 1), 1);
-    int st = used ? NA_OK : na_set_error(NA_ENOMEM, "%s: out of memory", fn);
+    const ck_entry **e = calloc((size_t)(l->n ? l->n : 1), sizeof *e);
+    na_tensor **staged = calloc((size_t)(l->n ? l->n : 1), sizeof *staged);
+    int st = used && e && staged ? NA_OK : na_set_error(NA_ENOMEM, "%s: out of memory", fn);
     for (int64_t i = 0; i < l->n && !st; i++) {
-        int64_t k = find(ck, l->items[i].name);
-        if (k >= 0) used[k] = true;
-        st = na_checkpoint_copy_into(ck, l->items[i].name, l->items[i].tensor);
+        if (!(e[i] = entry_for(fn, ck, l->items[i].name, l->items[i].tensor))) {
+            st = na_last_status();
+            break;
+        }
+        used[e[i] - ck->e] = true;
+        if (e[i]->dtype == NA_DTYPE_COUNT && e[i]->numel)
+            st = stage_i64(fn, e[i], l->items[i].tensor, file, &staged[i]);
     }
     for (int64_t k = 0; strict && !st && k < ck->n; k++)
         if (!used[k])
             st = na_set_error(NA_EINVAL, "%s: '%s' holds tensor '%s', which is not among the "
                               "%" PRId64 " tensors to load (strict)", fn,
                               ck->path ? ck->path : "checkpoint", ck->e[k].name, l->n);
+    for (int64_t i = 0; i < l->n && !st; i++) st = commit(fn, e[i], l->items[i].tensor, staged[i]);
+    for (int64_t i = 0; staged && i < l->n; i++) na_tensor_free(staged[i]);
+    free(staged);
+    free(e);
     free(used);
     return st;
 }
