@@ -356,6 +356,9 @@ na_amp_monitor *na_amp_monitor_new(const na_amp_monitor_cfg *cfg); /* NULL: defa
 void na_amp_monitor_free(na_amp_monitor *m); /* closes the CSV log */
 /* Starts a CSV log at path (written through, flushed at each record). */
 int na_amp_monitor_open_csv(na_amp_monitor *m, const char *path);
+/* The same after what path already holds (a resumed run's log goes on), the header only when
+ * the file is new or empty. */
+int na_amp_monitor_append_csv(na_amp_monitor *m, const char *path);
 /* One step. Returns the alerts raised by this record (0 when none). */
 unsigned na_amp_monitor_record(na_amp_monitor *m, int64_t step, double loss, double scale,
                                bool skipped);

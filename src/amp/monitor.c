@@ -106,15 +106,22 @@ static int check_counts(const na_amp_monitor *m) {
     return NA_OK;
 }
 
-int na_amp_monitor_open_csv(na_amp_monitor *m, const char *path) {
-    if (!m || !path) return na_set_error(NA_EINVAL, "na_amp_monitor_open_csv: NULL argument");
-    FILE *f = fopen(path, "w");
-    if (!f) return na_set_error(NA_EIO, "na_amp_monitor_open_csv: cannot write '%s'", path);
+/* append: after what the file holds, with the header only when it is empty (a resumed run) */
+static int open_csv(const char *fn, na_amp_monitor *m, const char *path, bool append) {
+    if (!m || !path) return na_set_error(NA_EINVAL, "%s: NULL argument", fn);
+    FILE *f = fopen(path, append ? "a" : "w");
+    if (!f) return na_set_error(NA_EIO, "%s: cannot write '%s'", fn, path);
     if (m->csv) fclose(m->csv);
     m->csv = f;
-    fprintf(f, "step,loss,scale,skipped\n");
+    if (fseek(f, 0, SEEK_END) || ftell(f) == 0) fprintf(f, "step,loss,scale,skipped\n");
     fflush(f);
     return NA_OK;
+}
+int na_amp_monitor_open_csv(na_amp_monitor *m, const char *path) {
+    return open_csv("na_amp_monitor_open_csv", m, path, false);
+}
+int na_amp_monitor_append_csv(na_amp_monitor *m, const char *path) {
+    return open_csv("na_amp_monitor_append_csv", m, path, true);
 }
 
 /* A record covering `steps` optimizer steps of which `skips` were skipped; `floor` is the
