@@ -133,7 +133,10 @@ int trainer_amp_setup_dist(const trainer_opts *o, na_module *net, na_dist *dist,
         return na_last_status();
     a->channels_last = o->channels_last;
     if (o->log_path) {
-        if (!(a->mon = na_amp_monitor_new(NULL)) || na_amp_monitor_open_csv(a->mon, o->log_path))
+        /* a resumed run's log goes on after the interrupted one's */
+        if (!(a->mon = na_amp_monitor_new(NULL)) ||
+            (o->resume_path ? na_amp_monitor_append_csv : na_amp_monitor_open_csv)(a->mon,
+                                                                                 o->log_path))
             return na_set_error(na_last_status(), "--log: %s", na_last_error());
     }
     return NA_OK;

@@ -171,6 +171,7 @@ static int set_option(trainer_opts *o, enum opt_id id, const char *flag, const c
                       const char *models) {
     int64_t n;
     double x;
+    o->given |= UINT64_C(1) << id;
     switch (id) {
     case O_DATA: o->data_dir = v; return 0;
     case O_LOG: o->log_path = v; return 0;
@@ -286,4 +287,10 @@ int trainer_parse_args(trainer_opts *o, int argc, char **argv, const char *model
         return -1;
     }
     return 0;
+}
+
+bool trainer_flag_given(const trainer_opts *o, const char *flag) {
+    for (size_t i = 0; i < N_OPTIONS; i++)
+        if (!strcmp(options[i].name, flag)) return o->given >> options[i].id & 1;
+    return false;
 }
