@@ -307,7 +307,8 @@ Test(amp_monitor, append_csv_keeps_the_earlier_lines) {
     for (int run = 0; run < 2; run++) {
         na_amp_monitor *m = monitor((na_amp_monitor_cfg)NA_AMP_MONITOR_DEFAULTS);
         TH_RC(run ? na_amp_monitor_append_csv(m, csv) : na_amp_monitor_open_csv(m, csv));
-        for (int step = 0; step < 3; step++) na_amp_monitor_record(m, 3 * run + step, 1.0, 1.0, false);
+        for (int step = 0; step < 3; step++)
+            na_amp_monitor_record(m, 3 * run + step, 1.0, 1.0, false);
         na_amp_monitor_free(m);
     }
     FILE *f = fopen(csv, "r");

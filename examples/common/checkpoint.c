@@ -65,7 +65,8 @@ static int meta_number(const na_checkpoint *ck, const char *key, bool optional, 
                        uint64_t *u64) {
     const char *v = na_checkpoint_get_meta(ck, key);
     if (!v && optional) return NA_OK;
-    if (!v) return na_set_error(NA_EFORMAT, "not a trainer checkpoint (metadata '%s' missing)", key);
+    if (!v)
+        return na_set_error(NA_EFORMAT, "not a trainer checkpoint (metadata '%s' missing)", key);
     if (i64 ? !trainer_parse_i64(v, 0, INT64_MAX, i64) : !trainer_parse_u64(v, u64))
         return na_set_error(NA_EFORMAT, "metadata '%s' is '%s': expected an integer %s", key, v,
                             i64 ? "in [0, 2^63)" : "in [0, 2^64)");
@@ -95,8 +96,10 @@ int trainer_resume_open(trainer_opts *o, trainer_resume *rs) {
     if (!rc) rc = meta_number(ck, "seed", false, NULL, &seed);
     if (!rc) rc = meta_number(ck, "rng_offset", false, NULL, &rs->rng_offset);
     /* left out: the saved run's value; given: below, at load or in trainer_resume_check_run */
-    if (!rc && !trainer_flag_given(o, "--epochs")) rc = meta_number(ck, "epochs", true, &o->epochs, NULL);
-    if (!rc && !trainer_flag_given(o, "--batch")) rc = meta_number(ck, "batch", true, &o->batch, NULL);
+    if (!rc && !trainer_flag_given(o, "--epochs"))
+        rc = meta_number(ck, "epochs", true, &o->epochs, NULL);
+    if (!rc && !trainer_flag_given(o, "--batch"))
+        rc = meta_number(ck, "batch", true, &o->batch, NULL);
     if (!rc) rc = meta_word(ck, "schedule", schedules, &schedule);
     if (!rc) rc = meta_word(ck, "amp", amp_modes, &amp);
     if (!rc && !trainer_flag_given(o, "--label-smoothing") &&
@@ -133,7 +136,8 @@ static bool set_by_flag(const trainer_opts *o, const trainer_amp *a, const char 
     const char *scaler = a->fo ? "fp16.scaler." : "scaler.";
     const char *key = strrchr(name, '.') ? strrchr(name, '.') + 1 : name;
     if (group_key(a, name))
-        return (trainer_flag_given(o, "--lr") && (!strcmp(key, "lr") || !strcmp(key, "initial_lr"))) ||
+        return (trainer_flag_given(o, "--lr") &&
+                (!strcmp(key, "lr") || !strcmp(key, "initial_lr"))) ||
                (trainer_flag_given(o, "--weight-decay") && !strcmp(key, "weight_decay"));
     if (strncmp(name, scaler, strlen(scaler))) return false;
     key = name + strlen(scaler);

@@ -256,6 +256,7 @@ static int run(const trainer_opts *opts, trainer_job *job, na_dist *dist, bool *
                    .world = na_dist_world_size(dist), .tty = isatty(STDERR_FILENO) != 0,
                    .res = {.test_acc = NAN, .test_loss = NAN, .final_loss = NAN}};
     int rc = 1;
+    int64_t start_epoch = 0;
     /* a test hook (tests/trainer_dist.sh): training step N fails on the ranks where it is set,
      * as a step that fails on one rank only would */
     const char *fail_step = getenv("NANOAMP_TEST_FAIL_STEP");
@@ -268,9 +269,11 @@ static int run(const trainer_opts *opts, trainer_job *job, na_dist *dist, bool *
         goto done;
     /* in this order, so that nothing runs (the batcher's prefetch thread) when one fails */
     if (!trainer_ranks_all_ok(dist, &o, na_module_to(job->net, o.device), NULL, NULL) ||
-        !trainer_ranks_all_ok(dist, &o, trainer_amp_setup_dist(&o, job->net, dist, &amp), NULL, NULL) ||
-        (o.resume_path && !trainer_ranks_all_ok(dist, &o, trainer_resume_load(&o, &rs, job->net, &amp), "--resume",
-                                  o.resume_path)))
+        !trainer_ranks_all_ok(dist, &o, trainer_amp_setup_dist(&o, job->net, dist, &amp), NULL,
+                              NULL) ||
+        (o.resume_path &&
+         !trainer_ranks_all_ok(dist, &o, trainer_resume_load(&o, &rs, job->net, &amp),
+                               "--resume", o.resume_path)))
         goto done;
     /* each rank its shard of every epoch's order (--batch per rank) */
     na_batcher_cfg bc = job->batcher;
@@ -286,18 +289,19 @@ static int run(const trainer_opts *opts, trainer_job *job, na_dist *dist, bool *
                 r.b && r.first_bad ? "out of host memory" : na_last_error());
     if (!trainer_ranks_ok(dist, &o, ready)) goto done;
     r.steps = na_batcher_steps_per_epoch(r.b);
+    start_epoch = rs.epochs_done;
     if (o.resume_path) {
-        if (!trainer_ranks_all_ok(dist, &o, trainer_resume_check_run(&o, &rs, r.steps, r.world), "--resume",
-                    o.resume_path))
-            goto done;
+        st = trainer_resume_check_run(&o, &rs, r.steps, r.world);
+        trainer_resume_close(&rs); /* the file's bytes are not needed any more */
+        if (!trainer_ranks_all_ok(dist, &o, st, "--resume", o.resume_path)) goto done;
         if (!o.quiet)
             fprintf(stderr, "resumed from %s after %" PRId64 " epoch(s)\n", o.resume_path,
-                    rs.epochs_done);
+                    start_epoch);
     }
     if (o.cuda_graph && trainer_graph_setup(&r.graph, &o, job, &amp, dist) != NA_OK) goto done;
     r.sched = !strcmp(o.schedule, "onecycle") ? na_lr_one_cycle(r.steps * o.epochs)
                                                : na_lr_constant();
-    rc = train(&r, rs.epochs_done);
+    rc = train(&r, start_epoch);
     report(&r, rc == 0);
 done:
     *failed_alone = r.failed_alone;

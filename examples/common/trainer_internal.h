@@ -46,9 +46,9 @@ typedef struct {
 int trainer_resume_open(trainer_opts *o, trainer_resume *rs);
 /* After trainer_amp_setup: the state into net and amp, but what a flag given sets (--lr and
  * --weight-decay: every group's; --loss-scale / --growth-interval: the scaler's rule and
- * trackers, and with --loss-scale N its scale), which takes effect. Refused: another amp mode than the saved one,
- * a tensor holding inf/NaN (the tensor and the element named), optimizer hyper-parameters out
- * of range (na_optim_check). Restores the random generator. */
+ * trackers, and with --loss-scale N its scale), which takes effect. Refused: another amp
+ * mode than the saved one, a tensor holding inf/NaN (the tensor and the element named),
+ * optimizer hyper-parameters out of range (na_optim_check). Restores the random generator. */
 int trainer_resume_load(const trainer_opts *o, const trainer_resume *rs, na_module *net,
                         const trainer_amp *amp);
 /* With the batcher's steps per epoch: a one-cycle run resumed with another length (--epochs,

@@ -83,7 +83,9 @@ static int check_hp(const char *where, int k, double v) {
     if (v >= 0 && (v < hi || (hp_rule[k].closed && v == hi))) return NA_OK;
     char want[64];
     if (isinf(hi)) snprintf(want, sizeof want, "a finite value >= 0");
-    else snprintf(want, sizeof want, "0 <= %s %s %g", hp_names[k], hp_rule[k].closed ? "<=" : "<", hi);
+    else
+        snprintf(want, sizeof want, "0 <= %s %s %g", hp_names[k], hp_rule[k].closed ? "<=" : "<",
+                 hi);
     return na_set_error(NA_EINVAL, "%s: invalid %s %g (expected %s)", where, hp_rule[k].what, v,
                         want);
 }
