@@ -126,6 +126,7 @@ static uint64_t hash_model(na_module *net) {
 
 /* h extended by n bytes, 8 at a time (~20 ms for Fashion-MNIST's training images). */
 static uint64_t hash_bytes(uint64_t h, const uint8_t *p, size_t n) {
+    if (!n) return h; /* an empty tensor's data may be NULL */
     uint64_t w = 0;
     for (size_t i = 0; i + 8 <= n; i += 8) {
         memcpy(&w, p + i, 8);
