@@ -264,7 +264,11 @@ typedef struct {
      * rule of `kind` (NA_AMP_KIND_*) with hp[NA_AMP_HP_COUNT] (host memory, read at the    \
      * call). */                                                                            \
     OPT(amp_update_scale, (int kind, const double *hp, na_view *scale, na_view *counters,   \
-                           int n_found, const na_view *const *found_infs))
+                           int n_found, const na_view *const *found_infs))                  \
+    /* The divergence watch (na_amp_note_nonfinite): *first (f64 0-dim) = step when it is 0 \
+     * and some element of x (any float dtype, contiguous) is inf or NaN; else unchanged.   \
+     * On the device, no host round trip. */                                               \
+    OPT(note_nonfinite, (const na_view *x, na_view *first, double step))
 
 typedef struct na_backend {
     const char *name;

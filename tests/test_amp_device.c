@@ -201,3 +201,26 @@ Test(amp_device, fp16_optimizer_step_has_no_host_round_trip) {
         na_module_free(m);
     }
 }
+
+/* na_amp_note_nonfinite on the device: the CPU's answer after every step, no host round trip. */
+Test(amp_device, note_nonfinite_matches_the_cpu_without_a_sync) {
+    na_tensor *fc = TH_OK(na_zeros(NA_DTYPE_F64, NA_DEVICE_CPU, 0, NULL));
+    na_tensor *fg = TH_OK(na_zeros(NA_DTYPE_F64, NA_DEVICE_CUDA, 0, NULL));
+    const double losses[] = {2.3, 1e300, NAN, 1.5, INFINITY};
+    for (int t = 0; t < 5; t++) {
+        na_tensor *lc = TH_OK(na_scalar(NA_DTYPE_F64, NA_DEVICE_CPU, losses[t]));
+        na_tensor *lg = to(lc, NA_DEVICE_CUDA); /* f64: 1e300 stays finite */
+        uint64_t before = na_cuda_sync_count();
+        TH_RC(na_amp_note_nonfinite(fg, lg, t + 1));
+        cr_assert_eq(na_cuda_sync_count(), before, "step %d synchronized", t + 1);
+        TH_RC(na_amp_note_nonfinite(fc, lc, t + 1));
+        cr_assert_eq(na_item(fg), na_item(fc), "after step %d", t + 1);
+    }
+    cr_assert_eq(na_item(fg), 3.0);
+    /* a NaN in the last of 3 x 65536 f16 elements: every block's write is the same step */
+    na_tensor *big = TH_OK(na_zeros(NA_DTYPE_F16, NA_DEVICE_CUDA, NA_SHAPE(3 * 65536)));
+    TH_RC(na_fill_(TH_OK(na_slice(big, 3 * 65536 - 1, 3 * 65536)), NAN));
+    TH_RC(na_fill_(fg, 0));
+    TH_RC(na_amp_note_nonfinite(fg, big, 9));
+    cr_assert_eq(na_item(fg), 9.0);
+}

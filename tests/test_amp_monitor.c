@@ -330,3 +330,39 @@ Test(amp_monitor, invalid_config) {
     c.window = 0;
     TH_EXPECT_ERROR(na_amp_monitor_new(&c), NA_EINVAL, "window");
 }
+
+/* A resumed run's log goes on after the interrupted one's lines: one header, every record. */
+Test(amp_monitor, append_csv_keeps_the_earlier_lines) {
+    char csv[] = "/tmp/amp_monitor_XXXXXX";
+    int fd = mkstemp(csv);
+    cr_assert(fd >= 0);
+    close(fd);
+    for (int run = 0; run < 2; run++) {
+        na_amp_monitor *m = monitor((na_amp_monitor_cfg)NA_AMP_MONITOR_DEFAULTS);
+        TH_RC(run ? na_amp_monitor_append_csv(m, csv) : na_amp_monitor_open_csv(m, csv));
+        for (int step = 0; step < 3; step++)
+            na_amp_monitor_record(m, 3 * run + step, 1.0, 1.0, false);
+        na_amp_monitor_free(m);
+    }
+    FILE *f = fopen(csv, "r");
+    char line[256];
+    int lines = 0, headers = 0, last = -1;
+    while (fgets(line, sizeof line, f)) {
+        lines++;
+        if (!strncmp(line, "step,", 5)) headers++;
+        else last = atoi(line);
+    }
+    fclose(f);
+    cr_assert_eq(headers, 1);
+    cr_assert_eq(lines, 7, "%d lines", lines);
+    cr_assert_eq(last, 5);
+    /* a new file gets its header */
+    unlink(csv);
+    na_amp_monitor *m = monitor((na_amp_monitor_cfg)NA_AMP_MONITOR_DEFAULTS);
+    TH_RC(na_amp_monitor_append_csv(m, csv));
+    na_amp_monitor_free(m);
+    f = fopen(csv, "r");
+    cr_assert(fgets(line, sizeof line, f) && !strncmp(line, "step,loss,scale,skipped", 23));
+    fclose(f);
+    unlink(csv);
+}

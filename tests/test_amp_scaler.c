@@ -824,3 +824,30 @@ Test(amp_scaler, unscale_kernel_f16_into_f32_exact) {
     th_expect(m, TH_V(th_round_f16(102.4) / 1024, -3.0, 65504.0 / 1024), 3, 0, 0, "unscaled");
     cr_assert_eq(na_item(flag), 0.0);
 }
+
+/* ---- the divergence watch ------------------------------------------------------------------ */
+
+/* na_amp_note_nonfinite keeps the first step whose loss was inf or NaN, whatever follows; a
+ * huge but finite f64 is finite; a NaN deep inside a large f16 tensor is found. */
+Test(amp_scaler, note_nonfinite_keeps_the_first_bad_step) {
+    na_tensor *first = TH_OK(na_zeros(NA_DTYPE_F64, NA_DEVICE_CPU, 0, NULL));
+    const double losses[] = {2.3, 1e300, NAN, 1.5, INFINITY, 0.7};
+    for (int t = 0; t < 6; t++) {
+        na_tensor *loss = TH_OK(na_scalar(NA_DTYPE_F64, NA_DEVICE_CPU, losses[t]));
+        TH_RC(na_amp_note_nonfinite(first, loss, t + 1));
+        cr_assert_eq(na_item(first), t < 2 ? 0.0 : 3.0, "after step %d: %g", t + 1,
+                     na_item(first));
+    }
+    TH_RC(na_fill_(first, 0));
+    na_tensor *big = TH_OK(na_zeros(NA_DTYPE_F16, NA_DEVICE_CPU, NA_SHAPE(5000)));
+    TH_RC(na_amp_note_nonfinite(first, big, 7));
+    cr_assert_eq(na_item(first), 0.0);
+    TH_RC(na_fill_(TH_OK(na_slice(big, 4321, 4322)), -INFINITY));
+    TH_RC(na_amp_note_nonfinite(first, big, 8));
+    cr_assert_eq(na_item(first), 8.0);
+    /* misuse is an error naming the call */
+    na_tensor *f32 = TH_OK(na_zeros(NA_DTYPE_F32, NA_DEVICE_CPU, 0, NULL));
+    cr_assert_eq(na_amp_note_nonfinite(f32, big, 1), NA_EINVAL);
+    cr_assert(strstr(na_last_error(), "na_amp_note_nonfinite"), "%s", na_last_error());
+    cr_assert_eq(na_amp_note_nonfinite(first, big, 0), NA_EINVAL);
+}

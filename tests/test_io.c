@@ -312,6 +312,44 @@ Test(checkpoint, copy_into_names_the_mismatch) {
     na_tensor_free(half);
 }
 
+/* na_checkpoint_check_finite finds the first inf or NaN of every float dtype from its bits
+ * and names the file, the tensor and the element; integers and finite values pass. */
+Test(checkpoint, check_finite_names_the_first_bad_element) {
+    const na_dtype dts[] = {NA_DTYPE_F64, NA_DTYPE_F32, NA_DTYPE_F16, NA_DTYPE_BF16};
+    const double bad[] = {NAN, INFINITY, -INFINITY};
+    const char *said[] = {"nan", "inf", "-inf"};
+    for (size_t d = 0; d < 4; d++)
+        for (size_t b = 0; b < 3; b++) {
+            na_tensor *t = na_tensor_new(dts[d], NA_DEVICE_CPU, NA_SHAPE(3, 5));
+            na_tensor *ok = na_tensor_new(dts[d], NA_DEVICE_CPU, NA_SHAPE(4));
+            na_tensor *ints = na_tensor_new(NA_DTYPE_I32, NA_DEVICE_CPU, NA_SHAPE(2));
+            double v[15];
+            for (int k = 0; k < 15; k++) v[k] = dts[d] == NA_DTYPE_F16 ? 65504.0 : 1e30; /* max-ish */
+            v[7] = bad[b], v[11] = NAN;
+            na_tensor *f64 = na_from_host(NA_DTYPE_F64, NA_DEVICE_CPU, 2, (int64_t[]){3, 5}, v);
+            cr_assert_eq(na_copy_(t, f64), NA_OK, "%s", na_last_error());
+            na_fill_(ok, -2.5), na_fill_(ints, -1);
+            na_checkpoint *ck = na_checkpoint_new();
+            na_checkpoint_add(ck, "w", t), na_checkpoint_add(ck, "ok", ok);
+            na_checkpoint_add(ck, "i", ints);
+            cr_assert_eq(na_checkpoint_save(ck, tpath("f.safetensors")), NA_OK);
+            na_checkpoint_free(ck);
+            ck = na_checkpoint_load(tpath("f.safetensors"));
+            cr_assert_not_null(ck, "%s", na_last_error());
+            cr_assert_eq(na_checkpoint_check_finite(ck, "ok"), NA_OK, "%s", na_last_error());
+            cr_assert_eq(na_checkpoint_check_finite(ck, "i"), NA_OK, "%s", na_last_error());
+            cr_assert_eq(na_checkpoint_check_finite(ck, "w"), NA_EINVAL, "%s %s accepted",
+                         na_dtype_name(dts[d]), said[b]);
+            char want[256];
+            snprintf(want, sizeof want, "tensor 'w' holds %s at element 7 (of 15)", said[b]);
+            assert_msg_has(want);
+            assert_msg_has(tpath("f.safetensors"));
+            cr_assert_eq(na_checkpoint_check_finite(ck, "nope"), NA_EINVAL);
+            na_checkpoint_free(ck);
+            na_tensor_free(t), na_tensor_free(ok), na_tensor_free(ints);
+        }
+}
+
 /* A state dict as PyTorch + safetensors write it: BatchNorm's num_batches_tracked is I64
  * (and I64 sorts first), plus an I64 vector with values that do not fit everywhere. */
 static void write_torch_style(const char *path) {

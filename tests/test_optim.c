@@ -306,7 +306,17 @@ Test(optim, invalid_settings_are_rejected) {
         na_adam_cfg a;
         const char *msg;
     } cases[] = {
-        {SGD, .s = {.lr = -1}, .msg = "na_sgd_new: invalid learning rate -1 (expected >= 0)"},
+        {SGD, .s = {.lr = -1}, .msg = "na_sgd_new: invalid learning rate -1 (expected a finite "
+                                      "value >= 0)"},
+        {SGD, .s = {.lr = INFINITY}, .msg = "invalid learning rate inf"},
+        {SGD, .s = {.lr = 0.1, .momentum = 3e38}, .msg = "invalid momentum 3e+38 (expected 0 <= "
+                                                         "momentum < 1)"},
+        {SGD, .s = {.lr = 0.1, .momentum = INFINITY}, .msg = "invalid momentum inf"},
+        {SGD, .s = {.lr = 0.1, .momentum = 1}, .msg = "invalid momentum 1"},
+        {SGD, .s = {.lr = 0.1, .weight_decay = INFINITY}, .msg = "invalid weight_decay inf"},
+        {SGD, .s = {.lr = 0.1, .momentum = 0.9, .dampening = 2}, .msg = "invalid dampening 2"},
+        {ADAMW, .a = {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.99, .eps = INFINITY},
+         .msg = "invalid eps inf"},
         {SGD, .s = {.lr = 0.1, .momentum = -0.5}, .msg = "invalid momentum -0.5"},
         {SGD, .s = {.lr = 0.1, .weight_decay = -1}, .msg = "invalid weight_decay -1"},
         {SGD, .s = {.lr = 0.1, .nesterov = true}, .msg = "nesterov momentum requires a momentum > 0"},
@@ -330,6 +340,52 @@ Test(optim, invalid_settings_are_rejected) {
         cr_assert(strstr(na_last_error(), cases[k].msg), "case %zu: '%s' lacks '%s'", k,
                   na_last_error(), cases[k].msg);
     }
+}
+
+/* Values loaded through the state list (a checkpoint) are checked at once by na_optim_check,
+ * naming the key, and a NaN base lr is an error of the schedule, not a skipped lr update. */
+Test(optim, loaded_hyper_parameters_are_checked_naming_the_key) {
+    na_tensor *p = param(2, (float[]){1, 2});
+    struct {
+        const char *key;
+        double value;
+        const char *msg;
+    } cases[] = {
+        {"group.0.momentum", 3e38, "optim.group.0.momentum: invalid momentum 3e+38 (expected 0 <= "
+                                   "momentum < 1)"},
+        {"group.0.momentum", INFINITY, "optim.group.0.momentum: invalid momentum inf"},
+        {"group.0.weight_decay", INFINITY, "optim.group.0.weight_decay: invalid weight_decay inf"},
+        {"group.0.initial_lr", NAN, "optim.group.0.initial_lr: invalid initial learning rate nan"},
+        {"group.0.lr", -1, "optim.group.0.lr: invalid learning rate -1"},
+        {"group.0.dampening", 0.5, "optim.group.0: nesterov momentum requires"},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        na_optim *o = na_sgd_new(NA_TENSORS(p), &(na_sgd_cfg){.lr = 0.1, .momentum = 0.9,
+                                                                .nesterov = true});
+        cr_assert_not_null(o, "%s", na_last_error());
+        cr_assert_eq(na_optim_check(o, "optim."), NA_OK, "%s", na_last_error());
+        na_named_tensors st = {0};
+        cr_assert_eq(na_optim_state(o, "", &st), NA_OK);
+        na_fill_(na_named_tensors_find(&st, cases[k].key), cases[k].value);
+        cr_assert_eq(na_optim_check(o, "optim."), NA_EINVAL, "case %zu accepted", k);
+        cr_assert(strstr(na_last_error(), cases[k].msg), "case %zu: '%s' lacks '%s'", k,
+                  na_last_error(), cases[k].msg);
+        na_named_tensors_free(&st);
+        na_optim_free(o);
+    }
+    /* the schedule says so instead of keeping the old lr */
+    na_optim *o = na_sgd_new(NA_TENSORS(p), &(na_sgd_cfg){.lr = 0.1});
+    na_named_tensors st = {0};
+    cr_assert_eq(na_optim_state(o, "", &st), NA_OK);
+    na_fill_(na_named_tensors_find(&st, "group.0.initial_lr"), NAN);
+    na_clear_error();
+    na_lr_schedule sched = na_lr_constant();
+    cr_assert_eq(na_lr_schedule_apply(&sched, o, 0), NA_EINVAL);
+    cr_assert(strstr(na_last_error(), "group 0's initial_lr is nan"), "%s", na_last_error());
+    cr_assert_neq(na_optim_set_lr(o, 0, INFINITY), NA_OK);
+    na_named_tensors_free(&st);
+    na_optim_free(o);
+    na_tensor_free(p);
 }
 
 /* ---- mixed precision hooks ------------------------------------------------------------------------ */

@@ -128,7 +128,8 @@ Test(report, json_writes_null_for_what_is_not_finite) {
     trainer_opts o = trainer_defaults("mlp");
     trainer_result r = {.amp_mode = "fp16", .images_per_s = INFINITY, .train_time_s = 1.5,
                         .test_acc = NAN, .test_loss = NAN, .final_loss = -NAN,
-                        .final_scale = NAN, .diverged_at_step = 7};
+                        .final_scale = NAN, .diverged_at_step = 7, .lr = NAN,
+                        .weight_decay = 0.01};
     char buf[1024] = {0};
     FILE *f = fmemopen(buf, sizeof buf - 1, "w");
     cr_assert_not_null(f);
@@ -139,6 +140,7 @@ Test(report, json_writes_null_for_what_is_not_finite) {
     cr_assert(strstr(buf, "\"final_scale\": null, \"diverged_at_step\": 7}\n"), "%s", buf);
     cr_assert(!strstr(buf, "nan") && !strstr(buf, "inf"), "%s", buf);
     cr_assert(strstr(buf, "\"channels_last\": false,"), "%s", buf);
+    cr_assert(strstr(buf, "\"lr\": null, \"weight_decay\": 0.01,"), "%s", buf);
 }
 
 Test(parse, channels_last_flag_reaches_the_options_and_the_json) {
@@ -213,4 +215,15 @@ Test(evaluate, accuracy_and_mean_cross_entropy) {
     na_named_tensors_free(&params);
     na_module_free(net);
     na_dataset_free(ds);
+}
+
+/* --resume fills in the flags left out: the parser says which were given (a default value is
+ * not "given", a value equal to the default is). */
+Test(parse, flags_given_are_told_from_defaults) {
+    trainer_opts o = trainer_defaults("mlp");
+    char *argv[] = {"mnist-train", "--seed", "1", "--lr=0.1", "--quiet", NULL};
+    cr_assert_eq(trainer_parse_args(&o, 5, argv, "mlp|cnn"), 0, "%s", na_last_error());
+    cr_assert(trainer_flag_given(&o, "--seed") && trainer_flag_given(&o, "--lr"));
+    cr_assert(!trainer_flag_given(&o, "--epochs") && !trainer_flag_given(&o, "--amp"));
+    cr_assert(!trainer_flag_given(&o, "--no-such-flag"));
 }

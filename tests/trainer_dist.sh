@@ -5,7 +5,8 @@
 #     same losses, accuracy, skipped steps and loss scale, to the tolerance stated below;
 #  3. ranks started with different flags stop at start, every rank saying which flag differs;
 #  4. --save under 2 ranks leaves exactly one checkpoint, no temporary, and a run resumed from
-#     it on 2 ranks ends exactly like an uninterrupted one;
+#     it on 2 ranks ends exactly like an uninterrupted one; resumed on 1 rank it says so; ranks
+#     given different checkpoints stop;
 #  5. bad flags, missing data and an unwritable --save fail cleanly on 1 and 2 ranks;
 #  6. a training step that fails on one rank only ends the job (na_dist_abort), never hangs;
 #  7. a failure before training is said once when every rank shares it, tagged when it is one
@@ -123,6 +124,23 @@ sys.exit(0 if all(a[k] == b[k] for k in keys) else "the resumed run differs")
 EOF
 }
 check "--resume: same end as uninterrupted" same_end
+# 2-rank checkpoint on 1 rank: said (the shards differ); ranks given different checkpoints
+# (the same epoch and random state, other weights) stop at start, naming the checkpoint.
+check "1 rank resumes a 2-rank checkpoint" run 0 "$train" "${half[@]:0:12}" --epochs 2 \
+    --resume "$tmp/ck/ck.safetensors"
+check "1 rank resumes a 2-rank checkpoint: said" \
+    says "note: .*ck.safetensors was saved by 2 rank\(s\) and this run has 1"
+check "another checkpoint" run 0 mpi 2 "$train" "${half[@]}" --epochs 1 --lr 0.2 \
+    --save "$tmp/other.safetensors"
+cat >"$tmp/other-ck.sh" <<EOF
+#!/usr/bin/env bash
+if [ "\${OMPI_COMM_WORLD_RANK:-0}" = 1 ]; then exec "$train" "\$@" --resume "$tmp/other.safetensors"; fi
+exec "$train" "\$@" --resume "$tmp/ck/ck.safetensors"
+EOF
+chmod +x "$tmp/other-ck.sh"
+check "different checkpoints" run fail mpi 2 "$tmp/other-ck.sh" "${half[@]}" --epochs 2
+check "different checkpoints: message" says "rank 1's --resume checkpoint \(its tensors and metadata\) differs from rank 0's"
+check "different checkpoints: no JSON" test ! -s "$tmp/out"
 
 # --- 5. bad input on 1 and 2 ranks: the message, the status, nothing left behind.
 for np in 1 2; do

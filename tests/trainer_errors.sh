@@ -11,31 +11,7 @@ if [ ! -f "$data/train-images-idx3-ubyte.gz" ] && [ ! -f "$data/train-images-idx
 fi
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 export NANOAMP_NO_BLAS_TUNE=1
-passed=0 failed=0
-fail() { echo "FAIL: $*"; failed=$((failed + 1)); }
-
-# run WANT_RC CMD...: runs CMD, keeps stdout/stderr in $tmp/out, $tmp/err; checks the exit status
-run() {
-    local want=$1; shift
-    "$@" >"$tmp/out" 2>"$tmp/err"
-    rc=$?
-    [ "$rc" = "$want" ] || { echo "  exit $rc, wanted $want: $*"; sed 's/^/  | /' "$tmp/err" | head -n 20; return 1; }
-}
-# one_line PATTERN: stderr is exactly one line and matches the extended regex PATTERN
-one_line() {
-    local lines; lines=$(wc -l <"$tmp/err")
-    [ "$lines" = 1 ] && grep -Eq -- "$1" "$tmp/err" ||
-        { echo "  stderr ($lines lines) should be one line matching /$1/:"; sed 's/^/  | /' "$tmp/err" | head -n 20; return 1; }
-}
-# json EXPR: the last stdout line is strict JSON and the Python expression EXPR holds for it (d)
-json() {
-    tail -n 1 "$tmp/out" | python3 -c '
-import json, sys
-def bad(x): raise ValueError("not JSON: " + x)
-d = json.loads(sys.stdin.read(), parse_constant=bad)
-sys.exit(0 if eval(sys.argv[1]) else "does not hold: " + sys.argv[1] + " in " + json.dumps(d))' "$1"
-}
-check() { local name=$1; shift; if "$@"; then passed=$((passed + 1)); else fail "$name"; fi; }
+. "$(dirname "$0")/cli_checks.sh" # run, one_line, json, check
 
 # A small MNIST-format data set (IDX files): N images of HxW, labels 0..9.
 make_idx() { # DIR PREFIX N H W [PIXEL: every pixel this value, else random]
@@ -113,6 +89,14 @@ check "  message" one_line "test images are 1x56x14.*cnn takes 1x28x28"
 check "diverging run" run 1 "$mnist" "${small[@]}" --lr 1e30 --json --quiet
 check "  message" one_line "training diverged at step [0-9]+"
 check "  json" json 'd["final_loss"] is None and d["diverged_at_step"] >= 1'
+# the first non-finite step exactly, though the loss is read at steps 1, 8 (the last) only:
+# step 1's update (lr 1e30) makes step 2's loss inf or NaN
+check "  the first step" one_line "training diverged at step 2 \(its loss was inf or nan\)"
+check "  json: step 2" json 'd["diverged_at_step"] == 2'
+# the last update diverges (one step): no loss is read after it, the test loss says so
+check "diverging last update" run 1 "$mnist" "${small[@]}" --limit 32 --lr 1e30 --json --quiet
+check "  message" one_line "training diverged at step 1 \(the test loss after it is (nan|infinite)\)"
+check "  json" json 'd["test_loss"] is None and d["diverged_at_step"] == 1'
 check "nothing left to train" run 0 "$mnist" "${small[@]}" --quiet --json --resume "$tmp/mlp.safetensors"
 check "  json" json 'd["final_loss"] is None and 0 <= d["test_acc"] <= 1 and d["test_loss"] > 0'
 

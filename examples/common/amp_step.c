@@ -1,10 +1,12 @@
 /* The amp recipes (off, fp16, bf16, o2) that the trainers, na-bench and the tests share, and the
  * trainers' options for them: --amp, --loss-scale, --growth-interval, --log (see trainer.h). */
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "trainer.h"
+#include "trainer_internal.h"
 
 #define SGD_DEFAULT_LR 0.05
 
@@ -138,7 +140,10 @@ int trainer_amp_setup_dist(const trainer_opts *o, na_module *net, na_dist *dist,
         return na_last_status();
     a->channels_last = o->channels_last;
     if (o->log_path) {
-        if (!(a->mon = na_amp_monitor_new(NULL)) || na_amp_monitor_open_csv(a->mon, o->log_path))
+        /* a resumed run's log goes on after the interrupted one's */
+        if (!(a->mon = na_amp_monitor_new(NULL)) ||
+            (o->resume_path ? na_amp_monitor_append_csv : na_amp_monitor_open_csv)(a->mon,
+                                                                                 o->log_path))
             return na_set_error(na_last_status(), "--log: %s", na_last_error());
     }
     return NA_OK;
@@ -221,4 +226,20 @@ na_step_graph *trainer_amp_capture(trainer_amp *a, na_module *net, na_tensor *x,
                                    double label_smoothing, na_tensor *loss_out) {
     captured_step c = {a, net, x, y, loss_out, label_smoothing};
     return na_step_graph_capture(x->device, run_captured_step, &c);
+}
+
+int trainer_amp_record(trainer_amp *amp, const trainer_opts *o, int64_t at, na_tensor *loss,
+                       const char *prefix) {
+    unsigned alerts = na_amp_monitor_record_scaler(amp->mon, at, loss, trainer_amp_scaler(amp));
+    if (alerts & ~amp->alerts_shown) {
+        char why[256];
+        fprintf(stderr, "%s%s: amp monitor at step %" PRId64 ": %s\n", prefix, o->program, at,
+                na_amp_monitor_describe(amp->mon, why, sizeof why));
+        amp->alerts_shown |= alerts;
+    }
+    if (na_amp_monitor_csv_status(amp->mon)) { /* a full disk: the log stops here */
+        fprintf(stderr, "%s%s: --log: %s\n", prefix, o->program, na_last_error());
+        return 1;
+    }
+    return 0;
 }

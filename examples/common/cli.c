@@ -171,6 +171,7 @@ static int set_option(trainer_opts *o, enum opt_id id, const char *flag, const c
                       const char *models) {
     int64_t n;
     double x;
+    o->given |= UINT64_C(1) << id;
     switch (id) {
     case O_DATA: o->data_dir = v; return 0;
     case O_LOG: o->log_path = v; return 0;
@@ -293,9 +294,17 @@ int trainer_parse_args(trainer_opts *o, int argc, char **argv, const char *model
         trainer_start_failed(o, "--synthetic trains on generated images: it reads no --data");
         return -1;
     }
-    if (strcmp(o->amp, "auto") && trainer_amp_check_scaling(o, o->amp)) {
+    /* with --resume and no --amp the checkpoint's mode decides (checked once it is read) */
+    bool amp_known = strcmp(o->amp, "auto") && (!o->resume_path || trainer_flag_given(o, "--amp"));
+    if (amp_known && trainer_amp_check_scaling(o, o->amp)) {
         trainer_start_failed(o, "%s", na_last_error());
         return -1;
     }
     return 0;
+}
+
+bool trainer_flag_given(const trainer_opts *o, const char *flag) {
+    for (size_t i = 0; i < N_OPTIONS; i++)
+        if (!strcmp(options[i].name, flag)) return o->given >> options[i].id & 1;
+    return false;
 }

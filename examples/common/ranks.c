@@ -32,6 +32,15 @@ bool trainer_ranks_ok(na_dist *d, const trainer_opts *o, bool ok) {
     return !failed;
 }
 
+bool trainer_ranks_all_ok(na_dist *d, const trainer_opts *o, int status, const char *option,
+                          const char *value) {
+    if (status)
+        fprintf(stderr, "%s: %s%s%s%s%s\n", o->program, option ? option : "",
+                option && value ? " " : "", value ? value : "", option ? ": " : "",
+                na_last_error());
+    return trainer_ranks_ok(d, o, status == NA_OK);
+}
+
 /* ---- the same training on every rank --------------------------------------------------- */
 
 /* hashes of one flag's value (na_dist_hash: FNV-1a) */
@@ -115,28 +124,55 @@ static uint64_t hash_model(na_module *net) {
     return h;
 }
 
-/* A data set: its shape and all its labels and pixels, 8 bytes at a time (~20 ms for
- * Fashion-MNIST's training images). */
+/* h extended by n bytes, 8 at a time (~20 ms for Fashion-MNIST's training images). */
+static uint64_t hash_bytes(uint64_t h, const uint8_t *p, size_t n) {
+    if (!n) return h; /* an empty tensor's data may be NULL */
+    uint64_t w = 0;
+    for (size_t i = 0; i + 8 <= n; i += 8) {
+        memcpy(&w, p + i, 8);
+        h = (h ^ w) * 0x100000001b3ull;
+    }
+    return na_dist_hash(h, p + n / 8 * 8, n % 8);
+}
+
+/* A data set: its shape and all its labels and pixels. */
 static uint64_t hash_data(const na_dataset *ds) {
     int64_t head[5] = {ds->n, ds->channels, ds->height, ds->width, ds->num_classes};
     uint64_t h = na_dist_hash(NA_DIST_HASH_START, head, sizeof head);
     h = na_dist_hash(h, ds->labels, (size_t)ds->n * sizeof *ds->labels);
     size_t bytes = (size_t)ds->n * (size_t)ds->channels * (size_t)ds->height * (size_t)ds->width;
-    uint64_t w = 0;
-    for (size_t i = 0; i + 8 <= bytes; i += 8) {
-        memcpy(&w, ds->images + i, 8);
-        h = (h ^ w) * 0x100000001b3ull;
-    }
-    return na_dist_hash(h, ds->images + bytes / 8 * 8, bytes % 8);
+    return hash_bytes(h, ds->images, bytes);
 }
 
-int trainer_check_ranks_agree(na_dist *d, const trainer_opts *o, const trainer_job *job) {
+/* A --resume checkpoint as read: every tensor's name, dtype, shape and bytes, and the
+ * metadata (0 without one): ranks that read different files disagree on it. */
+static uint64_t hash_checkpoint(const na_checkpoint *ck) {
+    if (!ck) return 0;
+    uint64_t h = NA_DIST_HASH_START;
+    na_checkpoint_entry e;
+    for (int64_t i = 0; i < na_checkpoint_count(ck) && !na_checkpoint_entry_at(ck, i, &e); i++) {
+        h = na_dist_hash(h, e.name, strlen(e.name) + 1);
+        h = na_dist_hash(h, e.file_dtype, strlen(e.file_dtype) + 1);
+        h = na_dist_hash(h, e.shape, (size_t)e.ndim * sizeof *e.shape);
+        h = hash_bytes(h, e.data, e.nbytes);
+    }
+    const char *key, *value;
+    for (int64_t i = 0; !na_checkpoint_meta_at(ck, i, &key, &value); i++)
+        h = na_dist_hash(na_dist_hash(h, key, strlen(key) + 1), value, strlen(value) + 1);
+    return h;
+}
+
+int trainer_check_ranks_agree(na_dist *d, const trainer_opts *o, const trainer_job *job,
+                              const na_checkpoint *resumed) {
     if (na_dist_world_size(d) == 1) return 0;
-    /* what changes the math or the collectives (--save, --log, --json, --quiet do not) */
+    /* what changes the math or the collectives (--save, --log, --json, --quiet do not); the
+     * checkpoint first: the flags it fills in differ when the files do */
     const struct {
         const char *what;
         uint64_t hash;
     } items[] = {
+        {"--resume (given or not)", hash_i64(o->resume_path != NULL)},
+        {"--resume checkpoint (its tensors and metadata)", hash_checkpoint(resumed)},
         {"--model", hash_str(o->model)},
         {"model (parameter and buffer names, dtypes, shapes)", hash_model(job->net)},
         {"training data (count, shape, labels, pixels)", hash_data(job->train)},
@@ -156,7 +192,6 @@ int trainer_check_ranks_agree(na_dist *d, const trainer_opts *o, const trainer_j
         {"--allreduce-dtype", hash_str(o->allreduce_dtype)},
         {"--bucket-mb", hash_i64(o->bucket_mb)},
         {"--sync-bn", hash_i64(o->sync_bn)},
-        {"--resume (given or not)", hash_i64(o->resume_path != NULL)},
     };
     for (size_t i = 0; i < sizeof items / sizeof items[0]; i++)
         if (na_dist_check_same(d, items[i].hash, items[i].what) != NA_OK) {

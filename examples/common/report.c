@@ -123,16 +123,26 @@ static const char *json_number(double v, const char *fmt, char *buf, size_t size
     return buf;
 }
 
+void trainer_summary_print(FILE *f, const trainer_opts *o, const trainer_result *r, bool trained) {
+    fprintf(f, "%s: %s on %s, test accuracy %.2f%%", o->program, o->model,
+            na_device_name(o->device), 100 * r->test_acc);
+    if (trained)
+        fprintf(f, ", %.0f images/s, %.1f s training\n", r->images_per_s, r->train_time_s);
+    else /* a resumed run with no epoch left: only evaluated */
+        fprintf(f, " (nothing trained)\n");
+}
+
 void trainer_json_print(FILE *f, const trainer_opts *o, const trainer_result *r) {
     char ips[32], time_s[32], acc[32], tloss[32], loss[32], scale[32], diverged[32] = "null";
+    char lr[32], wd[32];
     if (r->diverged_at_step > 0) snprintf(diverged, sizeof diverged, "%" PRId64, r->diverged_at_step);
     /* names and modes are the trainers' own words: nothing to escape */
     fprintf(f, "{\"model\": \"%s\", \"device\": \"%s\", \"amp\": \"%s\", \"epochs\": %" PRId64
             ", \"batch\": %" PRId64 ", \"threads\": %d, \"world_size\": %d, "
             "\"allreduce_dtype\": \"%s\", \"train_images_per_s\": %s, \"train_time_s\": %s, "
             "\"test_acc\": %s, \"test_loss\": %s, \"final_loss\": %s, \"params\": %" PRId64
-            ", \"seed\": %" PRIu64 ", \"amp_mode\": \"%s\", \"skipped_steps\": %" PRId64
-            ", \"graph_steps\": %" PRId64 ", \"channels_last\": %s, \"final_scale\": %s, "
+            ", \"seed\": %" PRIu64 ", \"lr\": %s, \"weight_decay\": %s, \"amp_mode\": \"%s\", "
+            "\"skipped_steps\": %" PRId64 ", \"graph_steps\": %" PRId64 ", \"channels_last\": %s, \"final_scale\": %s, "
             "\"diverged_at_step\": %s}\n",
             o->model, na_device_name(o->device), o->amp, o->epochs, o->batch, na_get_num_threads(),
             r->world_size > 1 ? r->world_size : 1, o->allreduce_dtype ? o->allreduce_dtype : "f32",
@@ -141,6 +151,8 @@ void trainer_json_print(FILE *f, const trainer_opts *o, const trainer_result *r)
             json_number(r->test_acc, "%.4f", acc, sizeof acc),
             json_number(r->test_loss, "%.6f", tloss, sizeof tloss),
             json_number(r->final_loss, "%.6f", loss, sizeof loss), r->params, o->seed,
-            r->amp_mode, r->skipped_steps, r->graph_steps, o->channels_last ? "true" : "false",
+            json_number(r->lr, "%.9g", lr, sizeof lr),
+            json_number(r->weight_decay, "%.9g", wd, sizeof wd), r->amp_mode, r->skipped_steps,
+            r->graph_steps, o->channels_last ? "true" : "false",
             json_number(r->final_scale, "%.9g", scale, sizeof scale), diverged);
 }

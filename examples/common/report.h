@@ -52,8 +52,11 @@ typedef struct {
     int64_t diverged_at_step; /* 0: no divergence */
     int world_size;           /* ranks (mpirun -np); 0 is written as 1. images_per_s counts
                                  all ranks' images, "batch" is --batch (per rank) */
+    double lr, weight_decay;  /* what ran: the optimizer's base lr and weight decay (group 0) */
 } trainer_result;
 
 /* One line of strict JSON (RFC 8259: no NaN or Infinity) with the options and the results. */
 void trainer_json_print(FILE *f, const trainer_opts *o, const trainer_result *r);
+/* The run's sentence: test accuracy, and images/s and training time when it trained. */
+void trainer_summary_print(FILE *f, const trainer_opts *o, const trainer_result *r, bool trained);
 #endif

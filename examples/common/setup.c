@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -95,3 +96,16 @@ int trainer_setup(const trainer_opts *o, trainer_job *job) {
     job->batcher.mean = job->mean, job->batcher.std = job->std;
     return 0;
 }
+
+/* Ctrl-C: the step under way ends, then the run stops saying where (exit 130); a second
+ * Ctrl-C ends the process at once. */
+static volatile sig_atomic_t interrupted;
+static void on_sigint(int sig) {
+    interrupted = 1;
+    signal(sig, SIG_DFL);
+}
+void trainer_catch_interrupt(void) {
+    struct sigaction sa;
+    if (!sigaction(SIGINT, NULL, &sa) && sa.sa_handler != SIG_IGN) signal(SIGINT, on_sigint);
+}
+bool trainer_interrupted(void) { return interrupted; }

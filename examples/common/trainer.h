@@ -40,6 +40,8 @@ typedef struct {
     int threads;           /* --threads N; 0 (not given): $NANOAMP_THREADS, else the cores */
     bool cuda_graph;       /* --cuda-graph: full batches replayed as a CUDA graph */
     bool channels_last;    /* --channels-last: the training batches' images channels-last */
+    uint64_t given;        /* the flags given a value (trainer_flag_given): with --resume the
+                              others take the checkpoint's values */
 } trainer_opts;
 
 /* The defaults every trainer starts from (a trainer changes what its recipe needs). */

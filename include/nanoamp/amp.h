@@ -306,6 +306,18 @@ typedef struct {
 na_amp_recommendation na_amp_recommend(na_device dev);
 const char *na_amp_mode_name(na_amp_mode mode); /* "f32", "bf16", "f16" */
 
+/* ==== divergence without a host round trip =================================================
+ * A loop that reads its loss only every k steps (a read is a sync on CUDA) still learns the
+ * first step whose loss was inf or NaN: each step notes it on the device,
+ *     na_tensor *first = na_tensor_new(NA_DTYPE_F64, dev, 0, NULL);   // 0: none yet
+ *     na_fill_(first, 0);
+ *     ... each step t (from 1): na_amp_note_nonfinite(first, loss, t);
+ *     ... when the loss is read anyway: if (na_item(first) != 0) -> diverged at that step
+ * first (f64 0-dim, on x's device) becomes step (>= 1, exact up to 2^53) when it is 0 and x (any
+ * float dtype and shape, contiguous) holds an inf or NaN; otherwise nothing changes. One small
+ * kernel on the stream, no sync; not recorded by autograd. */
+int na_amp_note_nonfinite(na_tensor *first, const na_tensor *x, int64_t step);
+
 /* ==== monitoring ============================================================================
  * Records one line per step (loss, scale, skipped) and watches for trouble:
  *   NA_AMP_ALERT_LOSS_RISING     the loss's moving average (EMA, 0.9) rose for loss_rise_steps
@@ -345,6 +357,9 @@ void na_amp_monitor_free(na_amp_monitor *m); /* closes the CSV log */
 /* Starts a CSV log at path (written through, flushed at each record). NA_EIO with the reason
  * ("Is a directory", "No space left on device") when path cannot be written. */
 int na_amp_monitor_open_csv(na_amp_monitor *m, const char *path);
+/* The same after what path already holds (a resumed run's log goes on), the header only when
+ * the file is new or empty. */
+int na_amp_monitor_append_csv(na_amp_monitor *m, const char *path);
 /* NA_OK while every line of the log was written; after the first failed write (a full disk)
  * the log stops and this returns NA_EIO naming the file and the reason. Records cannot return
  * it (they return alerts): check after each, or at least at the end of the run. */

@@ -111,6 +111,13 @@ bool na_checkpoint_has(const na_checkpoint *ck, const char *name);
  * element. */
 int na_checkpoint_copy_into(const na_checkpoint *ck, const char *name, na_tensor *dst);
 
+/* Whether every value of tensor `name` is finite: NA_OK (integer tensors always are), or
+ * NA_EINVAL naming the file, the tensor and its first inf or NaN, "checkpoint 'ck.safetensors':
+ * tensor 'fc.weight' holds nan at element 1234 (of 200704)". Loading never checks values (as
+ * PyTorch's load_state_dict takes NaN weights): a program that must not resume from a
+ * diverged state asks for each tensor that must be finite (the trainers' --resume does). */
+int na_checkpoint_check_finite(const na_checkpoint *ck, const char *name);
+
 /* The metadata value for key, or NULL. */
 const char *na_checkpoint_get_meta(const na_checkpoint *ck, const char *key);
 int64_t na_checkpoint_meta_count(const na_checkpoint *ck);

@@ -50,15 +50,17 @@ typedef struct na_optim na_optim;
 typedef enum { NA_OPTIM_SGD, NA_OPTIM_ADAM, NA_OPTIM_ADAMW } na_optim_kind;
 
 /* ---- configs: start from the DEFAULTS and change fields ------------------------------- */
-/* PyTorch's SGD: lr >= 0, momentum >= 0, weight_decay >= 0; nesterov needs momentum > 0
- * and dampening 0. */
+/* PyTorch's SGD: lr >= 0, 0 <= momentum < 1, 0 <= dampening <= 1, weight_decay >= 0, all
+ * finite (PyTorch bounds only lr, momentum and weight_decay, and from below; a momentum >= 1
+ * or an infinite value never converges); nesterov needs momentum > 0 and dampening 0. */
 typedef struct {
     double lr, momentum, dampening, weight_decay;
     bool nesterov;
 } na_sgd_cfg;
 #define NA_SGD_DEFAULTS { .lr = 1e-3 }
 
-/* PyTorch's Adam / AdamW: lr >= 0, 0 <= beta1, beta2 < 1, eps >= 0, weight_decay >= 0. */
+/* PyTorch's Adam / AdamW: lr >= 0, 0 <= beta1, beta2 < 1, eps >= 0, weight_decay >= 0, all
+ * finite. */
 typedef struct {
     double lr, beta1, beta2, eps, weight_decay;
     bool amsgrad;
@@ -107,7 +109,7 @@ int64_t na_optim_num_params(const na_optim *o);
 na_tensor *na_optim_param(const na_optim *o, int64_t i); /* in the order added */
 na_tensor_list na_optim_parameters(const na_optim *o);   /* all of them: a step list */
 int na_optim_param_group(const na_optim *o, int64_t i);  /* the group of parameter i */
-/* group -1: every group. lr >= 0 and weight_decay >= 0. */
+/* group -1: every group. lr and weight_decay finite and >= 0. */
 int na_optim_set_lr(na_optim *o, int group, double lr);
 /* The learning rate read on the device, for a training step replayed as a CUDA graph
  * (na_step_graph_capture, nanoamp/tensor.h), where a host value would be frozen at capture.
@@ -136,8 +138,14 @@ int na_optim_set_initial_lr(na_optim *o, int group, double lr);
  *   "group.<g>.lr", ".weight_decay", ".initial_lr", and ".momentum", ".dampening" (SGD) or
  *   ".beta1", ".beta2", ".eps" (Adam/AdamW): f64 0-dim CPU tensors.
  * Load into an optimizer made the same way (same parameters, groups and config); loaded
- * hyper-parameters are checked at the next step. */
+ * hyper-parameters are checked at the next step, or at once with na_optim_check. */
 int na_optim_state(na_optim *o, const char *prefix, na_named_tensors *out);
+/* Every group's hyper-parameters as na_optim_step checks them: finite; lr, initial_lr,
+ * weight_decay, eps >= 0; momentum, beta1, beta2 in [0, 1); dampening in [0, 1]; nesterov
+ * with a momentum > 0 and no dampening. For values just loaded through the state list: NA_OK,
+ * or NA_EINVAL naming the key as na_optim_state lists it after prefix, "optim.group.0.momentum:
+ * invalid momentum inf (expected 0 <= momentum < 1)". */
+int na_optim_check(const na_optim *o, const char *prefix);
 
 /* ---- learning-rate schedules --------------------------------------------------------------- */
 /* Closed forms of PyTorch's schedulers as functions of the step t (0 for the first step):
@@ -173,7 +181,8 @@ na_lr_schedule na_lr_one_cycle(int64_t total_steps);
 
 /* The lr for step t; NAN with an error for an invalid schedule or step. */
 double na_lr_schedule_lr(const na_lr_schedule *s, double base_lr, int64_t t);
-/* Sets every group's lr to na_lr_schedule_lr(s, na_optim_initial_lr(o, g), t). */
+/* Sets every group's lr to na_lr_schedule_lr(s, na_optim_initial_lr(o, g), t); NA_EINVAL
+ * naming the group when its initial lr is not finite and >= 0 (a loaded NaN). */
 int na_lr_schedule_apply(const na_lr_schedule *s, na_optim *o, int64_t t);
 
 /* ---- gradient clipping -------------------------------------------------------------------- */

@@ -47,3 +47,21 @@ int na_cpu_amp_update_scale(int kind, const double *hp, na_view *scale, na_view 
     na_amp_update(kind, hp, scale->data, counters->data, found);
     return NA_OK;
 }
+
+int na_cpu_note_nonfinite(const na_view *x, na_view *first, double step) {
+    const char *fn = "cpu_note_nonfinite";
+    NA_CPU_CHECK_FLOAT(fn, x);
+    if (first->dtype != NA_DTYPE_F64 || first->numel != 1)
+        return na_set_error(NA_EDTYPE, "%s: first must be an f64 scalar", fn);
+    double *f = first->data, buf[NA_CPU_CHUNK];
+    for (int64_t off = 0; *f == 0 && off < x->numel; off += NA_CPU_CHUNK) {
+        int64_t c = x->numel - off < NA_CPU_CHUNK ? x->numel - off : NA_CPU_CHUNK;
+        na_cpu_load_d(x->dtype, x->data, off, c, buf); /* exact: a large f64 stays finite */
+        for (int64_t k = 0; k < c; k++)
+            if (!isfinite(buf[k])) {
+                *f = step;
+                break;
+            }
+    }
+    return NA_OK;
+}

@@ -101,3 +101,24 @@ int na_cuda_amp_update_scale(int kind, const double *hp, na_view *scale, na_view
     NA_CUDA_LAUNCH_CHECK("k_amp_update");
     return NA_OK;
 }
+
+/* Every block that finds an inf or NaN writes the same step: the race is harmless. */
+__global__ void k_note_nonfinite(const void *x, int dt, int64_t n, double *first, double step) {
+    bool bad = false;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        bad |= !isfinite(na_ld_d(x, dt, i)); /* exact: a large f64 stays finite */
+    if (__syncthreads_or(bad) && threadIdx.x == 0 && *first == 0.0) *first = step;
+}
+
+int na_cuda_note_nonfinite(const na_view *x, na_view *first, double step) {
+    if (!na_dtype_is_float(x->dtype) || first->dtype != NA_DTYPE_F64 || first->numel != 1)
+        return na_set_error(NA_EDTYPE, "note_nonfinite (cuda): expected a float x and an f64 "
+                            "scalar first");
+    if (x->numel == 0) return NA_OK;
+    int64_t blocks = (x->numel + 255) / 256;
+    k_note_nonfinite<<<(unsigned)(blocks < 1024 ? blocks : 1024), 256, 0, na_cuda_ctx.stream>>>(
+        x->data, (int)x->dtype, x->numel, (double *)first->data, step);
+    NA_CUDA_LAUNCH_CHECK("k_note_nonfinite");
+    return NA_OK;
+}

@@ -129,21 +129,27 @@ int na_amp_monitor_csv_status(const na_amp_monitor *m) {
                         m->csv_path, strerror(m->csv_errno));
 }
 
-int na_amp_monitor_open_csv(na_amp_monitor *m, const char *path) {
-    if (!m || !path) return na_set_error(NA_EINVAL, "na_amp_monitor_open_csv: NULL argument");
+/* append: after what the file holds, with the header only when it is empty (a resumed run) */
+static int open_csv(const char *fn, na_amp_monitor *m, const char *path, bool append) {
+    if (!m || !path) return na_set_error(NA_EINVAL, "%s: NULL argument", fn);
     char *copy = strdup(path);
-    FILE *f = copy ? fopen(path, "w") : NULL;
+    FILE *f = copy ? fopen(path, append ? "a" : "w") : NULL;
     if (!f) {
         int err = copy ? errno : ENOMEM;
         free(copy);
-        return na_set_error(NA_EIO, "na_amp_monitor_open_csv: cannot write '%s': %s", path,
-                            strerror(err));
+        return na_set_error(NA_EIO, "%s: cannot write '%s': %s", fn, path, strerror(err));
     }
     if (m->csv) fclose(m->csv);
     free(m->csv_path);
     m->csv = f, m->csv_path = copy, m->csv_errno = 0;
-    csv_line(m, "step,loss,scale,skipped\n");
+    if (fseek(f, 0, SEEK_END) || ftell(f) == 0) csv_line(m, "step,loss,scale,skipped\n");
     return na_amp_monitor_csv_status(m);
+}
+int na_amp_monitor_open_csv(na_amp_monitor *m, const char *path) {
+    return open_csv("na_amp_monitor_open_csv", m, path, false);
+}
+int na_amp_monitor_append_csv(na_amp_monitor *m, const char *path) {
+    return open_csv("na_amp_monitor_append_csv", m, path, true);
 }
 
 /* A record covering `steps` optimizer steps of which `skips` were skipped; `floor` is the

@@ -1094,3 +1094,52 @@ int na_checkpoint_load_list(const char *path, const na_named_tensors *l, bool st
     na_checkpoint_free(ck);
     return st;
 }
+
+/* ---- values ------------------------------------------------------------------------- */
+/* Element k of a float entry when it is not finite: its class ("nan", "inf", "-inf") from the
+ * bits (f16/bf16: exponent all ones), else NULL. */
+static const char *nonfinite_at(const ck_entry *e, int64_t k) {
+    const unsigned char *p = e->data;
+    uint64_t bits = 0, exp, man, sign;
+    switch (e->dtype) {
+    case NA_DTYPE_F64:
+        memcpy(&bits, p + 8 * k, 8);
+        exp = bits >> 52 & 0x7ff, man = bits & 0xfffffffffffffull, sign = bits >> 63;
+        if (exp != 0x7ff) return NULL;
+        break;
+    case NA_DTYPE_F32:
+        memcpy(&bits, p + 4 * k, 4);
+        exp = bits >> 23 & 0xff, man = bits & 0x7fffff, sign = bits >> 31;
+        if (exp != 0xff) return NULL;
+        break;
+    case NA_DTYPE_F16: case NA_DTYPE_BF16:
+        memcpy(&bits, p + 2 * k, 2);
+        if (e->dtype == NA_DTYPE_F16) exp = bits >> 10 & 0x1f, man = bits & 0x3ff;
+        else exp = bits >> 7 & 0xff, man = bits & 0x7f;
+        sign = bits >> 15;
+        if (exp != (e->dtype == NA_DTYPE_F16 ? 0x1f : 0xff)) return NULL;
+        break;
+    default: return NULL; /* integers are always finite */
+    }
+    return man ? "nan" : sign ? "-inf" : "inf";
+}
+
+int na_checkpoint_check_finite(const na_checkpoint *ck, const char *name) {
+    const char *fn = "na_checkpoint_check_finite";
+    if (!ck || !name) return na_set_error(NA_EINVAL, "%s: NULL argument", fn);
+    int64_t i = find(ck, name);
+    const char *file = ck->path ? ck->path : "(unsaved)";
+    if (i < 0)
+        return na_set_error(NA_EINVAL, "%s: no tensor '%s' in checkpoint '%s'", fn, name, file);
+    const ck_entry *e = &ck->e[i];
+    if (!e->data && e->numel)
+        return na_set_error(NA_EINVAL, "%s: tensor '%s' is a device tensor added for saving, not "
+                            "data read from a file", fn, name);
+    for (int64_t k = 0; k < e->numel; k++) {
+        const char *what = nonfinite_at(e, k);
+        if (what)
+            return na_set_error(NA_EINVAL, "checkpoint '%s': tensor '%s' holds %s at element "
+                                "%" PRId64 " (of %" PRId64 ")", file, name, what, k, e->numel);
+    }
+    return NA_OK;
+}

@@ -55,32 +55,53 @@ static bool uses_exp_avg(const na_optim *o) {
 
 /* ---- validation -------------------------------------------------------------------------- */
 
+/* Which hyper-parameters a rule has: lr, weight decay and the base lr always; SGD momentum and
+ * dampening; Adam betas and eps. */
+static bool hp_used(na_optim_kind k, int hp) {
+    return hp <= HP_INITIAL_LR || (k == NA_OPTIM_SGD ? hp <= HP_DAMPENING : hp > HP_DAMPENING);
+}
+
+/* The valid values of each: finite, >= 0 and below hi (at most hi where closed). A loaded
+ * momentum of 3e38 or an infinite weight decay would only turn the weights into NaN. */
+static const struct {
+    const char *what;
+    double hi;
+    bool closed;
+} hp_rule[HP_COUNT] = {
+    [HP_LR] = {"learning rate", INFINITY, false},
+    [HP_WEIGHT_DECAY] = {"weight_decay", INFINITY, false},
+    [HP_INITIAL_LR] = {"initial learning rate", INFINITY, false},
+    [HP_MOMENTUM] = {"momentum", 1, false},
+    [HP_DAMPENING] = {"dampening", 1, true},
+    [HP_BETA1] = {"beta1", 1, false},
+    [HP_BETA2] = {"beta2", 1, false},
+    [HP_EPS] = {"eps", INFINITY, false},
+};
+
+/* NA_OK, or NA_EINVAL "<where>: invalid momentum 3e+38 (expected 0 <= momentum < 1)". */
+static int check_hp(const char *where, int k, double v) {
+    double hi = hp_rule[k].hi;
+    if (v >= 0 && (v < hi || (hp_rule[k].closed && v == hi))) return NA_OK;
+    char want[64];
+    if (isinf(hi)) snprintf(want, sizeof want, "a finite value >= 0");
+    else
+        snprintf(want, sizeof want, "0 <= %s %s %g", hp_names[k], hp_rule[k].closed ? "<=" : "<",
+                 hi);
+    return na_set_error(NA_EINVAL, "%s: invalid %s %g (expected %s)", where, hp_rule[k].what, v,
+                        want);
+}
+
 static int validate(const char *fn, na_optim_kind k, const na_optim_hparams *h) {
-    if (!(h->lr >= 0))
-        return na_set_error(NA_EINVAL, "%s: invalid learning rate %g (expected >= 0)", fn, h->lr);
-    if (!(h->weight_decay >= 0))
-        return na_set_error(NA_EINVAL, "%s: invalid weight_decay %g (expected >= 0)", fn,
-                            h->weight_decay);
-    if (k == NA_OPTIM_SGD) {
-        if (!(h->momentum >= 0))
-            return na_set_error(NA_EINVAL, "%s: invalid momentum %g (expected >= 0)", fn,
-                                h->momentum);
-        if (!isfinite(h->dampening))
-            return na_set_error(NA_EINVAL, "%s: invalid dampening %g", fn, h->dampening);
-        if (h->nesterov && (h->momentum <= 0 || h->dampening != 0))
-            return na_set_error(NA_EINVAL, "%s: nesterov momentum requires a momentum > 0 and zero "
-                                "dampening (got momentum %g, dampening %g)", fn, h->momentum,
-                                h->dampening);
-        return NA_OK;
+    const double v[HP_COUNT] = {h->lr, h->weight_decay, h->lr, h->momentum, h->dampening,
+                                h->beta1, h->beta2, h->eps};
+    for (int i = 0; i < HP_COUNT; i++) {
+        int rc = hp_used(k, i) ? check_hp(fn, i, v[i]) : NA_OK;
+        if (rc) return rc;
     }
-    if (!(h->beta1 >= 0 && h->beta1 < 1))
-        return na_set_error(NA_EINVAL, "%s: invalid beta1 %g (expected 0 <= beta1 < 1)", fn,
-                            h->beta1);
-    if (!(h->beta2 >= 0 && h->beta2 < 1))
-        return na_set_error(NA_EINVAL, "%s: invalid beta2 %g (expected 0 <= beta2 < 1)", fn,
-                            h->beta2);
-    if (!(h->eps >= 0))
-        return na_set_error(NA_EINVAL, "%s: invalid eps %g (expected >= 0)", fn, h->eps);
+    if (k == NA_OPTIM_SGD && h->nesterov && (h->momentum <= 0 || h->dampening != 0))
+        return na_set_error(NA_EINVAL, "%s: nesterov momentum requires a momentum > 0 and zero "
+                            "dampening (got momentum %g, dampening %g)", fn, h->momentum,
+                            h->dampening);
     return NA_OK;
 }
 
@@ -238,8 +259,7 @@ int na_optim_add_group(na_optim *o, na_tensor_list list) {
     double init[HP_COUNT] = {o->cfg.lr, o->cfg.weight_decay, o->cfg.lr, o->cfg.momentum,
                              o->cfg.dampening, o->cfg.beta1, o->cfg.beta2, o->cfg.eps};
     for (int k = 0; k < HP_COUNT && !rc; k++) {
-        bool used = k <= HP_INITIAL_LR || (sgd ? k <= HP_DAMPENING : k > HP_DAMPENING);
-        if (!used) continue;
+        if (!hp_used(o->kind, k)) continue;
         if (!(g->hp[k] = na_tensor_new(NA_DTYPE_F64, NA_DEVICE_CPU, 0, NULL)))
             rc = na_last_status();
         else hp_set(g, k, init[k]);
@@ -396,8 +416,7 @@ static int set_hp(const char *fn, na_optim *o, int g, int k, double v) {
     if (!o || g < -1 || g >= o->n_groups)
         return na_set_error(NA_EINVAL, "%s: no group %d (the optimizer has %d)", fn, g,
                             o ? o->n_groups : 0);
-    if (!(v >= 0))
-        return na_set_error(NA_EINVAL, "%s: invalid %s %g (expected >= 0)", fn, hp_names[k], v);
+    if (check_hp(fn, k, v)) return na_last_status();
     for (int i = g < 0 ? 0 : g; i < (g < 0 ? o->n_groups : g + 1); i++) {
         hp_set(&o->groups[i], k, v);
         int rc = k == HP_LR ? upload_lr(&o->groups[i]) : NA_OK;
@@ -473,4 +492,21 @@ int na_optim_state(na_optim *o, const char *prefix, na_named_tensors *out) {
                                           hp_names[k]);
     if (rc) na_named_tensors_truncate(out, n0);
     return rc;
+}
+
+int na_optim_check(const na_optim *o, const char *prefix) {
+    if (!o) return na_set_error(NA_EINVAL, "na_optim_check: NULL optimizer");
+    const char *pf = prefix ? prefix : "";
+    char key[256];
+    for (int g = 0; g < o->n_groups; g++) {
+        for (int k = 0; k < HP_COUNT; k++) {
+            if (!o->groups[g].hp[k]) continue;
+            snprintf(key, sizeof key, "%sgroup.%d.%s", pf, g, hp_names[k]);
+            if (check_hp(key, k, hp(&o->groups[g], k))) return na_last_status();
+        }
+        na_optim_hparams h = group_hparams(o, &o->groups[g]);
+        snprintf(key, sizeof key, "%sgroup.%d", pf, g);
+        if (validate(key, o->kind, &h)) return na_last_status(); /* nesterov's rule */
+    }
+    return NA_OK;
 }

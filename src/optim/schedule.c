@@ -104,7 +104,11 @@ double na_lr_schedule_lr(const na_lr_schedule *s, double base, int64_t t) {
 
 int na_lr_schedule_apply(const na_lr_schedule *s, na_optim *o, int64_t t) {
     for (int g = 0; g < na_optim_num_groups(o); g++) {
-        double lr = na_lr_schedule_lr(s, na_optim_initial_lr(o, g), t);
+        double base = na_optim_initial_lr(o, g); /* a loaded value, maybe NaN: say so */
+        if (!(base >= 0 && isfinite(base)))
+            return na_set_error(NA_EINVAL, "na_lr_schedule_apply: group %d's initial_lr is %g "
+                                "(expected a finite value >= 0)", g, base);
+        double lr = na_lr_schedule_lr(s, base, t);
         if (isnan(lr)) return na_last_status();
         int rc = na_optim_set_lr(o, g, lr);
         if (rc) return rc;
