@@ -70,20 +70,20 @@ static na_tensor *slice_of(na_ddp *p, int i) {
     return s ? na_reshape(s, t->ndim, t->shape) : NULL;
 }
 
+static bool compressed(const bucket *b) { return b->dt == NA_DTYPE_F16 || b->dt == NA_DTYPE_BF16; }
+
 /* Gradient i into its slice (zeros when it has none), divided by the world size first when
- * the bucket is compressed. */
+ * the bucket is compressed, whatever the gradient's own dtype (an f16 gradient into an f16
+ * bucket too): the sum of N pre-divided values stays in the narrow range, and the bucket
+ * then holds the mean (PyTorch's fp16_compress_hook divides before its all-reduce too). */
 static int copy_in(na_ddp *p, int i) {
     na_tensor *t = p->params[i], *s = slice_of(p, i);
     if (!s) return na_last_status();
     if (!t->grad) return na_fill_(s, 0.0);
-    const bucket *b = &p->buckets[p->bucket_of[i]];
-    if (b->dt == t->grad->dtype || b->dt == NA_DTYPE_F32 || b->dt == NA_DTYPE_F64)
-        return na_copy_(s, t->grad);
+    if (!compressed(&p->buckets[p->bucket_of[i]])) return na_copy_(s, t->grad);
     na_tensor *q = na_scale(t->grad, 1.0 / p->d->world); /* in the gradient's dtype, rounded once */
     return q ? na_copy_(s, q) : na_last_status();
 }
-
-static bool compressed(const bucket *b) { return b->dt == NA_DTYPE_F16 || b->dt == NA_DTYPE_BF16; }
 
 static int start_ready_buckets(na_ddp *p) {
     while (p->next_start < p->n_buckets && !p->buckets[p->next_start].pending) {
