@@ -131,6 +131,7 @@ typedef struct {
     bool sync_bn;
     na_dtype allreduce_dtype;
     na_dtype half;  /* AMP_FP16_OPTIMIZER's model dtype; 0 (f64's value): f16 */
+    bool no_broadcast_buffers;
     int micro;     /* micro-batches per step (gradient accumulation) */
     int hidden;    /* MLP width (the mismatch case changes it on one rank) */
     bool poison;   /* an input that overflows f16 at steps 4 and 11, in rank 1's shard */
@@ -267,18 +268,32 @@ static double max_state_diff(na_module *a, na_module *b) {
     return m;
 }
 
+/* A hash of the bits of net's state (parameters and buffers, or which of them). */
+static uint64_t state_hash(na_module *net, int which) {
+    na_named_tensors st = {0};
+    OK(na_module_named_tensors(net, which, "", &st));
+    uint64_t h = NA_DIST_HASH_START;
+    for (int64_t k = 0; k < st.n; k++)
+        h = na_dist_hash(h, st.items[k].tensor->data, (size_t)st.items[k].tensor->numel *
+                                                      na_dtype_size(st.items[k].tensor->dtype));
+    na_named_tensors_free(&st);
+    return h;
+}
+
 /* Every rank's state bit for bit equal to rank 0's (data parallelism keeps replicas equal). */
 static void check_replicas_equal(na_module *net) {
-    na_named_tensors st = {0};
-    OK(na_module_state(net, "", &st));
-    uint64_t h = 1469598103934665603ull;
-    for (int64_t k = 0; k < st.n; k++) {
-        const unsigned char *p = st.items[k].tensor->data;
-        size_t n = (size_t)st.items[k].tensor->numel * na_dtype_size(st.items[k].tensor->dtype);
-        for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
-    }
-    na_named_tensors_free(&st);
-    OK(na_dist_check_same(d, h, "parameters after training"));
+    OK(na_dist_check_same(d, state_hash(net, NA_MODULE_STATE), "parameters after training"));
+}
+
+/* The data-parallel run of c: this rank's shard of each batch. */
+static void train_ddp(const run_cfg *c, run_out *o) {
+    setup_training(c, o);
+    if (c->sync_bn) OK(na_module_sync_batchnorm(o->net, d));
+    na_ddp *ddp = NN(na_ddp_new(d, o->net, &(na_ddp_config){.allreduce_dtype = c->allreduce_dtype,
+                                                           .no_broadcast_buffers =
+                                                               c->no_broadcast_buffers}));
+    train(c, ddp, o);
+    na_ddp_free(ddp);
 }
 
 /* The reference and the data-parallel run of c; returns the max state difference. */
@@ -286,11 +301,7 @@ static double compare(const run_cfg *c, const char *name, double tol, run_out *d
     run_out ref = {0};
     setup_training(c, &ref);
     train(c, NULL, &ref);
-    setup_training(c, dp);
-    if (c->sync_bn) OK(na_module_sync_batchnorm(dp->net, d));
-    na_ddp *ddp = NN(na_ddp_new(d, dp->net, &(na_ddp_config){.allreduce_dtype = c->allreduce_dtype}));
-    train(c, ddp, dp);
-    na_ddp_free(ddp);
+    train_ddp(c, dp);
     double loss_diff = 0;
     for (int s = 0; s < STEPS; s++) {
         if (isfinite(ref.loss[s]) || isfinite(dp->loss[s]))
@@ -330,6 +341,26 @@ static void case_ddp_cnn_syncbn(void) {
     compare(&(run_cfg){.model = MODEL_CNN, .sync_bn = true, .micro = 1}, "ddp_cnn_syncbn",
             TOL_F32, &o);
     free_training(&o);
+}
+
+/* BatchNorm without SyncBatchNorm normalizes each rank's shard, so each rank's running
+ * statistics move their own way. By default (PyTorch's broadcast_buffers) rank 0's are
+ * everyone's after each step: every rank ends with rank 0's state bit for bit. Training-mode
+ * BatchNorm reads no running statistics, so rank 0's own state is the same either way; with
+ * the broadcast off, rank 1's statistics are its own. */
+static void case_broadcast_buffers(void) {
+    run_out on = {0}, off = {0};
+    train_ddp(&(run_cfg){.model = MODEL_CNN, .micro = 1}, &on);
+    train_ddp(&(run_cfg){.model = MODEL_CNN, .micro = 1, .no_broadcast_buffers = true}, &off);
+    check_replicas_equal(on.net);
+    OK(na_dist_check_same(d, state_hash(off.net, NA_MODULE_PARAMS), "parameters (no broadcast)"));
+    CHECK(na_dist_check_same(d, state_hash(off.net, NA_MODULE_BUFFERS), "running statistics") ==
+              NA_EINVAL, "with no_broadcast_buffers the ranks' running statistics must differ");
+    if (!rank_)
+        CHECK(max_state_diff(on.net, off.net) == 0, "rank 0's state depends on the broadcast: %g",
+              max_state_diff(on.net, off.net));
+    free_training(&on);
+    free_training(&off);
 }
 
 static void case_accumulation(void) {
@@ -487,6 +518,7 @@ int main(int argc, char **argv) {
         void (*run)(void);
     } cases[] = {{"collectives", case_collectives}, {"ddp_mlp", case_ddp_mlp},
                  {"ddp_cnn_syncbn", case_ddp_cnn_syncbn}, {"accumulation", case_accumulation},
+                 {"broadcast_buffers", case_broadcast_buffers},
                  {"amp", case_amp}, {"compression", case_compression},
                  {"dtype_pairs", case_dtype_pairs},
                  {"found_inf", case_found_inf}, {"config_mismatch", case_config_mismatch}, {"dead_rank", case_dead_rank},

@@ -119,6 +119,9 @@ typedef struct {
     na_dtype allreduce_dtype; /* 0 or NA_DTYPE_F32: reduce in f32; NA_DTYPE_F16 / BF16:
                                  pre-divide by the world size, reduce compressed, widen back.
                                  f64 gradients are always reduced in f64 */
+    bool no_broadcast_buffers; /* false (default, PyTorch's broadcast_buffers=True): rank 0's
+                                  buffers (BatchNorm's running statistics) on every rank after
+                                  each synced step; true: each rank keeps its own */
 } na_ddp_config;
 
 typedef struct na_ddp na_ddp;
@@ -134,7 +137,10 @@ na_ddp *na_ddp_new(na_dist *d, na_module *net, const na_ddp_config *cfg);
  * sync off for all micro-batches but the last). */
 int na_ddp_set_sync(na_ddp *p, bool sync);
 /* After na_backward (with sync on): starts any bucket not yet started (parameters that got no
- * gradient count as zeros), waits for all, and leaves every gradient averaged over ranks.
+ * gradient count as zeros), waits for all, and leaves every gradient averaged over ranks;
+ * then (unless no_broadcast_buffers) broadcasts rank 0's buffers, which this step's forward
+ * updated on each rank from its own shard, so the next forward (training or evaluation) and
+ * a checkpoint see rank 0's on every rank, as PyTorch's broadcast before each forward does.
  * Call before unscaling, clipping or stepping. With sync off: NA_OK, nothing done. One
  * backward per synced step (as PyTorch's DDP): a bucket starts once its gradients are final
  * for the backward that runs, so sum several losses first, or use sync off for the others. */
