@@ -275,12 +275,20 @@ Test(dist, collectives_switch_runs_ddp_buckets_on_the_cpu_with_plain_results) {
     na_dist *d = world_of_one_with_collectives();
     na_module *probe = mlp();
     int64_t np = na_module_num_params(probe);
-    na_named_tensors st = {0};
-    TH_RC(na_module_state(probe, "", &st));
-    int64_t state_bytes = 0; /* what na_ddp_new broadcasts from rank 0 */
-    for (int64_t k = 0; k < st.n; k++)
-        state_bytes += st.items[k].tensor->numel * (int64_t)na_dtype_size(st.items[k].tensor->dtype);
-    na_named_tensors_free(&st);
+    /* what na_ddp_new broadcasts from rank 0, and na_ddp_finish after each step */
+    int64_t state_bytes = 0, buffer_bytes = 0;
+    for (int which = NA_MODULE_PARAMS; which <= NA_MODULE_BUFFERS; which++) {
+        na_named_tensors st = {0};
+        TH_RC(na_module_named_tensors(probe, which, "", &st));
+        for (int64_t k = 0; k < st.n; k++)
+            state_bytes += st.items[k].tensor->numel *
+                           (int64_t)na_dtype_size(st.items[k].tensor->dtype);
+        if (which == NA_MODULE_BUFFERS)
+            for (int64_t k = 0; k < st.n; k++)
+                buffer_bytes += st.items[k].tensor->numel *
+                                (int64_t)na_dtype_size(st.items[k].tensor->dtype);
+        na_named_tensors_free(&st);
+    }
     na_module_free(probe);
     enum { STEPS = 4 };
     double l0[STEPS], l1[STEPS];
@@ -291,9 +299,14 @@ Test(dist, collectives_switch_runs_ddp_buckets_on_the_cpu_with_plain_results) {
     for (int s = 0; s < STEPS; s++) cr_assert_eq(l0[s], l1[s], "loss of step %d", s);
     for (int64_t i = 0; i < np; i++) cr_assert_eq(p0[i], p1[i], "parameter %" PRId64, i);
     cr_assert_eq(bytes_last, 4 * np, "f32 buckets: 4 bytes a parameter, got %" PRId64, bytes_last);
-    /* the bucket path ran: the broadcast at start and every bucket were handed over */
-    cr_assert_eq(na_dist_bytes(d), state_bytes + STEPS * 4 * np, "counted %" PRId64,
-                 na_dist_bytes(d));
+    /* the bucket path ran: the broadcast at start, every bucket and the buffers' broadcast
+     * after each step were handed over; without that broadcast, only the buckets */
+    cr_assert_eq(na_dist_bytes(d), state_bytes + STEPS * (4 * np + buffer_bytes),
+                 "counted %" PRId64, na_dist_bytes(d));
+    int64_t before = na_dist_bytes(d);
+    sgd_steps(d, &(na_ddp_config){.no_broadcast_buffers = true}, l1, STEPS, p1, np, NULL);
+    cr_assert_eq(na_dist_bytes(d) - before, state_bytes + STEPS * 4 * np, "counted %" PRId64,
+                 na_dist_bytes(d) - before);
     /* an f16 reduction really goes through f16 buckets: the parameters move, not bit-equal */
     sgd_steps(d, &(na_ddp_config){.allreduce_dtype = NA_DTYPE_F16}, l1, STEPS, p1, np,
               &bytes_last);

@@ -7,9 +7,12 @@
  * data-parallel run (its 64-row shard per rank), from the same seed and data, and compare.
  * Lines "METRIC name value" are the numbers docs/distributed.md quotes. */
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "nanoamp.h"
@@ -512,6 +515,51 @@ static void case_abort(void) {
     exit(0);
 }
 
+static double seconds_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static double cpu_seconds(void) {
+    struct rusage u;
+    getrusage(RUSAGE_SELF, &u);
+    return (double)u.ru_utime.tv_sec + 1e-6 * (double)u.ru_utime.tv_usec +
+           (double)u.ru_stime.tv_sec + 1e-6 * (double)u.ru_stime.tv_usec;
+}
+
+/* Rank 1 stops itself (SIGSTOP: alive, never answering) while rank 0 waits in an all-reduce
+ * with a 2 s timeout: rank 0 must fail in 2 s plus the roll call's grace (2 s here), with a
+ * message naming rank 1, without spinning a core meanwhile, and every later collective must
+ * fail at once. Rank 0 then ends the job with status 6 (tests/mpirun.sh --expect-status 6;
+ * any check that failed: status 1), which also ends the stopped rank. */
+static void case_timeout(void) {
+    OK(na_dist_set_timeout(d, 2.0));
+    CHECK(na_dist_timeout(d, false) == 2.0 && na_dist_timeout(d, true) == 2.0, "timeouts %g %g",
+          na_dist_timeout(d, false), na_dist_timeout(d, true));
+    CHECK(na_dist_set_timeout(d, 0) == NA_EINVAL, "a timeout of 0 s must be refused");
+    OK(na_dist_barrier(d)); /* both ranks are up */
+    if (rank_ == 1) raise(SIGSTOP);
+    na_tensor *t = NN(na_ones(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(4)));
+    double t0 = seconds_now(), c0 = cpu_seconds();
+    int rc = na_dist_all_reduce(d, t, NA_DIST_SUM);
+    double waited = seconds_now() - t0, cpu = cpu_seconds() - c0;
+    printf("METRIC timeout waited_s %.2f cpu_s %.3f\nerror as printed: %s\n", waited, cpu,
+           na_last_error());
+    CHECK(rc == NA_EIO, "the all-reduce with rank 1 stopped returned %d", rc);
+    CHECK(strstr(na_last_error(), "na_dist_all_reduce: rank 0 of 2") &&
+          strstr(na_last_error(), "MPI_Iallreduce of [4] f32 cpu did not complete within 2 s: rank 1 did not answer"),
+          "message: %s", na_last_error());
+    CHECK(waited >= 2.0 && waited < 6.0, "failed after %.2f s, want 2 s + the 2 s roll call",
+          waited);
+    CHECK(cpu < 0.5 * waited, "%.2f s of CPU in a %.2f s wait: it spins", cpu, waited);
+    t0 = seconds_now();
+    CHECK(na_dist_barrier(d) == NA_EIO && strstr(na_last_error(), "timed out") &&
+          seconds_now() - t0 < 0.5, "a later collective must fail at once: %s", na_last_error());
+    fflush(stdout);
+    na_dist_abort(d, failures ? 1 : 6);
+}
+
 int main(int argc, char **argv) {
     const struct {
         const char *name;
@@ -522,7 +570,7 @@ int main(int argc, char **argv) {
                  {"amp", case_amp}, {"compression", case_compression},
                  {"dtype_pairs", case_dtype_pairs},
                  {"found_inf", case_found_inf}, {"config_mismatch", case_config_mismatch}, {"dead_rank", case_dead_rank},
-                 {"abort", case_abort}};
+                 {"abort", case_abort}, {"timeout", case_timeout}};
     if (argc != 2) {
         fprintf(stderr, "usage: test_dist_mpi CASE (under mpirun -np 2)\n");
         return 2;

@@ -35,8 +35,10 @@
  * follows. Errors: every call returns a negative na_status and sets a message naming the op,
  * the tensor and the rank; MPI errors are returned (MPI_ERRORS_RETURN), never fatal inside
  * nanoamp. A rank that dies ends the job: Open MPI's launcher aborts every rank when one exits
- * without MPI_Finalize; NCCL waits are polled with a timeout (NANOAMP_NCCL_TIMEOUT_S, default
- * 600 s) and the communicator aborted (ncclCommAbort) when it passes.
+ * without MPI_Finalize. A rank that stops (SIGSTOP, a hang) is found by the timeout: every wait
+ * for a collective polls (sleeping as it waits longer: no core spins) and after the timeout
+ * (na_dist_set_timeout) fails with NA_EIO, naming the ranks that did not answer; NCCL's
+ * communicator is then aborted (ncclCommAbort).
  */
 #ifndef NANOAMP_DIST_H
 #define NANOAMP_DIST_H
@@ -79,6 +81,18 @@ void na_dist_free(na_dist *d); /* finalizes MPI if init started it; NULL is fine
  * world of 1 (or NULL d) no other rank waits: it returns code and does nothing else, so that
  * `return na_dist_abort(d, 1);` ends a lone process the ordinary way. */
 int na_dist_abort(na_dist *d, int code);
+/* How long a collective waits for the other ranks, in seconds (> 0, else NA_EINVAL): after it,
+ * the waiting rank asks every other rank for a sign of life for min(timeout, 5 s) (a rank
+ * waiting in the same collective answers at once, and gives up too), then fails with NA_EIO
+ * "... did not complete within T s: rank 1 did not answer"; every later collective on d fails
+ * at once, and na_dist_free no longer finalizes MPI (that would wait for the missing rank):
+ * end the process, or the job (na_dist_abort). Defaults, as PyTorch's: NANOAMP_DIST_TIMEOUT_S
+ * when set (read by na_dist_init, which refuses a value that is not seconds > 0), else 1800 s
+ * for MPI (gloo's default) and 600 s for NCCL (NCCL's; NANOAMP_NCCL_TIMEOUT_S, its older
+ * name, still sets that one). MPI_Init and the communicator's creation are not bounded. */
+int na_dist_set_timeout(na_dist *d, double seconds);
+/* The timeout a collective over MPI (nccl false) or NCCL waits with now. */
+double na_dist_timeout(const na_dist *d, bool nccl);
 /* NULL d answers as a world of 1: rank 0, size 1, local rank 0. */
 int na_dist_rank(const na_dist *d);
 int na_dist_world_size(const na_dist *d);
