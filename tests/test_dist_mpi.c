@@ -418,6 +418,17 @@ static void case_compression(void) {
     free_training(&bf16);
 }
 
+/* SyncBatchNorm on f16 input (an f16 model whose BatchNorm keeps f32 parameters and
+ * statistics, through the FP16 optimizer), against the 1-rank run's plain BatchNorm: 1.95e-3
+ * apart (two f16 ulps at the parameters' size, below 2), where the first SyncBatchNorm, which
+ * rounded its differentiable ops' f16 results, was 8.1e-3 apart. */
+static void case_syncbn_variants(void) {
+    run_out o = {0};
+    compare(&(run_cfg){.model = MODEL_CNN, .sync_bn = true, .micro = 1,
+                       .amp = AMP_FP16_OPTIMIZER}, "syncbn_f16_model", 4e-3, &o);
+    free_training(&o);
+}
+
 /* Every model dtype against every bucket dtype, each against its own 1-rank run: the
  * buckets must hold the mean over ranks whether or not their dtype is the gradients' (an f16
  * model with f16 buckets once summed). f16/bf16 models train through the FP16 optimizer's f32
@@ -567,6 +578,7 @@ int main(int argc, char **argv) {
     } cases[] = {{"collectives", case_collectives}, {"ddp_mlp", case_ddp_mlp},
                  {"ddp_cnn_syncbn", case_ddp_cnn_syncbn}, {"accumulation", case_accumulation},
                  {"broadcast_buffers", case_broadcast_buffers},
+                 {"syncbn_variants", case_syncbn_variants},
                  {"amp", case_amp}, {"compression", case_compression},
                  {"dtype_pairs", case_dtype_pairs},
                  {"found_inf", case_found_inf}, {"config_mismatch", case_config_mismatch}, {"dead_rank", case_dead_rank},
