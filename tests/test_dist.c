@@ -369,3 +369,59 @@ Test(dist, collectives_switch_on_cuda_goes_through_nccl) {
     na_dist_free(d);
     na_step_end();
 }
+
+/* One BatchNorm2d step (forward, backward) on x [6, 4, 5, 5]: the output, x's gradient, the
+ * parameters' gradients and the running statistics, in order. */
+static void bn_step(na_module *bn, na_tensor *x, na_tensor *r, na_tensor **out) {
+    TH_RC(na_tensor_zero_grad(x));
+    TH_RC(na_module_zero_grad(bn));
+    na_tensor *y = TH_OK(na_module_forward(bn, x));
+    TH_RC(na_backward(TH_OK(na_sum(TH_OK(na_mul(y, r)))), NULL));
+    na_named_tensors st = {0};
+    TH_RC(na_module_state(bn, "", &st)); /* weight, bias, running_mean, running_var, count */
+    cr_assert_eq(st.n, 5);
+    na_tensor *got[7] = {y, x->grad, st.items[0].tensor->grad, st.items[1].tensor->grad,
+                         st.items[2].tensor, st.items[3].tensor, NULL};
+    for (int k = 0; k < 6; k++) { /* copies: the next step overwrites grads and statistics */
+        out[k] = TH_OK(na_empty_like(got[k]));
+        TH_RC(na_copy_(out[k], got[k]));
+    }
+    na_named_tensors_free(&st);
+}
+
+/* With NANOAMP_DIST_COLLECTIVES=1 SyncBatchNorm runs its own forward and backward in a world
+ * of 1 (its all-reduces add nothing): it must be BatchNorm, to f32 rounding, on data whose
+ * mean is far from 0 (the shifted sums' case), over two steps (the second shifted by the
+ * running mean the first left). */
+Test(dist, collectives_switch_runs_sync_batchnorm_as_batchnorm) {
+    na_dist *d = world_of_one_with_collectives();
+    na_module *plain = na_batch_norm2d_new(4, NULL), *sync = na_batch_norm2d_new(4, NULL);
+    cr_assert(plain && sync, "%s", na_last_error());
+    TH_RC(na_module_sync_batchnorm(sync, d));
+    na_manual_seed(3);
+    na_tensor *x = TH_OK(na_tensor_new(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(6, 4, 5, 5)));
+    TH_RC(na_copy_(x, TH_OK(na_add_scalar(na_randn(NA_DTYPE_F32, NA_DEVICE_CPU,
+                                                   NA_SHAPE(6, 4, 5, 5), 0, 3), 40))));
+    TH_RC(na_tensor_set_requires_grad(x, true));
+    na_tensor *r = TH_OK(na_tensor_new(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(6, 4, 5, 5)));
+    TH_RC(na_copy_(r, TH_OK(na_randn(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(6, 4, 5, 5), 0, 1))));
+    const char *what[6] = {"y", "x.grad", "weight.grad", "bias.grad", "running_mean", "running_var"};
+    for (int step = 0; step < 2; step++) {
+        na_tensor *a[6], *b[6];
+        bn_step(plain, x, r, a);
+        bn_step(sync, x, r, b);
+        for (int k = 0; k < 6; k++) {
+            double m = 0;
+            for (int64_t i = 0; i < a[k]->numel; i++)
+                m = fmax(m, fabs(na_get(a[k], i) - na_get(b[k], i)) / fmax(1.0, fabs(na_get(a[k], i))));
+            cr_assert(m < 1e-6, "step %d %s: SyncBatchNorm %g from BatchNorm", step, what[k], m);
+        }
+        na_step_end();
+    }
+    cr_assert_eq(na_dist_bytes(d) > 0, true, "SyncBatchNorm's all-reduces were handed over");
+    na_tensor_free(x);
+    na_tensor_free(r);
+    na_module_free(plain);
+    na_module_free(sync);
+    na_dist_free(d);
+}

@@ -6,12 +6,12 @@
  * differentiable ops, each a pass over x and a tensor kept for backward: its BatchNorm layers
  * took 97 of a 160 ms CNN step, 27 of them in collectives). Per channel, M values on this
  * rank and N on all:
- *   forward   batch_norm_train (eps 0: its invstd gives the exact variance back) -> this
- *             rank's mean and variance; one all-reduce of the shifted sums
- *             [M (mean - K), M (var + (mean - K)^2)], K the running mean (the same on every
- *             rank, close to the batch mean, so that E[(x-K)^2] - E[x-K]^2 does not cancel in
- *             f32; 0 without running statistics); the global mean and biased variance;
- *             batch_norm_eval with them writes y over the first kernel's output.
+ *   forward   batch_norm_train (eps 0: its invstd gives the variance back) -> this rank's
+ *             mean and biased variance (Welford, two passes); one all-gather of every rank's
+ *             [mean; var; count]; the global mean and variance by Chan's combination,
+ *             mean = sum(n_r mean_r) / N, var = sum(n_r (var_r + (mean_r - mean)^2)) / N, in
+ *             which nothing cancels (PyTorch gathers the same three); batch_norm_eval with
+ *             them writes y over the first kernel's output.
  *   backward  batch_norm_backward in eval form: gx = gy * invstd * gamma and this rank's
  *             sum(gy), sum(gy * xhat), which are the weight and bias gradients (DDP averages
  *             them); one all-reduce of the two sums; then the training terms,
@@ -67,24 +67,30 @@ static int sbn_forward(na_function_ctx *fc, na_tensor *const *in, na_tensor **ou
                             "over all ranks, got %lld", (long long)s->count);
     na_dtype pdt = x->dtype == NA_DTYPE_F64 ? NA_DTYPE_F64 : NA_DTYPE_F32;
     const na_backend *be = na_be(x);
-    na_tensor *y = na_empty_like_format(x), *mean = na_empty(pdt, x->device, NA_SHAPE(c));
-    na_tensor *istd = na_empty(pdt, x->device, NA_SHAPE(c));
-    na_tensor *sums = na_empty(pdt, x->device, NA_SHAPE(2 * c)), *s1, *s2;
-    if (!y || !mean || !istd || !sums || halves(sums, c, &s1, &s2)) return na_last_status();
-    if ((rc = be->batch_norm_train(&x->view, NULL, NULL, NULL, NULL, &y->view, &mean->view,
+    int world = na_dist_world_size(a->d);
+    /* this rank's [mean; var; count] per channel, and every rank's: [world, 3, C] */
+    na_tensor *y = na_empty_like_format(x), *mine = na_empty(pdt, x->device, NA_SHAPE(3, c));
+    na_tensor *all = na_empty(pdt, x->device, NA_SHAPE(world, 3, c));
+    na_tensor *istd = na_empty(pdt, x->device, NA_SHAPE(c)), *row[3];
+    for (int k = 0; k < 3 && mine; k++) row[k] = na_reshape(na_slice(mine, k, k + 1), NA_SHAPE(c));
+    if (!y || !all || !istd || !mine || !row[0] || !row[1] || !row[2]) return na_last_status();
+    if ((rc = be->batch_norm_train(&x->view, NULL, NULL, NULL, NULL, &y->view, &row[0]->view,
                                    &istd->view, nb, c, sp, 0.0, 0.0, false)))
         return rc;
-    double m = (double)(nb * sp), n = (double)s->count;
-    na_tensor *k = a->running_mean ? a->running_mean : na_zeros(pdt, x->device, NA_SHAPE(c));
-    na_tensor *dm = na_sub(mean, k);                           /* mean - K */
-    na_tensor *var = na_div(na_full(pdt, x->device, NA_SHAPE(c), 1.0), na_mul(istd, istd));
-    rc = dm && var ? na_copy_(s1, na_scale(dm, m)) : na_last_status();
-    if (!rc) rc = na_copy_(s2, na_scale(na_add(var, na_mul(dm, dm)), m));
-    if (!rc) rc = na_dist_all_reduce(a->d, sums, NA_DIST_SUM);
+    double n = (double)s->count;
+    rc = na_copy_(row[1], na_div(na_full(pdt, x->device, NA_SHAPE(c), 1.0), na_mul(istd, istd)));
+    if (!rc) rc = na_fill_(row[2], (double)(nb * sp));
+    if (!rc) rc = na_dist_all_gather(a->d, mine, all);
     if (rc) return rc;
-    na_tensor *gm = na_scale(s1, 1.0 / n);                     /* E[x - K] over all ranks */
-    na_tensor *gvar = na_relu(na_sub(na_scale(s2, 1.0 / n), na_mul(gm, gm))); /* biased */
-    na_tensor *gmean = na_add(gm, k);
+    /* Chan's combination: every term a sum of positives, nothing cancels */
+    na_tensor *planes = na_contiguous(na_transpose(all, 0, 1)), *rk[3]; /* [3, world, C] */
+    for (int k = 0; k < 3 && planes; k++)
+        rk[k] = na_reshape(na_slice(planes, k, k + 1), NA_SHAPE(world, c));
+    if (!planes || !rk[0] || !rk[1] || !rk[2]) return na_last_status();
+    na_tensor *gmean = na_scale(na_sum_dim(na_mul(rk[2], rk[0]), 0, false), 1.0 / n);
+    na_tensor *dm = na_sub(rk[0], gmean);
+    na_tensor *gvar = na_scale(na_sum_dim(na_mul(rk[2], na_add(rk[1], na_mul(dm, dm))), 0, false),
+                               1.0 / n); /* biased */
     na_tensor *ginv = na_rsqrt(na_add_scalar(gvar, a->eps));
     if (!gvar || !gmean || !ginv) return na_last_status();
     if ((rc = be->batch_norm_eval(&x->view, NA_VIEW_OF(w), NA_VIEW_OF(b), &gmean->view,
@@ -152,7 +158,7 @@ static na_tensor *sync_batch_norm(void *ctx, na_tensor *x, na_tensor *running_me
                                   na_tensor *running_var, na_tensor *weight, na_tensor *bias,
                                   bool training, double momentum, double eps) {
     na_dist *d = ctx;
-    if (!training || d->world == 1 || x->ndim < 2 || x->ndim > 4)
+    if (!training || !na_dist_collectives(d) || x->ndim < 2 || x->ndim > 4)
         return na_batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps);
     sbn_args a = {d, running_mean, running_var, momentum, eps};
     na_tensor *in[3] = {x, weight, bias};
