@@ -25,8 +25,9 @@
  * dist stream, DDP copies gradients into its buckets, starts them from the engine hook and
  * waits for them in na_ddp_finish as with several ranks, and na_dist_bytes counts. Host
  * tensors take the same path except the MPI call itself (MPI is never started for a world of
- * 1); host arrays (na_dist_all_reduce_i64/_f64), barrier, na_dist_check_same and
- * SyncBatchNorm stay no-ops. A CUDA tensor then needs NCCL and a device: NA_ENOTSUP / NA_ECUDA
+ * 1); host arrays (na_dist_all_reduce_i64/_f64), barrier and na_dist_check_same stay
+ * no-ops; SyncBatchNorm runs its own forward and backward (its collectives add nothing). A
+ * CUDA tensor then needs NCCL and a device: NA_ENOTSUP / NA_ECUDA
  * otherwise. Without the variable (or with world > 1) nothing changes.
  *
  * Collectives are blocking and must be called by every rank in the same order with tensors of
@@ -176,10 +177,11 @@ int na_dist_sync_found_inf(na_dist *d, na_grad_scaler *gs, na_optim *opt);
 
 /* ---- SyncBatchNorm ---------------------------------------------------------------------- */
 /* Every BatchNorm of net computes its training-mode batch statistics over all ranks of d:
- * per-channel sums and sums of squares (f32; f64 for f64 input; of x minus the running mean,
- * so they do not cancel) all-reduced in forward, the two per-channel sums of its backward
- * all-reduced too. NULL d: back to per-rank statistics. Every rank must run the same
- * BatchNorms in the same order. In a world of 1 it is plain BatchNorm. */
+ * each rank's per-channel mean, variance and count (f32; f64 for f64 input) all-gathered and
+ * combined in forward (Chan's formula: nothing cancels), the two per-channel sums of its
+ * backward (of dy and dy * xhat) all-reduced, as PyTorch's SyncBatchNorm. NULL d: back to
+ * per-rank statistics. Every rank must run the same BatchNorms in the same order. In a world
+ * of 1 it is plain BatchNorm (unless NANOAMP_DIST_COLLECTIVES=1, above). */
 int na_module_sync_batchnorm(na_module *net, na_dist *d);
 
 #ifdef __cplusplus

@@ -2,10 +2,11 @@
  * batch over all ranks (PyTorch's SyncBatchNorm, the same two reductions).
  *
  * One custom function over the backend's BatchNorm kernels, so that the passes over x are
- * those of plain BatchNorm plus one each way (the first version composed some twenty
- * differentiable ops, each a pass over x and a tensor kept for backward: its BatchNorm layers
- * took 97 of a 160 ms CNN step, 27 of them in collectives). Per channel, M values on this
- * rank and N on all:
+ * those of plain BatchNorm plus one forward and two backward (the first version composed some
+ * twenty differentiable ops, each a pass over x and a tensor kept for backward: its BatchNorm
+ * layers took 97 of a 160 ms CNN step, 27 of them in collectives). A ReLU after it runs on its
+ * own: the fused BatchNorm+ReLU backward reads the op's output, which a custom function
+ * cannot keep safely inside containers yet. Per channel, n_r values on rank r, N on all:
  *   forward   batch_norm_train (eps 0: its invstd gives the variance back) -> this rank's
  *             mean and biased variance (Welford, two passes); one all-gather of every rank's
  *             [mean; var; count]; the global mean and variance by Chan's combination,
