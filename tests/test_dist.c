@@ -390,21 +390,23 @@ static void bn_step(na_module *bn, na_tensor *x, na_tensor *r, na_tensor **out) 
 }
 
 /* With NANOAMP_DIST_COLLECTIVES=1 SyncBatchNorm runs its own forward and backward in a world
- * of 1 (its all-reduces add nothing): it must be BatchNorm, to f32 rounding, on data whose
- * mean is far from 0 (the shifted sums' case), over two steps (the second shifted by the
- * running mean the first left). */
-Test(dist, collectives_switch_runs_sync_batchnorm_as_batchnorm) {
+ * of 1 (its collectives add nothing): it must be BatchNorm, to f32 rounding, on data whose
+ * mean is far from 0 (where sums of squares would cancel), over two steps (the second with
+ * running statistics that lag the batch's), on dev. */
+static void sync_batchnorm_as_batchnorm(na_device dev) {
     na_dist *d = world_of_one_with_collectives();
     na_module *plain = na_batch_norm2d_new(4, NULL), *sync = na_batch_norm2d_new(4, NULL);
     cr_assert(plain && sync, "%s", na_last_error());
+    TH_RC(na_module_to(plain, dev));
+    TH_RC(na_module_to(sync, dev));
     TH_RC(na_module_sync_batchnorm(sync, d));
     na_manual_seed(3);
-    na_tensor *x = TH_OK(na_tensor_new(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(6, 4, 5, 5)));
-    TH_RC(na_copy_(x, TH_OK(na_add_scalar(na_randn(NA_DTYPE_F32, NA_DEVICE_CPU,
-                                                   NA_SHAPE(6, 4, 5, 5), 0, 3), 40))));
+    na_tensor *x = TH_OK(na_tensor_new(NA_DTYPE_F32, dev, NA_SHAPE(6, 4, 5, 5)));
+    TH_RC(na_copy_(x, TH_OK(na_add_scalar(na_randn(NA_DTYPE_F32, dev, NA_SHAPE(6, 4, 5, 5), 0,
+                                                   3), 40))));
     TH_RC(na_tensor_set_requires_grad(x, true));
-    na_tensor *r = TH_OK(na_tensor_new(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(6, 4, 5, 5)));
-    TH_RC(na_copy_(r, TH_OK(na_randn(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(6, 4, 5, 5), 0, 1))));
+    na_tensor *r = TH_OK(na_tensor_new(NA_DTYPE_F32, dev, NA_SHAPE(6, 4, 5, 5)));
+    TH_RC(na_copy_(r, TH_OK(na_randn(NA_DTYPE_F32, dev, NA_SHAPE(6, 4, 5, 5), 0, 1))));
     const char *what[6] = {"y", "x.grad", "weight.grad", "bias.grad", "running_mean", "running_var"};
     for (int step = 0; step < 2; step++) {
         na_tensor *a[6], *b[6];
@@ -424,4 +426,15 @@ Test(dist, collectives_switch_runs_sync_batchnorm_as_batchnorm) {
     na_module_free(plain);
     na_module_free(sync);
     na_dist_free(d);
+}
+
+Test(dist, collectives_switch_runs_sync_batchnorm_as_batchnorm) {
+    sync_batchnorm_as_batchnorm(NA_DEVICE_CPU);
+}
+
+/* the same through the CUDA kernels and a one-rank NCCL communicator */
+Test(dist, collectives_switch_runs_sync_batchnorm_as_batchnorm_cuda) {
+    if (!na_cuda_available() || !na_dist_built_with_nccl())
+        cr_skip_test("needs a CUDA device and NCCL");
+    sync_batchnorm_as_batchnorm(NA_DEVICE_CUDA);
 }
