@@ -372,10 +372,11 @@ Test(dist, collectives_switch_on_cuda_goes_through_nccl) {
 
 /* One BatchNorm2d step (forward, backward) on x [6, 4, 5, 5]: the output, x's gradient, the
  * parameters' gradients and the running statistics, in order. */
-static void bn_step(na_module *bn, na_tensor *x, na_tensor *r, na_tensor **out) {
+static void bn_step(na_module *bn, na_tensor *x, na_tensor *r, bool channels_last,
+                    na_tensor **out) {
     TH_RC(na_tensor_zero_grad(x));
     TH_RC(na_module_zero_grad(bn));
-    na_tensor *y = TH_OK(na_module_forward(bn, x));
+    na_tensor *y = TH_OK(na_module_forward(bn, channels_last ? TH_OK(na_to_channels_last(x)) : x));
     TH_RC(na_backward(TH_OK(na_sum(TH_OK(na_mul(y, r)))), NULL));
     na_named_tensors st = {0};
     TH_RC(na_module_state(bn, "", &st)); /* weight, bias, running_mean, running_var, count */
@@ -392,7 +393,7 @@ static void bn_step(na_module *bn, na_tensor *x, na_tensor *r, na_tensor **out) 
 /* With NANOAMP_DIST_COLLECTIVES=1 SyncBatchNorm runs its own forward and backward in a world
  * of 1 (its collectives add nothing): it must be BatchNorm, to f32 rounding, on data whose
  * mean is far from 0 (where sums of squares would cancel), over two steps (the second with
- * running statistics that lag the batch's), on dev. */
+ * running statistics that lag the batch's), on dev, x in NCHW and channels-last memory. */
 static void sync_batchnorm_as_batchnorm(na_device dev) {
     na_dist *d = world_of_one_with_collectives();
     na_module *plain = na_batch_norm2d_new(4, NULL), *sync = na_batch_norm2d_new(4, NULL);
@@ -408,10 +409,10 @@ static void sync_batchnorm_as_batchnorm(na_device dev) {
     na_tensor *r = TH_OK(na_tensor_new(NA_DTYPE_F32, dev, NA_SHAPE(6, 4, 5, 5)));
     TH_RC(na_copy_(r, TH_OK(na_randn(NA_DTYPE_F32, dev, NA_SHAPE(6, 4, 5, 5), 0, 1))));
     const char *what[6] = {"y", "x.grad", "weight.grad", "bias.grad", "running_mean", "running_var"};
-    for (int step = 0; step < 2; step++) {
+    for (int step = 0; step < 4; step++) {
         na_tensor *a[6], *b[6];
-        bn_step(plain, x, r, a);
-        bn_step(sync, x, r, b);
+        bn_step(plain, x, r, step >= 2, a);
+        bn_step(sync, x, r, step >= 2, b);
         for (int k = 0; k < 6; k++) {
             double m = 0;
             for (int64_t i = 0; i < a[k]->numel; i++)
