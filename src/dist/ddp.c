@@ -6,11 +6,13 @@
  * (src/autograd/graph.h) copies a gradient into its slice as soon as it is final, and once a
  * bucket's last slice is in, the bucket's all-reduce starts (buckets start strictly in order,
  * so every rank issues the same collectives in the same sequence even when gradients finish
- * in a different order). na_ddp_finish waits and copies the averages back. The f32 path sums
- * and then divides by the world size; a compressed (f16/bf16) bucket is divided first, so the
- * sum stays in range, then summed in the narrow dtype. In a world of one nothing is copied or
- * sent: the wrapper only counts; unless NANOAMP_DIST_COLLECTIVES=1, which runs every step of
- * the path above with one rank (NCCL for CUDA buckets; host buckets skip only the MPI call). */
+ * in a different order). na_ddp_finish waits and copies the averages back, then broadcasts
+ * rank 0's buffers (one flat tensor per dtype and device, PyTorch's broadcast_buffers) unless
+ * the config turns that off. The f32 path sums and then divides by the world size; a
+ * compressed (f16/bf16) bucket is divided first, so the sum stays in range, then summed in the
+ * narrow dtype. In a world of one nothing is copied or sent: the wrapper only counts; unless
+ * NANOAMP_DIST_COLLECTIVES=1, which runs every step of the path above with one rank (NCCL for
+ * CUDA buckets; host buckets skip only the MPI call). */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
