@@ -202,7 +202,8 @@ na_dist *na_dist_init(void) {
     d->world = 1;
     bool bad_nccl = false; /* the older variable keeps its old leniency: bad means default */
     d->nccl_timeout_s = env_seconds("NANOAMP_NCCL_TIMEOUT_S", &bad_nccl);
-    if ((d->timeout_s = env_seconds("NANOAMP_DIST_TIMEOUT_S", &bad)), bad) {
+    d->timeout_s = env_seconds("NANOAMP_DIST_TIMEOUT_S", &bad);
+    if (bad) {
         na_set_error(NA_EINVAL, "%s: NANOAMP_DIST_TIMEOUT_S=%s: expected a number of seconds "
                      "> 0", fn, getenv("NANOAMP_DIST_TIMEOUT_S"));
         free(d);
