@@ -275,12 +275,20 @@ Test(dist, collectives_switch_runs_ddp_buckets_on_the_cpu_with_plain_results) {
     na_dist *d = world_of_one_with_collectives();
     na_module *probe = mlp();
     int64_t np = na_module_num_params(probe);
-    na_named_tensors st = {0};
-    TH_RC(na_module_state(probe, "", &st));
-    int64_t state_bytes = 0; /* what na_ddp_new broadcasts from rank 0 */
-    for (int64_t k = 0; k < st.n; k++)
-        state_bytes += st.items[k].tensor->numel * (int64_t)na_dtype_size(st.items[k].tensor->dtype);
-    na_named_tensors_free(&st);
+    /* what na_ddp_new broadcasts from rank 0, and na_ddp_finish after each step */
+    int64_t state_bytes = 0, buffer_bytes = 0;
+    for (int which = NA_MODULE_PARAMS; which <= NA_MODULE_BUFFERS; which++) {
+        na_named_tensors st = {0};
+        TH_RC(na_module_named_tensors(probe, which, "", &st));
+        for (int64_t k = 0; k < st.n; k++)
+            state_bytes += st.items[k].tensor->numel *
+                           (int64_t)na_dtype_size(st.items[k].tensor->dtype);
+        if (which == NA_MODULE_BUFFERS)
+            for (int64_t k = 0; k < st.n; k++)
+                buffer_bytes += st.items[k].tensor->numel *
+                                (int64_t)na_dtype_size(st.items[k].tensor->dtype);
+        na_named_tensors_free(&st);
+    }
     na_module_free(probe);
     enum { STEPS = 4 };
     double l0[STEPS], l1[STEPS];
@@ -291,9 +299,14 @@ Test(dist, collectives_switch_runs_ddp_buckets_on_the_cpu_with_plain_results) {
     for (int s = 0; s < STEPS; s++) cr_assert_eq(l0[s], l1[s], "loss of step %d", s);
     for (int64_t i = 0; i < np; i++) cr_assert_eq(p0[i], p1[i], "parameter %" PRId64, i);
     cr_assert_eq(bytes_last, 4 * np, "f32 buckets: 4 bytes a parameter, got %" PRId64, bytes_last);
-    /* the bucket path ran: the broadcast at start and every bucket were handed over */
-    cr_assert_eq(na_dist_bytes(d), state_bytes + STEPS * 4 * np, "counted %" PRId64,
-                 na_dist_bytes(d));
+    /* the bucket path ran: the broadcast at start, every bucket and the buffers' broadcast
+     * after each step were handed over; without that broadcast, only the buckets */
+    cr_assert_eq(na_dist_bytes(d), state_bytes + STEPS * (4 * np + buffer_bytes),
+                 "counted %" PRId64, na_dist_bytes(d));
+    int64_t before = na_dist_bytes(d);
+    sgd_steps(d, &(na_ddp_config){.no_broadcast_buffers = true}, l1, STEPS, p1, np, NULL);
+    cr_assert_eq(na_dist_bytes(d) - before, state_bytes + STEPS * 4 * np, "counted %" PRId64,
+                 na_dist_bytes(d) - before);
     /* an f16 reduction really goes through f16 buckets: the parameters move, not bit-equal */
     sgd_steps(d, &(na_ddp_config){.allreduce_dtype = NA_DTYPE_F16}, l1, STEPS, p1, np,
               &bytes_last);
@@ -356,4 +369,74 @@ Test(dist_cuda, collectives_switch_goes_through_nccl) {
     cr_assert_eq(na_dist_bytes(d), bytes);
     na_dist_free(d);
     na_step_end();
+}
+
+/* One BatchNorm2d step (forward, backward) on x [6, 4, 5, 5]: the output, x's gradient, the
+ * parameters' gradients and the running statistics, in order. */
+static void bn_step(na_module *bn, na_tensor *x, na_tensor *r, bool channels_last,
+                    na_tensor **out) {
+    TH_RC(na_tensor_zero_grad(x));
+    TH_RC(na_module_zero_grad(bn));
+    na_tensor *y = TH_OK(na_module_forward(bn, channels_last ? TH_OK(na_to_channels_last(x)) : x));
+    TH_RC(na_backward(TH_OK(na_sum(TH_OK(na_mul(y, r)))), NULL));
+    na_named_tensors st = {0};
+    TH_RC(na_module_state(bn, "", &st)); /* weight, bias, running_mean, running_var, count */
+    cr_assert_eq(st.n, 5);
+    na_tensor *got[7] = {y, x->grad, st.items[0].tensor->grad, st.items[1].tensor->grad,
+                         st.items[2].tensor, st.items[3].tensor, NULL};
+    for (int k = 0; k < 6; k++) { /* copies: the next step overwrites grads and statistics */
+        out[k] = TH_OK(na_empty_like(got[k]));
+        TH_RC(na_copy_(out[k], got[k]));
+    }
+    na_named_tensors_free(&st);
+}
+
+/* With NANOAMP_DIST_COLLECTIVES=1 SyncBatchNorm runs its own forward and backward in a world
+ * of 1 (its collectives add nothing): it must be BatchNorm, to f32 rounding, on data whose
+ * mean is far from 0 (where sums of squares would cancel), over two steps (the second with
+ * running statistics that lag the batch's), on dev, x in NCHW and channels-last memory. */
+static void sync_batchnorm_as_batchnorm(na_device dev) {
+    na_dist *d = world_of_one_with_collectives();
+    na_module *plain = na_batch_norm2d_new(4, NULL), *sync = na_batch_norm2d_new(4, NULL);
+    cr_assert(plain && sync, "%s", na_last_error());
+    TH_RC(na_module_to(plain, dev));
+    TH_RC(na_module_to(sync, dev));
+    TH_RC(na_module_sync_batchnorm(sync, d));
+    na_manual_seed(3);
+    na_tensor *x = TH_OK(na_tensor_new(NA_DTYPE_F32, dev, NA_SHAPE(6, 4, 5, 5)));
+    TH_RC(na_copy_(x, TH_OK(na_add_scalar(na_randn(NA_DTYPE_F32, dev, NA_SHAPE(6, 4, 5, 5), 0,
+                                                   3), 40))));
+    TH_RC(na_tensor_set_requires_grad(x, true));
+    na_tensor *r = TH_OK(na_tensor_new(NA_DTYPE_F32, dev, NA_SHAPE(6, 4, 5, 5)));
+    TH_RC(na_copy_(r, TH_OK(na_randn(NA_DTYPE_F32, dev, NA_SHAPE(6, 4, 5, 5), 0, 1))));
+    const char *what[6] = {"y", "x.grad", "weight.grad", "bias.grad", "running_mean", "running_var"};
+    for (int step = 0; step < 4; step++) {
+        na_tensor *a[6], *b[6];
+        bn_step(plain, x, r, step >= 2, a);
+        bn_step(sync, x, r, step >= 2, b);
+        for (int k = 0; k < 6; k++) {
+            double m = 0;
+            for (int64_t i = 0; i < a[k]->numel; i++)
+                m = fmax(m, fabs(na_get(a[k], i) - na_get(b[k], i)) / fmax(1.0, fabs(na_get(a[k], i))));
+            cr_assert(m < 1e-6, "step %d %s: SyncBatchNorm %g from BatchNorm", step, what[k], m);
+        }
+        na_step_end();
+    }
+    cr_assert_eq(na_dist_bytes(d) > 0, true, "SyncBatchNorm's all-reduces were handed over");
+    na_tensor_free(x);
+    na_tensor_free(r);
+    na_module_free(plain);
+    na_module_free(sync);
+    na_dist_free(d);
+}
+
+Test(dist, collectives_switch_runs_sync_batchnorm_as_batchnorm) {
+    sync_batchnorm_as_batchnorm(NA_DEVICE_CPU);
+}
+
+/* the same through the CUDA kernels and a one-rank NCCL communicator */
+Test(dist, collectives_switch_runs_sync_batchnorm_as_batchnorm_cuda) {
+    if (!na_cuda_available() || !na_dist_built_with_nccl())
+        cr_skip_test("needs a CUDA device and NCCL");
+    sync_batchnorm_as_batchnorm(NA_DEVICE_CUDA);
 }

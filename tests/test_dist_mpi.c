@@ -7,9 +7,12 @@
  * data-parallel run (its 64-row shard per rank), from the same seed and data, and compare.
  * Lines "METRIC name value" are the numbers docs/distributed.md quotes. */
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "nanoamp.h"
@@ -130,6 +133,8 @@ typedef struct {
     amp_kind amp;
     bool sync_bn;
     na_dtype allreduce_dtype;
+    na_dtype half;  /* AMP_FP16_OPTIMIZER's model dtype; 0 (f64's value): f16 */
+    bool no_broadcast_buffers;
     int micro;     /* micro-batches per step (gradient accumulation) */
     int hidden;    /* MLP width (the mismatch case changes it on one rank) */
     bool poison;   /* an input that overflows f16 at steps 4 and 11, in rank 1's shard */
@@ -183,7 +188,7 @@ static void setup_training(const run_cfg *c, run_out *o) {
     o->net = make_model(c);
     na_sgd_cfg sgd = {.lr = 0.05, .momentum = 0.9};
     if (c->amp == AMP_FP16_OPTIMIZER) {
-        o->net = NN(na_model_to_half(o->net, NA_DTYPE_F16));
+        o->net = NN(na_model_to_half(o->net, c->half ? c->half : NA_DTYPE_F16));
         na_fp16_optimizer_cfg fc = NA_FP16_OPTIMIZER_DYNAMIC;
         o->fo = NN(na_fp16_optimizer_new(NN(na_sgd_new(NA_NO_TENSORS, &sgd)),
                                          na_module_parameters(o->net), &fc));
@@ -266,18 +271,32 @@ static double max_state_diff(na_module *a, na_module *b) {
     return m;
 }
 
+/* A hash of the bits of net's state (parameters and buffers, or which of them). */
+static uint64_t state_hash(na_module *net, int which) {
+    na_named_tensors st = {0};
+    OK(na_module_named_tensors(net, which, "", &st));
+    uint64_t h = NA_DIST_HASH_START;
+    for (int64_t k = 0; k < st.n; k++)
+        h = na_dist_hash(h, st.items[k].tensor->data, (size_t)st.items[k].tensor->numel *
+                                                      na_dtype_size(st.items[k].tensor->dtype));
+    na_named_tensors_free(&st);
+    return h;
+}
+
 /* Every rank's state bit for bit equal to rank 0's (data parallelism keeps replicas equal). */
 static void check_replicas_equal(na_module *net) {
-    na_named_tensors st = {0};
-    OK(na_module_state(net, "", &st));
-    uint64_t h = 1469598103934665603ull;
-    for (int64_t k = 0; k < st.n; k++) {
-        const unsigned char *p = st.items[k].tensor->data;
-        size_t n = (size_t)st.items[k].tensor->numel * na_dtype_size(st.items[k].tensor->dtype);
-        for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
-    }
-    na_named_tensors_free(&st);
-    OK(na_dist_check_same(d, h, "parameters after training"));
+    OK(na_dist_check_same(d, state_hash(net, NA_MODULE_STATE), "parameters after training"));
+}
+
+/* The data-parallel run of c: this rank's shard of each batch. */
+static void train_ddp(const run_cfg *c, run_out *o) {
+    setup_training(c, o);
+    if (c->sync_bn) OK(na_module_sync_batchnorm(o->net, d));
+    na_ddp *ddp = NN(na_ddp_new(d, o->net, &(na_ddp_config){.allreduce_dtype = c->allreduce_dtype,
+                                                           .no_broadcast_buffers =
+                                                               c->no_broadcast_buffers}));
+    train(c, ddp, o);
+    na_ddp_free(ddp);
 }
 
 /* The reference and the data-parallel run of c; returns the max state difference. */
@@ -285,11 +304,7 @@ static double compare(const run_cfg *c, const char *name, double tol, run_out *d
     run_out ref = {0};
     setup_training(c, &ref);
     train(c, NULL, &ref);
-    setup_training(c, dp);
-    if (c->sync_bn) OK(na_module_sync_batchnorm(dp->net, d));
-    na_ddp *ddp = NN(na_ddp_new(d, dp->net, &(na_ddp_config){.allreduce_dtype = c->allreduce_dtype}));
-    train(c, ddp, dp);
-    na_ddp_free(ddp);
+    train_ddp(c, dp);
     double loss_diff = 0;
     for (int s = 0; s < STEPS; s++) {
         if (isfinite(ref.loss[s]) || isfinite(dp->loss[s]))
@@ -329,6 +344,26 @@ static void case_ddp_cnn_syncbn(void) {
     compare(&(run_cfg){.model = MODEL_CNN, .sync_bn = true, .micro = 1}, "ddp_cnn_syncbn",
             TOL_F32, &o);
     free_training(&o);
+}
+
+/* BatchNorm without SyncBatchNorm normalizes each rank's shard, so each rank's running
+ * statistics move their own way. By default (PyTorch's broadcast_buffers) rank 0's are
+ * everyone's after each step: every rank ends with rank 0's state bit for bit. Training-mode
+ * BatchNorm reads no running statistics, so rank 0's own state is the same either way; with
+ * the broadcast off, rank 1's statistics are its own. */
+static void case_broadcast_buffers(void) {
+    run_out on = {0}, off = {0};
+    train_ddp(&(run_cfg){.model = MODEL_CNN, .micro = 1}, &on);
+    train_ddp(&(run_cfg){.model = MODEL_CNN, .micro = 1, .no_broadcast_buffers = true}, &off);
+    check_replicas_equal(on.net);
+    OK(na_dist_check_same(d, state_hash(off.net, NA_MODULE_PARAMS), "parameters (no broadcast)"));
+    CHECK(na_dist_check_same(d, state_hash(off.net, NA_MODULE_BUFFERS), "running statistics") ==
+              NA_EINVAL, "with no_broadcast_buffers the ranks' running statistics must differ");
+    if (!rank_)
+        CHECK(max_state_diff(on.net, off.net) == 0, "rank 0's state depends on the broadcast: %g",
+              max_state_diff(on.net, off.net));
+    free_training(&on);
+    free_training(&off);
 }
 
 static void case_accumulation(void) {
@@ -381,6 +416,39 @@ static void case_compression(void) {
     free_training(&f32);
     free_training(&f16);
     free_training(&bf16);
+}
+
+/* SyncBatchNorm on f16 input (an f16 model whose BatchNorm keeps f32 parameters and
+ * statistics, through the FP16 optimizer), against the 1-rank run's plain BatchNorm: 1.95e-3
+ * apart (two f16 ulps at the parameters' size, below 2), where the first SyncBatchNorm, which
+ * rounded its differentiable ops' f16 results, was 8.1e-3 apart. */
+static void case_syncbn_variants(void) {
+    run_out o = {0};
+    compare(&(run_cfg){.model = MODEL_CNN, .sync_bn = true, .micro = 1,
+                       .amp = AMP_FP16_OPTIMIZER}, "syncbn_f16_model", 4e-3, &o);
+    free_training(&o);
+}
+
+/* Every model dtype against every bucket dtype, each against its own 1-rank run: the
+ * buckets must hold the mean over ranks whether or not their dtype is the gradients' (an f16
+ * model with f16 buckets once summed). f16/bf16 models train through the FP16 optimizer's f32
+ * masters. Tolerance: the coarser dtype's (measured at most 2.3e-4 with an f16 model or
+ * buckets, 9.8e-4 with bf16; a sum instead of the mean is 7e-2 off). */
+static void case_dtype_pairs(void) {
+    const na_dtype dts[3] = {NA_DTYPE_F32, NA_DTYPE_F16, NA_DTYPE_BF16};
+    const double tol[3] = {TOL_F32, TOL_F16, 1e-2};
+    for (int m = 0; m < 3; m++)
+        for (int b = 0; b < 3; b++) {
+            char name[64];
+            snprintf(name, sizeof name, "model_%s_buckets_%s", na_dtype_name(dts[m]),
+                     na_dtype_name(dts[b]));
+            run_cfg c = {.model = MODEL_MLP, .micro = 1, .hidden = 32,
+                         .amp = m ? AMP_FP16_OPTIMIZER : AMP_NONE, .half = dts[m],
+                         .allreduce_dtype = dts[b]};
+            run_out o = {0};
+            compare(&c, name, fmax(tol[m], tol[b]), &o);
+            free_training(&o);
+        }
 }
 
 /* Ranks that unscale different gradients (here: rank 1's overflow, rank 0's finite) skip
@@ -458,15 +526,63 @@ static void case_abort(void) {
     exit(0);
 }
 
+static double seconds_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static double cpu_seconds(void) {
+    struct rusage u;
+    getrusage(RUSAGE_SELF, &u);
+    return (double)u.ru_utime.tv_sec + 1e-6 * (double)u.ru_utime.tv_usec +
+           (double)u.ru_stime.tv_sec + 1e-6 * (double)u.ru_stime.tv_usec;
+}
+
+/* Rank 1 stops itself (SIGSTOP: alive, never answering) while rank 0 waits in an all-reduce
+ * with a 2 s timeout: rank 0 must fail in 2 s plus the roll call's grace (2 s here), with a
+ * message naming rank 1, without spinning a core meanwhile, and every later collective must
+ * fail at once. Rank 0 then ends the job with status 6 (tests/mpirun.sh --expect-status 6;
+ * any check that failed: status 1), which also ends the stopped rank. */
+static void case_timeout(void) {
+    OK(na_dist_set_timeout(d, 2.0));
+    CHECK(na_dist_timeout(d, false) == 2.0 && na_dist_timeout(d, true) == 2.0, "timeouts %g %g",
+          na_dist_timeout(d, false), na_dist_timeout(d, true));
+    CHECK(na_dist_set_timeout(d, 0) == NA_EINVAL, "a timeout of 0 s must be refused");
+    OK(na_dist_barrier(d)); /* both ranks are up */
+    if (rank_ == 1) raise(SIGSTOP);
+    na_tensor *t = NN(na_ones(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(4)));
+    double t0 = seconds_now(), c0 = cpu_seconds();
+    int rc = na_dist_all_reduce(d, t, NA_DIST_SUM);
+    double waited = seconds_now() - t0, cpu = cpu_seconds() - c0;
+    printf("METRIC timeout waited_s %.2f cpu_s %.3f\nerror as printed: %s\n", waited, cpu,
+           na_last_error());
+    CHECK(rc == NA_EIO, "the all-reduce with rank 1 stopped returned %d", rc);
+    CHECK(strstr(na_last_error(), "na_dist_all_reduce: rank 0 of 2") &&
+          strstr(na_last_error(), "MPI_Iallreduce of [4] f32 cpu did not complete within 2 s: rank 1 did not answer"),
+          "message: %s", na_last_error());
+    CHECK(waited >= 2.0 && waited < 6.0, "failed after %.2f s, want 2 s + the 2 s roll call",
+          waited);
+    CHECK(cpu < 0.5 * waited, "%.2f s of CPU in a %.2f s wait: it spins", cpu, waited);
+    t0 = seconds_now();
+    CHECK(na_dist_barrier(d) == NA_EIO && strstr(na_last_error(), "timed out") &&
+          seconds_now() - t0 < 0.5, "a later collective must fail at once: %s", na_last_error());
+    fflush(stdout);
+    na_dist_abort(d, failures ? 1 : 6);
+}
+
 int main(int argc, char **argv) {
     const struct {
         const char *name;
         void (*run)(void);
     } cases[] = {{"collectives", case_collectives}, {"ddp_mlp", case_ddp_mlp},
                  {"ddp_cnn_syncbn", case_ddp_cnn_syncbn}, {"accumulation", case_accumulation},
+                 {"broadcast_buffers", case_broadcast_buffers},
+                 {"syncbn_variants", case_syncbn_variants},
                  {"amp", case_amp}, {"compression", case_compression},
+                 {"dtype_pairs", case_dtype_pairs},
                  {"found_inf", case_found_inf}, {"config_mismatch", case_config_mismatch}, {"dead_rank", case_dead_rank},
-                 {"abort", case_abort}};
+                 {"abort", case_abort}, {"timeout", case_timeout}};
     if (argc != 2) {
         fprintf(stderr, "usage: test_dist_mpi CASE (under mpirun -np 2)\n");
         return 2;

@@ -10,7 +10,11 @@
 #  5. bad flags, missing data and an unwritable --save fail cleanly on 1 and 2 ranks;
 #  6. a training step that fails on one rank only ends the job (na_dist_abort), never hangs;
 #  7. a failure before training is said once when every rank shares it, tagged when it is one
-#     rank's own.
+#     rank's own;
+#  8. the CNN's BatchNorm statistics are rank 0's on every rank (broadcast after each step), so
+#     the score a 2-rank run reports is its checkpoint's score on one process;
+#  9. a rank stopped (SIGSTOP) mid-training makes the other fail after --dist-timeout, naming
+#     it, and the job ends.
 # usage: trainer_dist.sh MNIST_TRAIN. Skips (77) without mpirun, without data, or when the
 # build has no MPI (meson sets NANOAMP_BUILT_WITH_MPI=0).
 set -uo pipefail
@@ -196,6 +200,60 @@ check "--bogus on rank 1 only: said once" test "$(grep -c 'unknown option' "$tmp
 check "--bogus on rank 1 only: tagged" says "^mnist-train \(rank 1\): unknown option --bogus"
 check "--bogus on rank 1 only: rank 0 names it" says "^mnist-train: stopping: rank 1 failed before training"
 check "--bogus on rank 1 only: no JSON" test ! -s "$tmp/out"
+
+# --- 8. BatchNorm without --sync-bn normalizes each rank's shard, so each rank's running
+# statistics move their own way; rank 0's are broadcast after each step (--no-broadcast-buffers
+# turns that off), so the sharded evaluation of the 2-rank run uses the statistics its
+# checkpoint holds: the checkpoint evaluated on one process (--resume, nothing left to train)
+# scores the same accuracy and loss (to the rounding of the loss sum's other order).
+cnn=(--data "$data" --model cnn --limit 256 --test-limit 200 --seed 7 --batch 32 --epochs 1 --json --quiet)
+same_score() { # JSON_A JSON_B
+    python3 - "$1" "$2" <<'EOF'
+import json, sys
+a, b = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+print(f"  run: accuracy {a['test_acc']} loss {a['test_loss']}; checkpoint: accuracy "
+      f"{b['test_acc']} loss {b['test_loss']}")
+sys.exit(0 if a["test_acc"] == b["test_acc"] and abs(a["test_loss"] - b["test_loss"])
+         <= 1e-6 * abs(a["test_loss"]) else "the checkpoint scores differently")
+EOF
+}
+not() { ! "$@"; }
+for mode in broadcast local; do
+    flag=(); [ "$mode" = local ] && flag=(--no-broadcast-buffers)
+    check "cnn, 2 ranks, $mode buffers" run 0 mpi 2 "$train" "${cnn[@]}" "${flag[@]}" \
+        --save "$tmp/ck/cnn-$mode.safetensors"
+    cp "$tmp/out" "$tmp/cnn-$mode-run.json"
+    check "cnn, $mode: its checkpoint on 1 process" run 0 "$train" "${cnn[@]}" \
+        --resume "$tmp/ck/cnn-$mode.safetensors"
+    cp "$tmp/out" "$tmp/cnn-$mode-ck.json"
+done
+check "cnn: the checkpoint scores what the run reported" \
+    same_score "$tmp/cnn-broadcast-run.json" "$tmp/cnn-broadcast-ck.json"
+# (which shows the check above can fail: without the broadcast rank 1 evaluates its shard with
+# its own statistics)
+check "cnn, --no-broadcast-buffers: rank 1's own statistics score differently" \
+    not same_score "$tmp/cnn-local-run.json" "$tmp/cnn-local-ck.json"
+
+# --- 9. rank 1 stops itself (SIGSTOP: alive, never answering) once rank 0 has logged a few
+# steps; rank 0 waits in the step's collectives, fails after --dist-timeout 2 plus the roll
+# call's 2 s, naming rank 1, and ends the job (na_dist_abort), which ends the stopped rank too.
+cat >"$tmp/stop-1.sh" <<EOF
+#!/usr/bin/env bash
+if [ "\${OMPI_COMM_WORLD_RANK:-0}" = 1 ]; then
+    # \$\$ is this script's pid, which exec hands to the trainer
+    ( while [ "\$({ wc -l <"$tmp/stop.csv"; } 2>/dev/null || echo 0)" -lt 4 ]; do sleep 0.05; done
+      kill -STOP \$\$ ) &
+fi
+exec "$train" "\$@"
+EOF
+chmod +x "$tmp/stop-1.sh"
+start=$(date +%s)
+check "rank 1 stopped" run fail timeout -k 5 60 mpirun --oversubscribe --bind-to none -np 2 \
+    "$tmp/stop-1.sh" "${half[@]}" --epochs 50 --dist-timeout 2 --log "$tmp/stop.csv"
+check "rank 1 stopped: ended in time, not by the 60 s limit" test $(( $(date +%s) - start )) -lt 40
+check "rank 1 stopped: rank 0 names it" \
+    says "^mnist-train \(rank 0\): training step [0-9]+ failed: .*did not complete within 2 s: rank 1 did not answer"
+check "rank 1 stopped: no JSON" test ! -s "$tmp/out"
 
 echo "$passed passed, $failed failed"
 [ "$failed" = 0 ]

@@ -117,6 +117,14 @@ for flag in --epochs --batch --lr --limit --weight-decay --loss-scale --growth-i
 done
 check "seed 1x" run 2 "$mnist" "${small[@]}" --seed 1x
 check "  message" one_line "--seed: expected an integer"
+for v in 0 -1 2x; do
+    check "--dist-timeout $v" run 2 "$mnist" "${small[@]}" --dist-timeout "$v"
+    check "  message" one_line "^mnist-train: --dist-timeout: expected seconds in \(0, 1e9\], got '$v'"
+done
+check "NANOAMP_DIST_TIMEOUT_S=soon" run 1 env NANOAMP_DIST_TIMEOUT_S=soon "$mnist" "${small[@]}"
+check "  message" one_line "na_dist_init: NANOAMP_DIST_TIMEOUT_S=soon: expected a number of seconds > 0"
+check "--no-broadcast-buffers takes no value" run 2 "$mnist" "${small[@]}" --no-broadcast-buffers=1
+check "  message" one_line "--no-broadcast-buffers takes no value"
 check "version" run 0 "$mnist" --version
 check "  output" grep -Eq "^mnist-train \(nanoamp [0-9]+\.[0-9]+\.[0-9]+\)$" "$tmp/out"
 check "cifar help" run 0 "$cifar" --help

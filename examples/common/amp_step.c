@@ -76,10 +76,11 @@ int trainer_amp_init_dist(trainer_amp *a, const char *mode, na_module *net, na_o
     return rc;
 }
 
-/* na_ddp's configuration from --allreduce-dtype and --bucket-mb. */
+/* na_ddp's configuration from --allreduce-dtype, --bucket-mb and --no-broadcast-buffers. */
 static void ddp_config(const trainer_opts *o, na_ddp_config *c) {
     const char *dt = o->allreduce_dtype ? o->allreduce_dtype : "f32";
     *c = (na_ddp_config){.bucket_bytes = o->bucket_mb << 20,
+                         .no_broadcast_buffers = o->no_broadcast_buffers,
                          .allreduce_dtype = !strcmp(dt, "f16")    ? NA_DTYPE_F16
                                             : !strcmp(dt, "bf16") ? NA_DTYPE_BF16
                                                                   : NA_DTYPE_F32};

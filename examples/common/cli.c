@@ -63,7 +63,8 @@ enum opt_id {
     O_DATA, O_MODEL, O_EPOCHS, O_BATCH, O_LR, O_OPTIM, O_WEIGHT_DECAY, O_LABEL_SMOOTHING,
     O_SCHEDULE, O_DEVICE, O_AMP, O_LOSS_SCALE, O_GROWTH_INTERVAL, O_AMP_TRACE, O_LOG, O_SEED,
     O_SAVE, O_RESUME, O_LIMIT, O_TEST_LIMIT, O_SYNTHETIC, O_THREADS, O_JSON, O_QUIET, O_VERSION,
-    O_HELP, O_ALLREDUCE_DTYPE, O_BUCKET_MB, O_SYNC_BN, O_CUDA_GRAPH, O_CHANNELS_LAST
+    O_HELP, O_ALLREDUCE_DTYPE, O_BUCKET_MB, O_SYNC_BN, O_CUDA_GRAPH, O_CHANNELS_LAST,
+    O_NO_BROADCAST_BUFFERS, O_DIST_TIMEOUT
 };
 
 static const struct {
@@ -101,6 +102,12 @@ static const struct {
      "halve the bytes)"},
     {O_BUCKET_MB, "--bucket-mb", "N", "data parallel: MiB of gradients per all-reduce bucket"},
     {O_SYNC_BN, "--sync-bn", NULL, "data parallel: BatchNorm statistics over all ranks' batches"},
+    {O_NO_BROADCAST_BUFFERS, "--no-broadcast-buffers", NULL,
+     "data parallel: each rank keeps its own BatchNorm running statistics (by default rank "
+     "0's are every rank's after each step)"},
+    {O_DIST_TIMEOUT, "--dist-timeout", "SECONDS",
+     "data parallel: how long a collective waits for the other ranks before failing, naming "
+     "the ranks that did not answer"},
     {O_CUDA_GRAPH, "--cuda-graph", NULL,
      "CUDA only: after 2 warm-up steps, each full batch's step is one replayed CUDA graph (no "
      "host work per step); where a graph cannot serve, says why and trains eagerly"},
@@ -142,6 +149,7 @@ static const char *default_of(enum opt_id id, const trainer_opts *o, char *buf, 
     case O_SYNTHETIC: return "off";
     case O_ALLREDUCE_DTYPE: return o->allreduce_dtype;
     case O_BUCKET_MB: return "25";
+    case O_DIST_TIMEOUT: return "$NANOAMP_DIST_TIMEOUT_S, else 1800 s, NCCL 600 s";
     case O_THREADS: return "$NANOAMP_THREADS, else the core count";
     default: return "";
     }
@@ -207,6 +215,11 @@ static int set_option(trainer_opts *o, enum opt_id id, const char *flag, const c
         if (!trainer_parse_f64(v, &x) || x < 0) return bad_value(o, flag, "a number >= 0", v);
         *(id == O_LR ? &o->lr : &o->weight_decay) = x;
         return 0;
+    case O_DIST_TIMEOUT:
+        if (!trainer_parse_f64(v, &x) || !(x > 0) || x > 1e9)
+            return bad_value(o, flag, "seconds in (0, 1e9]", v);
+        o->dist_timeout = x;
+        return 0;
     case O_LABEL_SMOOTHING:
         if (!trainer_parse_f64(v, &x) || x < 0 || x > 1)
             return bad_value(o, flag, "a number in [0, 1]", v);
@@ -270,7 +283,7 @@ int trainer_parse_args(trainer_opts *o, int argc, char **argv, const char *model
         } else if (!takes) {
             *(id == O_JSON ? &o->json : id == O_QUIET ? &o->quiet : id == O_SYNC_BN ? &o->sync_bn
               : id == O_CUDA_GRAPH ? &o->cuda_graph : id == O_CHANNELS_LAST ? &o->channels_last
-              : &o->amp_trace) = true;
+              : id == O_NO_BROADCAST_BUFFERS ? &o->no_broadcast_buffers : &o->amp_trace) = true;
             continue;
         }
         /* "--data --epochs 1": the next flag is no value (--data=--x is one, if need be) */

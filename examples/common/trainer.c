@@ -320,6 +320,7 @@ int trainer_run(const trainer_opts *opts, trainer_job *job) {
     signal(SIGXFSZ, SIG_IGN);
     /* the launcher's ranks (mpirun), or a world of one */
     na_dist *d = na_dist_init();
+    if (d && opts->dist_timeout > 0) na_dist_set_timeout(d, opts->dist_timeout); /* > 0: cli.c */
     if (!d) {
         fprintf(stderr, "%s: %s\n", opts->program, na_last_error());
         return 1;

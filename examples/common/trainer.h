@@ -37,6 +37,8 @@ typedef struct {
     const char *allreduce_dtype; /* f32 | f16 | bf16 */
     int64_t bucket_mb;     /* 0 (not given: na_ddp's default, 25) */
     bool sync_bn;
+    bool no_broadcast_buffers; /* each rank keeps its own BatchNorm running statistics */
+    double dist_timeout;   /* --dist-timeout SECONDS; 0 (not given): na_dist's default */
     int threads;           /* --threads N; 0 (not given): $NANOAMP_THREADS, else the cores */
     bool cuda_graph;       /* --cuda-graph: full batches replayed as a CUDA graph */
     bool channels_last;    /* --channels-last: the training batches' images channels-last */

@@ -25,8 +25,9 @@
  * dist stream, DDP copies gradients into its buckets, starts them from the engine hook and
  * waits for them in na_ddp_finish as with several ranks, and na_dist_bytes counts. Host
  * tensors take the same path except the MPI call itself (MPI is never started for a world of
- * 1); host arrays (na_dist_all_reduce_i64/_f64), barrier, na_dist_check_same and
- * SyncBatchNorm stay no-ops. A CUDA tensor then needs NCCL and a device: NA_ENOTSUP / NA_ECUDA
+ * 1); host arrays (na_dist_all_reduce_i64/_f64), barrier and na_dist_check_same stay
+ * no-ops; SyncBatchNorm runs its own forward and backward (its collectives add nothing). A
+ * CUDA tensor then needs NCCL and a device: NA_ENOTSUP / NA_ECUDA
  * otherwise. Without the variable (or with world > 1) nothing changes.
  *
  * Collectives are blocking and must be called by every rank in the same order with tensors of
@@ -35,8 +36,10 @@
  * follows. Errors: every call returns a negative na_status and sets a message naming the op,
  * the tensor and the rank; MPI errors are returned (MPI_ERRORS_RETURN), never fatal inside
  * nanoamp. A rank that dies ends the job: Open MPI's launcher aborts every rank when one exits
- * without MPI_Finalize; NCCL waits are polled with a timeout (NANOAMP_NCCL_TIMEOUT_S, default
- * 600 s) and the communicator aborted (ncclCommAbort) when it passes.
+ * without MPI_Finalize. A rank that stops (SIGSTOP, a hang) is found by the timeout: every wait
+ * for a collective polls (sleeping as it waits longer: no core spins) and after the timeout
+ * (na_dist_set_timeout) fails with NA_EIO, naming the ranks that did not answer; NCCL's
+ * communicator is then aborted (ncclCommAbort).
  */
 #ifndef NANOAMP_DIST_H
 #define NANOAMP_DIST_H
@@ -79,6 +82,18 @@ void na_dist_free(na_dist *d); /* finalizes MPI if init started it; NULL is fine
  * world of 1 (or NULL d) no other rank waits: it returns code and does nothing else, so that
  * `return na_dist_abort(d, 1);` ends a lone process the ordinary way. */
 int na_dist_abort(na_dist *d, int code);
+/* How long a collective waits for the other ranks, in seconds (> 0, else NA_EINVAL): after it,
+ * the waiting rank asks every other rank for a sign of life for min(timeout, 5 s) (a rank
+ * waiting in the same collective answers at once, and gives up too), then fails with NA_EIO
+ * "... did not complete within T s: rank 1 did not answer"; every later collective on d fails
+ * at once, and na_dist_free no longer finalizes MPI (that would wait for the missing rank):
+ * end the process, or the job (na_dist_abort). Defaults, as PyTorch's: NANOAMP_DIST_TIMEOUT_S
+ * when set (read by na_dist_init, which refuses a value that is not seconds > 0), else 1800 s
+ * for MPI (gloo's default) and 600 s for NCCL (NCCL's; NANOAMP_NCCL_TIMEOUT_S, its older
+ * name, still sets that one). MPI_Init and the communicator's creation are not bounded. */
+int na_dist_set_timeout(na_dist *d, double seconds);
+/* The timeout a collective over MPI (nccl false) or NCCL waits with now. */
+double na_dist_timeout(const na_dist *d, bool nccl);
 /* NULL d answers as a world of 1: rank 0, size 1, local rank 0. */
 int na_dist_rank(const na_dist *d);
 int na_dist_world_size(const na_dist *d);
@@ -119,6 +134,9 @@ typedef struct {
     na_dtype allreduce_dtype; /* 0 or NA_DTYPE_F32: reduce in f32; NA_DTYPE_F16 / BF16:
                                  pre-divide by the world size, reduce compressed, widen back.
                                  f64 gradients are always reduced in f64 */
+    bool no_broadcast_buffers; /* false (default, PyTorch's broadcast_buffers=True): rank 0's
+                                  buffers (BatchNorm's running statistics) on every rank after
+                                  each synced step; true: each rank keeps its own */
 } na_ddp_config;
 
 typedef struct na_ddp na_ddp;
@@ -134,7 +152,10 @@ na_ddp *na_ddp_new(na_dist *d, na_module *net, const na_ddp_config *cfg);
  * sync off for all micro-batches but the last). */
 int na_ddp_set_sync(na_ddp *p, bool sync);
 /* After na_backward (with sync on): starts any bucket not yet started (parameters that got no
- * gradient count as zeros), waits for all, and leaves every gradient averaged over ranks.
+ * gradient count as zeros), waits for all, and leaves every gradient averaged over ranks;
+ * then (unless no_broadcast_buffers) broadcasts rank 0's buffers, which this step's forward
+ * updated on each rank from its own shard, so the next forward (training or evaluation) and
+ * a checkpoint see rank 0's on every rank, as PyTorch's broadcast before each forward does.
  * Call before unscaling, clipping or stepping. With sync off: NA_OK, nothing done. One
  * backward per synced step (as PyTorch's DDP): a bucket starts once its gradients are final
  * for the backward that runs, so sum several losses first, or use sync off for the others. */
@@ -156,10 +177,11 @@ int na_dist_sync_found_inf(na_dist *d, na_grad_scaler *gs, na_optim *opt);
 
 /* ---- SyncBatchNorm ---------------------------------------------------------------------- */
 /* Every BatchNorm of net computes its training-mode batch statistics over all ranks of d:
- * per-channel sums and sums of squares (f32; f64 for f64 input; of x minus the running mean,
- * so they do not cancel) all-reduced in forward, the two per-channel sums of its backward
- * all-reduced too. NULL d: back to per-rank statistics. Every rank must run the same
- * BatchNorms in the same order. In a world of 1 it is plain BatchNorm. */
+ * each rank's per-channel mean, variance and count (f32; f64 for f64 input) all-gathered and
+ * combined in forward (Chan's formula: nothing cancels), the two per-channel sums of its
+ * backward (of dy and dy * xhat) all-reduced, as PyTorch's SyncBatchNorm. NULL d: back to
+ * per-rank statistics. Every rank must run the same BatchNorms in the same order. In a world
+ * of 1 it is plain BatchNorm (unless NANOAMP_DIST_COLLECTIVES=1, above). */
 int na_module_sync_batchnorm(na_module *net, na_dist *d);
 
 #ifdef __cplusplus

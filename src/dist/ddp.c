@@ -6,11 +6,13 @@
  * (src/autograd/graph.h) copies a gradient into its slice as soon as it is final, and once a
  * bucket's last slice is in, the bucket's all-reduce starts (buckets start strictly in order,
  * so every rank issues the same collectives in the same sequence even when gradients finish
- * in a different order). na_ddp_finish waits and copies the averages back. The f32 path sums
- * and then divides by the world size; a compressed (f16/bf16) bucket is divided first, so the
- * sum stays in range, then summed in the narrow dtype. In a world of one nothing is copied or
- * sent: the wrapper only counts; unless NANOAMP_DIST_COLLECTIVES=1, which runs every step of
- * the path above with one rank (NCCL for CUDA buckets; host buckets skip only the MPI call). */
+ * in a different order). na_ddp_finish waits and copies the averages back, then broadcasts
+ * rank 0's buffers (one flat tensor per dtype and device, PyTorch's broadcast_buffers) unless
+ * the config turns that off. The f32 path sums and then divides by the world size; a
+ * compressed (f16/bf16) bucket is divided first, so the sum stays in range, then summed in the
+ * narrow dtype. In a world of one nothing is copied or sent: the wrapper only counts; unless
+ * NANOAMP_DIST_COLLECTIVES=1, which runs every step of the path above with one rank (NCCL for
+ * CUDA buckets; host buckets skip only the MPI call). */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,6 +39,14 @@ typedef struct {
     int index;
 } param_ref;
 
+/* The buffers of one dtype and device, broadcast as one flat tensor. */
+typedef struct {
+    na_dtype dt;
+    na_device dev;
+    int64_t numel;
+    na_tensor *flat;
+} buffer_group;
+
 struct na_ddp {
     na_dist *d;
     na_ddp_config cfg;
@@ -52,6 +62,11 @@ struct na_ddp {
     bool sync;
     int64_t bytes_step, bytes_last; /* started so far in this backward; in the last one */
     na_graph_leaf_hook prev; /* the hook this wrapper chains to */
+    int n_buffers, n_groups;   /* broadcast from rank 0 after each synced step */
+    na_tensor **buffers;
+    int *group_of;
+    int64_t *buffer_offset;    /* in its group's flat tensor */
+    buffer_group *groups;
 };
 
 static na_ddp *active; /* one wrapper at a time owns the engine hook */
@@ -63,27 +78,49 @@ static int by_addr(const void *pa, const void *pb) {
 
 static const char *param_name(const na_tensor *t) { return t->name ? t->name : "(unnamed)"; }
 
-/* The slice of bucket b's buffer that holds parameter i, shaped as the parameter. */
-static na_tensor *slice_of(na_ddp *p, int i) {
-    na_tensor *buf = p->buckets[p->bucket_of[i]].buf, *t = p->params[i];
-    na_tensor *s = na_slice(buf, p->offset[i], p->offset[i] + t->numel);
-    return s ? na_reshape(s, t->ndim, t->shape) : NULL;
+/* flat[off, off + numel of like), shaped as like. */
+static na_tensor *view_in(na_tensor *flat, int64_t off, const na_tensor *like) {
+    na_tensor *s = na_slice(flat, off, off + like->numel);
+    return s ? na_reshape(s, like->ndim, like->shape) : NULL;
 }
 
+/* The slice of bucket b's buffer that holds parameter i, shaped as the parameter. */
+static na_tensor *slice_of(na_ddp *p, int i) {
+    return view_in(p->buckets[p->bucket_of[i]].buf, p->offset[i], p->params[i]);
+}
+
+/* Rank 0's buffers (BatchNorm's running statistics) on every rank, one broadcast per dtype
+ * and device (PyTorch's broadcast_buffers). */
+static int broadcast_buffers(na_ddp *p) {
+    int rc = NA_OK, rank = na_dist_rank(p->d);
+    for (int i = 0; i < p->n_buffers && !rc && rank == 0; i++) {
+        na_tensor *v = view_in(p->groups[p->group_of[i]].flat, p->buffer_offset[i], p->buffers[i]);
+        rc = v ? na_copy_(v, p->buffers[i]) : na_last_status();
+    }
+    for (int g = 0; g < p->n_groups && !rc; g++) rc = na_dist_broadcast(p->d, p->groups[g].flat, 0);
+    for (int i = 0; i < p->n_buffers && !rc && rank != 0; i++) {
+        na_tensor *v = view_in(p->groups[p->group_of[i]].flat, p->buffer_offset[i], p->buffers[i]);
+        rc = v ? na_copy_(p->buffers[i], v) : na_last_status();
+    }
+    return rc ? na_set_error(rc, "na_ddp_finish: rank %d: broadcasting the buffers: %s", rank,
+                             na_last_error())
+              : NA_OK;
+}
+
+static bool compressed(const bucket *b) { return b->dt == NA_DTYPE_F16 || b->dt == NA_DTYPE_BF16; }
+
 /* Gradient i into its slice (zeros when it has none), divided by the world size first when
- * the bucket is compressed. */
+ * the bucket is compressed, whatever the gradient's own dtype (an f16 gradient into an f16
+ * bucket too): the sum of N pre-divided values stays in the narrow range, and the bucket
+ * then holds the mean (PyTorch's fp16_compress_hook divides before its all-reduce too). */
 static int copy_in(na_ddp *p, int i) {
     na_tensor *t = p->params[i], *s = slice_of(p, i);
     if (!s) return na_last_status();
     if (!t->grad) return na_fill_(s, 0.0);
-    const bucket *b = &p->buckets[p->bucket_of[i]];
-    if (b->dt == t->grad->dtype || b->dt == NA_DTYPE_F32 || b->dt == NA_DTYPE_F64)
-        return na_copy_(s, t->grad);
+    if (!compressed(&p->buckets[p->bucket_of[i]])) return na_copy_(s, t->grad);
     na_tensor *q = na_scale(t->grad, 1.0 / p->d->world); /* in the gradient's dtype, rounded once */
     return q ? na_copy_(s, q) : na_last_status();
 }
-
-static bool compressed(const bucket *b) { return b->dt == NA_DTYPE_F16 || b->dt == NA_DTYPE_BF16; }
 
 static int start_ready_buckets(na_ddp *p) {
     while (p->next_start < p->n_buckets && !p->buckets[p->next_start].pending) {
@@ -160,6 +197,9 @@ int na_ddp_finish(na_ddp *p) {
         }
         for (int i = b->first; i < b->first + b->count && !rc; i++) rc = copy_out(p, i);
     }
+    /* after this step's forward updated them: the next forward starts from rank 0's, as
+     * PyTorch's broadcast before each forward gives it */
+    if (!rc && p->n_groups) rc = broadcast_buffers(p);
     na_no_grad_end();
     /* a failed rank leaves its requests; the others end with the launcher (docs/distributed.md) */
     for (int k = 0; rc && k < p->n_buckets; k++) p->buckets[k].req.active = false;
@@ -190,6 +230,11 @@ void na_ddp_free(na_ddp *p) {
     free(p->bucket_of);
     free(p->ready);
     free(p->by_addr);
+    for (int g = 0; g < p->n_groups; g++) na_tensor_free(p->groups[g].flat);
+    free(p->groups);
+    free(p->buffers);
+    free(p->group_of);
+    free(p->buffer_offset);
     free(p);
 }
 
@@ -199,6 +244,7 @@ void na_ddp_free(na_ddp *p) {
 static uint64_t model_hash(const na_named_tensors *st, const na_ddp_config *cfg) {
     uint64_t h = na_dist_hash(NA_DIST_HASH_START, &cfg->bucket_bytes, sizeof cfg->bucket_bytes);
     h = na_dist_hash(h, &cfg->allreduce_dtype, sizeof cfg->allreduce_dtype);
+    h = na_dist_hash(h, &cfg->no_broadcast_buffers, sizeof cfg->no_broadcast_buffers);
     return na_dist_hash_state(h, st);
 }
 
@@ -228,6 +274,39 @@ static int make_buckets(na_ddp *p) {
         if (!b->buf) return na_last_status();
     }
     return NA_OK;
+}
+
+/* The module's buffers grouped by dtype and device, each group a flat tensor (nothing when
+ * the broadcast is off or collectives do no work). */
+static int make_buffer_groups(na_ddp *p, na_module *net) {
+    if (p->cfg.no_broadcast_buffers || !na_dist_collectives(p->d)) return NA_OK;
+    na_named_tensors bt = {0};
+    int rc = na_module_named_tensors(net, NA_MODULE_BUFFERS, "", &bt);
+    if (rc) return rc;
+    size_t n = (size_t)bt.n + 1;
+    p->buffers = calloc(n, sizeof *p->buffers);
+    p->group_of = calloc(n, sizeof *p->group_of);
+    p->buffer_offset = calloc(n, sizeof *p->buffer_offset);
+    p->groups = calloc(n, sizeof *p->groups);
+    if (!p->buffers || !p->group_of || !p->buffer_offset || !p->groups)
+        rc = na_set_error(NA_ENOMEM, "na_ddp_new: out of memory");
+    for (int64_t k = 0; k < bt.n && !rc; k++) {
+        na_tensor *t = bt.items[k].tensor;
+        int g = 0;
+        while (g < p->n_groups && (p->groups[g].dt != t->dtype || p->groups[g].dev != t->device))
+            g++;
+        if (g == p->n_groups) p->groups[p->n_groups++] = (buffer_group){t->dtype, t->device, 0, NULL};
+        p->buffers[p->n_buffers] = t;
+        p->group_of[p->n_buffers] = g;
+        p->buffer_offset[p->n_buffers++] = p->groups[g].numel;
+        p->groups[g].numel += t->numel;
+    }
+    na_named_tensors_free(&bt);
+    for (int g = 0; g < p->n_groups && !rc; g++) {
+        buffer_group *bg = &p->groups[g];
+        if (!(bg->flat = na_tensor_new(bg->dt, bg->dev, NA_SHAPE(bg->numel)))) rc = na_last_status();
+    }
+    return rc;
 }
 
 na_ddp *na_ddp_new(na_dist *d, na_module *net, const na_ddp_config *cfg) {
@@ -282,7 +361,7 @@ na_ddp *na_ddp_new(na_dist *d, na_module *net, const na_ddp_config *cfg) {
         p->by_addr[i] = (param_ref){p->params[i], i};
     }
     qsort(p->by_addr, (size_t)p->n, sizeof *p->by_addr, by_addr);
-    if (make_buckets(p) != NA_OK) {
+    if (make_buckets(p) != NA_OK || make_buffer_groups(p, net) != NA_OK) {
         na_ddp_free(p);
         return NULL;
     }

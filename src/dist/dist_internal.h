@@ -22,6 +22,9 @@ struct na_dist {
 #endif
     na_nccl *nccl; /* made on the first collective over CUDA tensors */
     int64_t bytes;
+    double timeout_s;      /* na_dist_set_timeout or NANOAMP_DIST_TIMEOUT_S; 0: the defaults */
+    double nccl_timeout_s; /* NANOAMP_NCCL_TIMEOUT_S (its older name, NCCL only), or 0 */
+    bool failed;           /* a collective timed out: this communicator is unusable */
 };
 
 /* An all-reduce in flight (MPI request, or NCCL work on the communicator's stream). */
@@ -38,6 +41,25 @@ typedef struct {
 int na_dist_start_sum(na_dist *d, na_tensor *t, na_dist_req *r, const char *fn,
                       const char *what);
 int na_dist_wait(na_dist *d, na_dist_req *r, const char *fn, const char *what);
+/* A wait for a collective, bounded by the communicator's timeout. */
+typedef struct {
+    double t0, limit, next_probe;
+} na_dist_waiter;
+void na_dist_waiter_start(const na_dist *d, na_dist_waiter *w, bool nccl);
+/* Between two polls of a collective that has not completed: naps, longer the longer it has
+ * waited (never more than 200 us), and returns NA_OK to poll again; once the timeout has
+ * passed, or another rank gave up on this collective, marks d failed and returns NA_EIO
+ * naming the ranks that did not answer (fn, call (may be NULL) and what, its tensor, say
+ * which collective). */
+int na_dist_waiter_nap(na_dist *d, na_dist_waiter *w, const char *fn, const char *call,
+                       const char *what);
+
+#if NA_HAVE_MPI
+/* Waits (as above) for req, a non-blocking MPI collective that `call` started with status rc. */
+int na_dist_mpi_finish(na_dist *d, int rc, MPI_Request *req, const char *fn, const char *call,
+                       const char *what);
+#endif
+
 /* Nudges MPI's progress on r (Open MPI advances non-blocking collectives only inside MPI
  * calls); never blocks. */
 void na_dist_poke(na_dist *d, na_dist_req *r);

@@ -6,16 +6,16 @@
  * collective's event before running anything after it. Faults: NCCL reports a dead peer or a
  * network error asynchronously, and a collective with a missing peer never completes; so the
  * host never blocks in CUDA on a collective: it polls the event, asks ncclCommGetAsyncError
- * between polls, and after NANOAMP_NCCL_TIMEOUT_S seconds (default 600) aborts the
- * communicator (ncclCommAbort), which frees the stuck kernels, and returns NA_EIO. Later
- * collectives on an aborted communicator fail at once. */
+ * between polls, and after the communicator's NCCL timeout (na_dist_timeout: 600 s unless
+ * set) aborts the communicator (ncclCommAbort), which frees the stuck kernels, and returns
+ * NA_EIO naming the ranks that did not answer (comm.c's waiter). Later collectives on an
+ * aborted communicator fail at once. */
 #include <cuda_runtime.h>
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wstrict-prototypes" /* nccl.h declares f() for f(void) */
 #include <nccl.h>
 #pragma GCC diagnostic pop
 #include <stdlib.h>
-#include <time.h>
 
 #include "nanoamp/cuda.h"
 #include "src/dist/dist_internal.h"
@@ -75,10 +75,12 @@ static na_nccl *comm_of(na_dist *d, const char *fn) {
     /* every rank joins the broadcast, so a failure on rank 0 does not strand the others; a
      * world of 1 (NANOAMP_DIST_COLLECTIVES=1) has no MPI and needs none */
 #if NA_HAVE_MPI
-    int mrc = d->world > 1 ? MPI_Bcast(&id, (int)sizeof id, MPI_BYTE, 0, d->comm) : MPI_SUCCESS;
-    if (!rc && mrc != MPI_SUCCESS)
-        rc = na_set_error(NA_EIO, "%s: rank %d: MPI_Bcast of the ncclUniqueId failed", fn,
-                          d->rank);
+    MPI_Request rq;
+    int mrc = d->world > 1 ? na_dist_mpi_finish(d, MPI_Ibcast(&id, (int)sizeof id, MPI_BYTE, 0,
+                                                              d->comm, &rq),
+                                                &rq, fn, "MPI_Ibcast", "the ncclUniqueId")
+                           : NA_OK;
+    if (!rc) rc = mrc;
 #endif /* without MPI there is no world larger than 1 (na_dist_init refuses it) */
     if (!rc && (r = ncclCommInitRank(&c->comm, d->world, id, d->rank)) != ncclSuccess)
         rc = nccl_error(d, fn, "ncclCommInitRank", r);
@@ -144,22 +146,16 @@ static int record_done(na_nccl *c, na_dist_req *r, const char *fn) {
     return NA_OK;
 }
 
-static double timeout_s(void) {
-    const char *s = getenv("NANOAMP_NCCL_TIMEOUT_S");
-    double t = s ? atof(s) : 0;
-    return t > 0 ? t : 600;
-}
-
-/* Waits on the host (polling, bounded by NANOAMP_NCCL_TIMEOUT_S) so that a dead rank ends
- * in an error, not a hang; this is one host wait per DDP step. A watchdog thread aborting the
+/* Waits on the host (polling, bounded by the NCCL timeout) so that a dead rank ends in an
+ * error, not a hang; this is one host wait per DDP step. A watchdog thread aborting the
  * communicator would allow a stream wait instead (docs/distributed.md, "A rank that dies"). */
 int na_nccl_wait(na_dist *d, na_dist_req *r, const char *fn, const char *what) {
     na_nccl *c = d->nccl;
     cudaEvent_t ev = r->event;
     r->event = NULL;
     r->active = false;
-    struct timespec t0, now, nap = {0, 100000}; /* 0.1 ms between polls */
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    na_dist_waiter w;
+    na_dist_waiter_start(d, &w, true);
     int rc = NA_OK;
     for (;;) {
         cudaError_t e = cudaEventQuery(ev);
@@ -170,20 +166,13 @@ int na_nccl_wait(na_dist *d, na_dist_req *r, const char *fn, const char *what) {
         }
         ncclResult_t async = ncclSuccess;
         ncclCommGetAsyncError(c->comm, &async);
-        clock_gettime(CLOCK_MONOTONIC, &now);
-        double waited = (double)(now.tv_sec - t0.tv_sec) + 1e-9 * (double)(now.tv_nsec - t0.tv_nsec);
-        if (async != ncclSuccess || waited > timeout_s()) {
+        if (async != ncclSuccess) rc = nccl_error(d, fn, what, async);
+        else rc = na_dist_waiter_nap(d, &w, fn, NULL, what);
+        if (rc) { /* frees the kernels that wait for the missing rank */
             ncclCommAbort(c->comm);
             c->aborted = true;
-            rc = async != ncclSuccess
-                     ? nccl_error(d, fn, what, async)
-                     : na_set_error(NA_EIO, "%s: rank %d of %d: %s did not complete within %g s "
-                                    "(a rank died or hangs; NANOAMP_NCCL_TIMEOUT_S): NCCL "
-                                    "communicator aborted", fn, d->rank, d->world, what,
-                                    timeout_s());
             break;
         }
-        nanosleep(&nap, NULL);
     }
     if (!rc) { /* what runs next on nanoamp's stream sees the result */
         cudaError_t e = cudaStreamWaitEvent((cudaStream_t)na_cuda_stream(), ev, 0);
