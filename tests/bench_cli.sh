@@ -122,5 +122,7 @@ assert step["pytorch"].endswith("(channels_last, tuned malloc)"), step  # the fa
 assert step["ratio_min"] == "%.2f" % (min(ours) / 10.0), (step, ours)
 paired = sorted(o / (10.0 + r) for r, o in enumerate(ours))
 assert step["ratio"] == "%.2f" % paired[1], (step, paired)' "$tmp/f.json" "$tmp/torch.log"
+check "bench/run's kernel, speed-up and ratio logic (tests/bench_run_units.py)" \
+    python3 "$(dirname "$0")/bench_run_units.py" "$runner"
 echo "bench_cli: $passed passed, $failed failed"
 [ "$failed" = 0 ]
