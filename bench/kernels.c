@@ -3,8 +3,8 @@
  * calls, in milliseconds, which is the figure least disturbed by other work on the machine.
  *
  *   na-kbench [--repeats N] [--cpu-clock] [case...]
- *             cases: conv, conv-resnet9, convert, maxpool, relu, bn, peak (default: all), run in this
- *             order; every argument is checked first. --cpu-clock times CPU time (all
+ *             cases: conv, conv-resnet9, convert, maxpool, relu, bn, peak (default: all), run
+ *             in this order; every argument is checked first. --cpu-clock times CPU time (all
  *             threads) instead of wall time: with NANOAMP_THREADS=1 it compares kernels on a
  *             machine that is busy with other work.
  *
@@ -252,10 +252,11 @@ static int bench_conv_layers(const char *net, const int64_t (*layers)[4], int co
             if (!x.data || !y.data || !w.data || !b.data || !gx.data || !gw.data) return 1;
             bench_fill(&x), bench_fill(&w), bench_fill(&b), bench_fill(&y);
             na_cpu_conv_force_gemm = runs[k].gemm;
-            const char *v = runs[k].gemm                             ? "im2col_gemm"
-                            : dt != NA_DTYPE_F32                     ? "default"
+            /* bf16: whatever path the backend takes for it (widening, or a bf16 kernel) */
+            const char *v = runs[k].gemm ? "im2col_gemm"
+                            : dt != NA_DTYPE_F32 ? "default"
                             : na_cpu_direct_conv_usable(&g, false) ? "direct_avx512"
-                                                                     : "im2col_gemm";
+                                                                   : "im2col_gemm";
             variant[k] = v;
             char name[96];
             const char *dts = dt == NA_DTYPE_F32 ? "" : "_bf16";
@@ -283,7 +284,8 @@ static int bench_conv_layers(const char *net, const int64_t (*layers)[4], int co
     }
     for (int k = 0; k < NRUNS; k++) { /* each layer once, as ResNet-9 has its layers */
         char name[64];
-        snprintf(name, sizeof name, "%s_conv_total%s", net, runs[k].dt == NA_DTYPE_F32 ? "" : "_bf16");
+        snprintf(name, sizeof name, "%s_conv_total%s", net,
+                 runs[k].dt == NA_DTYPE_F32 ? "" : "_bf16");
         print_conv_row(name, variant[k], runs[k].dt, total_gflop[k], total_ms[k]);
     }
     return rc != 0;
