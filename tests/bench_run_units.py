@@ -76,4 +76,39 @@ assert gain == [("cnn cpu b128 bf16: speed-up over f32", "x (f32/amp step)",
 step = br.rows_for(cfgs[0], ours["train/cpu/cnn/off"],
                    {k: v for k, v in theirs.items() if "off" in k})[0]
 assert step[2] == "32.00 [30.00-40.00]" and step[3] == "35.00 [33.00-36.00] (channels_last)", step
+
+# ---- a CUDA group: ours one process per configuration, PyTorch one plan.py for the group,
+# the order reversed every round
+order = []
+
+
+def fake_cuda(cmd, env=None, timeout=0):
+    if cmd[1].endswith("plan.py"):
+        order.append("plan")
+        plan = br.json.loads(cmd[2])
+        return [{"key": "train/cuda/cnn/off" + ("+channels_last" if p.get("memory_format")
+                                                   else "") + ("+compile" if p.get("compile")
+                                                                else ""),
+                 "impl": "pytorch", "step_ms": {"median": 2.0}} for p in plan], ""
+    order.append("ours" + ("/cl" if "--channels-last" in cmd else ""))
+    return [{"impl": "nanoamp", "step_ms": {"median": 1.0}}], ""
+
+
+class Args:
+    timeout, threads, no_compile = 10, 0, False
+
+
+br.run_json_lines = fake_cuda
+c = {"bench": "train", "device": "cuda", "model": "cnn", "amp": "off", "batch": 128}
+group = [c, dict(c, channels_last=True)]
+o_runs, t_runs = br.alternate(group, 2, "na-bench", "py", {}, Args)
+assert order == ["ours", "ours/cl", "plan", "plan", "ours/cl", "ours"], order
+assert sorted(o_runs) == ["train/cuda/cnn/off", "train/cuda/cnn/off/cl"], o_runs
+assert sorted(t_runs) == ["train/cuda/cnn/off", "train/cuda/cnn/off+channels_last",
+                          "train/cuda/cnn/off+channels_last+compile"], t_runs
+assert all([r["round"] for r in v] == [0, 1] for v in list(o_runs.values()) + list(t_runs.values()))
+theirs = {k: br.combine_rounds(v) for k, v in t_runs.items()}
+rows = br.rows_for(group[1], br.combine_rounds(o_runs["train/cuda/cnn/off/cl"]), theirs)
+assert rows[0][0] == "cnn cuda b128 off channels-last: step" and rows[0][4:] == ("0.50", "0.50")
+assert rows[-1][0].endswith("step vs channels_last, compile"), rows
 print("bench_run_units: ok")
