@@ -106,7 +106,8 @@ assert order == ["ours", "ours/cl", "plan", "plan", "ours/cl", "ours"], order
 assert sorted(o_runs) == ["train/cuda/cnn/off", "train/cuda/cnn/off/cl"], o_runs
 assert sorted(t_runs) == ["train/cuda/cnn/off", "train/cuda/cnn/off+channels_last",
                           "train/cuda/cnn/off+channels_last+compile"], t_runs
-assert all([r["round"] for r in v] == [0, 1] for v in list(o_runs.values()) + list(t_runs.values()))
+assert all([r["round"] for r in v] == [0, 1]
+           for v in list(o_runs.values()) + list(t_runs.values()))
 theirs = {k: br.combine_rounds(v) for k, v in t_runs.items()}
 rows = br.rows_for(group[1], br.combine_rounds(o_runs["train/cuda/cnn/off/cl"]), theirs)
 assert rows[0][0] == "cnn cuda b128 off channels-last: step" and rows[0][4:] == ("0.50", "0.50")
