@@ -86,6 +86,7 @@ def fake_cuda(cmd, env=None, timeout=0):
     if cmd[1].endswith("plan.py"):
         order.append("plan")
         plan = br.json.loads(cmd[2])
+        assert all("compile_row" not in p for p in plan), plan  # not train.run's
         return [{"key": "train/cuda/cnn/off" + ("+channels_last" if p.get("memory_format")
                                                    else "") + ("+compile" if p.get("compile")
                                                                 else ""),
@@ -99,7 +100,8 @@ class Args:
 
 
 br.run_json_lines = fake_cuda
-c = {"bench": "train", "device": "cuda", "model": "cnn", "amp": "off", "batch": 128}
+c = {"bench": "train", "device": "cuda", "model": "cnn", "amp": "off", "batch": 128,
+     "compile_row": True}
 group = [c, dict(c, channels_last=True)]
 o_runs, t_runs = br.alternate(group, 2, "na-bench", "py", {}, Args)
 assert order == ["ours", "ours/cl", "plan", "plan", "ours/cl", "ours"], order
