@@ -30,9 +30,13 @@ THEIRS = [{"bench": "kernel", "kernel": "cnn_conv2_32x64_forward", "impl": "pyto
 calls = []
 
 
+AGAIN = [{"bench": "peak", "kernel": "f32_fma_avx512", "threads": 2, "gflops": 100.0},
+         {"bench": "peak", "kernel": "bf16_dp_avx512", "threads": 2, "gflops": 500.0}]
+
+
 def fake_run(cmd, env=None, timeout=0):
     calls.append((cmd, env))
-    return (THEIRS if cmd[1].endswith("conv.py") else OURS), ""
+    return (THEIRS if cmd[1].endswith("conv.py") else AGAIN if cmd[1:] == ["peak"] else OURS), ""
 
 
 br.run_json_lines = fake_run
@@ -41,13 +45,14 @@ rows, raw = br.kernel_rows("/b/bench/na-bench", "python-with-torch", {"A": "1"},
 assert calls[0][0][:3] == ["/b/bench/na-kbench", "--repeats", "3"], calls
 assert calls[1][1]["MALLOC_MMAP_THRESHOLD_"] == "4000000000"  # PyTorch's: tuned malloc
 assert "MALLOC_TOP_PAD_" not in calls[0][1]  # ours: the default
+assert [r[2] for r in rows[:2]] == ["200.0", "500.0"], rows  # the higher of the two probes
 assert rows[0] == ("peak cpu: f32_fma_avx512, 2 threads", "GFLOP/s", "200.0", "", "", ""), rows
 want = [("kernel cpu: cnn_conv2_32x64_forward (direct_avx512), % of f32_fma_avx512", "GFLOP/s",
          "150.0 (75%)", "120.0 (60%) (channels_last)", "1.25", ""),
         ("kernel cpu: cnn_conv2_32x64_bf16_forward (default), % of bf16_dp_avx512", "GFLOP/s",
-         "100.0 (25%)", "300.0 (75%)", "0.33", "")]
+         "100.0 (20%)", "300.0 (60%)", "0.33", "")]
 assert rows[2:] == want, rows  # the im2col row stays in the JSON only
-assert len(raw) == len(OURS) + len(THEIRS)
+assert len(raw) == len(OURS) + len(THEIRS) + len(AGAIN)
 
 
 # ---- speed-up rows and ratios over rounds
