@@ -3,15 +3,20 @@
  * calls, in milliseconds, which is the figure least disturbed by other work on the machine.
  *
  *   na-kbench [--repeats N] [--cpu-clock] [case...]
- *             cases: conv, conv-resnet9, convert, maxpool, relu, bn (default: all), run in this
- *             order; every argument is checked first. --cpu-clock times CPU time (all
+ *             cases: conv, conv-resnet9, convert, maxpool, relu, bn, peak (default: all), run
+ *             in this order; every argument is checked first. --cpu-clock times CPU time (all
  *             threads) instead of wall time: with NANOAMP_THREADS=1 it compares kernels on a
  *             machine that is busy with other work.
  *
- * conv:    the MNIST CNN's two convolutions (batch 128), forward and gradients, f32, through
+ * conv:    the MNIST CNN's two convolutions (batch 128), forward and gradients, f32 through
  *          the direct AVX-512 convolution and the im2col + GEMM path (cpu_direct_conv.c,
- *          cpu_conv.c); "n" is the rate in GFLOP/s. conv-resnet9: the same for ResNet-9's
- *          six distinct 3x3 layers at batch 32.
+ *          cpu_conv.c), and bf16 (x, w, y in bf16) through whatever path the backend takes for
+ *          it; "n" is the rate in GFLOP/s (integer), "gflops" the same unrounded, "pct_peak" its
+ *          percentage of this machine's measured peak for the dtype ("peak": f32 FMA or bf16
+ *          vdpbf16ps, bench/peak.h). A "total" row per variant divides all the case's FLOPs by
+ *          all its time. conv-resnet9: the same for ResNet-9's six distinct 3x3 layers at
+ *          batch 32.
+ * peak:    the peak-FLOP probes of bench/peak.h on the backend's threads: "gflops" per probe.
  * convert: f32 <-> f16 / bf16 of 4.8M elements (one CNN activation set), through the
  *          portable half.h loops and through the CPU's instructions (cpu_convert.c).
  * maxpool: the MNIST CNN's two 2x2 max pools (batch 128), forward with indices, f32 and f16,
@@ -20,13 +25,16 @@
  *          f16 (the unary kernels of cpu_elementwise.c).
  * bn:      the MNIST CNN's two BatchNorm+ReLU layers (batch 128), training forward and
  *          backward, f32, f16 and bf16 activations with f32 parameters (cpu_batchnorm.c). */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "bench_util.h"
+#include "peak.h"
 #include "cpu/cpu_internal.h"
+#include "nanoamp/threads.h"
 
 static int repeats = 20;
 static bool cpu_clock; /* --cpu-clock: the process's CPU time instead of wall time */
@@ -195,10 +203,38 @@ static int bench_bn(void) {
     return rc != 0;
 }
 
-/* Convolutions 3x3, padding 1, f32: forward, data gradient (not for a first layer: its input
- * needs none) and weight gradient, through the direct convolution (where this CPU has it) and
- * the im2col + GEMM path. One row per layer: {batch, c_in, c_out, h = w}. */
+/* One convolution row: the print_row fields plus the rate and its share of the dtype's peak. */
+static void print_conv_row(const char *kernel, const char *variant, na_dtype dt, double gflop,
+                           double ms) {
+    bench_peak_kind pk = dt == NA_DTYPE_F32 ? BENCH_PEAK_F32_FMA : BENCH_PEAK_BF16_DP;
+    double rate = gflop * 1e3 / ms, peak = bench_peak_gflops(pk);
+    bench_json j;
+    bench_json_begin(&j, stdout);
+    bench_json_str(&j, "bench", "kernel");
+    bench_json_str(&j, "kernel", kernel);
+    bench_json_str(&j, "variant", variant);
+    bench_json_str(&j, "dtype", na_dtype_name(dt));
+    bench_json_int(&j, "n", (int64_t)rate); /* GFLOP/s, as before */
+    bench_json_num(&j, "min_ms", ms);
+    bench_json_num(&j, "gflop", gflop);
+    bench_json_num(&j, "gflops", rate);
+    bench_json_str(&j, "peak", bench_peak_name(pk));
+    bench_json_num(&j, "pct_peak", peak > 0 ? 100 * rate / peak : NAN); /* null: no probe */
+    bench_json_end(&j);
+}
+
+/* Convolutions 3x3, padding 1: forward, data gradient (not for a first layer: its input needs
+ * none) and weight gradient; f32 through the direct convolution (where this CPU has it) and
+ * the im2col + GEMM path, then bf16 through the backend's own choice. One row per layer:
+ * {batch, c_in, c_out, h = w}; then one total row per variant. */
 static int bench_conv_layers(const char *net, const int64_t (*layers)[4], int count) {
+    static const struct {
+        na_dtype dt;
+        int gemm; /* na_cpu_conv_force_gemm */
+    } runs[] = {{NA_DTYPE_F32, 1}, {NA_DTYPE_F32, 0}, {NA_DTYPE_BF16, 0}};
+    enum { NRUNS = sizeof runs / sizeof runs[0] };
+    double total_gflop[NRUNS] = {0}, total_ms[NRUNS] = {0};
+    const char *variant[NRUNS] = {0};
     int rc = 0;
     for (int l = 0; l < count; l++) {
         const int64_t *L = layers[l];
@@ -207,37 +243,65 @@ static int bench_conv_layers(const char *net, const int64_t (*layers)[4], int co
                           .pw = 1, .dh = 1, .dw = 1, .groups = 1};
         int64_t xs[4] = {L[0], L[1], L[3], L[3]}, ys[4] = {L[0], L[2], L[3], L[3]},
                 ws[4] = {L[2], L[1], 3, 3}, bs[1] = {L[2]};
-        na_view x = bench_view(NA_DTYPE_F32, 4, xs), y = bench_view(NA_DTYPE_F32, 4, ys),
-                w = bench_view(NA_DTYPE_F32, 4, ws), b = bench_view(NA_DTYPE_F32, 1, bs),
-                gx = bench_view(NA_DTYPE_F32, 4, xs), gw = bench_view(NA_DTYPE_F32, 4, ws);
-        if (!x.data || !y.data || !w.data || !b.data || !gx.data || !gw.data) return 1;
-        bench_fill(&x), bench_fill(&w), bench_fill(&b), bench_fill(&y);
         double gflop = 2.0 * L[0] * L[1] * L[2] * 9 * L[3] * L[3] / 1e9;
-        char name[96];
-        for (int gemm = 1; gemm >= 0; gemm--) {
-            na_cpu_conv_force_gemm = gemm;
-            const char *v = gemm ? "im2col_gemm" : na_cpu_direct_conv_usable(&g, false)
-                                                       ? "direct_avx512" : "im2col_gemm";
+        for (int k = 0; k < NRUNS; k++) {
+            na_dtype dt = runs[k].dt;
+            na_view x = bench_view(dt, 4, xs), y = bench_view(dt, 4, ys),
+                    w = bench_view(dt, 4, ws), b = bench_view(dt, 1, bs),
+                    gx = bench_view(dt, 4, xs), gw = bench_view(dt, 4, ws);
+            if (!x.data || !y.data || !w.data || !b.data || !gx.data || !gw.data) return 1;
+            bench_fill(&x), bench_fill(&w), bench_fill(&b), bench_fill(&y);
+            na_cpu_conv_force_gemm = runs[k].gemm;
+            /* bf16: whatever path the backend takes for it (widening, or a bf16 kernel) */
+            const char *v = runs[k].gemm ? "im2col_gemm"
+                            : dt != NA_DTYPE_F32 ? "default"
+                            : na_cpu_direct_conv_usable(&g, false) ? "direct_avx512"
+                                                                   : "im2col_gemm";
+            variant[k] = v;
+            char name[96];
+            const char *dts = dt == NA_DTYPE_F32 ? "" : "_bf16";
             double ms;
             BENCH_MIN_MS(ms, rc |= na_cpu_conv2d(&g, &x, &w, &b, &y));
-            snprintf(name, sizeof name, "%s_conv%d_%lldx%lld_forward", net, l + 1,
-                     (long long)L[1], (long long)L[2]);
-            print_row(name, v, (int64_t)(gflop * 1e3 / ms), ms); /* n: GFLOP/s */
+            snprintf(name, sizeof name, "%s_conv%d_%lldx%lld%s_forward", net, l + 1,
+                     (long long)L[1], (long long)L[2], dts);
+            print_conv_row(name, v, dt, gflop, ms);
+            total_gflop[k] += gflop, total_ms[k] += ms;
             if (L[1] > 3) {
                 BENCH_MIN_MS(ms, rc |= na_cpu_conv2d_backward_data(&g, &y, &w, &gx));
-                snprintf(name, sizeof name, "%s_conv%d_%lldx%lld_backward_data", net, l + 1,
-                         (long long)L[1], (long long)L[2]);
-                print_row(name, v, (int64_t)(gflop * 1e3 / ms), ms);
+                snprintf(name, sizeof name, "%s_conv%d_%lldx%lld%s_backward_data", net, l + 1,
+                         (long long)L[1], (long long)L[2], dts);
+                print_conv_row(name, v, dt, gflop, ms);
+                total_gflop[k] += gflop, total_ms[k] += ms;
             }
             BENCH_MIN_MS(ms, rc |= na_cpu_conv2d_backward_weight(&g, &x, &y, &gw));
-            snprintf(name, sizeof name, "%s_conv%d_%lldx%lld_backward_weight", net, l + 1,
-                     (long long)L[1], (long long)L[2]);
-            print_row(name, v, (int64_t)(gflop * 1e3 / ms), ms);
+            snprintf(name, sizeof name, "%s_conv%d_%lldx%lld%s_backward_weight", net, l + 1,
+                     (long long)L[1], (long long)L[2], dts);
+            print_conv_row(name, v, dt, gflop, ms);
+            total_gflop[k] += gflop, total_ms[k] += ms;
+            na_cpu_conv_force_gemm = false;
+            free(x.data), free(y.data), free(w.data), free(b.data), free(gx.data), free(gw.data);
         }
-        na_cpu_conv_force_gemm = false;
-        free(x.data), free(y.data), free(w.data), free(b.data), free(gx.data), free(gw.data);
+    }
+    for (int k = 0; k < NRUNS; k++) { /* each layer once, as ResNet-9 has its layers */
+        char name[64];
+        snprintf(name, sizeof name, "%s_conv_total%s", net,
+                 runs[k].dt == NA_DTYPE_F32 ? "" : "_bf16");
+        print_conv_row(name, variant[k], runs[k].dt, total_gflop[k], total_ms[k]);
     }
     return rc != 0;
+}
+
+static int bench_peak(void) {
+    for (int k = 0; k < BENCH_PEAK_COUNT; k++) {
+        bench_json j;
+        bench_json_begin(&j, stdout);
+        bench_json_str(&j, "bench", "peak");
+        bench_json_str(&j, "kernel", bench_peak_name((bench_peak_kind)k));
+        bench_json_int(&j, "threads", na_get_num_threads());
+        bench_json_num(&j, "gflops", bench_peak_gflops((bench_peak_kind)k)); /* 0: no such unit */
+        bench_json_end(&j);
+    }
+    return 0;
 }
 
 static int bench_conv(void) { /* the MNIST CNN, batch 128 */
@@ -261,6 +325,7 @@ static const struct {
     {"maxpool", bench_maxpool},
     {"relu", bench_relu},
     {"bn", bench_bn},
+    {"peak", bench_peak},
 };
 
 int main(int argc, char **argv) {

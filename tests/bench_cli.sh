@@ -2,6 +2,7 @@
 # The benchmark programs given bad arguments: each exits 2 (1 for a run that fails) with one
 # message, and na-kbench checks every argument before it runs any case (a typo at the end of a
 # long command costs no benchmark time). A one-repeat kernel case runs and prints JSON lines.
+# bench/run's rounds and PyTorch variants run against a stand-in for torch (no torch needed).
 # usage: bench_cli.sh NA_KBENCH NA_BENCH AMP_PLOT
 set -uo pipefail
 kbench="$1" bench="$2" amp_plot="$3"
@@ -52,5 +53,76 @@ check "  the JSON names the stage" grep -q '"error": "setup' "$tmp/out"
 check "  nothing leaked" bash -c "! grep -q LeakSanitizer '$tmp/err'"
 check "amp-plot --version" run 0 "$amp_plot" --version
 check "  output" grep -Eq '^amp-plot \(nanoamp [0-9]+\.[0-9]+\.[0-9]+\)$' "$tmp/out"
+
+# na-kbench's peak probes and the convolutions' rate against them (bench/peak.h)
+check "kbench peak" run 0 "$kbench" peak
+check "  one row per probe, GFLOP/s > 0 where the CPU has it" python3 -c '
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert [r["kernel"] for r in rows] == ["f32_fma_avx512", "bf16_dp_avx512"], rows
+flags = open("/proc/cpuinfo").read().split()
+for r, flag in zip(rows, ("avx512f", "avx512_bf16")):
+    assert (r["gflops"] > 0) == (flag in flags and "avx512f" in flags), r
+    assert r["threads"] >= 1' "$tmp/out"
+check "kbench conv: GFLOP/s and % of peak" run 0 "$kbench" --repeats 1 conv
+check "  every row has them; totals per variant" python3 -c '
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+for r in rows:
+    assert abs(r["gflops"] - r["gflop"] * 1e3 / r["min_ms"]) < 1e-3 * r["gflops"], r
+    assert r["peak"] == ("f32_fma_avx512" if r["dtype"] == "f32" else "bf16_dp_avx512"), r
+    assert "pct_peak" in r and (r["pct_peak"] is None or r["pct_peak"] > 0), r
+totals = [r for r in rows if "_conv_total" in r["kernel"]]
+assert len(totals) == 3 and {r["dtype"] for r in rows} == {"f32", "bf16"}, totals
+flop = sum(r["gflop"] for r in rows if r["variant"] == "im2col_gemm" and "total" not in r["kernel"])
+assert abs(flop - totals[0]["gflop"]) < 1e-4 * flop, (flop, totals[0])' "$tmp/out"
+
+# bench/run: its own argument errors, then its rounds and PyTorch variants with a stand-in for
+# torch (tests/bench_fake_torch.sh), so that they are tested where torch is not installed
+runner="$(dirname "$0")/../bench/run" build_dir="$(dirname "$(dirname "$bench")")"
+brun() { "$runner" --no-build --build-dir "$build_dir" --device cpu --quick --no-dist "$@"; }
+check "bench/run --rounds 0" run 2 brun --rounds 0
+check "  message" grep -q -- "--rounds expects an integer >= 1" "$tmp/err"
+check "bench/run --no-torch, default rounds" run 0 brun --no-torch --no-kernels \
+    --only train/cpu/mlp/off --only train/cpu/mlp/bf16 --json "$tmp/r.json"
+check "  three rounds of ours, the table without PyTorch, the bf16 speed-up" python3 -c '
+import json, sys
+j = json.load(open(sys.argv[1]))
+raw = [r for r in j["raw"] if r["key"] == "train/cpu/mlp/off"]
+assert [r["round"] for r in raw] == [0, 1, 2] and j["meta"]["rounds"] == {"cpu": 3}, raw
+step = [t for t in j["table"] if t["row"] == "mlp cpu b128 off: step"][0]
+assert float(step["ours"].split()[0]) > 0, step
+assert step["pytorch"] == "" and step["ratio"] == "" and step["ratio_min"] == "", step
+med = {}
+for amp in ("off", "bf16"):
+    m = sorted(r["step_ms"]["median"] for r in j["raw"] if r["key"] == "train/cpu/mlp/" + amp)
+    med[amp] = m[1]
+gain = [t for t in j["table"] if t["row"] == "mlp cpu b128 bf16: speed-up over f32"][0]
+assert abs(float(gain["ours"]) / (med["off"] / med["bf16"]) - 1) < 0.01, (gain, med)
+assert gain["pytorch"] == "" and gain["ratio"] == "", gain' "$tmp/r.json"
+check "bench/run with a stand-in torch" run 0 env FAKE_TORCH_LOG="$tmp/torch.log" \
+    "$runner" --no-build --build-dir "$build_dir" --device cpu --quick --no-dist --no-kernels \
+    --no-compile --python "$(dirname "$0")/bench_fake_torch.sh" --only train/cpu/cnn/off \
+    --rounds 3 --json "$tmp/f.json"
+check "  4 variants a round, tuned malloc in half, A B B A order, best variant, ratios" \
+    python3 -c '
+import json, sys
+j = json.load(open(sys.argv[1]))
+log = open(sys.argv[2]).read().split("\n")[:-1]
+assert len(log) == 12, log  # 3 rounds x (NCHW, channels-last) x (malloc default, tuned)
+tuned = [l for l in log if "malloc=4000000000/4000000000/100000000" in l]
+assert len(tuned) == 6 and all("malloc=default" in l for l in log if l not in tuned), log
+assert sum("--memory-format channels_last" in l for l in log) == 6, log
+runs = sorted(j["raw"], key=lambda r: r["started_s"])
+sides = "".join("A" if r["impl"] == "nanoamp" else "B" for r in runs)
+assert sides == "ABBBBBBBBAABBBB", sides
+ours = [r["step_ms"]["median"] for r in runs if r["impl"] == "nanoamp"]
+step = [t for t in j["table"] if t["row"] == "cnn cpu b128 off: step"][0]
+assert step["pytorch"].endswith("(channels_last, tuned malloc)"), step  # the fake: 10+round ms
+assert step["ratio_min"] == "%.2f" % (min(ours) / 10.0), (step, ours)
+paired = sorted(o / (10.0 + r) for r, o in enumerate(ours))
+assert step["ratio"] == "%.2f" % paired[1], (step, paired)' "$tmp/f.json" "$tmp/torch.log"
+check "bench/run's kernel, speed-up and ratio logic (tests/bench_run_units.py)" \
+    python3 "$(dirname "$0")/bench_run_units.py" "$runner"
 echo "bench_cli: $passed passed, $failed failed"
 [ "$failed" = 0 ]

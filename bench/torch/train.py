@@ -18,6 +18,8 @@ Variants (bench/run runs each as its own row, and takes the ratio against the fa
   --memory-format channels_last   model and input in NHWC, how PyTorch's users run convnets
   --compile                       the model through torch.compile (default mode); compilation
                                   happens in the warm-up steps, which are not timed
+  (and on the CPU bench/run runs each with and without a tuned glibc malloc, set in the
+  process's environment: MALLOC_TUNED in bench/run)
 Memory: peak RSS (getrusage) and RSS before the model; on CUDA torch.cuda.max_memory_allocated.
 """
 import argparse
