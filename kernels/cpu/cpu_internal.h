@@ -250,6 +250,29 @@ int na_cpu_dgemm_builtin(bool ta, bool tb, int64_t m, int64_t n, int64_t k, doub
 /* Test hook: when true, na_cpu_sgemm/dgemm never use CBLAS. */
 extern bool na_cpu_gemm_force_builtin;
 
+/* ---- bf16 products on AVX512_BF16 ----------------------------------------------------------
+ * vdpbf16ps multiplies bf16 pairs exactly and adds them into f32 lanes: the numerics of a bf16
+ * tensor-core GEMM (f32 accumulation, one rounding on store), in another summation order than
+ * the widening f32 path, and with denormal inputs and results read and written as zero
+ * (DAZ/FTZ, whatever MXCSR says). The widening path stays the specification: it runs on CPUs
+ * without the instruction, with NANOAMP_CPU_BF16=off, and while the test hook is set. */
+#if defined(__x86_64__) && ((defined(__clang__) && __clang_major__ >= 9) ||                  \
+                            (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 10))
+#define NA_CPU_BF16_KERNELS 1 /* the compiler can build them (target attribute) */
+#else
+#define NA_CPU_BF16_KERNELS 0
+#endif
+/* Whether bf16 x bf16 products take the vdpbf16ps kernels: built with them, the CPU has
+ * AVX512_BF16 (asked once), NANOAMP_CPU_BF16 is not "off" (read once) and the hook is off. */
+bool na_cpu_bf16_fast(void);
+extern bool na_cpu_bf16_force_spec;
+/* C (f32) = alpha * op(A) @ op(B) + beta * C (C not read when beta == 0), A and B bf16 bits,
+ * on vdpbf16ps; split over the pool like na_cpu_sgemm. Only where na_cpu_bf16_fast(). NA_OK or
+ * NA_ENOMEM. */
+int na_cpu_bf16gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+                    const uint16_t *a, int64_t lda, const uint16_t *b, int64_t ldb, float beta,
+                    float *c, int64_t ldc);
+
 /* Test hook: when true, max pooling always takes the generic window loop (the 2x2 stride-2
  * path is checked against it). */
 extern bool na_cpu_pool_force_generic;
