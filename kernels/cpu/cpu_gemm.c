@@ -31,26 +31,7 @@ bool na_cpu_gemm_force_builtin = false;
 typedef float na_vf __attribute__((vector_size(16)));
 typedef double na_vd __attribute__((vector_size(16)));
 
-/* C (mr x nr, row stride ldc) = alpha * tile (row stride ld) + beta * C on a product's first K
- * block (C not read when beta == 0), C += alpha * tile on the later ones */
-#define NA_CPU_DEFINE_TILE_STORE(T, SFX)                                                    \
-    static void tile_store_##SFX(T *c, int64_t ldc, const T *tile, int64_t ld, int64_t mr,  \
-                                 int64_t nr, T alpha, T beta, bool first) {                 \
-        for (int64_t i = 0; i < mr; i++) {                                                  \
-            T *cr = c + i * ldc;                                                            \
-            const T *tr = tile + i * ld;                                                    \
-            if (!first)                                                                     \
-                for (int64_t j = 0; j < nr; j++) cr[j] += alpha * tr[j];                    \
-            else if (beta == 0)                                                             \
-                for (int64_t j = 0; j < nr; j++) cr[j] = alpha * tr[j];                     \
-            else                                                                            \
-                for (int64_t j = 0; j < nr; j++) cr[j] = alpha * tr[j] + beta * cr[j];      \
-        }                                                                                   \
-    }
-
 #define NA_CPU_DEFINE_GEMM(T, SFX, VEC)                                                     \
-    NA_CPU_DEFINE_TILE_STORE(T, SFX)                                                        \
-                                                                                            \
     enum { VL_##SFX = (int)(sizeof(VEC) / sizeof(T)), NR_##SFX = 2 * VL_##SFX };            \
                                                                                             \
     /* tile[MR][NR] = A panel (kc x MR, p-major) @ B panel (kc x NR, p-major) */            \
@@ -162,8 +143,18 @@ typedef double na_vd __attribute__((vector_size(16)));
                         for (int64_t ir = 0; ir < mc; ir += NA_GEMM_MR) {                   \
                             int64_t mr = mc - ir < NA_GEMM_MR ? mc - ir : NA_GEMM_MR;       \
                             ukernel_##SFX(kc, ap + ir * kc, bp + jr * kc, tile);            \
-                            tile_store_##SFX(c + (ic + ir) * ldc + jc + jr, ldc, tile,       \
-                                             NR_##SFX, mr, nr, alpha, beta, first);         \
+                            T *cb = c + (ic + ir) * ldc + jc + jr;                          \
+                            for (int64_t i = 0; i < mr; i++) {                              \
+                                T *cr = cb + i * ldc;                                       \
+                                const T *tr = tile + i * NR_##SFX;                          \
+                                if (!first)                                                 \
+                                    for (int64_t j = 0; j < nr; j++) cr[j] += alpha * tr[j]; \
+                                else if (beta == 0)                                         \
+                                    for (int64_t j = 0; j < nr; j++) cr[j] = alpha * tr[j]; \
+                                else                                                        \
+                                    for (int64_t j = 0; j < nr; j++)                        \
+                                        cr[j] = alpha * tr[j] + beta * cr[j];               \
+                            }                                                               \
                         }                                                                   \
                     }                                                                       \
                 }                                                                           \
@@ -190,9 +181,12 @@ NA_CPU_DEFINE_GEMM(double, d, na_vd)
 #define NA_BF16 __attribute__((target("avx512f,avx512bw,avx512bf16")))
 enum { BF16_MR = 12, BF16_NR = 32, BF16_KC = 384, BF16_MC = BF16_MR * 16, BF16_NC = 1024 };
 
-/* tile[MR][NR] = A panel (kp pairs x MR) @ B panel (kp pairs x NR) */
+/* C (mr x nr, row stride ldc) = alpha * A panel (kp pairs x MR) @ B panel (kp pairs x NR)
+ * + beta * C on a product's first K block (C not read when beta == 0), C += that product on
+ * the later ones: the built-in GEMM's write-back (separate multiply and add, no FMA) */
 NA_BF16 static void ukernel_bf16(int64_t kp, const uint32_t *restrict a,
-                                 const uint16_t *restrict b, float *restrict tile) {
+                                 const uint16_t *restrict b, float *c, int64_t ldc, int64_t mr,
+                                 int64_t nr, float alpha, float beta, bool first) {
     __m512 acc[BF16_MR][2];
     for (int i = 0; i < BF16_MR; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
     for (int64_t pp = 0; pp < kp; pp++) {
@@ -205,9 +199,19 @@ NA_BF16 static void ukernel_bf16(int64_t kp, const uint32_t *restrict a,
             acc[i][1] = _mm512_dpbf16_ps(acc[i][1], av, b1);
         }
     }
+    __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+    __mmask16 mk[2] = {nr >= 16 ? 0xffff : (__mmask16)((1u << nr) - 1),
+                       nr >= 32 ? 0xffff : nr <= 16 ? 0 : (__mmask16)((1u << (nr - 16)) - 1)};
     for (int i = 0; i < BF16_MR; i++) {
-        _mm512_storeu_ps(tile + i * BF16_NR, acc[i][0]);
-        _mm512_storeu_ps(tile + i * BF16_NR + 16, acc[i][1]);
+        if (i >= mr) break;
+        for (int h = 0; h < 2; h++) {
+            float *cr = c + i * ldc + 16 * h;
+            __m512 v = _mm512_mul_ps(va, acc[i][h]);
+            if (!first) v = _mm512_add_ps(_mm512_maskz_loadu_ps(mk[h], cr), v);
+            else if (beta != 0)
+                v = _mm512_add_ps(v, _mm512_mul_ps(vb, _mm512_maskz_loadu_ps(mk[h], cr)));
+            _mm512_mask_storeu_ps(cr, mk[h], v);
+        }
     }
 }
 
@@ -218,11 +222,10 @@ static void pack_a_bf16(bool ta, const uint16_t *a, int64_t lda, int64_t i0, int
     for (int64_t ir = 0; ir < mc; ir += BF16_MR) {
         int64_t mr = mc - ir < BF16_MR ? mc - ir : BF16_MR;
         uint32_t *d = dst + ir * kp;
-        if (!ta) {
+        if (!ta) { /* a row's pair is one 32-bit word */
             for (int64_t i = 0; i < mr; i++) {
                 const uint16_t *s = a + (i0 + ir + i) * lda + p0;
-                for (int64_t pp = 0; pp < kc / 2; pp++)
-                    d[pp * BF16_MR + i] = s[2 * pp] | (uint32_t)s[2 * pp + 1] << 16;
+                for (int64_t pp = 0; pp < kc / 2; pp++) memcpy(&d[pp * BF16_MR + i], s + 2 * pp, 4);
                 if (kc & 1) d[(kp - 1) * BF16_MR + i] = s[kc - 1];
             }
         } else {
@@ -239,26 +242,41 @@ static void pack_a_bf16(bool ta, const uint16_t *a, int64_t lda, int64_t i0, int
 }
 
 /* op(B)[p0 + p, j0 + j] for p < kc, j < nc into NR-column panels of pairs, zero padded */
-static void pack_b_bf16(bool tb, const uint16_t *b, int64_t ldb, int64_t p0, int64_t j0,
-                        int64_t kc, int64_t nc, uint16_t *dst) {
+NA_BF16 static void pack_b_bf16(bool tb, const uint16_t *b, int64_t ldb, int64_t p0,
+                                int64_t j0, int64_t kc, int64_t nc, uint16_t *dst) {
     int64_t kp = (kc + 1) / 2;
+    /* lane 2j <- row 2pp's column j, lane 2j + 1 <- row 2pp + 1's: columns 0-15, 16-31 */
+    __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8,
+                                  39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+    __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
     for (int64_t jr = 0; jr < nc; jr += BF16_NR) {
         int64_t nr = nc - jr < BF16_NR ? nc - jr : BF16_NR;
         uint16_t *d = dst + jr * 2 * kp;
+        uint32_t *d32 = (uint32_t *)d; /* pairs: d32[pp * NR + j] */
         if (!tb) {
             for (int64_t pp = 0; pp < kp; pp++) {
                 uint16_t *dp = d + pp * 2 * BF16_NR;
                 const uint16_t *s0 = b + (p0 + 2 * pp) * ldb + j0 + jr, *s1 = s0 + ldb;
                 bool odd = 2 * pp + 1 == kc;
+                if (nr == BF16_NR && !odd) {
+                    __m512i r0 = _mm512_loadu_si512(s0), r1 = _mm512_loadu_si512(s1);
+                    _mm512_storeu_si512(dp, _mm512_permutex2var_epi16(r0, lo, r1));
+                    _mm512_storeu_si512(dp + 32, _mm512_permutex2var_epi16(r0, hi, r1));
+                    continue;
+                }
                 int64_t j = 0;
                 for (; j < nr; j++) dp[2 * j] = s0[j], dp[2 * j + 1] = odd ? 0 : s1[j];
                 for (; j < BF16_NR; j++) dp[2 * j] = dp[2 * j + 1] = 0;
             }
-        } else {
+        } else { /* a column's pair is one 32-bit word */
             for (int64_t j = 0; j < BF16_NR; j++) {
                 const uint16_t *s = b + (j0 + jr + j) * ldb + p0;
-                for (int64_t p = 0; p < 2 * kp; p++)
-                    d[(p / 2) * 2 * BF16_NR + 2 * j + p % 2] = j < nr && p < kc ? s[p] : 0;
+                if (j >= nr) {
+                    for (int64_t pp = 0; pp < kp; pp++) d32[pp * BF16_NR + j] = 0;
+                    continue;
+                }
+                for (int64_t pp = 0; pp < kc / 2; pp++) memcpy(&d32[pp * BF16_NR + j], s + 2 * pp, 4);
+                if (kc & 1) d32[(kp - 1) * BF16_NR + j] = s[kc - 1];
             }
         }
     }
@@ -281,7 +299,6 @@ static int gemm_one_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, floa
     uint32_t *ap = na_cpu_scratch(NA_CPU_SCRATCH_PACK_A,
                                   (size_t)(kp_max * mc_pad) * sizeof(uint32_t), "cpu_gemm");
     if (!ap || !bp) return NA_ENOMEM;
-    float tile[BF16_MR * BF16_NR];
     for (int64_t jc = 0; jc < n; jc += BF16_NC) {
         int64_t nc = n - jc < BF16_NC ? n - jc : BF16_NC;
         for (int64_t pc = 0; pc < k; pc += BF16_KC) {
@@ -294,9 +311,9 @@ static int gemm_one_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, floa
                     int64_t nr = nc - jr < BF16_NR ? nc - jr : BF16_NR;
                     for (int64_t ir = 0; ir < mc; ir += BF16_MR) {
                         int64_t mr = mc - ir < BF16_MR ? mc - ir : BF16_MR;
-                        ukernel_bf16(kp, ap + ir * kp, bp + jr * 2 * kp, tile);
-                        tile_store_s(c + (ic + ir) * ldc + jc + jr, ldc, tile, BF16_NR, mr, nr,
-                                     alpha, beta, pc == 0);
+                        ukernel_bf16(kp, ap + ir * kp, bp + jr * 2 * kp,
+                                     c + (ic + ir) * ldc + jc + jr, ldc, mr, nr, alpha, beta,
+                                     pc == 0);
                     }
                 }
             }
