@@ -9,6 +9,9 @@
  *
  * f16/bf16 products are computed as a GPU computes them: A, B (and C when beta != 0) widened
  * to f32, an f32 GEMM with f32 accumulation, bias and relu in f32, one rounding on store.
+ * bf16 x bf16 on a CPU with AVX512_BF16 skips the widening: the same blocking with bf16 pair
+ * packs and a vdpbf16ps micro-kernel (f32 accumulation too; another summation order, and
+ * denormals read and written as zero: cpu_internal.h). The widening path is its specification.
  */
 #include <limits.h>
 
