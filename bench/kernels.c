@@ -3,8 +3,8 @@
  * calls, in milliseconds, which is the figure least disturbed by other work on the machine.
  *
  *   na-kbench [--repeats N] [--cpu-clock] [case...]
- *             cases: conv, conv-resnet9, gemm, convert, maxpool, relu, bn (default: all), run in this
- *             order; every argument is checked first. --cpu-clock times CPU time (all
+ *             cases: conv, conv-resnet9, gemm, convert, maxpool, relu, bn (default: all), run
+ *             in this order; every argument is checked first. --cpu-clock times CPU time (all
  *             threads) instead of wall time: with NANOAMP_THREADS=1 it compares kernels on a
  *             machine that is busy with other work.
  *

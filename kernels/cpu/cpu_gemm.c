@@ -228,7 +228,8 @@ static void pack_a_bf16(bool ta, const uint16_t *a, int64_t lda, int64_t i0, int
         if (!ta) { /* a row's pair is one 32-bit word */
             for (int64_t i = 0; i < mr; i++) {
                 const uint16_t *s = a + (i0 + ir + i) * lda + p0;
-                for (int64_t pp = 0; pp < kc / 2; pp++) memcpy(&d[pp * BF16_MR + i], s + 2 * pp, 4);
+                for (int64_t pp = 0; pp < kc / 2; pp++)
+                    memcpy(&d[pp * BF16_MR + i], s + 2 * pp, 4);
                 if (kc & 1) d[(kp - 1) * BF16_MR + i] = s[kc - 1];
             }
         } else {
@@ -278,7 +279,8 @@ NA_BF16 static void pack_b_bf16(bool tb, const uint16_t *b, int64_t ldb, int64_t
                     for (int64_t pp = 0; pp < kp; pp++) d32[pp * BF16_NR + j] = 0;
                     continue;
                 }
-                for (int64_t pp = 0; pp < kc / 2; pp++) memcpy(&d32[pp * BF16_NR + j], s + 2 * pp, 4);
+                for (int64_t pp = 0; pp < kc / 2; pp++)
+                    memcpy(&d32[pp * BF16_NR + j], s + 2 * pp, 4);
                 if (kc & 1) d32[(kp - 1) * BF16_NR + j] = s[kc - 1];
             }
         }
@@ -484,8 +486,10 @@ int na_cpu_gemm(const na_gemm_args *g) {
     bool dot = g->dtype == NA_DTYPE_BF16 && na_cpu_bf16_fast();
     int64_t ar = g->ta ? k : m, ac = g->ta ? m : k;
     int64_t br = g->tb ? n : k, bc = g->tb ? k : n;
-    float *aw = dot ? NULL : na_cpu_scratch(NA_CPU_SCRATCH_0, (size_t)(ar * ac) * sizeof(float), fn);
-    float *bw = dot ? NULL : na_cpu_scratch(NA_CPU_SCRATCH_1, (size_t)(br * bc) * sizeof(float), fn);
+    size_t a_bytes = dot ? 0 : (size_t)(ar * ac) * sizeof(float);
+    size_t b_bytes = dot ? 0 : (size_t)(br * bc) * sizeof(float);
+    float *aw = dot ? NULL : na_cpu_scratch(NA_CPU_SCRATCH_0, a_bytes, fn);
+    float *bw = dot ? NULL : na_cpu_scratch(NA_CPU_SCRATCH_1, b_bytes, fn);
     float *cw = na_cpu_scratch(NA_CPU_SCRATCH_2, (size_t)(m * n) * sizeof(float), fn);
     float *biasw = g->bias ? na_cpu_scratch(NA_CPU_SCRATCH_3, (size_t)n * sizeof(float), fn) : NULL;
     if ((!dot && (!aw || !bw)) || !cw || (g->bias && !biasw)) return NA_ENOMEM;
