@@ -184,10 +184,13 @@ NA_CPU_DEFINE_GEMM(double, d, na_vd)
 #define NA_BF16 __attribute__((target("avx512f,avx512bw,avx512bf16")))
 enum { BF16_MR = 12, BF16_NR = 32, BF16_KC = 384, BF16_MC = BF16_MR * 16, BF16_NC = 1024 };
 
-/* C (mr x nr, row stride ldc) = alpha * A panel (kp pairs x MR) @ B panel (kp pairs x NR)
+/* C (mr x nr, row stride ldc) = alpha * A (MR rows x kp pairs) @ B panel (kp pairs x NR)
  * + beta * C on a product's first K block (C not read when beta == 0), C += that product on
- * the later ones: the built-in GEMM's write-back (separate multiply and add, no FMA) */
-NA_BF16 static void ukernel_bf16(int64_t kp, const uint32_t *restrict a,
+ * the later ones: the built-in GEMM's write-back (the compiler may fuse its multiply and add:
+ * one rounding fewer, within the same bound, still deterministic). Row i's
+ * pair pp is the 32 bits at a + i * rs + pp * cs (bf16 units): a packed panel (rs 2, cs
+ * 2 * MR) or op(A) itself when it is row-major (rs lda, cs 2). */
+NA_BF16 static void ukernel_bf16(int64_t kp, const uint16_t *a, int64_t rs, int64_t cs,
                                  const uint16_t *restrict b, float *c, int64_t ldc, int64_t mr,
                                  int64_t nr, float alpha, float beta, bool first) {
     __m512 acc[BF16_MR][2];
@@ -195,9 +198,11 @@ NA_BF16 static void ukernel_bf16(int64_t kp, const uint32_t *restrict a,
     for (int64_t pp = 0; pp < kp; pp++) {
         __m512bh b0 = (__m512bh)_mm512_loadu_si512(b + pp * 2 * BF16_NR);
         __m512bh b1 = (__m512bh)_mm512_loadu_si512(b + pp * 2 * BF16_NR + 32);
-        const uint32_t *ap = a + pp * BF16_MR;
+        const uint16_t *ap = a + pp * cs;
         for (int i = 0; i < BF16_MR; i++) {
-            __m512bh av = (__m512bh)_mm512_set1_epi32((int)ap[i]);
+            uint32_t pair;
+            memcpy(&pair, ap + i * rs, sizeof pair);
+            __m512bh av = (__m512bh)_mm512_set1_epi32((int)pair);
             acc[i][0] = _mm512_dpbf16_ps(acc[i][0], av, b0);
             acc[i][1] = _mm512_dpbf16_ps(acc[i][1], av, b1);
         }
@@ -308,17 +313,25 @@ static int gemm_one_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, floa
         int64_t nc = n - jc < BF16_NC ? n - jc : BF16_NC;
         for (int64_t pc = 0; pc < k; pc += BF16_KC) {
             int64_t kc = k - pc < BF16_KC ? k - pc : BF16_KC, kp = (kc + 1) / 2;
+            /* a row-major A's pairs are read in place (packing it cost a quarter of the
+             * MLP's products, once per column panel), but for an odd K's last pair and a
+             * partial last row panel (packed) */
+            bool in_place = !ta && kc % 2 == 0;
             pack_b_bf16(tb, b, ldb, pc, jc, kc, nc, bp);
             for (int64_t ic = 0; ic < m; ic += BF16_MC) {
-                int64_t mc = m - ic < BF16_MC ? m - ic : BF16_MC;
-                pack_a_bf16(ta, a, lda, ic, pc, mc, kc, ap);
+                int64_t mc = m - ic < BF16_MC ? m - ic : BF16_MC, full = mc / BF16_MR * BF16_MR;
+                if (!in_place) pack_a_bf16(ta, a, lda, ic, pc, mc, kc, ap);
+                else if (full < mc) pack_a_bf16(ta, a, lda, ic + full, pc, mc - full, kc, ap);
                 for (int64_t jr = 0; jr < nc; jr += BF16_NR) {
                     int64_t nr = nc - jr < BF16_NR ? nc - jr : BF16_NR;
                     for (int64_t ir = 0; ir < mc; ir += BF16_MR) {
                         int64_t mr = mc - ir < BF16_MR ? mc - ir : BF16_MR;
-                        ukernel_bf16(kp, ap + ir * kp, bp + jr * 2 * kp,
-                                     c + (ic + ir) * ldc + jc + jr, ldc, mr, nr, alpha, beta,
-                                     pc == 0);
+                        bool direct = in_place && ir < full;
+                        const uint16_t *at = direct ? a + (ic + ir) * lda + pc
+                                             : (const uint16_t *)(ap + (in_place ? 0 : ir * kp));
+                        ukernel_bf16(kp, at, direct ? lda : 2, direct ? 2 : 2 * BF16_MR,
+                                     bp + jr * 2 * kp, c + (ic + ir) * ldc + jc + jr, ldc, mr,
+                                     nr, alpha, beta, pc == 0);
                     }
                 }
             }
