@@ -223,10 +223,16 @@ NA_BF16 static void ukernel_bf16(int64_t kp, const uint16_t *a, int64_t rs, int6
     }
 }
 
+/* lane 2j <- x's element j, lane 2j + 1 <- y's, for j < 16 (_mm512_permutex2var_epi16) */
+#define BF16_INTERLEAVE_LO                                                                  \
+    _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, \
+                     6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0)
+
 /* op(A)[i0 + i, p0 + p] for i < mc, p < kc into MR-row panels of pairs, zero padded */
-static void pack_a_bf16(bool ta, const uint16_t *a, int64_t lda, int64_t i0, int64_t p0,
-                        int64_t mc, int64_t kc, uint32_t *dst) {
+NA_BF16 static void pack_a_bf16(bool ta, const uint16_t *a, int64_t lda, int64_t i0,
+                                int64_t p0, int64_t mc, int64_t kc, uint32_t *dst) {
     int64_t kp = (kc + 1) / 2;
+    __m512i lo = BF16_INTERLEAVE_LO;
     for (int64_t ir = 0; ir < mc; ir += BF16_MR) {
         int64_t mr = mc - ir < BF16_MR ? mc - ir : BF16_MR;
         uint32_t *d = dst + ir * kp;
@@ -237,16 +243,18 @@ static void pack_a_bf16(bool ta, const uint16_t *a, int64_t lda, int64_t i0, int
                     memcpy(&d[pp * BF16_MR + i], s + 2 * pp, 4);
                 if (kc & 1) d[(kp - 1) * BF16_MR + i] = s[kc - 1];
             }
-        } else {
+            for (int64_t i = mr; i < BF16_MR; i++)
+                for (int64_t pp = 0; pp < kp; pp++) d[pp * BF16_MR + i] = 0;
+        } else { /* rows 2pp and 2pp + 1 interleaved, the padding rows zero */
+            __mmask32 rows = (__mmask32)((1u << mr) - 1);
             for (int64_t pp = 0; pp < kp; pp++) {
-                const uint16_t *s0 = a + (p0 + 2 * pp) * lda + i0 + ir, *s1 = s0 + lda;
-                bool odd = 2 * pp + 1 == kc;
-                for (int64_t i = 0; i < mr; i++)
-                    d[pp * BF16_MR + i] = s0[i] | (odd ? 0 : (uint32_t)s1[i] << 16);
+                const uint16_t *s0 = a + (p0 + 2 * pp) * lda + i0 + ir;
+                __m512i r0 = _mm512_maskz_loadu_epi16(rows, s0), r1 = _mm512_setzero_si512();
+                if (2 * pp + 1 < kc) r1 = _mm512_maskz_loadu_epi16(rows, s0 + lda);
+                _mm512_mask_storeu_epi32(d + pp * BF16_MR, (1 << BF16_MR) - 1,
+                                         _mm512_permutex2var_epi16(r0, lo, r1));
             }
         }
-        for (int64_t i = mr; i < BF16_MR; i++)
-            for (int64_t pp = 0; pp < kp; pp++) d[pp * BF16_MR + i] = 0;
     }
 }
 
@@ -255,8 +263,7 @@ NA_BF16 static void pack_b_bf16(bool tb, const uint16_t *b, int64_t ldb, int64_t
                                 int64_t j0, int64_t kc, int64_t nc, uint16_t *dst) {
     int64_t kp = (kc + 1) / 2;
     /* lane 2j <- row 2pp's column j, lane 2j + 1 <- row 2pp + 1's: columns 0-15, 16-31 */
-    __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8,
-                                  39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+    __m512i lo = BF16_INTERLEAVE_LO;
     __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
     for (int64_t jr = 0; jr < nc; jr += BF16_NR) {
         int64_t nr = nc - jr < BF16_NR ? nc - jr : BF16_NR;
