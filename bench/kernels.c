@@ -3,7 +3,7 @@
  * calls, in milliseconds, which is the figure least disturbed by other work on the machine.
  *
  *   na-kbench [--repeats N] [--cpu-clock] [case...]
- *             cases: conv, conv-resnet9, convert, maxpool, relu, bn, peak (default: all), run
+ *             cases: conv, conv-resnet9, gemm, convert, maxpool, relu, bn, peak (default: all), run
  *             in this order; every argument is checked first. --cpu-clock times CPU time (all
  *             threads) instead of wall time: with NANOAMP_THREADS=1 it compares kernels on a
  *             machine that is busy with other work.
@@ -17,6 +17,10 @@
  *          all its time. conv-resnet9: the same for ResNet-9's six distinct 3x3 layers at
  *          batch 32.
  * peak:    the peak-FLOP probes of bench/peak.h on the backend's threads: "gflops" per probe.
+ * gemm:    the MNIST MLP's matrix products (batch 128: both forwards, both weight gradients,
+ *          the hidden layer's data gradient) and a 512^3 one, through the backend's gemm: f32
+ *          (OpenBLAS when built with it), bf16 on the widening path and bf16 on vdpbf16ps
+ *          (where the CPU has AVX512_BF16; cpu_gemm.c); "n" is the rate in GFLOP/s.
  * convert: f32 <-> f16 / bf16 of 4.8M elements (one CNN activation set), through the
  *          portable half.h loops and through the CPU's instructions (cpu_convert.c).
  * maxpool: the MNIST CNN's two 2x2 max pools (batch 128), forward with indices, f32 and f16,
@@ -315,12 +319,47 @@ static int bench_conv_resnet9(void) { /* ResNet-9's distinct 3x3 layers, batch 3
     return bench_conv_layers("resnet9", layers, 6);
 }
 
+/* One row per product {m, n, k, ta, tb}, each in f32, bf16 widening and bf16 vdpbf16ps. */
+static int bench_gemm(void) {
+    static const int64_t shapes[][5] = {{128, 256, 784, 0, 1}, {128, 10, 256, 0, 1},
+                                        {10, 256, 128, 1, 0},  {256, 784, 128, 1, 0},
+                                        {128, 256, 10, 0, 0},  {512, 512, 512, 0, 0}};
+    int rc = 0;
+    for (int s = 0; s < 6; s++) {
+        const int64_t *S = shapes[s];
+        int64_t m = S[0], n = S[1], k = S[2], as[2] = {m, k}, bs[2] = {k, n}, cs[2] = {m, n};
+        double gflop = 2.0 * m * n * k / 1e9;
+        char name[64];
+        snprintf(name, sizeof name, "gemm_%lldx%lldx%lld%s%s", (long long)m, (long long)n,
+                 (long long)k, S[3] ? "_ta" : "", S[4] ? "_tb" : "");
+        for (int v = 0; v < 3; v++) {
+            na_dtype dt = v == 0 ? NA_DTYPE_F32 : NA_DTYPE_BF16;
+            if (v == 2 && !(na_cpu_bf16_force_spec = false, na_cpu_bf16_fast())) continue;
+            na_cpu_bf16_force_spec = v == 1;
+            na_view a = bench_view(dt, 2, as), b = bench_view(dt, 2, bs), c = bench_view(dt, 2, cs);
+            if (!a.data || !b.data || !c.data) return 1;
+            bench_fill(&a), bench_fill(&b);
+            na_gemm_args g = {.dtype = dt, .a = a.data, .b = b.data, .c = c.data, .ta = S[3],
+                              .tb = S[4], .m = m, .n = n, .k = k, .lda = S[3] ? m : k,
+                              .ldb = S[4] ? k : n, .ldc = n, .batch = 1, .alpha = 1, .beta = 0};
+            double ms;
+            BENCH_MIN_MS(ms, rc |= na_cpu_gemm(&g));
+            print_row(name, v == 0 ? "f32" : v == 1 ? "bf16_widening" : "bf16_dpbf16",
+                      (int64_t)(gflop * 1e3 / ms), ms);
+            free(a.data), free(b.data), free(c.data);
+        }
+        na_cpu_bf16_force_spec = false;
+    }
+    return rc != 0;
+}
+
 static const struct {
     const char *name;
     int (*run)(void);
 } cases[] = {
     {"conv", bench_conv},
     {"conv-resnet9", bench_conv_resnet9},
+    {"gemm", bench_gemm},
     {"convert", bench_convert},
     {"maxpool", bench_maxpool},
     {"relu", bench_relu},

@@ -951,8 +951,10 @@ Test(cpu_gemm, builtin_through_backend) {
     na_cpu_gemm_force_builtin = false;
 }
 
-/* f16/bf16: widen, f32 gemm (same backend), f32 bias/relu, one rounding -> bitwise equal */
+/* f16/bf16: widen, f32 gemm (same backend), f32 bias/relu, one rounding -> bitwise equal
+ * (bf16 on its widening path, the specification; vdpbf16ps sums in another order) */
 Test(cpu_gemm, half_paths_round_once) {
+    na_cpu_bf16_force_spec = true;
     na_dtype dts[] = {NA_DTYPE_F16, NA_DTYPE_BF16};
     for (int q = 0; q < 2; q++)
         for (int t = 0; t < 4; t++) {
@@ -980,6 +982,7 @@ Test(cpu_gemm, half_paths_round_once) {
             /* and close to the double-precision product */
             rm(&a); rm(&b); rm(&c); rm(&bi); rm(&af); rm(&bf); rm(&cf); rm(&bif); rm(&want);
         }
+    na_cpu_bf16_force_spec = false;
 }
 
 /* ---- convolution -------------------------------------------------------------------------- */
@@ -1127,31 +1130,35 @@ static void expect_within_sum_bound(const na_view *fast, const na_view *ref, con
 
 static const na_dtype float_dtypes[] = {NA_DTYPE_F64, NA_DTYPE_F32, NA_DTYPE_F16, NA_DTYPE_BF16};
 
-/* One random GEMM: shapes, transposes, padded leading dimensions, batch strides, alpha,
- * beta (0: C is garbage and must not be read), bias, relu; the backend's gemm and the built-in
- * blocked GEMM against the specification. */
-static void random_gemm_case(na_dtype dt, bool big) {
-    int64_t m = big ? irand(100, 150) : irand(1, 20), n = big ? irand(40, 300) : irand(1, 20);
-    int64_t k = big ? irand(250, 520) : irand(0, 40), batch = big ? 1 : irand(1, 3);
-    bool ta = urand() < 0.5, tb = urand() < 0.5, bias = urand() < 0.5, relu = urand() < 0.3;
-    int64_t lda = (ta ? m : k) + irand(0, 3), ldb = (tb ? k : n) + irand(0, 3);
-    int64_t ldc = n + irand(0, 3);
-    int64_t sa = (ta ? k : m) * lda + irand(0, 5), sb = (tb ? n : k) * ldb + irand(0, 5);
-    int64_t sc = m * ldc + irand(0, 5);
-    float alphas[] = {1.0f, -0.75f, 0.0f}, betas[] = {0.0f, 1.0f, 0.5f};
-    float alpha = alphas[irand(0, 2)], beta = betas[irand(0, 2)];
-    if (urand() < 0.5) alpha = 1.0f; /* alpha 0 is rare in practice: not too often here */
-    na_view a = MK(dt, batch * sa), b = MK(dt, batch * sb), c = MK(dt, batch * sc),
+/* One GEMM case: shapes, transposes, padded leading dimensions, batch strides, alpha, beta
+ * (0: C is garbage and must not be read), bias, relu. */
+typedef struct {
+    na_dtype dt;
+    int64_t m, n, k, batch, lda, ldb, ldc, sa, sb, sc;
+    bool ta, tb, bias, relu;
+    float alpha, beta;
+} gemm_case;
+
+/* The backend's gemm, the built-in blocked GEMM and, for bf16 where it is not what the backend
+ * runs, the widening path (the bf16 specification, na_cpu_bf16_force_spec) against the
+ * specification within the bound of an f32 sum of k + 2 terms; and the backend's bf16 against
+ * the widening path within the sum of both bounds (the same exact products, summed in two
+ * orders). Returns nothing; asserts. */
+static void check_gemm_case(const gemm_case *q) {
+    na_dtype dt = q->dt;
+    int64_t m = q->m, n = q->n, k = q->k, batch = q->batch;
+    na_view a = MK(dt, batch * q->sa), b = MK(dt, batch * q->sb), c = MK(dt, batch * q->sc),
             bi = MK(dt, n);
     fill_rand(&a, -1, 1);
     fill_rand(&b, -1, 1);
     fill_rand(&bi, -1, 1);
-    if (beta == 0) for (int64_t i = 0; i < c.numel; i++) set(&c, i, NAN);
+    if (q->beta == 0) for (int64_t i = 0; i < c.numel; i++) set(&c, i, NAN);
     else fill_rand(&c, -1, 1);
-    na_gemm_args g = {.dtype = dt, .a = a.data, .b = b.data, .bias = bias ? bi.data : NULL,
-                      .ta = ta, .tb = tb, .relu = relu, .m = m, .n = n, .k = k, .lda = lda,
-                      .ldb = ldb, .ldc = ldc, .batch = batch, .stride_a = sa, .stride_b = sb,
-                      .stride_c = sc, .alpha = alpha, .beta = beta};
+    na_gemm_args g = {.dtype = dt, .a = a.data, .b = b.data, .bias = q->bias ? bi.data : NULL,
+                      .ta = q->ta, .tb = q->tb, .relu = q->relu, .m = m, .n = n, .k = k,
+                      .lda = q->lda, .ldb = q->ldb, .ldc = q->ldc, .batch = batch,
+                      .stride_a = q->sa, .stride_b = q->sb, .stride_c = q->sc,
+                      .alpha = q->alpha, .beta = q->beta};
     /* the specification, and on magnitudes (no relu) the scale of the bound */
     na_view ref = rounded(dt, &c), mag = absolute(&c), aa = absolute(&a), ab = absolute(&b),
             abi = absolute(&bi);
@@ -1159,22 +1166,27 @@ static void random_gemm_case(na_dtype dt, bool big) {
     r.c = ref.data;
     cr_assert_eq(na_cpu_ref_gemm(&r), NA_OK);
     r = g;
-    r.a = aa.data, r.b = ab.data, r.bias = bias ? abi.data : NULL, r.c = mag.data;
-    r.alpha = fabsf(alpha), r.beta = fabsf(beta), r.relu = false;
+    r.a = aa.data, r.b = ab.data, r.bias = q->bias ? abi.data : NULL, r.c = mag.data;
+    r.alpha = fabsf(q->alpha), r.beta = fabsf(q->beta), r.relu = false;
     cr_assert_eq(na_cpu_ref_gemm(&r), NA_OK);
-    char what[160];
-    for (int builtin = 0; builtin < 2; builtin++) {
+    char what[200];
+    bool widening = dt == NA_DTYPE_BF16 && na_cpu_bf16_fast();
+    na_view out[3];
+    int paths = widening ? 3 : 2;
+    for (int path = 0; path < paths; path++) {
+        static const char *names[] = {"backend", "built-in", "widening (spec)"};
         na_view fast = rounded(dt, &c);
         g.c = fast.data;
-        na_cpu_gemm_force_builtin = builtin;
+        na_cpu_gemm_force_builtin = path == 1;
+        na_cpu_bf16_force_spec = path == 2;
         int rc = B->gemm(&g);
-        na_cpu_gemm_force_builtin = false;
+        na_cpu_gemm_force_builtin = na_cpu_bf16_force_spec = false;
         cr_assert_eq(rc, NA_OK, "%s", na_last_error());
         snprintf(what, sizeof what, "%s gemm %s m%lld n%lld k%lld ta%d tb%d batch%lld alpha%g "
-                 "beta%g bias%d relu%d", builtin ? "built-in" : "backend", na_dtype_name(dt),
-                 (long long)m, (long long)n, (long long)k, ta, tb, (long long)batch, alpha, beta,
-                 bias, relu);
-        if (beta == 0) /* garbage C outside the outputs stays; NaN == NaN here */
+                 "beta%g bias%d relu%d", names[path], na_dtype_name(dt), (long long)m,
+                 (long long)n, (long long)k, q->ta, q->tb, (long long)batch, q->alpha, q->beta,
+                 q->bias, q->relu);
+        if (q->beta == 0) /* garbage C outside the outputs stays; NaN == NaN here */
             for (int64_t i = 0; i < c.numel; i++)
                 if (isnan(get(&ref, i)))
                     cr_assert(isnan(get(&fast, i)), "%s [%lld] written", what, (long long)i);
@@ -1183,15 +1195,109 @@ static void random_gemm_case(na_dtype dt, bool big) {
         for (int64_t i = 0; i < c.numel; i++) /* compare the outputs only */
             if (isnan(get(&ref, i))) set(&fast_ok, i, 0), set(&ref_ok, i, 0), set(&mag_ok, i, 0);
         expect_within_sum_bound(&fast_ok, &ref_ok, &mag_ok, k + 2, what);
-        rm(&fast); rm(&fast_ok); rm(&ref_ok); rm(&mag_ok);
+        out[path] = fast_ok;
+        rm(&fast); rm(&ref_ok); rm(&mag_ok);
     }
+    if (widening) {
+        na_view mag_ok = rounded(dt, &mag);
+        for (int64_t i = 0; i < c.numel; i++)
+            if (isnan(get(&ref, i))) set(&mag_ok, i, 0);
+        snprintf(what, sizeof what, "vdpbf16ps against widening m%lld n%lld k%lld ta%d tb%d",
+                 (long long)m, (long long)n, (long long)k, q->ta, q->tb);
+        expect_within_sum_bound(&out[0], &out[2], &mag_ok, 2 * (k + 2), what);
+        rm(&mag_ok);
+    }
+    for (int path = 0; path < paths; path++) rm(&out[path]);
     rm(&a); rm(&b); rm(&c); rm(&bi); rm(&ref); rm(&mag); rm(&aa); rm(&ab); rm(&abi);
+}
+
+/* A case of shape m x n x k with the padding of leading dimensions and batch strides drawn */
+static gemm_case gemm_case_of(na_dtype dt, int64_t m, int64_t n, int64_t k, bool ta, bool tb,
+                              int64_t batch) {
+    gemm_case q = {.dt = dt, .m = m, .n = n, .k = k, .batch = batch, .ta = ta, .tb = tb};
+    q.lda = (ta ? m : k) + irand(0, 3), q.ldb = (tb ? k : n) + irand(0, 3);
+    q.ldc = n + irand(0, 3);
+    q.sa = (ta ? k : m) * q.lda + irand(0, 5), q.sb = (tb ? n : k) * q.ldb + irand(0, 5);
+    q.sc = m * q.ldc + irand(0, 5);
+    q.alpha = 1.0f, q.beta = 0.0f;
+    return q;
+}
+
+/* One random GEMM: everything of gemm_case drawn */
+static void random_gemm_case(na_dtype dt, bool big) {
+    int64_t m = big ? irand(100, 150) : irand(1, 20), n = big ? irand(40, 300) : irand(1, 20);
+    int64_t k = big ? irand(250, 520) : irand(0, 40), batch = big ? 1 : irand(1, 3);
+    bool ta = urand() < 0.5, tb = urand() < 0.5;
+    gemm_case q = gemm_case_of(dt, m, n, k, ta, tb, batch);
+    q.bias = urand() < 0.5, q.relu = urand() < 0.3;
+    float alphas[] = {1.0f, -0.75f, 0.0f}, betas[] = {0.0f, 1.0f, 0.5f};
+    q.alpha = alphas[irand(0, 2)], q.beta = betas[irand(0, 2)];
+    if (urand() < 0.5) q.alpha = 1.0f; /* alpha 0 is rare in practice: not too often here */
+    check_gemm_case(&q);
 }
 
 Test(cpu_reference, gemm_fast_paths_meet_the_specification) {
     for (int t = 0; t < 160; t++) random_gemm_case(float_dtypes[t % 4], false);
     /* across the blocked GEMM's panels (MC 132, KC 256) */
     for (int t = 0; t < 4; t++) random_gemm_case(float_dtypes[t], true);
+}
+
+/* bf16 on vdpbf16ps (na_cpu_bf16_fast): the edges of its 12 x 32 tile, its K pairs (odd K)
+ * and its blocks (KC 384, MC 192, NC 1024), every transpose, against the specification and
+ * the widening path (check_gemm_case). */
+Test(cpu_reference, bf16_dot_edges_meet_the_specification) {
+    if (!na_cpu_bf16_fast()) cr_skip_test("no AVX512_BF16 (or NANOAMP_CPU_BF16=off)");
+    int64_t shapes[][3] = {{1, 1, 1},   {13, 33, 1},  {11, 31, 3},  {12, 32, 2},
+                           {25, 65, 385}, {193, 40, 767}, {7, 1030, 9}, {128, 10, 784}};
+    for (int s = 0; s < 8; s++)
+        for (int t = 0; t < 4; t++) {
+            gemm_case q = gemm_case_of(NA_DTYPE_BF16, shapes[s][0], shapes[s][1], shapes[s][2],
+                                       t & 1, t & 2, s < 4 ? 2 : 1);
+            q.alpha = t == 3 ? -0.75f : 1.0f, q.beta = t == 2 ? 0.5f : 0.0f;
+            q.bias = t & 1, q.relu = t == 1;
+            check_gemm_case(&q);
+        }
+}
+
+/* c (1 x 1) = a (1 x 2) @ b (2 x 1) in bf16, on the path the hook selects */
+static float bf16_dot2(const float a[2], const float b[2], bool spec) {
+    uint16_t ab[2] = {na_f32_to_bf16_bits(a[0]), na_f32_to_bf16_bits(a[1])};
+    uint16_t bb[2] = {na_f32_to_bf16_bits(b[0]), na_f32_to_bf16_bits(b[1])}, cb = 0x7fc0;
+    na_gemm_args g = {.dtype = NA_DTYPE_BF16, .a = ab, .b = bb, .c = &cb, .m = 1, .n = 1,
+                      .k = 2, .lda = 2, .ldb = 1, .ldc = 1, .batch = 1, .alpha = 1, .beta = 0};
+    na_cpu_bf16_force_spec = spec;
+    int rc = B->gemm(&g);
+    na_cpu_bf16_force_spec = false;
+    cr_assert_eq(rc, NA_OK, "%s", na_last_error());
+    return na_bf16_bits_to_f32(cb);
+}
+
+/* vdpbf16ps reads denormal bf16 inputs as zero and flushes denormal f32 results to zero,
+ * whatever MXCSR says; the widening path (the GPU's numerics) keeps both. Normal values give
+ * the same exact products on both. */
+Test(cpu_gemm, bf16_dot_flushes_denormals) {
+    if (!na_cpu_bf16_fast()) cr_skip_test("no AVX512_BF16 (or NANOAMP_CPU_BF16=off)");
+    float normal_a[2] = {1.5f, 2.0f}, normal_b[2] = {2.0f, 0.25f};
+    cr_assert_eq(bf16_dot2(normal_a, normal_b, false), 3.5f);
+    cr_assert_eq(bf16_dot2(normal_a, normal_b, true), 3.5f);
+    /* a denormal input: 2^-130 x 2^100 = 2^-30, a normal result */
+    float den_a[2] = {0x1p-130f, 0.0f}, big_b[2] = {0x1p100f, 0.0f};
+    cr_assert_eq(bf16_dot2(den_a, big_b, true), 0x1p-30f);
+    cr_assert_eq(bf16_dot2(den_a, big_b, false), 0.0f, "the input was not read as zero");
+    /* normal inputs, a denormal result: 2^-64 x 2^-64 = 2^-128 (a bf16 denormal) */
+    float tiny[2] = {0x1p-64f, 0.0f};
+    cr_assert_eq(bf16_dot2(tiny, tiny, true), 0x1p-128f);
+    cr_assert_eq(bf16_dot2(tiny, tiny, false), 0.0f, "the result was not flushed");
+}
+
+static void bf16_env_off(void) { setenv("NANOAMP_CPU_BF16", "off", 1); }
+
+/* NANOAMP_CPU_BF16=off (read once, here in this test's own process) selects the widening
+ * path: the denormal result survives. */
+Test(cpu_gemm, bf16_env_off_selects_the_widening_path, .init = bf16_env_off) {
+    cr_assert(!na_cpu_bf16_fast());
+    float tiny[2] = {0x1p-64f, 0.0f};
+    cr_assert_eq(bf16_dot2(tiny, tiny, false), 0x1p-128f);
 }
 
 /* One random convolution: groups, stride, padding (up to past the kernel's reach), dilation,

@@ -37,6 +37,7 @@
 
 #include "backend.h"
 #include "common/half.h"
+#include "cpu/cpu_internal.h"   /* na_cpu_bf16_fast */
 #include "cuda/conv_graph.h"    /* na_conv_layout_strides (host code, in every build) */
 #include "cuda/cuda_internal.h" /* declarations only; called under NA_HAVE_CUDA */
 #include "nanoamp/autograd.h"
@@ -100,9 +101,14 @@ static bool self_test(void) {
     return e && *e && strcmp(e, "0") != 0;
 }
 
+/* The CPU side is the specification: bf16 products on the widening path, not on vdpbf16ps
+ * (another summation order, denormals flushed). Read once, before the test's first product. */
+static void spec_bf16(void) { setenv("NANOAMP_CPU_BF16", "off", 1); }
+
 /* Every GPU test starts here: skip without a device, else seed and fetch both backends. */
 #define REQUIRE_CUDA()                                                                     \
     do {                                                                                   \
+        spec_bf16();                                                                       \
         if (self_test()) {                                                                 \
             g_dev2 = NA_DEVICE_CPU;                                                        \
         } else if (!na_cuda_available()) {                                                 \
@@ -974,6 +980,12 @@ static const na_dtype raw_dtypes[] = {NA_DTYPE_F32, NA_DTYPE_F16, NA_DTYPE_BF16,
 #define N_RAW_DTYPES 4
 static const na_dtype all_dtypes[] = {NA_DTYPE_F64, NA_DTYPE_F32, NA_DTYPE_F16,
                                       NA_DTYPE_BF16, NA_DTYPE_I32, NA_DTYPE_U8};
+
+/* bf16 products on the CPU side take the specification (the widening path), whatever the CPU */
+Test(cuda_kernels, cpu_side_is_the_bf16_specification) {
+    REQUIRE_CUDA();
+    cr_assert(!na_cpu_bf16_fast(), "the CPU reference multiplies bf16 on vdpbf16ps");
+}
 
 Test(cuda_kernels, fill_and_arange) {
     REQUIRE_CUDA();

@@ -133,8 +133,9 @@ Test(threads, bad_environment_means_the_core_count) {
 #define STEPS 2
 
 /* The parameters after STEPS SGD steps of model `name` on one fixed batch of `batch` images
- * with `threads` threads, as one malloc'd array of f32 (its length in *count). */
-static float *train(const char *name, int64_t batch, int threads, int64_t *count) {
+ * with `threads` threads, forward and loss under autocast to `amp` (F32: none), as one
+ * malloc'd array of f32 (its length in *count). */
+static float *train(const char *name, int64_t batch, int threads, na_dtype amp, int64_t *count) {
     cr_assert_eq(na_set_num_threads(threads), NA_OK, "%s", na_last_error());
     na_manual_seed(7);
     int64_t shape[4];
@@ -155,7 +156,9 @@ static float *train(const char *name, int64_t batch, int threads, int64_t *count
     cr_assert_not_null(opt, "%s", na_last_error());
     na_module_train(net, true);
     for (int s = 0; s < STEPS; s++) {
+        if (amp != NA_DTYPE_F32) cr_assert_eq(na_autocast_begin(amp), NA_OK, "%s", na_last_error());
         na_tensor *loss = na_cross_entropy(na_module_forward(net, x), y, NULL);
+        if (amp != NA_DTYPE_F32) na_autocast_end();
         cr_assert_not_null(loss, "%s", na_last_error());
         cr_assert_eq(na_backward(loss, NULL), NA_OK, "%s", na_last_error());
         cr_assert_eq(na_optim_step(opt, NULL), NA_OK, "%s", na_last_error());
@@ -182,13 +185,13 @@ static float *train(const char *name, int64_t batch, int threads, int64_t *count
     return all;
 }
 
-static void same_for_any_thread_count(const char *name, int64_t batch) {
+static void same_for_any_thread_count(const char *name, int64_t batch, na_dtype amp) {
     int64_t n1, n;
-    float *one = train(name, batch, 1, &n1);
+    float *one = train(name, batch, 1, amp, &n1);
     int64_t started = na_cpu_pool_threads_started;
     const int threads[] = {2, 4};
     for (size_t i = 0; i < sizeof threads / sizeof threads[0]; i++) {
-        float *many = train(name, batch, threads[i], &n);
+        float *many = train(name, batch, threads[i], amp, &n);
         cr_assert_eq(n, n1);
         int64_t first = -1;
         for (int64_t k = 0; k < n && first < 0; k++)
@@ -202,7 +205,16 @@ static void same_for_any_thread_count(const char *name, int64_t batch) {
     free(one);
 }
 
-Test(threads, cnn_step_bit_identical_for_1_2_4_threads) { same_for_any_thread_count("cnn", 32); }
+Test(threads, cnn_step_bit_identical_for_1_2_4_threads) {
+    same_for_any_thread_count("cnn", 32, NA_DTYPE_F32);
+}
 
 /* the MLP's products are split from about 16 MFLOP: batch 128 */
-Test(threads, mlp_step_bit_identical_for_1_2_4_threads) { same_for_any_thread_count("mlp", 128); }
+Test(threads, mlp_step_bit_identical_for_1_2_4_threads) {
+    same_for_any_thread_count("mlp", 128, NA_DTYPE_F32);
+}
+
+/* bf16 autocast: its products run on vdpbf16ps where the CPU has AVX512_BF16, split the same way */
+Test(threads, mlp_bf16_step_bit_identical_for_1_2_4_threads) {
+    same_for_any_thread_count("mlp", 128, NA_DTYPE_BF16);
+}

@@ -139,6 +139,17 @@ NA_CPU_DEFINE_PAIRWISE(double, pairwise_d)
 #define NA_CPU_FEATURE(name) return false
 #endif
 bool na_cpu_has_avx512f(void) { NA_CPU_FEATURE("avx512f"); }
+static bool has_avx512bf16(void) { NA_CPU_FEATURE("avx512bf16"); }
+
+bool na_cpu_bf16_force_spec = false;
+bool na_cpu_bf16_fast(void) {
+    static _Atomic int env_off = -1; /* NANOAMP_CPU_BF16=off, read once */
+    if (env_off < 0) {
+        const char *e = getenv("NANOAMP_CPU_BF16");
+        env_off = e && strcmp(e, "off") == 0;
+    }
+    return NA_CPU_BF16_KERNELS && !na_cpu_bf16_force_spec && !env_off && has_avx512bf16();
+}
 static bool has_avx2(void) { NA_CPU_FEATURE("avx2"); }
 
 bool na_cpu_force_baseline = false;

@@ -9,6 +9,9 @@
  *
  * f16/bf16 products are computed as a GPU computes them: A, B (and C when beta != 0) widened
  * to f32, an f32 GEMM with f32 accumulation, bias and relu in f32, one rounding on store.
+ * bf16 x bf16 on a CPU with AVX512_BF16 skips the widening: the same blocking with bf16 pair
+ * packs and a vdpbf16ps micro-kernel (f32 accumulation too; another summation order, and
+ * denormals read and written as zero: cpu_internal.h). The widening path is its specification.
  */
 #include <limits.h>
 
@@ -166,6 +169,185 @@ typedef double na_vd __attribute__((vector_size(16)));
 NA_CPU_DEFINE_GEMM(float, s, na_vf)
 NA_CPU_DEFINE_GEMM(double, d, na_vd)
 
+/* ---- bf16 x bf16 on AVX512_BF16 ----------------------------------------------------------
+ * The same blocking, for vdpbf16ps: lane j of acc += a[2j] * b[2j] + a[2j+1] * b[2j+1]. Both
+ * packs hold K in pairs, zero padded to an even count: B's NR-column panel as
+ * dst[(pp * NR + j) * 2 + h] = op(B)[2pp + h, j] (one 512-bit vector: 16 columns x one pair),
+ * A's MR-row panel as one 32-bit pair per row, dst[pp * MR + i], broadcast to every lane. The
+ * packs read bf16 straight from A and B (half the bytes of the widened copies). The 12 x 32
+ * tile keeps 24 accumulators in registers. Each element of C sums its pairs in order within a
+ * KC block and the blocks in order, on the calling thread: no result depends on the thread
+ * count. */
+#if NA_CPU_BF16_KERNELS
+#include <immintrin.h>
+
+#define NA_BF16 __attribute__((target("avx512f,avx512bw,avx512bf16")))
+enum { BF16_MR = 12, BF16_NR = 32, BF16_KC = 384, BF16_MC = BF16_MR * 16, BF16_NC = 1024 };
+
+/* C (mr x nr, row stride ldc) = alpha * A (MR rows x kp pairs) @ B panel (kp pairs x NR)
+ * + beta * C on a product's first K block (C not read when beta == 0), C += that product on
+ * the later ones: the built-in GEMM's write-back (the compiler may fuse its multiply and add:
+ * one rounding fewer, within the same bound, still deterministic). Row i's
+ * pair pp is the 32 bits at a + i * rs + pp * cs (bf16 units): a packed panel (rs 2, cs
+ * 2 * MR) or op(A) itself when it is row-major (rs lda, cs 2). */
+NA_BF16 static void ukernel_bf16(int64_t kp, const uint16_t *a, int64_t rs, int64_t cs,
+                                 const uint16_t *restrict b, float *c, int64_t ldc, int64_t mr,
+                                 int64_t nr, float alpha, float beta, bool first) {
+    __m512 acc[BF16_MR][2];
+    for (int i = 0; i < BF16_MR; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+    for (int64_t pp = 0; pp < kp; pp++) {
+        __m512bh b0 = (__m512bh)_mm512_loadu_si512(b + pp * 2 * BF16_NR);
+        __m512bh b1 = (__m512bh)_mm512_loadu_si512(b + pp * 2 * BF16_NR + 32);
+        const uint16_t *ap = a + pp * cs;
+        for (int i = 0; i < BF16_MR; i++) {
+            uint32_t pair;
+            memcpy(&pair, ap + i * rs, sizeof pair);
+            __m512bh av = (__m512bh)_mm512_set1_epi32((int)pair);
+            acc[i][0] = _mm512_dpbf16_ps(acc[i][0], av, b0);
+            acc[i][1] = _mm512_dpbf16_ps(acc[i][1], av, b1);
+        }
+    }
+    __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+    __mmask16 mk[2] = {nr >= 16 ? 0xffff : (__mmask16)((1u << nr) - 1),
+                       nr >= 32 ? 0xffff : nr <= 16 ? 0 : (__mmask16)((1u << (nr - 16)) - 1)};
+    for (int i = 0; i < BF16_MR; i++) {
+        if (i >= mr) break;
+        for (int h = 0; h < 2; h++) {
+            float *cr = c + i * ldc + 16 * h;
+            __m512 v = _mm512_mul_ps(va, acc[i][h]);
+            if (!first) v = _mm512_add_ps(_mm512_maskz_loadu_ps(mk[h], cr), v);
+            else if (beta != 0)
+                v = _mm512_add_ps(v, _mm512_mul_ps(vb, _mm512_maskz_loadu_ps(mk[h], cr)));
+            _mm512_mask_storeu_ps(cr, mk[h], v);
+        }
+    }
+}
+
+/* lane 2j <- x's element j, lane 2j + 1 <- y's, for j < 16 (_mm512_permutex2var_epi16) */
+#define BF16_INTERLEAVE_LO                                                                  \
+    _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, \
+                     6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0)
+
+/* op(A)[i0 + i, p0 + p] for i < mc, p < kc into MR-row panels of pairs, zero padded */
+NA_BF16 static void pack_a_bf16(bool ta, const uint16_t *a, int64_t lda, int64_t i0,
+                                int64_t p0, int64_t mc, int64_t kc, uint32_t *dst) {
+    int64_t kp = (kc + 1) / 2;
+    __m512i lo = BF16_INTERLEAVE_LO;
+    for (int64_t ir = 0; ir < mc; ir += BF16_MR) {
+        int64_t mr = mc - ir < BF16_MR ? mc - ir : BF16_MR;
+        uint32_t *d = dst + ir * kp;
+        if (!ta) { /* a row's pair is one 32-bit word */
+            for (int64_t i = 0; i < mr; i++) {
+                const uint16_t *s = a + (i0 + ir + i) * lda + p0;
+                for (int64_t pp = 0; pp < kc / 2; pp++)
+                    memcpy(&d[pp * BF16_MR + i], s + 2 * pp, 4);
+                if (kc & 1) d[(kp - 1) * BF16_MR + i] = s[kc - 1];
+            }
+            for (int64_t i = mr; i < BF16_MR; i++)
+                for (int64_t pp = 0; pp < kp; pp++) d[pp * BF16_MR + i] = 0;
+        } else { /* rows 2pp and 2pp + 1 interleaved, the padding rows zero */
+            __mmask32 rows = (__mmask32)((1u << mr) - 1);
+            for (int64_t pp = 0; pp < kp; pp++) {
+                const uint16_t *s0 = a + (p0 + 2 * pp) * lda + i0 + ir;
+                __m512i r0 = _mm512_maskz_loadu_epi16(rows, s0), r1 = _mm512_setzero_si512();
+                if (2 * pp + 1 < kc) r1 = _mm512_maskz_loadu_epi16(rows, s0 + lda);
+                _mm512_mask_storeu_epi32(d + pp * BF16_MR, (1 << BF16_MR) - 1,
+                                         _mm512_permutex2var_epi16(r0, lo, r1));
+            }
+        }
+    }
+}
+
+/* op(B)[p0 + p, j0 + j] for p < kc, j < nc into NR-column panels of pairs, zero padded */
+NA_BF16 static void pack_b_bf16(bool tb, const uint16_t *b, int64_t ldb, int64_t p0,
+                                int64_t j0, int64_t kc, int64_t nc, uint16_t *dst) {
+    int64_t kp = (kc + 1) / 2;
+    /* lane 2j <- row 2pp's column j, lane 2j + 1 <- row 2pp + 1's: columns 0-15, 16-31 */
+    __m512i lo = BF16_INTERLEAVE_LO;
+    __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+    for (int64_t jr = 0; jr < nc; jr += BF16_NR) {
+        int64_t nr = nc - jr < BF16_NR ? nc - jr : BF16_NR;
+        uint16_t *d = dst + jr * 2 * kp;
+        uint32_t *d32 = (uint32_t *)d; /* pairs: d32[pp * NR + j] */
+        if (!tb) {
+            for (int64_t pp = 0; pp < kp; pp++) {
+                uint16_t *dp = d + pp * 2 * BF16_NR;
+                const uint16_t *s0 = b + (p0 + 2 * pp) * ldb + j0 + jr, *s1 = s0 + ldb;
+                bool odd = 2 * pp + 1 == kc;
+                if (nr == BF16_NR && !odd) {
+                    __m512i r0 = _mm512_loadu_si512(s0), r1 = _mm512_loadu_si512(s1);
+                    _mm512_storeu_si512(dp, _mm512_permutex2var_epi16(r0, lo, r1));
+                    _mm512_storeu_si512(dp + 32, _mm512_permutex2var_epi16(r0, hi, r1));
+                    continue;
+                }
+                int64_t j = 0;
+                for (; j < nr; j++) dp[2 * j] = s0[j], dp[2 * j + 1] = odd ? 0 : s1[j];
+                for (; j < BF16_NR; j++) dp[2 * j] = dp[2 * j + 1] = 0;
+            }
+        } else { /* a column's pair is one 32-bit word */
+            for (int64_t j = 0; j < BF16_NR; j++) {
+                const uint16_t *s = b + (j0 + jr + j) * ldb + p0;
+                if (j >= nr) {
+                    for (int64_t pp = 0; pp < kp; pp++) d32[pp * BF16_NR + j] = 0;
+                    continue;
+                }
+                for (int64_t pp = 0; pp < kc / 2; pp++)
+                    memcpy(&d32[pp * BF16_NR + j], s + 2 * pp, 4);
+                if (kc & 1) d32[(kp - 1) * BF16_NR + j] = s[kc - 1];
+            }
+        }
+    }
+}
+
+static int gemm_one_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+                         const uint16_t *a, int64_t lda, const uint16_t *b, int64_t ldb,
+                         float beta, float *c, int64_t ldc) {
+    if (m <= 0 || n <= 0) return NA_OK;
+    if (k <= 0 || alpha == 0) {
+        scale_c_s(m, n, beta, c, ldc);
+        return NA_OK;
+    }
+    int64_t kp_max = ((k < BF16_KC ? k : BF16_KC) + 1) / 2;
+    int64_t nc_max = n < BF16_NC ? n : BF16_NC, mc_max = m < BF16_MC ? m : BF16_MC;
+    int64_t nc_pad = (nc_max + BF16_NR - 1) / BF16_NR * BF16_NR;
+    int64_t mc_pad = (mc_max + BF16_MR - 1) / BF16_MR * BF16_MR;
+    uint16_t *bp = na_cpu_scratch(NA_CPU_SCRATCH_PACK_B,
+                                  (size_t)(2 * kp_max * nc_pad) * sizeof(uint16_t), "cpu_gemm");
+    uint32_t *ap = na_cpu_scratch(NA_CPU_SCRATCH_PACK_A,
+                                  (size_t)(kp_max * mc_pad) * sizeof(uint32_t), "cpu_gemm");
+    if (!ap || !bp) return NA_ENOMEM;
+    for (int64_t jc = 0; jc < n; jc += BF16_NC) {
+        int64_t nc = n - jc < BF16_NC ? n - jc : BF16_NC;
+        for (int64_t pc = 0; pc < k; pc += BF16_KC) {
+            int64_t kc = k - pc < BF16_KC ? k - pc : BF16_KC, kp = (kc + 1) / 2;
+            /* a row-major A's pairs are read in place (packing it cost a quarter of the
+             * MLP's products, once per column panel), but for an odd K's last pair and a
+             * partial last row panel (packed) */
+            bool in_place = !ta && kc % 2 == 0;
+            pack_b_bf16(tb, b, ldb, pc, jc, kc, nc, bp);
+            for (int64_t ic = 0; ic < m; ic += BF16_MC) {
+                int64_t mc = m - ic < BF16_MC ? m - ic : BF16_MC, full = mc / BF16_MR * BF16_MR;
+                if (!in_place) pack_a_bf16(ta, a, lda, ic, pc, mc, kc, ap);
+                else if (full < mc) pack_a_bf16(ta, a, lda, ic + full, pc, mc - full, kc, ap);
+                for (int64_t jr = 0; jr < nc; jr += BF16_NR) {
+                    int64_t nr = nc - jr < BF16_NR ? nc - jr : BF16_NR;
+                    for (int64_t ir = 0; ir < mc; ir += BF16_MR) {
+                        int64_t mr = mc - ir < BF16_MR ? mc - ir : BF16_MR;
+                        bool direct = in_place && ir < full;
+                        const uint16_t *at = direct ? a + (ic + ir) * lda + pc
+                                             : (const uint16_t *)(ap + (in_place ? 0 : ir * kp));
+                        ukernel_bf16(kp, at, direct ? lda : 2, direct ? 2 : 2 * BF16_MR,
+                                     bp + jr * 2 * kp, c + (ic + ir) * ldc + jc + jr, ldc, mr,
+                                     nr, alpha, beta, pc == 0);
+                    }
+                }
+            }
+        }
+    }
+    return NA_OK;
+}
+#endif
+
 #if NA_HAVE_BLAS
 /* CBLAS takes int sizes and checks leading dimensions (printing through xerbla otherwise). */
 static bool blas_ok(bool ta, bool tb, int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb,
@@ -210,12 +392,12 @@ NA_CPU_DEFINE_GEMM_ONE(double, d, NA_CPU_NO_CBLAS)
 #define NA_CPU_GEMM_TASK_FLOPS ((int64_t)1 << 24) /* work per panel worth a wake-up */
 enum { NA_CPU_GEMM_TASKS = 8, NA_CPU_GEMM_MIN_PANEL = 64, NA_CPU_GEMM_ALIGN = 16 };
 
-#define NA_CPU_DEFINE_GEMM_SPLIT(T, SFX)                                                    \
+#define NA_CPU_DEFINE_GEMM_SPLIT(TI, T, SFX)                                                 \
     typedef struct {                                                                        \
         bool ta, tb, by_cols;                                                               \
         int64_t m, n, k, lda, ldb, ldc, tasks;                                              \
         T alpha, beta;                                                                      \
-        const T *a, *b;                                                                     \
+        const TI *a, *b;                                                                    \
         T *c;                                                                               \
         na_cpu_task_status status;                                                          \
     } gemm_job_##SFX;                                                                       \
@@ -234,7 +416,7 @@ enum { NA_CPU_GEMM_TASKS = 8, NA_CPU_GEMM_MIN_PANEL = 64, NA_CPU_GEMM_ALIGN = 16
         if (st) na_cpu_task_fail(&j->status);                                               \
     }                                                                                       \
     int na_cpu_##SFX##gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha,      \
-                           const T *a, int64_t lda, const T *b, int64_t ldb, T beta, T *c,  \
+                           const TI *a, int64_t lda, const TI *b, int64_t ldb, T beta, T *c, \
                            int64_t ldc) {                                                   \
         if (m <= 0 || n <= 0) return NA_OK;                                                 \
         bool by_cols = n >= m;                                                              \
@@ -251,8 +433,17 @@ enum { NA_CPU_GEMM_TASKS = 8, NA_CPU_GEMM_MIN_PANEL = 64, NA_CPU_GEMM_ALIGN = 16
         return na_cpu_task_status_raise(&j.status);                                         \
     }
 
-NA_CPU_DEFINE_GEMM_SPLIT(float, s)
-NA_CPU_DEFINE_GEMM_SPLIT(double, d)
+NA_CPU_DEFINE_GEMM_SPLIT(float, float, s)
+NA_CPU_DEFINE_GEMM_SPLIT(double, double, d)
+#if NA_CPU_BF16_KERNELS
+NA_CPU_DEFINE_GEMM_SPLIT(uint16_t, float, bf16)
+#else
+int na_cpu_bf16gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+                    const uint16_t *a, int64_t lda, const uint16_t *b, int64_t ldb, float beta,
+                    float *c, int64_t ldc) {
+    return na_set_error(NA_ENOTSUP, "cpu_bf16gemm: built without the AVX512_BF16 kernels");
+}
+#endif
 
 /* ---- the backend entry ------------------------------------------------------------------ */
 
@@ -309,23 +500,33 @@ int na_cpu_gemm(const na_gemm_args *g) {
         return st;
     }
 
-    /* f16 / bf16: widen, f32 GEMM, f32 epilogue, one rounding */
+    /* f16 / bf16: widen, f32 GEMM, f32 epilogue, one rounding; bf16 on vdpbf16ps reads A and
+     * B as they are (the product differs from the widening one in summation order and DAZ/FTZ
+     * only, cpu_internal.h) */
+    bool dot = g->dtype == NA_DTYPE_BF16 && na_cpu_bf16_fast();
     int64_t ar = g->ta ? k : m, ac = g->ta ? m : k;
     int64_t br = g->tb ? n : k, bc = g->tb ? k : n;
-    float *aw = na_cpu_scratch(NA_CPU_SCRATCH_0, (size_t)(ar * ac) * sizeof(float), fn);
-    float *bw = na_cpu_scratch(NA_CPU_SCRATCH_1, (size_t)(br * bc) * sizeof(float), fn);
+    size_t a_bytes = dot ? 0 : (size_t)(ar * ac) * sizeof(float);
+    size_t b_bytes = dot ? 0 : (size_t)(br * bc) * sizeof(float);
+    float *aw = dot ? NULL : na_cpu_scratch(NA_CPU_SCRATCH_0, a_bytes, fn);
+    float *bw = dot ? NULL : na_cpu_scratch(NA_CPU_SCRATCH_1, b_bytes, fn);
     float *cw = na_cpu_scratch(NA_CPU_SCRATCH_2, (size_t)(m * n) * sizeof(float), fn);
     float *biasw = g->bias ? na_cpu_scratch(NA_CPU_SCRATCH_3, (size_t)n * sizeof(float), fn) : NULL;
-    if (!aw || !bw || !cw || (g->bias && !biasw)) return NA_ENOMEM;
+    if ((!dot && (!aw || !bw)) || !cw || (g->bias && !biasw)) return NA_ENOMEM;
     if (g->bias) na_cpu_load_f(g->dtype, g->bias, 0, n, biasw);
     for (int64_t bi = 0; bi < g->batch && !st; bi++) {
         const char *a = (const char *)g->a + (size_t)(bi * g->stride_a) * esz;
         const char *b = (const char *)g->b + (size_t)(bi * g->stride_b) * esz;
         char *c = (char *)g->c + (size_t)(bi * g->stride_c) * esz;
-        widen(g->dtype, a, ar, ac, g->lda, aw);
-        widen(g->dtype, b, br, bc, g->ldb, bw);
         if (g->beta != 0) widen(g->dtype, c, m, n, g->ldc, cw);
-        st = na_cpu_sgemm(g->ta, g->tb, m, n, k, g->alpha, aw, ac, bw, bc, g->beta, cw, n);
+        if (dot) {
+            st = na_cpu_bf16gemm(g->ta, g->tb, m, n, k, g->alpha, (const uint16_t *)a, g->lda,
+                                 (const uint16_t *)b, g->ldb, g->beta, cw, n);
+        } else {
+            widen(g->dtype, a, ar, ac, g->lda, aw);
+            widen(g->dtype, b, br, bc, g->ldb, bw);
+            st = na_cpu_sgemm(g->ta, g->tb, m, n, k, g->alpha, aw, ac, bw, bc, g->beta, cw, n);
+        }
         if (st) break;
         epilogue_f(cw, n, m, n, biasw, g->relu);
         for (int64_t i = 0; i < m; i++) na_cpu_store_f(g->dtype, c, i * g->ldc, n, cw + i * n);

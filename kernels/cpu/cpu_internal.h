@@ -2,9 +2,11 @@
  *
  * The CPU backend is the reference the CUDA backend is checked against, so its numerics follow
  * the GPU: f16/bf16 are widened to f32, computed and accumulated in f32 and rounded once on
- * store (common/half.h); f64 computes in double. Every kernel works on chunks of at most
- * NA_CPU_CHUNK elements converted into stack buffers (f32 data is used in place), so the
- * per-element loops stay simple and vectorizable and no kernel mallocs per call. Larger
+ * store (common/half.h); f64 computes in double. bf16 GEMMs on AVX512_BF16 are the one
+ * exception (below): the same accumulation in another order, denormals flushed. Every kernel
+ * works on chunks of at most NA_CPU_CHUNK elements converted into stack buffers (f32 data is
+ * used in place), so the per-element loops stay simple and vectorizable and no kernel mallocs
+ * per call. Larger
  * temporaries (rows, im2col columns, GEMM packing) come from thread-local scratch buffers that
  * only grow: once a training step has run, later steps allocate nothing.
  */
@@ -249,6 +251,29 @@ int na_cpu_dgemm_builtin(bool ta, bool tb, int64_t m, int64_t n, int64_t k, doub
                          double *c, int64_t ldc);
 /* Test hook: when true, na_cpu_sgemm/dgemm never use CBLAS. */
 extern bool na_cpu_gemm_force_builtin;
+
+/* ---- bf16 products on AVX512_BF16 ----------------------------------------------------------
+ * vdpbf16ps multiplies bf16 pairs exactly and adds them into f32 lanes: the numerics of a bf16
+ * tensor-core GEMM (f32 accumulation, one rounding on store), in another summation order than
+ * the widening f32 path, and with denormal inputs and results read and written as zero
+ * (DAZ/FTZ, whatever MXCSR says). The widening path stays the specification: it runs on CPUs
+ * without the instruction, with NANOAMP_CPU_BF16=off, and while the test hook is set. */
+#if defined(__x86_64__) && ((defined(__clang__) && __clang_major__ >= 9) ||                  \
+                            (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 10))
+#define NA_CPU_BF16_KERNELS 1 /* the compiler can build them (target attribute) */
+#else
+#define NA_CPU_BF16_KERNELS 0
+#endif
+/* Whether bf16 x bf16 products take the vdpbf16ps kernels: built with them, the CPU has
+ * AVX512_BF16 (asked once), NANOAMP_CPU_BF16 is not "off" (read once) and the hook is off. */
+bool na_cpu_bf16_fast(void);
+extern bool na_cpu_bf16_force_spec;
+/* C (f32) = alpha * op(A) @ op(B) + beta * C (C not read when beta == 0), A and B bf16 bits,
+ * on vdpbf16ps; split over the pool like na_cpu_sgemm. Only where na_cpu_bf16_fast(). NA_OK or
+ * NA_ENOMEM. */
+int na_cpu_bf16gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+                    const uint16_t *a, int64_t lda, const uint16_t *b, int64_t ldb, float beta,
+                    float *c, int64_t ldc);
 
 /* Test hook: when true, max pooling always takes the generic window loop (the 2x2 stride-2
  * path is checked against it). */

@@ -2,7 +2,8 @@
  *
  * Plain loops, one output element at a time, written as the math is written (llm.c's
  * matmul_forward_cpu): what na_cpu_gemm (OpenBLAS or the blocked GEMM) and na_cpu_conv2d*
- * (im2col + GEMM, blocks of images) must compute, up to the order of the additions.
+ * (im2col + GEMM, blocks of images) must compute, up to the order of the additions (and,
+ * for bf16 GEMMs on vdpbf16ps, denormals flushed to zero: cpu_internal.h).
  * tests/test_cpu_kernels.c checks the fast paths against these on random shapes for every
  * dtype, so a fast path can never silently become the definition. Nothing else calls them:
  * they are slow on purpose.
