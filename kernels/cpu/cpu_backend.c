@@ -139,6 +139,24 @@ NA_CPU_DEFINE_PAIRWISE(double, pairwise_d)
 #define NA_CPU_FEATURE(name) return false
 #endif
 bool na_cpu_has_avx512f(void) { NA_CPU_FEATURE("avx512f"); }
+static bool has_avx512bf16(void) { NA_CPU_FEATURE("avx512bf16"); }
+static bool has_avx512bw(void) { NA_CPU_FEATURE("avx512bw"); }
+static bool has_avx512vl(void) { NA_CPU_FEATURE("avx512vl"); }
+
+bool na_cpu_bf16_force_spec = false;
+/* the environment asked once: NANOAMP_CPU_BF16=off keeps the widening f32 path */
+static bool bf16_env_off(void) {
+    static _Atomic int off = -1;
+    if (off < 0) {
+        const char *e = getenv("NANOAMP_CPU_BF16");
+        off = e && strcmp(e, "off") == 0;
+    }
+    return off;
+}
+bool na_cpu_bf16_dot(void) {
+    return !na_cpu_bf16_force_spec && !bf16_env_off() && has_avx512bf16() && has_avx512bw() &&
+           has_avx512vl() && na_cpu_has_avx512f();
+}
 static bool has_avx2(void) { NA_CPU_FEATURE("avx2"); }
 
 bool na_cpu_force_baseline = false;

@@ -261,6 +261,14 @@ extern bool na_cpu_pool_force_generic;
 bool na_cpu_use_avx2(void);
 extern bool na_cpu_force_baseline;
 
+/* Whether bf16 x bf16 products run on AVX512_BF16 (`vdpbf16ps`: pairs of bf16 products summed
+ * into f32 lanes, denormal inputs and results taken as zero) instead of the widening f32 path,
+ * which stays the specification: the CPU has AVX512_BF16, AVX512BW and AVX512VL (asked once),
+ * NANOAMP_CPU_BF16 is not "off" (read once) and the test hook na_cpu_bf16_force_spec is off
+ * (the CUDA parity suite sets it: the GPU is checked against the specification). */
+bool na_cpu_bf16_dot(void);
+extern bool na_cpu_bf16_force_spec;
+
 /* Test hook: elements of scratch one convolution block (images per GEMM) may use. */
 extern int64_t na_cpu_conv_block_budget;
 
