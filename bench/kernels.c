@@ -10,8 +10,9 @@
  *
  * conv:    the MNIST CNN's two convolutions (batch 128), forward and gradients, f32, through
  *          the direct AVX-512 convolution and the im2col + GEMM path (cpu_direct_conv.c,
- *          cpu_conv.c); "n" is the rate in GFLOP/s. conv-resnet9: the same for ResNet-9's
- *          six distinct 3x3 layers at batch 32.
+ *          cpu_conv.c), then bf16 (rows ending _bf16) widened to f32 and, with AVX512_BF16,
+ *          multiplied as bf16; "n" is the rate in GFLOP/s. conv-resnet9: the same for
+ *          ResNet-9's six distinct 3x3 layers at batch 32.
  * convert: f32 <-> f16 / bf16 of 4.8M elements (one CNN activation set), through the
  *          portable half.h loops and through the CPU's instructions (cpu_convert.c).
  * maxpool: the MNIST CNN's two 2x2 max pools (batch 128), forward with indices, f32 and f16,
@@ -195,9 +196,46 @@ static int bench_bn(void) {
     return rc != 0;
 }
 
-/* Convolutions 3x3, padding 1, f32: forward, data gradient (not for a first layer: its input
- * needs none) and weight gradient, through the direct convolution (where this CPU has it) and
- * the im2col + GEMM path. One row per layer: {batch, c_in, c_out, h = w}. */
+/* One layer's forward, data gradient (not for a first layer: its input needs none) and
+ * weight gradient, the tensors of dtype dt, as the hooks set now; rows named
+ * <net>_conv<l>_<cin>x<cout>_<pass><suffix>, "n" the rate in GFLOP/s. */
+static int bench_conv_passes(const char *net, int l, const int64_t *L, na_dtype dt,
+                             const char *suffix, const char *variant) {
+    na_conv_geom g = {.n = L[0], .c_in = L[1], .h = L[3], .w = L[3], .c_out = L[2],
+                      .oh = L[3], .ow = L[3], .kh = 3, .kw = 3, .sh = 1, .sw = 1, .ph = 1,
+                      .pw = 1, .dh = 1, .dw = 1, .groups = 1};
+    int64_t xs[4] = {L[0], L[1], L[3], L[3]}, ys[4] = {L[0], L[2], L[3], L[3]},
+            ws[4] = {L[2], L[1], 3, 3}, bs[1] = {L[2]};
+    na_view x = bench_view(dt, 4, xs), y = bench_view(dt, 4, ys), w = bench_view(dt, 4, ws),
+            b = bench_view(dt, 1, bs), gx = bench_view(dt, 4, xs), gw = bench_view(dt, 4, ws);
+    int rc = !x.data || !y.data || !w.data || !b.data || !gx.data || !gw.data;
+    if (!rc) {
+        bench_fill(&x), bench_fill(&w), bench_fill(&b), bench_fill(&y);
+        double gflop = 2.0 * L[0] * L[1] * L[2] * 9 * L[3] * L[3] / 1e9, ms;
+        char name[96];
+                BENCH_MIN_MS(ms, rc |= na_cpu_conv2d(&g, &x, &w, &b, &y));
+        snprintf(name, sizeof name, "%s_conv%d_%lldx%lld_forward%s", net, l + 1,
+                 (long long)L[1], (long long)L[2], suffix);
+        print_row(name, variant, (int64_t)(gflop * 1e3 / ms), ms);
+        if (L[1] > 3) {
+            BENCH_MIN_MS(ms, rc |= na_cpu_conv2d_backward_data(&g, &y, &w, &gx));
+            snprintf(name, sizeof name, "%s_conv%d_%lldx%lld_backward_data%s", net, l + 1,
+                     (long long)L[1], (long long)L[2], suffix);
+            print_row(name, variant, (int64_t)(gflop * 1e3 / ms), ms);
+        }
+        BENCH_MIN_MS(ms, rc |= na_cpu_conv2d_backward_weight(&g, &x, &y, &gw));
+        snprintf(name, sizeof name, "%s_conv%d_%lldx%lld_backward_weight%s", net, l + 1,
+                 (long long)L[1], (long long)L[2], suffix);
+        print_row(name, variant, (int64_t)(gflop * 1e3 / ms), ms);
+    }
+    free(x.data), free(y.data), free(w.data), free(b.data), free(gx.data), free(gw.data);
+    return rc;
+}
+
+/* Convolutions 3x3, padding 1: f32 through the direct convolution (where this CPU has it) and
+ * the im2col + GEMM path; then bf16 tensors (rows ending _bf16) widened to f32 (the
+ * specification) and, where the CPU has AVX512_BF16, multiplied as bf16 (vdpbf16ps). One row
+ * per layer: {batch, c_in, c_out, h = w}. */
 static int bench_conv_layers(const char *net, const int64_t (*layers)[4], int count) {
     int rc = 0;
     for (int l = 0; l < count; l++) {
@@ -205,37 +243,21 @@ static int bench_conv_layers(const char *net, const int64_t (*layers)[4], int co
         na_conv_geom g = {.n = L[0], .c_in = L[1], .h = L[3], .w = L[3], .c_out = L[2],
                           .oh = L[3], .ow = L[3], .kh = 3, .kw = 3, .sh = 1, .sw = 1, .ph = 1,
                           .pw = 1, .dh = 1, .dw = 1, .groups = 1};
-        int64_t xs[4] = {L[0], L[1], L[3], L[3]}, ys[4] = {L[0], L[2], L[3], L[3]},
-                ws[4] = {L[2], L[1], 3, 3}, bs[1] = {L[2]};
-        na_view x = bench_view(NA_DTYPE_F32, 4, xs), y = bench_view(NA_DTYPE_F32, 4, ys),
-                w = bench_view(NA_DTYPE_F32, 4, ws), b = bench_view(NA_DTYPE_F32, 1, bs),
-                gx = bench_view(NA_DTYPE_F32, 4, xs), gw = bench_view(NA_DTYPE_F32, 4, ws);
-        if (!x.data || !y.data || !w.data || !b.data || !gx.data || !gw.data) return 1;
-        bench_fill(&x), bench_fill(&w), bench_fill(&b), bench_fill(&y);
-        double gflop = 2.0 * L[0] * L[1] * L[2] * 9 * L[3] * L[3] / 1e9;
-        char name[96];
+        bool direct = na_cpu_direct_conv_usable(&g, false);
         for (int gemm = 1; gemm >= 0; gemm--) {
             na_cpu_conv_force_gemm = gemm;
-            const char *v = gemm ? "im2col_gemm" : na_cpu_direct_conv_usable(&g, false)
-                                                       ? "direct_avx512" : "im2col_gemm";
-            double ms;
-            BENCH_MIN_MS(ms, rc |= na_cpu_conv2d(&g, &x, &w, &b, &y));
-            snprintf(name, sizeof name, "%s_conv%d_%lldx%lld_forward", net, l + 1,
-                     (long long)L[1], (long long)L[2]);
-            print_row(name, v, (int64_t)(gflop * 1e3 / ms), ms); /* n: GFLOP/s */
-            if (L[1] > 3) {
-                BENCH_MIN_MS(ms, rc |= na_cpu_conv2d_backward_data(&g, &y, &w, &gx));
-                snprintf(name, sizeof name, "%s_conv%d_%lldx%lld_backward_data", net, l + 1,
-                         (long long)L[1], (long long)L[2]);
-                print_row(name, v, (int64_t)(gflop * 1e3 / ms), ms);
-            }
-            BENCH_MIN_MS(ms, rc |= na_cpu_conv2d_backward_weight(&g, &x, &y, &gw));
-            snprintf(name, sizeof name, "%s_conv%d_%lldx%lld_backward_weight", net, l + 1,
-                     (long long)L[1], (long long)L[2]);
-            print_row(name, v, (int64_t)(gflop * 1e3 / ms), ms);
+            rc |= bench_conv_passes(net, l, L, NA_DTYPE_F32, "",
+                                    gemm || !direct ? "im2col_gemm" : "direct_avx512");
         }
         na_cpu_conv_force_gemm = false;
-        free(x.data), free(y.data), free(w.data), free(b.data), free(gx.data), free(gw.data);
+        for (int dot = 0; dot <= (int)na_cpu_bf16_dot(); dot++) {
+            bool keep = na_cpu_bf16_force_spec;
+            na_cpu_bf16_force_spec = !dot;
+            rc |= bench_conv_passes(net, l, L, NA_DTYPE_BF16, "_bf16",
+                                    dot ? "direct_avx512_bf16"
+                                        : direct ? "direct_avx512_widen" : "im2col_gemm_widen");
+            na_cpu_bf16_force_spec = keep;
+        }
     }
     return rc != 0;
 }
