@@ -29,6 +29,15 @@
  * f64, the gradient checks' reference, keeps the GEMM path) when the CPU has AVX-512F, the
  * horizontal stride and dilation are 1 (the panel's rows are then contiguous input runs), and
  * NANOAMP_CPU_CONV is not "gemm". Measured in docs/benchmarks.md.
+ *
+ * bf16 x bf16 (autocast bf16) on AVX512_BF16 (na_cpu_bf16_dot): the same kernels read the bf16
+ * tensors in place and multiply with vdpbf16ps, which adds a pair of bf16 products into each
+ * f32 lane. The forward's panel holds 32-bit pairs of input channels per tap, the weights the
+ * same pairs, and the tile broadcasts a pair where the f32 tile broadcasts a float; the weight
+ * gradient's rows are bf16 in whole 32-pixel vectors, so its pairs are consecutive pixels.
+ * The products are exact in f32, so each output is the widening path's f32 sum in another
+ * order, rounded once; denormal inputs and results are zero (the instruction's DAZ/FTZ). The
+ * widening path stays the specification (NANOAMP_CPU_BF16=off, na_cpu_bf16_force_spec).
  */
 #include <stdlib.h>
 
