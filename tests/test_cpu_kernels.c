@@ -1468,13 +1468,10 @@ Test(cpu_conv, bf16_dot_flushes_denormals) {
 
 /* The weight gradient split by output channels takes as many tasks as the thread count asks
  * for (two per thread): its bits must not depend on that. A layer wide enough for the split,
- * at 1, 2, 3 and 4 threads. */
-Test(cpu_conv, weight_gradient_by_rows_same_bits_at_any_thread_count) {
+ * at 1, 2, 3 and 4 threads, in f32 and in bf16 (on AVX512_BF16, the vdpbf16ps path). */
+static void wgrad_rows_same_bits(na_dtype dt) {
     na_conv_geom g = conv_geom(6, 32, 16, 16, 256, 3, 1, 1, 1, 1); /* blocks of 4 images */
-    if (!na_cpu_direct_conv_usable(&g, false))
-        cr_skip("this CPU has no AVX-512F (or NANOAMP_CPU_CONV=gemm): no direct convolution");
-    na_view x = MK(NA_DTYPE_F32, g.n, g.c_in, g.h, g.w),
-            gy = MK(NA_DTYPE_F32, g.n, g.c_out, g.oh, g.ow), gw[4];
+    na_view x = MK(dt, g.n, g.c_in, g.h, g.w), gy = MK(dt, g.n, g.c_out, g.oh, g.ow), gw[4];
     fill_rand(&x, -1, 1);
     fill_rand(&gy, -1, 1);
     int64_t keep = na_cpu_conv_block_budget;
@@ -1489,11 +1486,20 @@ Test(cpu_conv, weight_gradient_by_rows_same_bits_at_any_thread_count) {
     na_set_num_threads(1);
     for (int t = 1; t < 4; t++) {
         char what[64];
-        snprintf(what, sizeof what, "weight gradient at %d threads against 1", t + 1);
+        snprintf(what, sizeof what, "%s weight gradient at %d threads against 1",
+                 na_dtype_name(dt), t + 1);
         expect_same_bits(&gw[t], &gw[0], what);
     }
     for (int t = 0; t < 4; t++) rm(&gw[t]);
     rm(&x); rm(&gy);
+}
+
+Test(cpu_conv, weight_gradient_by_rows_same_bits_at_any_thread_count) {
+    na_conv_geom g = conv_geom(6, 32, 16, 16, 256, 3, 1, 1, 1, 1);
+    if (!na_cpu_direct_conv_usable(&g, false))
+        cr_skip("this CPU has no AVX-512F (or NANOAMP_CPU_CONV=gemm): no direct convolution");
+    wgrad_rows_same_bits(NA_DTYPE_F32);
+    wgrad_rows_same_bits(NA_DTYPE_BF16);
 }
 
 /* The specification itself, on numbers worked by hand. */
