@@ -1435,6 +1435,27 @@ Test(cpu_conv, bf16_dot_against_widening_path_and_specification, .timeout = 120)
     }
 }
 
+/* NANOAMP_CPU_BF16=off (read once, at the first bf16 product: Criterion runs each test in a
+ * process of its own) keeps the widening path: the bits of na_cpu_bf16_force_spec's. */
+Test(cpu_conv, bf16_env_off_keeps_the_widening_path) {
+    na_conv_geom g = conv_geom(2, 16, 9, 9, 8, 3, 1, 1, 1, 1);
+    setenv("NANOAMP_CPU_BF16", "off", 1);
+    cr_assert(!na_cpu_bf16_dot(), "NANOAMP_CPU_BF16=off: no vdpbf16ps");
+    na_view x = MK(NA_DTYPE_BF16, g.n, g.c_in, g.h, g.w), w = MK(NA_DTYPE_BF16, 8, 16, 3, 3),
+            y[2];
+    fill_rand(&x, -1, 1);
+    fill_rand(&w, -1, 1);
+    for (int v = 0; v < 2; v++) {
+        y[v] = MK(NA_DTYPE_F32, g.n, g.c_out, g.oh, g.ow);
+        na_cpu_bf16_force_spec = v == 1;
+        int rc = B->conv2d(&g, &x, &w, NULL, &y[v]);
+        na_cpu_bf16_force_spec = false;
+        cr_assert_eq(rc, NA_OK, "%s", na_last_error());
+    }
+    expect_same_bits(&y[0], &y[1], "NANOAMP_CPU_BF16=off against the widening path");
+    rm(&x); rm(&w); rm(&y[0]); rm(&y[1]);
+}
+
 /* vdpbf16ps takes denormal inputs as zero and flushes denormal results to zero (DAZ/FTZ,
  * whatever MXCSR says); the widening path and the specification keep both, as the GPU does.
  * A 1x1 convolution of one channel (x: 2^-130 a bf16 denormal, 2^-100, 1, 2^-126 the least
