@@ -10,8 +10,8 @@
  *
  * conv:    the MNIST CNN's two convolutions (batch 128), forward and gradients, f32 through
  *          the direct AVX-512 convolution and the im2col + GEMM path (cpu_direct_conv.c,
- *          cpu_conv.c), and bf16 (x, w, y in bf16) through whatever path the backend takes for
- *          it; "n" is the rate in GFLOP/s (integer), "gflops" the same unrounded, "pct_peak" its
+ *          cpu_conv.c), and bf16 (x, w, y in bf16) widened to f32 (bf16_widening, the
+ *          specification) and on vdpbf16ps (bf16_dpbf16, where the CPU has it); "n" is the rate in GFLOP/s (integer), "gflops" the same unrounded, "pct_peak" its
  *          percentage of this machine's measured peak for the dtype ("peak": f32 FMA or bf16
  *          vdpbf16ps, bench/peak.h). A "total" row per variant divides all the case's FLOPs by
  *          all its time. conv-resnet9: the same for ResNet-9's six distinct 3x3 layers at
@@ -235,7 +235,9 @@ static int bench_conv_layers(const char *net, const int64_t (*layers)[4], int co
     static const struct {
         na_dtype dt;
         int gemm; /* na_cpu_conv_force_gemm */
-    } runs[] = {{NA_DTYPE_F32, 1}, {NA_DTYPE_F32, 0}, {NA_DTYPE_BF16, 0}};
+        bool spec; /* na_cpu_bf16_force_spec: bf16 widened to f32 */
+    } runs[] = {{NA_DTYPE_F32, 1, false}, {NA_DTYPE_F32, 0, false}, {NA_DTYPE_BF16, 0, true},
+                {NA_DTYPE_BF16, 0, false}};
     enum { NRUNS = sizeof runs / sizeof runs[0] };
     double total_gflop[NRUNS] = {0}, total_ms[NRUNS] = {0};
     const char *variant[NRUNS] = {0};
@@ -250,15 +252,18 @@ static int bench_conv_layers(const char *net, const int64_t (*layers)[4], int co
         double gflop = 2.0 * L[0] * L[1] * L[2] * 9 * L[3] * L[3] / 1e9;
         for (int k = 0; k < NRUNS; k++) {
             na_dtype dt = runs[k].dt;
+            na_cpu_bf16_force_spec = false;
+            if (dt == NA_DTYPE_BF16 && !runs[k].spec && !na_cpu_bf16_fast()) continue;
             na_view x = bench_view(dt, 4, xs), y = bench_view(dt, 4, ys),
                     w = bench_view(dt, 4, ws), b = bench_view(dt, 1, bs),
                     gx = bench_view(dt, 4, xs), gw = bench_view(dt, 4, ws);
             if (!x.data || !y.data || !w.data || !b.data || !gx.data || !gw.data) return 1;
             bench_fill(&x), bench_fill(&w), bench_fill(&b), bench_fill(&y);
             na_cpu_conv_force_gemm = runs[k].gemm;
-            /* bf16: whatever path the backend takes for it (widening, or a bf16 kernel) */
+            na_cpu_bf16_force_spec = runs[k].spec;
+            /* bf16: widened to f32 (the specification), then on vdpbf16ps where the CPU has it */
             const char *v = runs[k].gemm ? "im2col_gemm"
-                            : dt != NA_DTYPE_F32 ? "default"
+                            : dt != NA_DTYPE_F32 ? (runs[k].spec ? "bf16_widening" : "bf16_dpbf16")
                             : na_cpu_direct_conv_usable(&g, false) ? "direct_avx512"
                                                                    : "im2col_gemm";
             variant[k] = v;
@@ -282,11 +287,12 @@ static int bench_conv_layers(const char *net, const int64_t (*layers)[4], int co
                      (long long)L[1], (long long)L[2], dts);
             print_conv_row(name, v, dt, gflop, ms);
             total_gflop[k] += gflop, total_ms[k] += ms;
-            na_cpu_conv_force_gemm = false;
+            na_cpu_conv_force_gemm = false, na_cpu_bf16_force_spec = false;
             free(x.data), free(y.data), free(w.data), free(b.data), free(gx.data), free(gw.data);
         }
     }
     for (int k = 0; k < NRUNS; k++) { /* each layer once, as ResNet-9 has its layers */
+        if (!variant[k]) continue; /* (no vdpbf16ps here) */
         char name[64];
         snprintf(name, sizeof name, "%s_conv_total%s", net,
                  runs[k].dt == NA_DTYPE_F32 ? "" : "_bf16");

@@ -1439,15 +1439,166 @@ Test(cpu_conv, direct_path_against_gemm_path) {
     direct_against_gemm(conv_geom(2, 256, 2, 3, 520, 3, 1, 1, 1, 1));
 }
 
+/* ---- bf16 products on AVX512_BF16 (cpu_direct_conv.c, na_cpu_bf16_fast) --------------------
+ * One geometry with bf16 x, w, bias and gy, outputs of dtype `out` (f32: the sums themselves,
+ * bf16: as autocast stores them): forward, data gradient and weight gradient on the vdpbf16ps
+ * path (as shipped), on the widening f32 path (na_cpu_bf16_force_spec) and in the
+ * specification (cpu_reference.c). Each of the three is a K-term f32 sum of exact products
+ * (a bf16 x bf16 product fits f32's 24 bits) in its own order, so any two agree within
+ * expect_within_sum_bound: 2.1 K 2^-24 S + 2.1 u_out |y| with S the sum of |products| and
+ * u_out 2^-24 (f32) or 2^-8 (bf16); the fast path must also differ from the widening path
+ * somewhere (else it did not run: the orders differ). */
+static void bf16_dot_case(na_conv_geom g, na_dtype out) {
+    const na_dtype bf = NA_DTYPE_BF16;
+    int64_t cg = g.c_in / g.groups, cog = g.c_out / g.groups, taps = (int64_t)g.kh * g.kw;
+    na_view x = MK(bf, g.n, g.c_in, g.h, g.w), w = MK(bf, g.c_out, cg, g.kh, g.kw),
+            b = MK(bf, g.c_out), gy = MK(bf, g.n, g.c_out, g.oh, g.ow);
+    fill_rand(&x, -1, 1);
+    fill_rand(&w, -1, 1);
+    fill_rand(&b, -1, 1);
+    fill_rand(&gy, -1, 1);
+    na_view ax = absolute(&x), aw = absolute(&w), ab = absolute(&b), agy = absolute(&gy);
+    bool direct = na_cpu_direct_conv_usable(&g, false), data = na_cpu_direct_conv_usable(&g, true);
+    na_view y[4], gx[4], gw[4]; /* fast, widening, specification, magnitudes */
+    for (int v = 0; v < 4; v++) {
+        y[v] = MK(out, g.n, g.c_out, g.oh, g.ow);
+        gx[v] = MK(out, g.n, g.c_in, g.h, g.w);
+        gw[v] = MK(out, g.c_out, cg, g.kh, g.kw);
+    }
+    for (int v = 0; v < 2; v++) {
+        na_cpu_bf16_force_spec = v == 1;
+        int rc = B->conv2d(&g, &x, &w, &b, &y[v]);
+        if (!rc) rc = B->conv2d_backward_data(&g, &gy, &w, &gx[v]);
+        if (!rc) rc = B->conv2d_backward_weight(&g, &x, &gy, &gw[v]);
+        na_cpu_bf16_force_spec = false;
+        cr_assert_eq(rc, NA_OK, "%s", na_last_error());
+    }
+    cr_assert_eq(na_cpu_ref_conv2d(&g, &x, &w, &b, &y[2]), NA_OK);
+    cr_assert_eq(na_cpu_ref_conv2d_backward_data(&g, &gy, &w, &gx[2]), NA_OK);
+    cr_assert_eq(na_cpu_ref_conv2d_backward_weight(&g, &x, &gy, &gw[2]), NA_OK);
+    cr_assert_eq(na_cpu_ref_conv2d(&g, &ax, &aw, &ab, &y[3]), NA_OK);
+    cr_assert_eq(na_cpu_ref_conv2d_backward_data(&g, &agy, &aw, &gx[3]), NA_OK);
+    cr_assert_eq(na_cpu_ref_conv2d_backward_weight(&g, &ax, &agy, &gw[3]), NA_OK);
+    char what[200];
+    na_view *res[3][4] = {{&y[0], &y[1], &y[2], &y[3]}, {&gx[0], &gx[1], &gx[2], &gx[3]},
+                          {&gw[0], &gw[1], &gw[2], &gw[3]}};
+    int64_t terms[3] = {cg * taps + 1, cog * taps, g.n * g.oh * g.ow};
+    const char *names[3] = {"forward", "data gradient", "weight gradient"};
+    for (int q = 0; q < 3; q++) {
+        snprintf(what, sizeof what, "bf16 %s -> %s: n%lld c%lld->%lld %lldx%lld k%d s%d p%d g%d",
+                 names[q], na_dtype_name(out), (long long)g.n, (long long)g.c_in,
+                 (long long)g.c_out, (long long)g.h, (long long)g.w, g.kh, g.sh, g.ph, g.groups);
+        na_view **r = res[q];
+        expect_within_sum_bound(r[0], r[2], r[3], terms[q], what); /* fast vs specification */
+        expect_within_sum_bound(r[0], r[1], r[3], terms[q], what); /* fast vs widening */
+        expect_within_sum_bound(r[1], r[2], r[3], terms[q], what); /* widening vs spec */
+        bool differs = false;
+        for (int64_t i = 0; i < r[0]->numel && !differs; i++)
+            differs = get(r[0], i) != get(r[1], i);
+        /* off the direct path (horizontal stride or dilation 2, or a data gradient of vertical
+         * stride 2) the widening path runs; one input channel pairs each product with a zero,
+         * summed in the widening path's order; a bf16 output may round both alike */
+        bool one_channel = (q == 0 ? cg : q == 1 ? cog : 2) < 2;
+        cr_assert(differs || !direct || (q == 1 && !data) || one_channel || out == bf,
+                  "%s: the fast path has the widening path's bits", what);
+    }
+    for (int v = 0; v < 4; v++) rm(&y[v]), rm(&gx[v]), rm(&gw[v]);
+    rm(&x); rm(&w); rm(&b); rm(&gy); rm(&ax); rm(&aw); rm(&ab); rm(&agy);
+}
+
+/* Odd channel counts (a pair's zero half), padding, vertical stride 2 (horizontal stride 2
+ * takes the GEMM path, widening), groups, several K blocks, the MNIST CNN's and ResNet-9's
+ * layers (smaller batches), in f32 and bf16 outputs. */
+Test(cpu_conv, bf16_dot_against_widening_path_and_specification, .timeout = 120) {
+    na_conv_geom g = conv_geom(2, 3, 9, 7, 5, 3, 1, 1, 1, 1);
+    if (!na_cpu_bf16_fast() || !na_cpu_direct_conv_usable(&g, false))
+        cr_skip("this CPU has no AVX512_BF16 (or NANOAMP_CPU_BF16=off): widening path only");
+    na_conv_geom shapes[] = {
+        g,
+        conv_geom(3, 7, 6, 11, 9, 3, 1, 2, 1, 1),   /* odd channels, padding past the reach */
+        conv_geom(2, 5, 12, 10, 3, 3, 1, 0, 1, 1),  /* no padding */
+        conv_geom(2, 6, 13, 9, 10, 5, 1, 2, 1, 2),  /* 5x5, groups of 3 */
+        conv_geom(2, 9, 11, 8, 4, 2, 1, 1, 2, 1),   /* dilation 2: the GEMM path */
+        conv_geom(3, 320, 5, 6, 12, 3, 1, 1, 1, 1), /* K 2880: two bf16 K blocks */
+        conv_geom(2, 301, 4, 5, 7, 3, 1, 1, 1, 1),  /* two K blocks, an odd channel count */
+        conv_geom(4, 1, 28, 28, 32, 3, 1, 1, 1, 1), /* MNIST CNN conv1 */
+        conv_geom(4, 32, 14, 14, 64, 3, 1, 1, 1, 1), /* MNIST CNN conv2 */
+        conv_geom(1, 3, 32, 32, 64, 3, 1, 1, 1, 1), /* ResNet-9's layers, one image */
+        conv_geom(1, 64, 32, 32, 128, 3, 1, 1, 1, 1),
+        conv_geom(1, 128, 16, 16, 256, 3, 1, 1, 1, 1),
+        conv_geom(1, 256, 8, 8, 512, 3, 1, 1, 1, 1),
+        conv_geom(2, 512, 4, 4, 512, 3, 1, 1, 1, 1),
+    };
+    na_conv_geom s2 = conv_geom(2, 5, 9, 8, 6, 3, 1, 1, 1, 1);
+    s2.sh = 2, s2.oh = (s2.h + 2 - 3) / 2 + 1; /* vertical stride 2: direct but the data grad */
+    bf16_dot_case(s2, NA_DTYPE_F32);
+    na_conv_geom d2 = conv_geom(2, 9, 11, 8, 4, 3, 1, 2, 1, 1);
+    d2.dh = 2, d2.oh = 11 + 4 - 4 - 1 + 1; /* vertical dilation 2: direct */
+    bf16_dot_case(d2, NA_DTYPE_F32);
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        bf16_dot_case(shapes[i], NA_DTYPE_F32);
+        if (i < 9) bf16_dot_case(shapes[i], NA_DTYPE_BF16);
+    }
+}
+
+/* NANOAMP_CPU_BF16=off (read once, at the first bf16 product: Criterion runs each test in a
+ * process of its own) keeps the widening path: the bits of na_cpu_bf16_force_spec's. */
+Test(cpu_conv, bf16_env_off_keeps_the_widening_path) {
+    na_conv_geom g = conv_geom(2, 16, 9, 9, 8, 3, 1, 1, 1, 1);
+    setenv("NANOAMP_CPU_BF16", "off", 1);
+    cr_assert(!na_cpu_bf16_fast(), "NANOAMP_CPU_BF16=off: no vdpbf16ps");
+    na_view x = MK(NA_DTYPE_BF16, g.n, g.c_in, g.h, g.w), w = MK(NA_DTYPE_BF16, 8, 16, 3, 3),
+            y[2];
+    fill_rand(&x, -1, 1);
+    fill_rand(&w, -1, 1);
+    for (int v = 0; v < 2; v++) {
+        y[v] = MK(NA_DTYPE_F32, g.n, g.c_out, g.oh, g.ow);
+        na_cpu_bf16_force_spec = v == 1;
+        int rc = B->conv2d(&g, &x, &w, NULL, &y[v]);
+        na_cpu_bf16_force_spec = false;
+        cr_assert_eq(rc, NA_OK, "%s", na_last_error());
+    }
+    expect_same_bits(&y[0], &y[1], "NANOAMP_CPU_BF16=off against the widening path");
+    rm(&x); rm(&w); rm(&y[0]); rm(&y[1]);
+}
+
+/* vdpbf16ps takes denormal inputs as zero and flushes denormal results to zero (DAZ/FTZ,
+ * whatever MXCSR says); the widening path and the specification keep both, as the GPU does.
+ * A 1x1 convolution of one channel (x: 2^-130 a bf16 denormal, 2^-100, 1, 2^-126 the least
+ * normal) by weights 2^20 and 2^-30: 2^-130 x 2^20 = 2^-110 is lost to DAZ, and 2^-100 x 2^-30
+ * = 2^-130 (an f32 denormal) to FTZ. Both only below 1.2e-38, f32's least normal. */
+Test(cpu_conv, bf16_dot_flushes_denormals) {
+    na_conv_geom g = conv_geom(1, 1, 1, 4, 2, 1, 1, 0, 1, 1);
+    if (!na_cpu_bf16_fast() || !na_cpu_direct_conv_usable(&g, false))
+        cr_skip("this CPU has no AVX512_BF16 (or NANOAMP_CPU_BF16=off): widening path only");
+    na_view x = MK(NA_DTYPE_BF16, 1, 1, 1, 4), w = MK(NA_DTYPE_BF16, 2, 1, 1, 1);
+    double xs[4] = {0x1p-130, 0x1p-100, 1, 0x1p-126}, ws[2] = {0x1p20, 0x1p-30};
+    for (int i = 0; i < 4; i++) set(&x, i, xs[i]);
+    for (int i = 0; i < 2; i++) set(&w, i, ws[i]);
+    cr_assert_eq(get(&x, 0), 0x1p-130, "2^-130 is a bf16 denormal");
+    /* [fast, widening][output channel][pixel] */
+    double want[2][2][4] = {{{0, 0x1p-80, 0x1p20, 0x1p-106}, {0, 0, 0x1p-30, 0}},
+                            {{0x1p-110, 0x1p-80, 0x1p20, 0x1p-106}, {0, 0x1p-130, 0x1p-30, 0}}};
+    for (int v = 0; v < 2; v++) {
+        na_view y = MK(NA_DTYPE_F32, 1, 2, 1, 4);
+        na_cpu_bf16_force_spec = v == 1;
+        int rc = B->conv2d(&g, &x, &w, NULL, &y);
+        na_cpu_bf16_force_spec = false;
+        cr_assert_eq(rc, NA_OK, "%s", na_last_error());
+        for (int i = 0; i < 8; i++)
+            cr_assert_eq(get(&y, i), want[v][i / 4][i % 4], "%s y[%d] = %a, want %a",
+                         v ? "widening" : "vdpbf16ps", i, get(&y, i), want[v][i / 4][i % 4]);
+        rm(&y);
+    }
+    rm(&x); rm(&w);
+}
+
 /* The weight gradient split by output channels takes as many tasks as the thread count asks
  * for (two per thread): its bits must not depend on that. A layer wide enough for the split,
- * at 1, 2, 3 and 4 threads. */
-Test(cpu_conv, weight_gradient_by_rows_same_bits_at_any_thread_count) {
+ * at 1, 2, 3 and 4 threads, in f32 and in bf16 (on AVX512_BF16, the vdpbf16ps path). */
+static void wgrad_rows_same_bits(na_dtype dt) {
     na_conv_geom g = conv_geom(6, 32, 16, 16, 256, 3, 1, 1, 1, 1); /* blocks of 4 images */
-    if (!na_cpu_direct_conv_usable(&g, false))
-        cr_skip("this CPU has no AVX-512F (or NANOAMP_CPU_CONV=gemm): no direct convolution");
-    na_view x = MK(NA_DTYPE_F32, g.n, g.c_in, g.h, g.w),
-            gy = MK(NA_DTYPE_F32, g.n, g.c_out, g.oh, g.ow), gw[4];
+    na_view x = MK(dt, g.n, g.c_in, g.h, g.w), gy = MK(dt, g.n, g.c_out, g.oh, g.ow), gw[4];
     fill_rand(&x, -1, 1);
     fill_rand(&gy, -1, 1);
     int64_t keep = na_cpu_conv_block_budget;
@@ -1462,11 +1613,20 @@ Test(cpu_conv, weight_gradient_by_rows_same_bits_at_any_thread_count) {
     na_set_num_threads(1);
     for (int t = 1; t < 4; t++) {
         char what[64];
-        snprintf(what, sizeof what, "weight gradient at %d threads against 1", t + 1);
+        snprintf(what, sizeof what, "%s weight gradient at %d threads against 1",
+                 na_dtype_name(dt), t + 1);
         expect_same_bits(&gw[t], &gw[0], what);
     }
     for (int t = 0; t < 4; t++) rm(&gw[t]);
     rm(&x); rm(&gy);
+}
+
+Test(cpu_conv, weight_gradient_by_rows_same_bits_at_any_thread_count) {
+    na_conv_geom g = conv_geom(6, 32, 16, 16, 256, 3, 1, 1, 1, 1);
+    if (!na_cpu_direct_conv_usable(&g, false))
+        cr_skip("this CPU has no AVX-512F (or NANOAMP_CPU_CONV=gemm): no direct convolution");
+    wgrad_rows_same_bits(NA_DTYPE_F32);
+    wgrad_rows_same_bits(NA_DTYPE_BF16);
 }
 
 /* The specification itself, on numbers worked by hand. */

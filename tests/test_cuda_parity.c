@@ -37,7 +37,7 @@
 
 #include "backend.h"
 #include "common/half.h"
-#include "cpu/cpu_internal.h"   /* na_cpu_bf16_fast */
+#include "cpu/cpu_internal.h"   /* na_cpu_bf16_fast, na_cpu_bf16_force_spec */
 #include "cuda/conv_graph.h"    /* na_conv_layout_strides (host code, in every build) */
 #include "cuda/cuda_internal.h" /* declarations only; called under NA_HAVE_CUDA */
 #include "nanoamp/autograd.h"
@@ -116,6 +116,7 @@ static void spec_bf16(void) { setenv("NANOAMP_CPU_BF16", "off", 1); }
             return;                                                                        \
         }                                                                                  \
         seed_init();                                                                       \
+        na_cpu_bf16_force_spec = true; /* the CPU side is the spec: bf16 products widened */ \
         cpu = na_backend_get(NA_DEVICE_CPU);                                               \
         gpu = na_backend_get(g_dev2);                                                      \
         cr_assert(cpu && gpu, "backends: %s", na_last_error());                            \

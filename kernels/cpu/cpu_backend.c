@@ -140,6 +140,8 @@ NA_CPU_DEFINE_PAIRWISE(double, pairwise_d)
 #endif
 bool na_cpu_has_avx512f(void) { NA_CPU_FEATURE("avx512f"); }
 static bool has_avx512bf16(void) { NA_CPU_FEATURE("avx512bf16"); }
+static bool has_avx512bw(void) { NA_CPU_FEATURE("avx512bw"); }
+static bool has_avx512vl(void) { NA_CPU_FEATURE("avx512vl"); }
 
 bool na_cpu_bf16_force_spec = false;
 bool na_cpu_bf16_fast(void) {
@@ -148,7 +150,8 @@ bool na_cpu_bf16_fast(void) {
         const char *e = getenv("NANOAMP_CPU_BF16");
         env_off = e && strcmp(e, "off") == 0;
     }
-    return NA_CPU_BF16_KERNELS && !na_cpu_bf16_force_spec && !env_off && has_avx512bf16();
+    return NA_CPU_BF16_KERNELS && !na_cpu_bf16_force_spec && !env_off && has_avx512bf16() &&
+           has_avx512bw() && has_avx512vl() && na_cpu_has_avx512f();
 }
 static bool has_avx2(void) { NA_CPU_FEATURE("avx2"); }
 

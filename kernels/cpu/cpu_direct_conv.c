@@ -29,6 +29,15 @@
  * f64, the gradient checks' reference, keeps the GEMM path) when the CPU has AVX-512F, the
  * horizontal stride and dilation are 1 (the panel's rows are then contiguous input runs), and
  * NANOAMP_CPU_CONV is not "gemm". Measured in docs/benchmarks.md.
+ *
+ * bf16 x bf16 (autocast bf16) on AVX512_BF16 (na_cpu_bf16_fast): the same kernels read the bf16
+ * tensors in place and multiply with vdpbf16ps, which adds a pair of bf16 products into each
+ * f32 lane. The forward's panel holds 32-bit pairs of input channels per tap, the weights the
+ * same pairs, and the tile broadcasts a pair where the f32 tile broadcasts a float; the weight
+ * gradient's rows are bf16 in whole 32-pixel vectors, so its pairs are consecutive pixels.
+ * The products are exact in f32, so each output is the widening path's f32 sum in another
+ * order, rounded once; denormal inputs and results are zero (the instruction's DAZ/FTZ). The
+ * widening path stays the specification (NANOAMP_CPU_BF16=off, na_cpu_bf16_force_spec).
  */
 #include <stdlib.h>
 
@@ -40,6 +49,7 @@
 #define NA_DC_X86 1
 #include <immintrin.h>
 #define NA_AVX512 __attribute__((target("avx512f,fma")))
+#define NA_BF16 __attribute__((target("avx512f,fma,avx512bw,avx512vl,avx512bf16")))
 #endif
 
 bool na_cpu_conv_force_gemm = false;
@@ -51,6 +61,7 @@ enum { NA_CPU_DIRECT_ROW_TASKS = 8 }; /* most tasks of a weight gradient split b
  * OH x OW out, horizontal stride and dilation 1. */
 typedef struct {
     int64_t cin, H, W, cout, OH, OW, K, blocks; /* K = cin*KH*KW; blocks of DC_MR outputs */
+    int64_t KP; /* bf16 products: K in pairs of channels, KH*KW*ceil(cin/2) */
     int KH, KW, sh, ph, pw, dh;
 } dc_shape;
 
@@ -72,14 +83,29 @@ bool na_cpu_direct_conv_usable(const na_conv_geom *g, bool backward_data) {
            (g->sh == 1 && g->dh == 1 && g->ph <= g->kh - 1 && g->pw <= g->kw - 1);
 }
 
+/* Input channels per K block: the panel (K x 48 floats, or K/2 x 48 bf16 pairs) stays within
+ * about 256 KiB of L2; bf16 blocks but the last hold whole pairs. */
+static int64_t block_channels(const dc_shape *s, bool bf) {
+    int64_t taps = (int64_t)s->KH * s->KW, most = 1344 / taps < 1 ? 1 : 1344 / taps;
+    if (bf) most *= 2;
+    int64_t blocks = (s->cin + most - 1) / most, bc = (s->cin + blocks - 1) / blocks;
+    return bf && blocks > 1 ? (bc + 1) / 2 * 2 : bc;
+}
+
+/* rows of one K block's panel: floats, or bf16 pairs */
+static int64_t panel_rows(const dc_shape *s, bool bf) {
+    int64_t bc = block_channels(s, bf), taps = (int64_t)s->KH * s->KW;
+    return (bf ? (bc + 1) / 2 : bc) * taps;
+}
+
 #ifdef NA_DC_X86
 
 /* ---- packing ------------------------------------------------------------------------------ */
 
-/* Asks for n floats at p in L2 ahead of their packing: an image's planes come from L3 or
+/* Asks for the bytes at p in L2 ahead of their packing: an image's planes come from L3 or
  * memory, and the packer's masked loads stalled on them. */
-static void prefetch_l2(const float *p, int64_t n) {
-    for (int64_t i = 0; i < n; i += 16) __builtin_prefetch(p + i, 0, 2);
+static void prefetch_l2(const void *p, int64_t bytes) {
+    for (int64_t i = 0; i < bytes; i += 64) __builtin_prefetch((const char *)p + i, 0, 2);
 }
 
 /* The input runs of one tile for one tap: lane l reads x[off[s] + l] where bit l of m[s] is
@@ -145,15 +171,69 @@ NA_AVX512 static void pack_tile(const dc_shape *s, const float *x, int64_t pt, i
         }
 }
 
+/* The 16 bf16 lanes of one tile for one tap, from the plane at byte address `plane`: the f32
+ * packer's masked loads at half the width. */
+NA_BF16 static inline __m256i runs_load_bf16(const dc_runs *r, uintptr_t plane) {
+    __m256i v = _mm256_setzero_si256();
+    for (int q = 0; q < r->n; q++) {
+        uintptr_t at = plane + (uintptr_t)r->off[q] * sizeof(uint16_t);
+        v = _mm256_mask_loadu_epi16(v, r->m[q], (const void *)at);
+    }
+    return v;
+}
+
+/* bf16 planes, for the forward and the data gradient: dst[(tap*np + p)*ld + l] (32 bits) =
+ * the pair (channel c0+2p in the low half, c0+2p+1 in the high half) under tap = (ki, kj) of
+ * output pixel pt + l, np = ceil((c1 - c0)/2); zero outside the input, past the last pixel
+ * and past c1 (an odd count's last pair). Pairs along channels, not taps: the runs of a tap
+ * serve both loads of a pair, and 9 taps would split a pair across channels. */
+NA_BF16 static void pack_tile_pairs(const dc_shape *s, const uint16_t *x, int64_t pt, int64_t c0,
+                                    int64_t c1, uint32_t *restrict dst, int64_t ld) {
+    const int64_t HW = s->H * s->W, np = (c1 - c0 + 1) / 2;
+    const uintptr_t step = (uintptr_t)HW * sizeof(uint16_t);
+    dc_runs runs;
+    for (int ki = 0; ki < s->KH; ki++)
+        for (int kj = 0; kj < s->KW; kj++) {
+            tile_runs(s, pt, ki, kj, &runs);
+            uint32_t *d = dst + (ki * s->KW + kj) * np * ld;
+            uintptr_t plane = (uintptr_t)(x + c0 * HW);
+            for (int64_t p = 0; p < np; p++, d += ld, plane += 2 * step) {
+                __m256i lo = runs_load_bf16(&runs, plane);
+                __m256i hi = c0 + 2 * p + 1 < c1 ? runs_load_bf16(&runs, plane + step)
+                                                  : _mm256_setzero_si256();
+                _mm512_storeu_si512(d, _mm512_or_si512(_mm512_cvtepu16_epi32(lo),
+                                                       _mm512_slli_epi32(
+                                                           _mm512_cvtepu16_epi32(hi), 16)));
+            }
+        }
+}
+
+/* bf16 planes, for the weight gradient: pack_tile's layout with bf16 elements (16 lanes per
+ * row and tap; the product pairs consecutive pixels) */
+NA_BF16 static void pack_tile_bf16(const dc_shape *s, const uint16_t *x, int64_t pt, int64_t c0,
+                                   int64_t c1, uint16_t *restrict dst, int64_t ld) {
+    const int64_t HW = s->H * s->W, taps = (int64_t)s->KH * s->KW;
+    const uintptr_t step = (uintptr_t)HW * sizeof(uint16_t);
+    dc_runs runs;
+    for (int ki = 0; ki < s->KH; ki++)
+        for (int kj = 0; kj < s->KW; kj++) {
+            tile_runs(s, pt, ki, kj, &runs);
+            uint16_t *d = dst + (ki * s->KW + kj) * ld;
+            uintptr_t plane = (uintptr_t)(x + c0 * HW);
+            for (int64_t ci = c0; ci < c1; ci++, d += taps * ld, plane += step)
+                _mm256_storeu_si256((__m256i *)d, runs_load_bf16(&runs, plane));
+        }
+}
+
 /* ---- the register tile ---------------------------------------------------------------------
  * rows (<= 8) output channels x NT tiles: out[t][i*P + l] (+)= bias[i] + w . panel, lanes
  * l < valid[t]. wp: the block's packed weights [K][8] (rows past `rows` are zero). Starts from
  * the stored partial sums when `partial` (a later K block), else from the bias. */
-#define NA_DC_DEFINE_TILE(NT)                                                               \
-    NA_AVX512 static void tile##NT(int64_t K, const float *restrict wp,                    \
-                                   const float *restrict panel, const float *bias, int rows, \
-                                   float *const *out, const int *valid, int64_t P,          \
-                                   bool partial) {                                          \
+#define NA_DC_DEFINE_TILE(NAME, NT, TARGET, E, VT, VLOAD, BCAST, MAC)                     \
+    TARGET static void NAME(int64_t K, const void *wpv, const void *panelv, const float *bias, \
+                            int rows, float *const *out, const int *valid, int64_t P,       \
+                            bool partial) {                                                 \
+        const E *restrict wp = wpv, *restrict panel = panelv;                               \
         __m512 acc[DC_MR][NT];                                                              \
         __mmask16 m[NT];                                                                    \
         _Pragma("GCC unroll 3") for (int t = 0; t < NT; t++)                                \
@@ -165,13 +245,13 @@ NA_AVX512 static void pack_tile(const dc_shape *s, const float *x, int64_t pt, i
                                                 : b0;                                       \
         }                                                                                   \
         for (int64_t k = 0; k < K; k++) {                                                   \
-            __m512 v[NT];                                                                   \
+            VT v[NT];                                                                       \
             _Pragma("GCC unroll 3") for (int t = 0; t < NT; t++)                            \
-                v[t] = _mm512_load_ps(panel + k * DC_CHUNK + t * DC_LANES);                 \
+                v[t] = VLOAD(panel + k * DC_CHUNK + t * DC_LANES);                          \
             _Pragma("GCC unroll 8") for (int i = 0; i < DC_MR; i++) {                       \
-                __m512 wv = _mm512_set1_ps(wp[k * DC_MR + i]);                              \
+                VT wv = BCAST(wp[k * DC_MR + i]);                                           \
                 _Pragma("GCC unroll 3") for (int t = 0; t < NT; t++)                        \
-                    acc[i][t] = _mm512_fmadd_ps(wv, v[t], acc[i][t]);                       \
+                    acc[i][t] = MAC(acc[i][t], wv, v[t]);                                   \
             }                                                                               \
         }                                                                                   \
         _Pragma("GCC unroll 8") for (int i = 0; i < DC_MR; i++) {                           \
@@ -180,32 +260,44 @@ NA_AVX512 static void pack_tile(const dc_shape *s, const float *x, int64_t pt, i
                 _mm512_mask_storeu_ps(out[t] + i * P, m[t], acc[i][t]);                     \
         }                                                                                   \
     }
-NA_DC_DEFINE_TILE(1)
-NA_DC_DEFINE_TILE(2)
-NA_DC_DEFINE_TILE(3)
+/* acc += w * v: one f32 FMA per lane, or (bf16) the lane's pair of products, in f32 */
+#define NA_DC_FMA(acc, w, v) _mm512_fmadd_ps(w, v, acc)
+#define NA_DC_DOT(acc, w, v) _mm512_dpbf16_ps(acc, (__m512bh)(w), (__m512bh)(v))
+#define NA_DC_LOAD_SI(p) _mm512_loadu_si512((const void *)(p))
+#define NA_DC_SET1_PAIR(x) _mm512_set1_epi32((int)(x))
+#define NA_DC_TILES(NT)                                                                     \
+    NA_DC_DEFINE_TILE(tile##NT, NT, NA_AVX512, float, __m512, _mm512_load_ps, _mm512_set1_ps, \
+                      NA_DC_FMA)                                                            \
+    NA_DC_DEFINE_TILE(tile_bf16_##NT, NT, NA_BF16, uint32_t, __m512i, NA_DC_LOAD_SI,        \
+                      NA_DC_SET1_PAIR, NA_DC_DOT)
+NA_DC_TILES(1)
+NA_DC_TILES(2)
+NA_DC_TILES(3)
 
-/* Input channels per K block: the panel (K x 48 floats) stays within about 256 KiB of L2. */
-static int64_t block_channels(const dc_shape *s) {
-    int64_t taps = (int64_t)s->KH * s->KW, most = 1344 / taps < 1 ? 1 : 1344 / taps;
-    int64_t blocks = (s->cin + most - 1) / most;
-    return (s->cin + blocks - 1) / blocks;
-}
+/* [bf16][tiles] of a chunk: the f32 tile reads K rows of floats, the bf16 tile K pairs */
+typedef void dc_tile_fn(int64_t, const void *, const void *, const float *, int, float *const *,
+                        const int *, int64_t, bool);
+static dc_tile_fn *const dc_tiles[2][DC_NT + 1] = {{NULL, tile1, tile2, tile3},
+                                                  {NULL, tile_bf16_1, tile_bf16_2, tile_bf16_3}};
 
-/* the convolution of nb images of one group: image b's input planes at x + b*x_img, its
- * output planes at y + b*y_img. The images' 16-pixel tiles are taken three at a time, across
- * image boundaries, so small images fill whole panels. wp packed for the group. */
-NA_AVX512 static void conv_images(const dc_shape *s, int64_t nb, const float *x, int64_t x_img,
-                                  const float *wp, const float *bias, float *y, int64_t y_img,
-                                  float *panel) {
+/* the convolution of nb images of one group: image b's input planes at x + b*x_img elements
+ * (f32, or bf16 with `bf`), its output planes at y + b*y_img. The images' 16-pixel tiles are
+ * taken three at a time, across image boundaries, so small images fill whole panels. wp packed
+ * for the group (floats, or bf16 pairs). */
+NA_AVX512 static void conv_images(const dc_shape *s, bool bf, int64_t nb, const void *x,
+                                  int64_t x_img, const void *wp, const float *bias, float *y,
+                                  int64_t y_img, void *panel) {
     const int64_t P = s->OH * s->OW, tiles = (P + DC_LANES - 1) / DC_LANES, total = nb * tiles;
-    const int64_t taps = (int64_t)s->KH * s->KW, bc = block_channels(s);
+    const int64_t taps = (int64_t)s->KH * s->KW, bc = block_channels(s, bf);
+    const int64_t esz = bf ? (int64_t)sizeof(uint16_t) : (int64_t)sizeof(float);
+    const char *xc = x;
     int64_t fetched = (DC_NT - 1) / tiles; /* images asked for ahead so far */
     for (int64_t t0 = 0; t0 < total; t0 += DC_NT) {
         int nt = (int)(total - t0 < DC_NT ? total - t0 : DC_NT);
         int64_t ahead = (t0 + 2 * DC_NT - 1) / tiles; /* the last image of the next chunk */
         for (; fetched < ahead && fetched + 1 < nb; fetched++)
-            prefetch_l2(x + (fetched + 1) * x_img, s->cin * s->H * s->W);
-        const float *xt[DC_NT];
+            prefetch_l2(xc + (fetched + 1) * x_img * esz, s->cin * s->H * s->W * esz);
+        const char *xt[DC_NT];
         float *out[DC_NT];
         int64_t pt[DC_NT];
         int valid[DC_NT];
@@ -213,22 +305,30 @@ NA_AVX512 static void conv_images(const dc_shape *s, int64_t nb, const float *x,
             int64_t b = (t0 + t) / tiles;
             pt[t] = (t0 + t) % tiles * DC_LANES;
             valid[t] = (int)(P - pt[t] < DC_LANES ? P - pt[t] : DC_LANES);
-            xt[t] = x + b * x_img;
+            xt[t] = xc + b * x_img * esz;
             out[t] = y + b * y_img + pt[t];
         }
         for (int64_t c0 = 0; c0 < s->cin; c0 += bc) {
-            int64_t c1 = c0 + bc < s->cin ? c0 + bc : s->cin, k0 = c0 * taps, kn = (c1 - c0) * taps;
-            for (int t = 0; t < nt; t++)
-                pack_tile(s, xt[t], pt[t], c0, c1, panel + t * DC_LANES, DC_CHUNK);
+            int64_t c1 = c0 + bc < s->cin ? c0 + bc : s->cin;
+            /* this block's rows of the panel and its first row of the packed weights */
+            int64_t kn = bf ? (c1 - c0 + 1) / 2 * taps : (c1 - c0) * taps;
+            int64_t k0 = bf ? c0 / 2 * taps : c0 * taps, wk = bf ? s->KP : s->K;
+            for (int t = 0; t < nt; t++) {
+                if (bf)
+                    pack_tile_pairs(s, (const uint16_t *)xt[t], pt[t], c0, c1,
+                                    (uint32_t *)panel + t * DC_LANES, DC_CHUNK);
+                else
+                    pack_tile(s, (const float *)xt[t], pt[t], c0, c1,
+                              (float *)panel + t * DC_LANES, DC_CHUNK);
+            }
             for (int64_t b = 0; b < s->blocks; b++) {
                 int64_t co = b * DC_MR;
                 int rows = (int)(s->cout - co < DC_MR ? s->cout - co : DC_MR);
-                const float *wb = wp + (b * s->K + k0) * DC_MR, *bb = bias ? bias + co : NULL;
+                const float *bb = bias ? bias + co : NULL;
+                const char *wb = (const char *)wp + (b * wk + k0) * DC_MR * 4; /* 4: f32 or pair */
                 float *o[DC_NT];
                 for (int t = 0; t < nt; t++) o[t] = out[t] + co * P;
-                if (nt == 3) tile3(kn, wb, panel, bb, rows, o, valid, P, c0 > 0);
-                else if (nt == 2) tile2(kn, wb, panel, bb, rows, o, valid, P, c0 > 0);
-                else tile1(kn, wb, panel, bb, rows, o, valid, P, c0 > 0);
+                dc_tiles[bf][nt](kn, wb, panel, bb, rows, o, valid, P, c0 > 0);
             }
         }
     }
@@ -261,44 +361,56 @@ NA_AVX512 static __m512 lane_sums16(const __m512 in[16]) {
  * images, each padded with zeros to whole 16-pixel vectors). The sum runs along the rows of
  * both, so a 4 x 6 tile of gW keeps 24 vector accumulators of 16 pixel lanes: each step loads
  * 4 + 6 vectors for 24 FMAs, and the lanes are summed once per tile. */
-NA_AVX512 static void abt(int64_t M, int64_t N, int64_t L, const float *A, int64_t lda,
-                          const float *B, float *C, int64_t ldc, bool accumulate) {
+#define NA_DC_DEFINE_ABT(NAME, TARGET, E, VT, STEP, MAC)                                   \
+    TARGET static void NAME(int64_t M, int64_t N, int64_t L, const E *A, int64_t lda,        \
+                            const E *B, float *C, int64_t ldc, bool accumulate) {           \
+        enum { TM = 4, TN = 6 };                                                            \
+        for (int64_t n0 = 0; n0 < N; n0 += TN)                                              \
+            for (int64_t m0 = 0; m0 < M; m0 += TM) {                                        \
+                /* rows past M or N repeat the last one; their sums are not stored */       \
+                const E *ar[TM], *br[TN];                                                   \
+                for (int i = 0; i < TM; i++) ar[i] = A + (m0 + i < M ? m0 + i : M - 1) * lda; \
+                for (int j = 0; j < TN; j++) br[j] = B + (n0 + j < N ? n0 + j : N - 1) * L; \
+                __m512 acc[TM][TN];                                                         \
+                _Pragma("GCC unroll 4") for (int i = 0; i < TM; i++)                        \
+                    _Pragma("GCC unroll 6") for (int j = 0; j < TN; j++)                    \
+                        acc[i][j] = _mm512_setzero_ps();                                    \
+                for (int64_t l = 0; l < L; l += STEP) {                                     \
+                    VT a[TM];                                                               \
+                    _Pragma("GCC unroll 4") for (int i = 0; i < TM; i++)                    \
+                        a[i] = (VT)_mm512_loadu_si512((const void *)(ar[i] + l));           \
+                    _Pragma("GCC unroll 6") for (int j = 0; j < TN; j++) {                  \
+                        VT b = (VT)_mm512_loadu_si512((const void *)(br[j] + l));           \
+                        _Pragma("GCC unroll 4") for (int i = 0; i < TM; i++)                \
+                            acc[i][j] = MAC(acc[i][j], a[i], b);                            \
+                    }                                                                       \
+                }                                                                           \
+                abt_store(acc, M, N, m0, n0, C, ldc, accumulate);                           \
+            }                                                                               \
+    }
+
+/* the 24 lane sums of an abt tile, in two transposing reductions (16 + 8), into C */
+NA_AVX512 static void abt_store(__m512 acc[4][6], int64_t M, int64_t N, int64_t m0, int64_t n0,
+                                float *C, int64_t ldc, bool accumulate) {
     enum { TM = 4, TN = 6 };
-    for (int64_t n0 = 0; n0 < N; n0 += TN)
-        for (int64_t m0 = 0; m0 < M; m0 += TM) {
-            /* rows past M or N repeat the last one; their sums are not stored */
-            const float *ar[TM], *br[TN];
-            for (int i = 0; i < TM; i++) ar[i] = A + (m0 + i < M ? m0 + i : M - 1) * lda;
-            for (int j = 0; j < TN; j++) br[j] = B + (n0 + j < N ? n0 + j : N - 1) * L;
-            __m512 acc[TM][TN];
-            _Pragma("GCC unroll 4") for (int i = 0; i < TM; i++)
-                _Pragma("GCC unroll 6") for (int j = 0; j < TN; j++)
-                    acc[i][j] = _mm512_setzero_ps();
-            for (int64_t l = 0; l < L; l += DC_LANES) {
-                __m512 a[TM];
-                _Pragma("GCC unroll 4") for (int i = 0; i < TM; i++)
-                    a[i] = _mm512_loadu_ps(ar[i] + l);
-                _Pragma("GCC unroll 6") for (int j = 0; j < TN; j++) {
-                    __m512 b = _mm512_load_ps(br[j] + l);
-                    _Pragma("GCC unroll 4") for (int i = 0; i < TM; i++)
-                        acc[i][j] = _mm512_fmadd_ps(a[i], b, acc[i][j]);
-                }
-            }
-            /* the 24 lane sums, in two transposing reductions (16 + 8) */
-            float sums[32];
-            __m512 v[16];
-            for (int q = 0; q < 16; q++) v[q] = acc[q / TN][q % TN];
-            _mm512_storeu_ps(sums, lane_sums16(v));
-            for (int q = 0; q < 8; q++) v[q] = acc[(16 + q) / TN][(16 + q) % TN];
-            for (int q = 8; q < 16; q++) v[q] = _mm512_setzero_ps();
-            _mm512_storeu_ps(sums + 16, lane_sums16(v));
-            for (int i = 0; i < TM && m0 + i < M; i++)
-                for (int j = 0; j < TN && n0 + j < N; j++) {
-                    float *c = C + (m0 + i) * ldc + n0 + j, t = sums[i * TN + j];
-                    *c = accumulate ? *c + t : t;
-                }
+    float sums[32];
+    __m512 v[16];
+    for (int q = 0; q < 16; q++) v[q] = acc[q / TN][q % TN];
+    _mm512_storeu_ps(sums, lane_sums16(v));
+    for (int q = 0; q < 8; q++) v[q] = acc[(16 + q) / TN][(16 + q) % TN];
+    for (int q = 8; q < 16; q++) v[q] = _mm512_setzero_ps();
+    _mm512_storeu_ps(sums + 16, lane_sums16(v));
+    for (int i = 0; i < TM && m0 + i < M; i++)
+        for (int j = 0; j < TN && n0 + j < N; j++) {
+            float *c = C + (m0 + i) * ldc + n0 + j, t = sums[i * TN + j];
+            *c = accumulate ? *c + t : t;
         }
 }
+
+#define NA_DC_FMA_AB(acc, a, b) _mm512_fmadd_ps(a, b, acc)
+/* f32: 16 pixels a step; bf16: 32, each lane summing a pair of consecutive pixels' products */
+NA_DC_DEFINE_ABT(abt, NA_AVX512, float, __m512, DC_LANES, NA_DC_FMA_AB)
+NA_DC_DEFINE_ABT(abt_bf16, NA_BF16, uint16_t, __m512i, 2 * DC_LANES, NA_DC_DOT)
 
 /* Rows [r0, r1) of every group's weight gradient (at gw + (gi*cog + r)*K, f32) over images
  * [lo, hi): per block of about 1024 pixels, gy's rows copied with zero tails to whole 16-pixel
@@ -317,46 +429,70 @@ static int wgrad_range(const na_conv_geom *g, const na_view *x, const na_view *g
                   .KH = g->kh, .KW = g->kw, .sh = g->sh, .ph = g->ph, .pw = g->pw, .dh = g->dh};
     int64_t taps = (int64_t)g->kh * g->kw;
     s.K = cg * taps;
+    /* bf16 x and gy: packed and multiplied as bf16, rows padded to whole 32-pixel vectors */
+    bool bf = x->dtype == NA_DTYPE_BF16 && gy->dtype == NA_DTYPE_BF16 && na_cpu_bf16_fast();
+    size_t esz = bf ? sizeof(uint16_t) : sizeof(float);
     int64_t P = g->oh * g->ow, HW = g->h * g->w, P16 = (P + DC_LANES - 1) / DC_LANES * DC_LANES;
-    bool in_place = gy->dtype == NA_DTYPE_F32 && P == P16 && P >= 512;
+    bool in_place = (bf ? P % (2 * DC_LANES) == 0 : gy->dtype == NA_DTYPE_F32 && P == P16) &&
+                    P >= 512;
     int64_t NB = in_place || 1024 / P16 < 1 ? 1 : 1024 / P16;
     NB = NB > hi - lo ? hi - lo : NB;
+    int64_t step = bf ? 2 * DC_LANES : DC_LANES, LB = (NB * P16 + step - 1) / step * step;
     /* channels per slice: the columns within half the block budget (ResNet-9's step's RSS
      * growth stays at 215 MiB; at the whole budget it was 219), in near-equal slices */
-    int64_t most = na_cpu_conv_block_budget / 2 / (taps * NB * P16), slices;
+    int64_t most = na_cpu_conv_block_budget / 2 / (taps * LB), slices;
     most = most < 1 ? 1 : most > cg ? cg : most;
     slices = (cg + most - 1) / most;
     int64_t sc = (cg + slices - 1) / slices;
-    float *xb = na_cpu_scratch(NA_CPU_SCRATCH_0, (size_t)(sc * HW) * sizeof(float), fn);
-    float *col = na_cpu_scratch(NA_CPU_SCRATCH_1, (size_t)(sc * taps * NB * P16) * sizeof(float),
-                                fn);
-    float *gyb = in_place ? NULL
-                          : na_cpu_scratch(NA_CPU_SCRATCH_2,
-                                           (size_t)(rows * NB * P16) * sizeof(float), fn);
-    if (!xb || !col || (!in_place && !gyb)) return NA_ENOMEM;
+    float *xb = bf ? NULL : na_cpu_scratch(NA_CPU_SCRATCH_0, (size_t)(sc * HW) * esz, fn);
+    void *col = na_cpu_scratch(NA_CPU_SCRATCH_1, (size_t)(sc * taps * LB) * esz, fn);
+    char *gyb = in_place ? NULL : na_cpu_scratch(NA_CPU_SCRATCH_2, (size_t)(rows * LB) * esz, fn);
+    if ((!bf && !xb) || !col || (!in_place && !gyb)) return NA_ENOMEM;
     for (int64_t n0 = lo; n0 < hi; n0 += NB) {
-        int64_t nb = hi - n0 < NB ? hi - n0 : NB, L = nb * P16;
+        int64_t nb = hi - n0 < NB ? hi - n0 : NB, L = (nb * P16 + step - 1) / step * step;
         for (int64_t gi = 0; gi < G; gi++) {
             int64_t first = (n0 * g->c_out + gi * cog + r0) * P; /* gy row r0 of image n0 */
-            for (int64_t b = 0; b < nb && !in_place; b++)
-                for (int64_t r = 0; r < rows; r++) {
-                    float *d = gyb + r * L + b * P16;
-                    na_cpu_load_f(gy->dtype, gy->data, first + (b * g->c_out + r) * P, P, d);
-                    memset(d + P, 0, (size_t)(P16 - P) * sizeof(float));
+            for (int64_t r = 0; r < rows && !in_place; r++) {
+                char *d = gyb + (size_t)(r * L) * esz;
+                for (int64_t b = 0; b < nb; b++) {
+                    int64_t at = first + (b * g->c_out + r) * P;
+                    if (bf)
+                        memcpy(d + (size_t)(b * P16) * esz, (const uint16_t *)gy->data + at,
+                               (size_t)P * esz);
+                    else
+                        na_cpu_load_f(gy->dtype, gy->data, at, P, (float *)d + b * P16);
+                    memset(d + (size_t)(b * P16 + P) * esz, 0, (size_t)(P16 - P) * esz);
                 }
-            const float *a = in_place ? (const float *)gy->data + first : gyb;
+                memset(d + (size_t)(nb * P16) * esz, 0, (size_t)(L - nb * P16) * esz);
+            }
+            const char *a = in_place ? (const char *)gy->data + (size_t)first * esz : gyb;
             for (int64_t c0 = 0; c0 < cg; c0 += sc) {
                 int64_t c1 = c0 + sc < cg ? c0 + sc : cg;
                 for (int64_t b = 0; b < nb; b++) {
                     int64_t at = ((n0 + b) * g->c_in + gi * cg + c0) * HW;
+                    if (bf) {
+                        const uint16_t *xv = (const uint16_t *)x->data + at;
+                        uint16_t *cb = (uint16_t *)col + b * P16;
+                        for (int64_t pt = 0; pt < P; pt += DC_LANES)
+                            pack_tile_bf16(&s, xv, pt, 0, c1 - c0, cb + pt, L);
+                        continue;
+                    }
                     const float *xv = na_cpu_view_f(x->dtype, x->data, at, (c1 - c0) * HW, xb);
                     if (x->dtype == NA_DTYPE_F32 && n0 + b + 1 < hi)
-                        prefetch_l2(xv + g->c_in * HW, (c1 - c0) * HW);
+                        prefetch_l2(xv + g->c_in * HW, (c1 - c0) * HW * 4);
                     for (int64_t pt = 0; pt < P; pt += DC_LANES)
-                        pack_tile(&s, xv, pt, 0, c1 - c0, col + b * P16 + pt, L);
+                        pack_tile(&s, xv, pt, 0, c1 - c0, (float *)col + b * P16 + pt, L);
                 }
-                abt(rows, (c1 - c0) * taps, L, a, in_place ? P : L, col,
-                    gw + (gi * cog + r0) * s.K + c0 * taps, s.K, n0 != lo);
+                float *c = gw + (gi * cog + r0) * s.K + c0 * taps;
+                int64_t lda = in_place ? P : L, kn = (c1 - c0) * taps;
+                if (bf) {
+                    for (int64_t k = 0; k < kn && L > nb * P16; k++) /* the 32-pixel tail */
+                        memset((uint16_t *)col + k * L + nb * P16, 0,
+                               (size_t)(L - nb * P16) * esz);
+                    abt_bf16(rows, kn, L, (const uint16_t *)a, lda, col, c, s.K, n0 != lo);
+                } else {
+                    abt(rows, kn, L, (const float *)a, lda, col, c, s.K, n0 != lo);
+                }
             }
         }
     }
@@ -431,13 +567,16 @@ typedef struct {
     const na_view *x; /* forward: x; data gradient: gy */
     na_view *y;       /* forward: y; data gradient: gx */
     int64_t x_ch, y_ch; /* channels per image of x and y (all groups) */
-    const float *wp, *bias;
+    bool bf;            /* bf16 x and weights multiplied as bf16 (wp holds pairs) */
+    const void *wp;
+    const float *bias;
     int64_t tasks;
     na_cpu_task_status status;
 } dc_job;
 
-/* Task t's images, in passes: every image at once where x and y are f32 (read and written in
- * place), else as many as about 1M floats of widened input and f32 output hold. */
+/* Task t's images, in passes: every image at once where x and y are f32, or x is bf16 on the
+ * bf16 path (read and written in place), else as many as about 1M floats of widened input and
+ * f32 output hold. */
 static void dc_task(void *ctx, int64_t t) {
 #ifdef NA_DC_X86
     dc_job *j = ctx;
@@ -446,16 +585,17 @@ static void dc_task(void *ctx, int64_t t) {
     int64_t lo, hi, G = j->g->groups, HW = s->H * s->W, P = s->OH * s->OW;
     int64_t in_n = s->cin * HW, out_n = s->cout * P;
     na_cpu_task_range(j->g->n, j->tasks, t, 1, &lo, &hi);
-    bool x_f32 = j->x->dtype == NA_DTYPE_F32, y_f32 = j->y->dtype == NA_DTYPE_F32;
-    int64_t fit = ((int64_t)1 << 20) / (in_n + out_n);
-    int64_t NB = x_f32 && y_f32 ? hi - lo : fit < 1 ? 1 : fit > hi - lo ? hi - lo : fit;
-    int64_t rows = block_channels(s) * s->KH * s->KW;
-    float *panel = na_cpu_scratch(NA_CPU_SCRATCH_1, (size_t)(rows * DC_CHUNK) * sizeof(float), fn);
+    bool x_direct = j->x->dtype == NA_DTYPE_F32 || j->bf, y_f32 = j->y->dtype == NA_DTYPE_F32;
+    int64_t fit = ((int64_t)1 << 20) / ((x_direct ? 0 : in_n) + out_n);
+    int64_t NB = x_direct && y_f32 ? hi - lo : fit < 1 ? 1 : fit > hi - lo ? hi - lo : fit;
+    size_t esz = j->bf ? sizeof(uint16_t) : sizeof(float);
+    void *panel = na_cpu_scratch(NA_CPU_SCRATCH_1,
+                                 (size_t)(panel_rows(s, j->bf) * DC_CHUNK) * sizeof(float), fn);
     size_t xbytes = (size_t)(NB * in_n) * sizeof(float);
     size_t ybytes = (size_t)(NB * out_n) * sizeof(float);
-    float *xb = x_f32 ? NULL : na_cpu_scratch(NA_CPU_SCRATCH_0, xbytes, fn);
+    float *xb = x_direct ? NULL : na_cpu_scratch(NA_CPU_SCRATCH_0, xbytes, fn);
     float *yb = y_f32 ? NULL : na_cpu_scratch(NA_CPU_SCRATCH_2, ybytes, fn);
-    if (!panel || (!x_f32 && !xb) || (!y_f32 && !yb)) {
+    if (!panel || (!x_direct && !xb) || (!y_f32 && !yb)) {
         na_cpu_task_fail(&j->status);
         return;
     }
@@ -463,17 +603,19 @@ static void dc_task(void *ctx, int64_t t) {
         for (int64_t n0 = lo; n0 < hi; n0 += NB) {
             int64_t nb = hi - n0 < NB ? hi - n0 : NB;
             int64_t xo = (n0 * j->x_ch + gi * s->cin) * HW, yo = (n0 * j->y_ch + gi * s->cout) * P;
-            const float *x = (const float *)j->x->data + xo;
+            const void *x = (const char *)j->x->data + (size_t)xo * esz;
             float *y = (float *)j->y->data + yo;
             int64_t x_img = j->x_ch * HW, y_img = j->y_ch * P;
-            if (!x_f32) {
+            if (!x_direct) {
                 for (int64_t b = 0; b < nb; b++)
                     na_cpu_load_f(j->x->dtype, j->x->data, xo + b * x_img, in_n, xb + b * in_n);
                 x = xb, x_img = in_n;
             }
             if (!y_f32) y = yb, y_img = out_n;
-            conv_images(s, nb, x, x_img, j->wp + gi * s->blocks * s->K * DC_MR,
-                        j->bias ? j->bias + gi * s->cout : NULL, y, y_img, panel);
+            const char *wp = (const char *)j->wp + (size_t)(gi * s->blocks * DC_MR) *
+                                                       (size_t)(j->bf ? s->KP : s->K) * 4;
+            conv_images(s, j->bf, nb, x, x_img, wp, j->bias ? j->bias + gi * s->cout : NULL, y,
+                        y_img, panel);
             for (int64_t b = 0; b < nb && !y_f32; b++)
                 na_cpu_store_f(j->y->dtype, j->y->data, yo + b * j->y_ch * P, out_n,
                                yb + b * out_n);
@@ -482,6 +624,31 @@ static void dc_task(void *ctx, int64_t t) {
     (void)ctx;
     (void)t;
 #endif
+}
+
+/* bf16 weights as the bf16 tiles read them: wp[gi][b][kp][i] = the pair of output o = b*8 + i
+ * of group gi for channels (c, c+1) at one tap, kp = (K block, tap, channel pair) as
+ * pack_tile_pairs lays out the panel; zero past the group's outputs and an odd block's last
+ * channel. The data gradient's weights are flipped in space and transposed as the f32 path's. */
+static void pack_weights_bf16(const dc_shape *s, int64_t G, int64_t cog, int64_t cg,
+                              bool backward_data, const uint16_t *w, uint16_t *wp) {
+    const int64_t taps = (int64_t)s->KH * s->KW, bc = block_channels(s, true);
+    memset(wp, 0, (size_t)(G * s->blocks * s->KP * DC_MR) * 2 * sizeof(uint16_t));
+    for (int64_t gi = 0; gi < G; gi++)
+        for (int64_t c0 = 0; c0 < s->cin; c0 += bc) {
+            int64_t c1 = c0 + bc < s->cin ? c0 + bc : s->cin, np = (c1 - c0 + 1) / 2;
+            for (int64_t o = 0; o < s->cout; o++) {
+                uint16_t *d = wp + ((gi * s->blocks + o / DC_MR) * s->KP + c0 / 2 * taps) *
+                                       DC_MR * 2 + o % DC_MR * 2;
+                for (int64_t c = c0; c < c1; c++)
+                    for (int64_t tap = 0; tap < taps; tap++) {
+                        int64_t kp = tap * np + (c - c0) / 2;
+                        d[kp * DC_MR * 2 + (c - c0) % 2] =
+                            backward_data ? w[((gi * cog + c) * cg + o) * taps + taps - 1 - tap]
+                                          : w[((gi * cog + o) * cg + c) * taps + tap];
+                    }
+            }
+        }
 }
 
 /* forward (w [C_out, C_in/G, KH, KW]) or, with backward_data, gx from gy: the weights of
@@ -505,33 +672,40 @@ int na_cpu_direct_conv2d(const na_conv_geom *g, const na_view *x, const na_view 
     j.x_ch = backward_data ? g->c_out : g->c_in;
     j.y_ch = backward_data ? g->c_in : g->c_out;
 
+    s->KP = ((s->cin + 1) / 2) * taps;
+    j.bf = x->dtype == NA_DTYPE_BF16 && w->dtype == NA_DTYPE_BF16 && na_cpu_bf16_fast();
+
     int64_t wsize = g->c_out * cg * taps, psize = G * s->blocks * s->K * DC_MR;
-    /* the packed weights, the bias, and f32 copies of half weights (f32 ones are read in
-     * place: ResNet-9's widest layer has 9 MiB of them) */
-    int64_t wcopy = w->dtype == NA_DTYPE_F32 ? 0 : wsize;
+    /* the packed weights, the bias, and f32 copies of half weights for the f32 path (f32 ones
+     * are read in place: ResNet-9's widest layer has 9 MiB of them) */
+    int64_t wcopy = w->dtype == NA_DTYPE_F32 || j.bf ? 0 : wsize;
     float *wp = na_cpu_scratch(NA_CPU_SCRATCH_3,
                                (size_t)(psize + g->c_out + wcopy) * sizeof(float), fn);
     if (!wp) return NA_ENOMEM;
     float *bf = wp + psize;
-    const float *wf = na_cpu_view_f(w->dtype, w->data, 0, wsize, bf + g->c_out);
-    /* wp[gi][b][k][i]: output o = b*8 + i of the group, k = (c, ki, kj) over its inputs; one
-     * output at a time, read in its source order with no division per element */
-    for (int64_t gi = 0; gi < G; gi++)
-        for (int64_t o = 0; o < s->blocks * DC_MR; o++) {
-            float *d = wp + ((gi * s->blocks + o / DC_MR) * s->K) * DC_MR + o % DC_MR;
-            if (o >= s->cout) { /* the last block's rows past the group's outputs */
-                for (int64_t k = 0; k < s->K; k++) d[k * DC_MR] = 0.0f;
-            } else if (!backward_data) { /* w[o][c][tap] is k's order already */
-                const float *src = wf + (gi * cog + o) * s->K;
-                for (int64_t k = 0; k < s->K; k++) d[k * DC_MR] = src[k];
-            } else { /* w[c][o] flipped in space: input c of the forward is output o here */
-                for (int64_t c = 0; c < s->cin; c++) {
-                    const float *src = wf + ((gi * cog + c) * cg + o) * taps;
-                    for (int64_t tap = 0; tap < taps; tap++)
-                        d[(c * taps + tap) * DC_MR] = src[taps - 1 - tap];
+    if (j.bf) {
+        pack_weights_bf16(s, G, cog, cg, backward_data, w->data, (uint16_t *)wp);
+    } else {
+        const float *wf = na_cpu_view_f(w->dtype, w->data, 0, wsize, bf + g->c_out);
+        /* wp[gi][b][k][i]: output o = b*8 + i of the group, k = (c, ki, kj) over its inputs;
+         * one output at a time, read in its source order with no division per element */
+        for (int64_t gi = 0; gi < G; gi++)
+            for (int64_t o = 0; o < s->blocks * DC_MR; o++) {
+                float *d = wp + ((gi * s->blocks + o / DC_MR) * s->K) * DC_MR + o % DC_MR;
+                if (o >= s->cout) { /* the last block's rows past the group's outputs */
+                    for (int64_t k = 0; k < s->K; k++) d[k * DC_MR] = 0.0f;
+                } else if (!backward_data) { /* w[o][c][tap] is k's order already */
+                    const float *src = wf + (gi * cog + o) * s->K;
+                    for (int64_t k = 0; k < s->K; k++) d[k * DC_MR] = src[k];
+                } else { /* w[c][o] flipped in space: input c of the forward is output o here */
+                    for (int64_t c = 0; c < s->cin; c++) {
+                        const float *src = wf + ((gi * cog + c) * cg + o) * taps;
+                        for (int64_t tap = 0; tap < taps; tap++)
+                            d[(c * taps + tap) * DC_MR] = src[taps - 1 - tap];
+                    }
                 }
             }
-        }
+    }
     j.wp = wp;
     if (bias) {
         na_cpu_load_f(bias->dtype, bias->data, 0, g->c_out, bf);

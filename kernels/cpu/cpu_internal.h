@@ -264,8 +264,10 @@ extern bool na_cpu_gemm_force_builtin;
 #else
 #define NA_CPU_BF16_KERNELS 0
 #endif
-/* Whether bf16 x bf16 products take the vdpbf16ps kernels: built with them, the CPU has
- * AVX512_BF16 (asked once), NANOAMP_CPU_BF16 is not "off" (read once) and the hook is off. */
+/* Whether bf16 x bf16 products (the GEMM, the direct convolution's three kernels) take the
+ * vdpbf16ps kernels: built with them, the CPU has AVX512_BF16, BW and VL (asked once),
+ * NANOAMP_CPU_BF16 is not "off" (read once) and the test hook is off (the CUDA parity suite
+ * sets it: the GPU is checked against the specification). */
 bool na_cpu_bf16_fast(void);
 extern bool na_cpu_bf16_force_spec;
 /* C (f32) = alpha * op(A) @ op(B) + beta * C (C not read when beta == 0), A and B bf16 bits,
