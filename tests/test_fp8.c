@@ -299,8 +299,9 @@ Test(fp8, scaled_mm_matches_torch_scaled_mm) {
                                     NA_SHAPE(n, k), bb);
         na_tensor *sa = na_scalar(NA_DTYPE_F32, NA_DEVICE_CPU, r->scale_a);
         na_tensor *sb = na_scalar(NA_DTYPE_F32, NA_DEVICE_CPU, r->scale_b);
+        /* bias 1: in the output's dtype; 2: f32 (added in f32 before the bf16 rounding) */
         na_tensor *bt = r->bias ? na_cast(na_from_host(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(n),
-                                                       bias), od)
+                                                       bias), r->bias == 2 ? NA_DTYPE_F32 : od)
                                 : NULL;
         na_tensor *y = na_scaled_mm(a, na_transpose(w, 0, 1), sa, sb, bt, od);
         cr_assert(y, "%s: %s", r->name, na_last_error());
@@ -348,7 +349,12 @@ Test(fp8, scaled_mm_bad_input) {
     cr_expect_null(na_scaled_mm(a, b, s, s, NULL, NA_DTYPE_F16));
     cr_expect(strstr(na_last_error(), "out_dtype") && strstr(na_last_error(), "f16"), "%s",
               na_last_error());
-    cr_expect_null(na_scaled_mm(a, b, s, s, s2, NA_DTYPE_BF16)); /* bias dtype */
+    na_tensor *b3 = na_zeros(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(3));
+    cr_expect_null(na_scaled_mm(a, b, s, s, b3, NA_DTYPE_BF16)); /* bias shape */
     cr_expect(strstr(na_last_error(), "bias"), "%s", na_last_error());
+    cr_expect_null(na_scaled_mm(a, b, s, s, na_zeros(NA_DTYPE_I32, NA_DEVICE_CPU, NA_SHAPE(2)),
+                                NA_DTYPE_F32)); /* bias dtype */
+    cr_expect(strstr(na_last_error(), "bias") && strstr(na_last_error(), "i32"), "%s",
+              na_last_error());
     na_step_end();
 }

@@ -273,28 +273,35 @@ na_tensor *na_scaled_mm(na_tensor *a, na_tensor *b, na_tensor *scale_a, na_tenso
     }
     if (bias && (!na_check_tensor(fn, bias, "bias") || !na_check_same_device(fn, a, bias)))
         return NULL;
-    if (bias && (bias->dtype != out_dtype || bias->ndim != 1 || bias->shape[0] != n)) {
-        na_set_error(NA_ESHAPE, "%s: bias must be [%" PRId64 "] in out_dtype %s, got %s", fn, n,
-                     na_dtype_name(out_dtype), na_tensor_describe(bias, x, sizeof x));
+    if (bias && (!na_dtype_is_float(bias->dtype) || bias->dtype == NA_DTYPE_F64 ||
+                 bias->ndim != 1 || bias->shape[0] != n)) {
+        na_set_error(NA_ESHAPE, "%s: bias must be [%" PRId64 "] in f32, bf16 or f16, got %s", fn,
+                     n, na_tensor_describe(bias, x, sizeof x));
         return NULL;
     }
-    na_tensor *bc = bias ? na_contiguous(bias) : NULL;
-    na_tensor *out = na_empty(out_dtype, a->device, NA_SHAPE(m, n));
+    /* the epilogue's dtype: bf16 only when the output and the bias (if any) are bf16; an f32
+     * bias of a bf16 output is added in f32, then one rounding (as torch._scaled_mm) */
+    na_dtype ct = out_dtype == NA_DTYPE_BF16 && (!bias || bias->dtype == NA_DTYPE_BF16)
+                      ? NA_DTYPE_BF16 : NA_DTYPE_F32;
+    na_tensor *bc = bias ? na_contiguous(na_cast(bias, ct)) : NULL; /* widening: exact */
+    na_tensor *out = na_empty(ct, a->device, NA_SHAPE(m, n));
     if (!out || (bias && !bc)) return NULL;
     bool done;
     if (scaled_mm_native(a, b, scale_a, scale_b, bc, out, &done) != NA_OK) return NULL;
-    if (done) return out;
-    /* widened to the output dtype (exact), so the backend's f32 or bf16 GEMM serves: f32
-     * accumulation, alpha = the scale product, bias and one rounding in its epilogue */
-    na_tensor *aw = widen_operand(a, out_dtype), *bw = widen_operand(b, out_dtype);
-    if (!aw || !bw) return NULL;
-    double sa = na_item(scale_a), sb = na_item(scale_b);
-    na_gemm_args g = {.dtype = out_dtype, .bias = bc ? bc->data : NULL, .c = out->data, .m = m,
-                      .n = n, .k = k, .ldc = n, .batch = 1, .alpha = (float)sa * (float)sb,
-                      .beta = 0.0f};
-    aw = gemm_operand(aw, &g.ta, &g.lda, &g.stride_a);
-    bw = gemm_operand(bw, &g.tb, &g.ldb, &g.stride_b);
-    if (!aw || !bw) return NULL;
-    g.a = aw->data, g.b = bw->data;
-    return na_be(out)->gemm(&g) == NA_OK ? out : NULL;
+    if (!done) {
+        /* widened to ct (exact), so the backend's f32 or bf16 GEMM serves: f32 accumulation,
+         * alpha = the scale product, bias and one rounding in its epilogue */
+        na_tensor *aw = widen_operand(a, ct), *bw = widen_operand(b, ct);
+        if (!aw || !bw) return NULL;
+        double sa = na_item(scale_a), sb = na_item(scale_b);
+        na_gemm_args g = {.dtype = ct, .bias = bc ? bc->data : NULL, .c = out->data, .m = m,
+                          .n = n, .k = k, .ldc = n, .batch = 1,
+                          .alpha = (float)sa * (float)sb, .beta = 0.0f};
+        aw = gemm_operand(aw, &g.ta, &g.lda, &g.stride_a);
+        bw = gemm_operand(bw, &g.tb, &g.ldb, &g.stride_b);
+        if (!aw || !bw) return NULL;
+        g.a = aw->data, g.b = bw->data;
+        if (na_be(out)->gemm(&g) != NA_OK) return NULL;
+    }
+    return ct == out_dtype ? out : na_cast(out, out_dtype);
 }
