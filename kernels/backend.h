@@ -70,6 +70,17 @@ typedef struct {
     float alpha, beta;
 } na_gemm_args;
 
+/* One scaled FP8 product (na_scaled_mm): C = (*scale_a * *scale_b) * (A @ B) (+ bias[n]),
+ * f32 accumulation, one rounding to c_dtype (f32 or bf16). A [m, k] is row-major (lda), B
+ * [k, n] is stored as its transpose ([n, k] row-major, ldb): the layout cuBLASLt's FP8 GEMM
+ * takes. scale_a, scale_b: f32, one element each, on the device; bias NULL or c_dtype. */
+typedef struct {
+    na_dtype a_dtype, b_dtype, c_dtype;
+    const void *a, *b, *scale_a, *scale_b, *bias;
+    void *c;
+    int64_t m, n, k, lda, ldb;
+} na_scaled_mm_args;
+
 /* 2-d convolution / pooling geometry, NCHW. For conv: weight [C_out, C_in/groups, kh, kw]. */
 typedef struct {
     int64_t n, c_in, h, w;      /* input */
@@ -178,6 +189,10 @@ typedef struct {
                                double smoothing))                                           \
                                                                                             \
     X(gemm, (const na_gemm_args *args))                                                     \
+    /* na_scaled_mm's FP8 GEMM; *done = false (and NA_OK) when this backend does not take   \
+     * the problem (its switch is off, an unsupported layout or pair): nothing was written, \
+     * the front-end widens the operands and runs gemm. */                                  \
+    OPT(scaled_mm, (const na_scaled_mm_args *args, bool *done))                             \
                                                                                             \
     /* ---- convolution (NCHW); bias may be NULL ---- */                                    \
     X(conv2d, (const na_conv_geom *g, const na_view *x, const na_view *w,                   \

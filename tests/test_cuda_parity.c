@@ -2018,3 +2018,110 @@ Test(cuda_kernels, l2norm_and_amp) {
             rt_free(f1);
         }
 }
+
+/* ---- FP8 (na_cast, na_scaled_mm): the device against the CPU ------------------------------- */
+
+/* x on g_dev2, cast to dt there, back on the CPU */
+static na_tensor *fp8_cast_on_device(na_tensor *x, na_dtype dt) {
+    na_tensor *d = na_to_device(x, g_dev2);
+    na_tensor *c = d ? na_cast(d, dt) : NULL;
+    na_tensor *h = c ? na_to_device(c, NA_DEVICE_CPU) : NULL;
+    cr_assert(h, "fp8 cast on the device: %s", na_last_error());
+    return h;
+}
+
+/* Casts to and from both FP8 formats, bit for bit: 2^20 f32 patterns (a stride through all
+ * 2^32, specials included), f64 and bf16 sources, every byte decoded to f32 / bf16 / f16. */
+Test(cuda_fp8, cast_bit_identical) {
+    REQUIRE_CUDA();
+    const int64_t n = (int64_t)1 << 20;
+    uint32_t *bits = malloc((size_t)n * 4);
+    cr_assert(bits);
+    for (int64_t i = 0; i < n; i++) bits[i] = (uint32_t)(i * 4093u + (uint32_t)(i >> 10));
+    const uint32_t specials[] = {0x7F800000u, 0xFF800000u, 0x7FC00000u, 0x43E00000u, 0x43E80000u,
+                                 0x47700000u, 0x47800000u, 0x3A800000u, 0x37800000u, 0};
+    memcpy(bits, specials, sizeof specials);
+    uint8_t all[256];
+    for (int i = 0; i < 256; i++) all[i] = (uint8_t)i;
+    const na_dtype fmts[2] = {NA_DTYPE_F8E4M3, NA_DTYPE_F8E5M2};
+    const na_dtype srcs[3] = {NA_DTYPE_F32, NA_DTYPE_F64, NA_DTYPE_BF16};
+    for (int f = 0; f < 2; f++) {
+        na_tensor *x = na_from_host(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(n), bits); /* a step tensor */
+        for (int s = 0; s < 3; s++) {
+            na_tensor *xs = na_cast(x, srcs[s]);
+            na_tensor *c = na_cast(xs, fmts[f]), *d = fp8_cast_on_device(xs, fmts[f]);
+            cr_assert(c && d, "%s", na_last_error());
+            int64_t i = 0;
+            while (i < n && ((uint8_t *)c->data)[i] == ((uint8_t *)d->data)[i]) i++;
+            cr_expect(i == n, "%s -> %s differs on the device: element %" PRId64 " (f32 0x%08x) "
+                      "0x%02x, cpu 0x%02x", na_dtype_name(srcs[s]), na_dtype_name(fmts[f]), i,
+                      bits[i < n ? i : 0], i < n ? ((uint8_t *)d->data)[i] : 0,
+                      i < n ? ((uint8_t *)c->data)[i] : 0);
+        }
+        na_tensor *b = na_from_host(fmts[f], NA_DEVICE_CPU, NA_SHAPE(256), all);
+        const na_dtype outs[4] = {NA_DTYPE_F32, NA_DTYPE_BF16, NA_DTYPE_F16, NA_DTYPE_F64};
+        for (int o = 0; o < 4; o++) {
+            na_tensor *c = na_cast(b, outs[o]), *d = fp8_cast_on_device(b, outs[o]);
+            cr_assert(c && d, "%s", na_last_error());
+            cr_expect(memcmp(c->data, d->data, 256 * na_dtype_size(outs[o])) == 0,
+                      "%s -> %s differs on the device", na_dtype_name(fmts[f]),
+                      na_dtype_name(outs[o]));
+        }
+        na_step_end();
+    }
+    free(bits);
+}
+
+/* na_scaled_mm on the device (the widening path, and cuBLASLt's FP8 GEMM with
+ * NANOAMP_CUDA_FP8_GEMM=1) against the CPU, to f32 rounding: |diff| <= k 2^-24 sum|a b| |sa sb|
+ * (+ 1 bf16 ulp for a bf16 output), over the MNIST MLP's layer shapes. */
+Test(cuda_fp8, scaled_mm_parity, .timeout = 300) {
+    REQUIRE_CUDA();
+    const struct { int64_t m, k, n; na_dtype fa, fb, out; bool bias; } cases[] = {
+        {64, 784, 256, NA_DTYPE_F8E4M3, NA_DTYPE_F8E4M3, NA_DTYPE_F32, false},
+        {64, 784, 256, NA_DTYPE_F8E4M3, NA_DTYPE_F8E4M3, NA_DTYPE_BF16, true},
+        {64, 256, 16, NA_DTYPE_F8E5M2, NA_DTYPE_F8E4M3, NA_DTYPE_BF16, true},
+        {64, 256, 10, NA_DTYPE_F8E4M3, NA_DTYPE_F8E5M2, NA_DTYPE_F32, true},
+    };
+    for (int lt = 0; lt < 2; lt++) {
+        setenv("NANOAMP_CUDA_FP8_GEMM", lt ? "1" : "0", 1);
+        for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+            int64_t m = cases[c].m, k = cases[c].k, n = cases[c].n;
+            na_tensor *a = na_cast(na_randn(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(m, k), 0, 30),
+                                   cases[c].fa);
+            na_tensor *w = na_cast(na_randn(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(n, k), 0, 30),
+                                   cases[c].fb);
+            na_tensor *sa = na_scalar(NA_DTYPE_F32, NA_DEVICE_CPU, 0.0371);
+            na_tensor *sb = na_scalar(NA_DTYPE_F32, NA_DEVICE_CPU, 0.5);
+            na_tensor *bias = cases[c].bias
+                                  ? na_cast(na_randn(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(n), 0, 1),
+                                            cases[c].out)
+                                  : NULL;
+            cr_assert(a && w && sa && sb, "%s", na_last_error());
+            na_tensor *yc = na_scaled_mm(a, na_transpose(w, 0, 1), sa, sb, bias, cases[c].out);
+            na_tensor *wd = na_to_device(w, g_dev2);
+            na_tensor *yd = na_scaled_mm(na_to_device(a, g_dev2), wd ? na_transpose(wd, 0, 1) : NULL,
+                                         na_to_device(sa, g_dev2), na_to_device(sb, g_dev2),
+                                         bias ? na_to_device(bias, g_dev2) : NULL, cases[c].out);
+            cr_assert(yc && yd, "scaled_mm case %zu (lt %d): %s", c, lt, na_last_error());
+            const float *pc = na_cast(yc, NA_DTYPE_F32)->data;
+            const float *pd = na_cast(na_to_device(yd, NA_DEVICE_CPU), NA_DTYPE_F32)->data;
+            na_tensor *af = na_cast(a, NA_DTYPE_F32), *wf = na_cast(w, NA_DTYPE_F32);
+            const float *ap = af->data, *wp = wf->data;
+            int bad = 0;
+            for (int64_t i = 0; i < m; i++)
+                for (int64_t j = 0; j < n; j++) {
+                    double mag = 0;
+                    for (int64_t q = 0; q < k; q++) mag += fabs((double)ap[i * k + q] * wp[j * k + q]);
+                    double tol = ldexp((double)k * mag * 0.0371 * 0.5, -24) +
+                                 (cases[c].out == NA_DTYPE_BF16 ? ldexp(fabs(pc[i * n + j]), -8) : 0);
+                    if (fabs((double)pc[i * n + j] - pd[i * n + j]) > tol && bad++ < 5)
+                        cr_log_error("scaled_mm case %zu lt %d [%" PRId64 ",%" PRId64 "]: cpu %.9g "
+                                     "device %.9g", c, lt, i, j, pc[i * n + j], pd[i * n + j]);
+                }
+            cr_expect_eq(bad, 0, "scaled_mm case %zu (NANOAMP_CUDA_FP8_GEMM=%d) differs", c, lt);
+            na_step_end();
+        }
+    }
+    unsetenv("NANOAMP_CUDA_FP8_GEMM");
+}

@@ -70,6 +70,10 @@ Test(dist, misuse_is_reported) {
     na_tensor *i = TH_OK(na_zeros(NA_DTYPE_I32, NA_DEVICE_CPU, NA_SHAPE(2)));
     cr_assert_eq(na_dist_all_reduce(d, i, NA_DIST_AVG), NA_EDTYPE);
     cr_assert(strstr(na_last_error(), "AVG") && strstr(na_last_error(), "rank 0"));
+    na_tensor *f8 = TH_OK(na_zeros(NA_DTYPE_F8E5M2, NA_DEVICE_CPU, NA_SHAPE(2)));
+    cr_assert_eq(na_dist_all_reduce(d, f8, NA_DIST_SUM), NA_EDTYPE); /* no FP8 sums */
+    cr_assert(strstr(na_last_error(), "na_dist_all_reduce") && strstr(na_last_error(), "f8e5m2"),
+              "%s", na_last_error());
     cr_assert_eq(na_dist_all_reduce(NULL, i, NA_DIST_SUM), NA_EINVAL);
     cr_assert_eq(na_dist_broadcast(d, i, 1), NA_EINVAL);
     cr_assert(strstr(na_last_error(), "root 1"));

@@ -11,7 +11,9 @@
 #include "nanoamp/cuda.h"
 
 static const na_dtype ALL_DTYPES[] = {NA_DTYPE_F64, NA_DTYPE_F32, NA_DTYPE_F16,
-                                      NA_DTYPE_BF16, NA_DTYPE_I32, NA_DTYPE_U8};
+                                      NA_DTYPE_BF16, NA_DTYPE_I32, NA_DTYPE_U8,
+                                      NA_DTYPE_F8E4M3, NA_DTYPE_F8E5M2};
+_Static_assert(sizeof ALL_DTYPES / sizeof ALL_DTYPES[0] == NA_DTYPE_COUNT, "every dtype");
 
 /* ---- constructors ------------------------------------------------------------------------ */
 

@@ -135,6 +135,18 @@ na_tensor *na_softplus(na_tensor *x);             /* log(1 + exp(x)) */
 na_tensor *na_matmul(na_tensor *a, na_tensor *b);
 /* y = x @ w^T + b: x [.., in], w [out, in], b [out] or NULL (bias fused into the product). */
 na_tensor *na_linear(na_tensor *x, na_tensor *w, na_tensor *b);
+/* The scaled FP8 matrix product of torch._scaled_mm:
+ *   y = (scale_a * scale_b) * (a @ b) (+ bias), f32 accumulation, one rounding to out_dtype.
+ * a [M, K] and b [K, N] are f8e4m3 or f8e5m2 (any pair; b is typically a transposed [N, K]
+ * weight, the layout cuBLASLt needs); scale_a and scale_b are f32 tensors of one element, the
+ * dequantization factors (the inverse of the factor each operand was multiplied by before its
+ * cast to FP8); bias NULL or [N] in f32, bf16 or f16 (added in f32 unless it and the output
+ * are bf16); out_dtype f32 or bf16. The CPU widens the
+ * operands (exactly) and runs its f32 or bf16 GEMM; CUDA runs cuBLASLt's FP8 GEMM when
+ * NANOAMP_CUDA_FP8_GEMM=1 (sm_89 or newer; off by default until a GPU run shows parity), else
+ * the same widening. No graph node: FP8 layers write their own backward. */
+na_tensor *na_scaled_mm(na_tensor *a, na_tensor *b, na_tensor *scale_a, na_tensor *scale_b,
+                        na_tensor *bias, na_dtype out_dtype);
 
 /* ---- reductions (f32 accumulation; f64 for f64) ------------------------------------- */
 na_tensor *na_sum(na_tensor *x);                                  /* all -> 0-dim */

@@ -37,6 +37,12 @@ int na_cpu_fill(na_view *t, double value) {
         for (int64_t i = 0; i < n; i++) p[i] = v;
     } break;
     case NA_DTYPE_U8: memset(t->data, na_cpu_d_to_u8(value), (size_t)n); break;
+    case NA_DTYPE_F8E4M3:
+    case NA_DTYPE_F8E5M2: { /* one byte: the value's code, through f32 as a cast does */
+        uint8_t v;
+        na_cpu_set(t->dtype, &v, 0, value);
+        memset(t->data, v, (size_t)n);
+    } break;
     default: return na_cpu_bad_dtype("cpu_fill", "t", t->dtype);
     }
     return NA_OK;

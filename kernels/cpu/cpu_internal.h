@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "backend.h"
+#include "common/float8.h"
 #include "common/half.h"
 #include "nanoamp/error.h"
 
@@ -84,11 +85,13 @@ static inline double na_cpu_get(na_dtype dt, const void *p, int64_t i) {
     case NA_DTYPE_BF16: return na_bf16_bits_to_f32(((const uint16_t *)p)[i]);
     case NA_DTYPE_I32: return ((const int32_t *)p)[i];
     case NA_DTYPE_U8: return ((const uint8_t *)p)[i];
+    case NA_DTYPE_F8E4M3: return na_e4m3_bits_to_f32(((const uint8_t *)p)[i]);
+    case NA_DTYPE_F8E5M2: return na_e5m2_bits_to_f32(((const uint8_t *)p)[i]);
     default: return NAN;
     }
 }
 
-/* Store v into element i; f16/bf16 go through f32 (as c10::Half(double) does). */
+/* Store v into element i; f16/bf16/FP8 go through f32 (as c10::Half(double) does). */
 static inline void na_cpu_set(na_dtype dt, void *p, int64_t i, double v) {
     switch (dt) {
     case NA_DTYPE_F64: ((double *)p)[i] = v; break;
@@ -97,6 +100,8 @@ static inline void na_cpu_set(na_dtype dt, void *p, int64_t i, double v) {
     case NA_DTYPE_BF16: ((uint16_t *)p)[i] = na_f32_to_bf16_bits((float)v); break;
     case NA_DTYPE_I32: ((int32_t *)p)[i] = na_cpu_d_to_i32(v); break;
     case NA_DTYPE_U8: ((uint8_t *)p)[i] = na_cpu_d_to_u8(v); break;
+    case NA_DTYPE_F8E4M3: ((uint8_t *)p)[i] = na_f32_to_e4m3_bits((float)v); break;
+    case NA_DTYPE_F8E5M2: ((uint8_t *)p)[i] = na_f32_to_e5m2_bits((float)v); break;
     default: break;
     }
 }
@@ -117,7 +122,7 @@ extern bool na_cpu_convert_force_soft;
  * na_cpu_view_f(dt, p, off, n, buf)   the f32 values of p[off..off+n): p itself when it is f32,
  *                                     else buf filled by load
  * na_cpu_store_f(dt, p, off, n, src)  p[off..off+n) = src rounded once to dt
- * and the _d forms for double. Float-typed dtypes only (plus i32/u8 in load/store). */
+ * and the _d forms for double. Float-typed dtypes only (plus i32/u8/FP8 in load/store). */
 
 static inline void na_cpu_load_f(na_dtype dt, const void *p, int64_t off, int64_t n, float *dst) {
     switch (dt) {
@@ -136,6 +141,10 @@ static inline void na_cpu_load_f(na_dtype dt, const void *p, int64_t off, int64_
         const uint8_t *s = (const uint8_t *)p + off;
         for (int64_t i = 0; i < n; i++) dst[i] = (float)s[i];
     } break;
+    case NA_DTYPE_F8E4M3:
+    case NA_DTYPE_F8E5M2:
+        for (int64_t i = 0; i < n; i++) dst[i] = (float)na_cpu_get(dt, p, off + i);
+        break;
     default: for (int64_t i = 0; i < n; i++) dst[i] = NAN; break;
     }
 }

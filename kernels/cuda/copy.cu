@@ -27,6 +27,12 @@ __global__ void k_copy_strided_any(void *dst, int ddt, const void *src, int sdt,
     NA_GRID_STRIDE(i, n) na_st_d(dst, ddt, i, na_ld_d(src, sdt, na_strided_offset(g, i)));
 }
 
+/* contiguous, an FP8 side: runtime dtypes through f32 (common/float8.h, as on the CPU; the
+ * f64 <-> FP8 pairs go through f32 too, as PyTorch's casts do) */
+__global__ void k_copy_fp8(void *dst, int ddt, const void *src, int sdt, int64_t n) {
+    NA_GRID_STRIDE(i, n) na_st_f(dst, ddt, i, na_ld_f(src, sdt, i));
+}
+
 static int copy_impl(void *dst, na_dtype ddt, const void *src, na_dtype sdt, int64_t n,
                      const na_strided *g) {
     if (n == 0) return NA_OK;
@@ -49,6 +55,11 @@ static int copy_impl(void *dst, na_dtype ddt, const void *src, na_dtype sdt, int
             k_copy_strided_any<<<grid, NA_BLOCK, 0, st>>>(dst, ddt, src, sdt, *g, n);
         }
         NA_CUDA_LAUNCH_CHECK("k_copy_strided");
+        return NA_OK;
+    }
+    if (na_dtype_is_fp8(ddt) || na_dtype_is_fp8(sdt)) {
+        k_copy_fp8<<<grid, NA_BLOCK, 0, st>>>(dst, ddt, src, sdt, n);
+        NA_CUDA_LAUNCH_CHECK("k_copy_fp8");
         return NA_OK;
     }
     return na_dispatch_all(ddt, "copy", [&](auto dtag) -> int {

@@ -30,6 +30,7 @@
 #include "na_config.h"
 #include "backend.h"
 #include "common/dense_order.h"
+#include "common/float8.h"
 #include "common/half.h"
 #include "nanoamp/cuda.h"
 #include "nanoamp/error.h"
@@ -339,6 +340,8 @@ static __device__ __forceinline__ double na_ld_d(const void *p, int dt, int64_t 
     case NA_DTYPE_BF16: return (double)na_bf16_bits_to_f32(((const uint16_t *)p)[i]);
     case NA_DTYPE_I32: return (double)((const int32_t *)p)[i];
     case NA_DTYPE_U8: return (double)((const uint8_t *)p)[i];
+    case NA_DTYPE_F8E4M3: return (double)na_e4m3_bits_to_f32(((const uint8_t *)p)[i]);
+    case NA_DTYPE_F8E5M2: return (double)na_e5m2_bits_to_f32(((const uint8_t *)p)[i]);
     default: return (double)NAN;
     }
 }
@@ -350,6 +353,8 @@ static __device__ __forceinline__ float na_ld_f(const void *p, int dt, int64_t i
     case NA_DTYPE_BF16: return na_bf16_bits_to_f32(((const uint16_t *)p)[i]);
     case NA_DTYPE_I32: return (float)((const int32_t *)p)[i];
     case NA_DTYPE_U8: return (float)((const uint8_t *)p)[i];
+    case NA_DTYPE_F8E4M3: return na_e4m3_bits_to_f32(((const uint8_t *)p)[i]);
+    case NA_DTYPE_F8E5M2: return na_e5m2_bits_to_f32(((const uint8_t *)p)[i]);
     default: return NAN;
     }
 }
@@ -361,6 +366,8 @@ static __device__ __forceinline__ void na_st_d(void *p, int dt, int64_t i, doubl
     case NA_DTYPE_BF16: ((uint16_t *)p)[i] = na_f32_to_bf16_bits((float)v); break;
     case NA_DTYPE_I32: ((int32_t *)p)[i] = na_d_to_i32(v); break;
     case NA_DTYPE_U8: ((uint8_t *)p)[i] = na_d_to_u8(v); break;
+    case NA_DTYPE_F8E4M3: ((uint8_t *)p)[i] = na_f32_to_e4m3_bits((float)v); break;
+    case NA_DTYPE_F8E5M2: ((uint8_t *)p)[i] = na_f32_to_e5m2_bits((float)v); break;
     default: break;
     }
 }
@@ -372,6 +379,8 @@ static __device__ __forceinline__ void na_st_f(void *p, int dt, int64_t i, float
     case NA_DTYPE_BF16: ((uint16_t *)p)[i] = na_f32_to_bf16_bits(v); break;
     case NA_DTYPE_I32: ((int32_t *)p)[i] = na_d_to_i32((double)v); break;
     case NA_DTYPE_U8: ((uint8_t *)p)[i] = na_d_to_u8((double)v); break;
+    case NA_DTYPE_F8E4M3: ((uint8_t *)p)[i] = na_f32_to_e4m3_bits(v); break;
+    case NA_DTYPE_F8E5M2: ((uint8_t *)p)[i] = na_f32_to_e5m2_bits(v); break;
     default: break;
     }
 }

@@ -273,3 +273,71 @@ int na_cuda_gemm_ex(const na_gemm_args *g, na_dtype ct) {
 }
 
 int na_cuda_gemm(const na_gemm_args *args) { return na_cuda_gemm_ex(args, args->dtype); }
+
+/* ---- scaled FP8 product (na_scaled_mm) --------------------------------------------------------
+ * cuBLASLt's FP8 GEMM (sm_89 and newer), behind NANOAMP_CUDA_FP8_GEMM=1 until a GPU run shows
+ * parity with the CPU (tests/test_cuda_parity.c, scaled_mm rows); otherwise, and for what it
+ * does not take, the front-end widens the operands and runs the bf16/f32 GEMM. Row-major
+ * C = A @ B is column-major C^T = B^T A^T: B (stored as [n, k] row-major) is the first
+ * operand, transposed; A the second, not transposed: the "TN" layout FP8 requires. The scales
+ * are device pointers (A_SCALE of the first operand is scale_b). E5M2 x E5M2 is not supported
+ * by cuBLASLt; a bias is taken with a bf16 output only (the bias type FP8 GEMMs document). */
+static bool fp8_gemm_enabled(void) {
+    const char *e = getenv("NANOAMP_CUDA_FP8_GEMM");
+    return e && strcmp(e, "1") == 0;
+}
+
+static cudaDataType_t fp8_cuda_dtype(na_dtype dt) {
+    return dt == NA_DTYPE_F8E5M2 ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3;
+}
+
+int na_cuda_scaled_mm(const na_scaled_mm_args *g, bool *done) {
+    *done = false;
+    bool both_e5m2 = g->a_dtype == NA_DTYPE_F8E5M2 && g->b_dtype == NA_DTYPE_F8E5M2;
+    if (!fp8_gemm_enabled() || both_e5m2 || na_cuda_ctx.major * 10 + na_cuda_ctx.minor < 89 ||
+        g->k % 16 || g->lda % 16 || g->ldb % 16 || g->n % 16 || ptr_align(g->a) < 16 ||
+        ptr_align(g->b) < 16 || ptr_align(g->c) < 16 || (g->bias && g->c_dtype != NA_DTYPE_BF16))
+        return NA_OK;
+    cublasOperation_t opt = CUBLAS_OP_T, opn = CUBLAS_OP_N;
+    cudaDataType_t cdt = cuda_dtype(g->c_dtype);
+    lt_desc op;
+    NA_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op.d, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    NA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_TRANSA, &opt, sizeof opt));
+    NA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_TRANSB, &opn, sizeof opn));
+    const void *sa = g->scale_b, *sb = g->scale_a; /* operand order: B first */
+    NA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa));
+    NA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof sb));
+    if (g->bias) {
+        cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+        const void *bp = g->bias;
+        int32_t bt = (int32_t)cdt;
+        NA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+        NA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof bp));
+        NA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt));
+    }
+    lt_layout Lb, La, Lc;
+    NA_TRY(make_layout(&Lb, fp8_cuda_dtype(g->b_dtype), g->k, g->n, g->ldb, 1, 0));
+    NA_TRY(make_layout(&La, fp8_cuda_dtype(g->a_dtype), g->k, g->m, g->lda, 1, 0));
+    NA_TRY(make_layout(&Lc, cdt, g->n, g->m, g->n, 1, 0));
+    lt_pref pref;
+    NA_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref.p));
+    uint64_t ws = na_cuda_ctx.lt_workspace_size;
+    NA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref.p, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    cublasLtMatmulHeuristicResult_t res;
+    memset(&res, 0, sizeof res);
+    int nres = 0;
+    cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(na_cuda_ctx.lt, op.d, Lb.l, La.l, Lc.l,
+                                                      Lc.l, pref.p, 1, &res, &nres);
+    if (s == CUBLAS_STATUS_NOT_SUPPORTED || (s == CUBLAS_STATUS_SUCCESS && nres == 0))
+        return NA_OK; /* the widening path serves */
+    if (s != CUBLAS_STATUS_SUCCESS)
+        return na_set_error(NA_ECUDA, "scaled_mm (cuda): cublasLtMatmulAlgoGetHeuristic failed: %s",
+                            cublasGetStatusString(s));
+    float alpha = 1.0f, beta = 0.0f;
+    NA_CUBLAS_CHECK(cublasLtMatmul(na_cuda_ctx.lt, op.d, &alpha, g->b, Lb.l, g->a, La.l, &beta,
+                                   g->c, Lc.l, g->c, Lc.l, &res.algo, na_cuda_ctx.lt_workspace,
+                                   na_cuda_ctx.lt_workspace_size, na_cuda_ctx.stream));
+    *done = true;
+    return NA_OK;
+}

@@ -121,7 +121,9 @@ static MPI_Datatype mpi_type(na_dtype dt) {
     case NA_DTYPE_F16:
     case NA_DTYPE_BF16: return MPI_UINT16_T;
     case NA_DTYPE_I32: return MPI_INT32_T;
-    case NA_DTYPE_U8: return MPI_UINT8_T;
+    case NA_DTYPE_U8:
+    case NA_DTYPE_F8E4M3:
+    case NA_DTYPE_F8E5M2: return MPI_UINT8_T; /* FP8 moves as bytes; check_op refuses sums */
     default: return MPI_DATATYPE_NULL;
     }
 }
@@ -440,6 +442,10 @@ static int check_op(na_dist *d, const char *fn, const na_tensor *t, na_dist_op o
     char s[2 * NA_DESCRIBE_MAX];
     if (op != NA_DIST_SUM && op != NA_DIST_AVG && op != NA_DIST_MAX)
         return na_set_error(NA_EINVAL, "%s: unknown reduce op %d", fn, (int)op);
+    if (na_dtype_is_fp8(t->dtype))
+        return na_set_error(NA_EDTYPE, "%s: rank %d: %s does not reduce dtype %s (%s): cast to "
+                            "f32 or bf16 first", fn, d->rank, fn, na_dtype_name(t->dtype),
+                            describe(t, s, sizeof s));
     if (op == NA_DIST_AVG && !na_dtype_is_float(t->dtype))
         return na_set_error(NA_EDTYPE, "%s: rank %d: AVG of the integer tensor %s (use SUM)", fn,
                             d->rank, describe(t, s, sizeof s));

@@ -119,7 +119,9 @@ static ncclDataType_t nccl_type(na_dtype dt) {
     case NA_DTYPE_F16: return ncclFloat16;
     case NA_DTYPE_BF16: return ncclBfloat16;
     case NA_DTYPE_I32: return ncclInt32;
-    case NA_DTYPE_U8: return ncclUint8;
+    case NA_DTYPE_U8:
+    case NA_DTYPE_F8E4M3:
+    case NA_DTYPE_F8E5M2: return ncclUint8; /* bytes: reductions of FP8 are refused before */
     default: return ncclFloat32;
     }
 }

@@ -66,7 +66,7 @@ static const struct {
 } dtypes[] = {
     {NA_DTYPE_COUNT, "I64", 8}, {NA_DTYPE_F64, "F64", 8},   {NA_DTYPE_F32, "F32", 4},
     {NA_DTYPE_I32, "I32", 4},   {NA_DTYPE_BF16, "BF16", 2}, {NA_DTYPE_F16, "F16", 2},
-    {NA_DTYPE_U8, "U8", 1},
+    {NA_DTYPE_F8E4M3, "F8_E4M3", 1}, {NA_DTYPE_F8E5M2, "F8_E5M2", 1}, {NA_DTYPE_U8, "U8", 1},
 };
 #define N_DTYPES ((int)(sizeof dtypes / sizeof dtypes[0]))
 _Static_assert(N_DTYPES == NA_DTYPE_COUNT + 1, "every nanoamp dtype has a safetensors name");

@@ -194,3 +194,114 @@ na_tensor *na_grad_sum_rows(const na_node *n, int k, na_tensor *x) {
                               x->shape[1]);
     return rc ? NULL : into;
 }
+
+/* ---- scaled FP8 product ------------------------------------------------------------------ */
+
+/* t (2-d FP8) widened to dt (exact: every FP8 value is a bf16 value), in t's orientation: a
+ * transposed view stays a transposed view, so the GEMM reads it with its transpose flag. */
+static na_tensor *widen_operand(na_tensor *t, na_dtype dt) {
+    bool trans;
+    int64_t ld;
+    if (!matrix_layout(t, &trans, &ld) || !trans) return na_cast(t, dt);
+    na_tensor *w = na_cast(na_transpose(t, 0, 1), dt);
+    return w ? na_transpose(w, 0, 1) : NULL;
+}
+
+/* Checks one FP8 operand of na_scaled_mm. */
+static bool check_fp8_operand(const char *fn, const na_tensor *t, const char *what) {
+    char s[NA_DESCRIBE_MAX];
+    if (!na_check_tensor(fn, t, what)) return false;
+    if (!na_dtype_is_fp8(t->dtype) || t->ndim != 2) {
+        na_set_error(na_dtype_is_fp8(t->dtype) ? NA_ESHAPE : NA_EDTYPE,
+                     "%s: %s must be a 2-d f8e4m3 or f8e5m2 tensor, got %s", fn, what,
+                     na_tensor_describe(t, s, sizeof s));
+        return false;
+    }
+    return true;
+}
+
+/* Checks a scale of na_scaled_mm: f32, one element, on the operands' device. */
+static bool check_scale(const char *fn, const na_tensor *s, const na_tensor *a, const char *what) {
+    char d[NA_DESCRIBE_MAX];
+    if (!na_check_tensor(fn, s, what) || !na_check_same_device(fn, a, s)) return false;
+    if (s->dtype != NA_DTYPE_F32 || s->numel != 1) {
+        na_set_error(s->dtype != NA_DTYPE_F32 ? NA_EDTYPE : NA_ESHAPE,
+                     "%s: %s must be an f32 tensor of one element (a per-tensor scale), got %s",
+                     fn, what, na_tensor_describe(s, d, sizeof d));
+        return false;
+    }
+    return true;
+}
+
+/* The backend's own FP8 GEMM (cuBLASLt on CUDA, behind its switch) when it takes the problem
+ * (*done): a row-major, b the transpose of a row-major [n, k] (a Linear weight). */
+static int scaled_mm_native(na_tensor *a, na_tensor *b, na_tensor *sa, na_tensor *sb,
+                            na_tensor *bias, na_tensor *out, bool *done) {
+    const na_backend *be = na_be(out);
+    bool ta, tb;
+    int64_t lda, ldb;
+    *done = false;
+    if (!be->scaled_mm || !matrix_layout(a, &ta, &lda) || ta || !matrix_layout(b, &tb, &ldb) ||
+        !tb)
+        return NA_OK;
+    na_scaled_mm_args g = {.a_dtype = a->dtype, .b_dtype = b->dtype, .c_dtype = out->dtype,
+                           .a = a->data, .b = b->data, .scale_a = sa->data, .scale_b = sb->data,
+                           .bias = bias ? bias->data : NULL, .c = out->data,
+                           .m = out->shape[0], .n = out->shape[1], .k = a->shape[1],
+                           .lda = lda, .ldb = ldb};
+    return be->scaled_mm(&g, done);
+}
+
+na_tensor *na_scaled_mm(na_tensor *a, na_tensor *b, na_tensor *scale_a, na_tensor *scale_b,
+                        na_tensor *bias, na_dtype out_dtype) {
+    const char *fn = "na_scaled_mm";
+    char x[NA_DESCRIBE_MAX], y[NA_DESCRIBE_MAX];
+    if (!check_fp8_operand(fn, a, "a") || !check_fp8_operand(fn, b, "b") ||
+        !na_check_same_device(fn, a, b) || !check_scale(fn, scale_a, a, "scale_a") ||
+        !check_scale(fn, scale_b, a, "scale_b"))
+        return NULL;
+    if (out_dtype != NA_DTYPE_F32 && out_dtype != NA_DTYPE_BF16) {
+        na_set_error(NA_EDTYPE, "%s: out_dtype must be f32 or bf16, got %s", fn,
+                     na_dtype_name(out_dtype));
+        return NULL;
+    }
+    int64_t m = a->shape[0], k = a->shape[1], n = b->shape[1];
+    if (b->shape[0] != k) {
+        na_set_error(NA_ESHAPE, "%s: inner dimensions differ: a is %s, b is %s", fn,
+                     na_tensor_describe(a, x, sizeof x), na_tensor_describe(b, y, sizeof y));
+        return NULL;
+    }
+    if (bias && (!na_check_tensor(fn, bias, "bias") || !na_check_same_device(fn, a, bias)))
+        return NULL;
+    if (bias && (!na_dtype_is_float(bias->dtype) || bias->dtype == NA_DTYPE_F64 ||
+                 bias->ndim != 1 || bias->shape[0] != n)) {
+        na_set_error(NA_ESHAPE, "%s: bias must be [%" PRId64 "] in f32, bf16 or f16, got %s", fn,
+                     n, na_tensor_describe(bias, x, sizeof x));
+        return NULL;
+    }
+    /* the epilogue's dtype: bf16 only when the output and the bias (if any) are bf16; an f32
+     * bias of a bf16 output is added in f32, then one rounding (as torch._scaled_mm) */
+    na_dtype ct = out_dtype == NA_DTYPE_BF16 && (!bias || bias->dtype == NA_DTYPE_BF16)
+                      ? NA_DTYPE_BF16 : NA_DTYPE_F32;
+    na_tensor *bc = bias ? na_contiguous(na_cast(bias, ct)) : NULL; /* widening: exact */
+    na_tensor *out = na_empty(ct, a->device, NA_SHAPE(m, n));
+    if (!out || (bias && !bc)) return NULL;
+    bool done;
+    if (scaled_mm_native(a, b, scale_a, scale_b, bc, out, &done) != NA_OK) return NULL;
+    if (!done) {
+        /* widened to ct (exact), so the backend's f32 or bf16 GEMM serves: f32 accumulation,
+         * alpha = the scale product, bias and one rounding in its epilogue */
+        na_tensor *aw = widen_operand(a, ct), *bw = widen_operand(b, ct);
+        if (!aw || !bw) return NULL;
+        double sa = na_item(scale_a), sb = na_item(scale_b);
+        na_gemm_args g = {.dtype = ct, .bias = bc ? bc->data : NULL, .c = out->data, .m = m,
+                          .n = n, .k = k, .ldc = n, .batch = 1,
+                          .alpha = (float)sa * (float)sb, .beta = 0.0f};
+        aw = gemm_operand(aw, &g.ta, &g.lda, &g.stride_a);
+        bw = gemm_operand(bw, &g.tb, &g.ldb, &g.stride_b);
+        if (!aw || !bw) return NULL;
+        g.a = aw->data, g.b = bw->data;
+        if (na_be(out)->gemm(&g) != NA_OK) return NULL;
+    }
+    return ct == out_dtype ? out : na_cast(out, out_dtype);
+}

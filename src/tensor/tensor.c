@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "common/dense_order.h"
-#include "common/half.h"
+#include "common/float8.h"
 #include "src/tensor/arena.h"
 #include "src/tensor/deferred_zero.h"
 #include "src/tensor/tensor_internal.h"
@@ -337,6 +337,8 @@ double na_get(const na_tensor *t, int64_t i) {
     case NA_DTYPE_BF16: { uint16_t v; memcpy(&v, raw, 2); return na_bf16_bits_to_f32(v); }
     case NA_DTYPE_I32: { int32_t v; memcpy(&v, raw, 4); return v; }
     case NA_DTYPE_U8: return raw[0];
+    case NA_DTYPE_F8E4M3: return na_e4m3_bits_to_f32(raw[0]);
+    case NA_DTYPE_F8E5M2: return na_e5m2_bits_to_f32(raw[0]);
     default: return 0.0 / 0.0;
     }
 }
@@ -371,6 +373,13 @@ bool na_check_tensor(const char *fn, const na_tensor *t, const char *what) {
 
 bool na_check_float(const char *fn, const na_tensor *t, const char *what) {
     if (!na_check_tensor(fn, t, what)) return false;
+    if (na_dtype_is_fp8(t->dtype)) { /* the one place every op front-end turns FP8 away */
+        char b[NA_DESCRIBE_MAX];
+        na_set_error(NA_EDTYPE, "%s: %s is %s: %s does not support dtype %s (FP8 tensors are "
+                     "storage: na_cast them to f32/bf16, or multiply them with na_scaled_mm)",
+                     fn, what, na_tensor_describe(t, b, sizeof b), fn, na_dtype_name(t->dtype));
+        return false;
+    }
     if (!na_dtype_is_float(t->dtype)) {
         char b[NA_DESCRIBE_MAX];
         na_set_error(NA_EDTYPE, "%s: %s must be a float tensor, got %s", fn, what,
