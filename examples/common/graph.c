@@ -3,15 +3,22 @@
  * included, is amp_step.c's. */
 #include <stdio.h>
 
+#include "run_report.h"
 #include "trainer_internal.h"
 
 #define GRAPH_WARMUP_STEPS 2 /* the second step of a shape allocates nothing new */
 
 na_tensor *trainer_step_loss(const trainer_amp *amp, na_module *net, na_tensor *x, na_tensor *y,
                              double label_smoothing, bool trace) {
-    if (trace) na_autocast_trace(amp->autocast ? NA_AMP_TRACE_REGIONS : NA_AMP_TRACE_ALL, stderr);
+    na_amp_trace_mode mode = amp->autocast ? NA_AMP_TRACE_REGIONS : NA_AMP_TRACE_ALL;
+    /* --report records the first step's trace (and prints it with --amp-trace) */
+    bool recorded = run_report_trace_begin(amp->report, mode, trace);
+    if (trace && !recorded) na_autocast_trace(mode, stderr);
     na_tensor *loss = trainer_amp_loss(amp, net, x, y, label_smoothing);
-    if (trace) na_autocast_trace(NA_AMP_TRACE_OFF, NULL);
+    if (recorded) run_report_trace_end(amp->report);
+    if (trace && !recorded) na_autocast_trace(NA_AMP_TRACE_OFF, NULL);
+    /* a sampled step's activations: a second forward, without gradients */
+    if (loss && run_report_activations(amp->report, amp, net, x)) return NULL;
     return loss;
 }
 
