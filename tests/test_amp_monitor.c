@@ -375,7 +375,9 @@ static na_amp_hist hist_of(na_dtype dt, const float *v, int64_t n) {
     cr_assert_eq(na_amp_hist_add(&h, v, n), NA_OK, "%s", na_last_error());
     return h;
 }
-static int64_t bin(const na_amp_hist *h, int log2_floor) { return h->bins[log2_floor - NA_AMP_HIST_LO]; }
+static int64_t bin(const na_amp_hist *h, int log2_floor) {
+    return h->bins[log2_floor - NA_AMP_HIST_LO];
+}
 
 Test(amp_hist, f16_boundaries) {
     const float v[] = {

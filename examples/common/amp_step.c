@@ -189,12 +189,13 @@ int trainer_amp_step(trainer_amp *a, na_tensor *loss) {
                     the f16 model gradients are reduced between backward and unscale */
         rc = na_fp16_optimizer_backward(a->fo, loss, !a->ddp) ||
              (a->ddp && (na_ddp_finish(a->ddp) || na_fp16_optimizer_update_master_grads(a->fo))) ||
-             run_report_grads(a->report, a) || na_fp16_optimizer_step(a->fo) || na_fp16_optimizer_zero_grad(a->fo);
+             run_report_grads(a->report, a) || na_fp16_optimizer_step(a->fo) ||
+             na_fp16_optimizer_zero_grad(a->fo);
     } else { /* the GradScaler; disabled, it passes the loss through and steps plainly */
         na_tensor *scaled = na_grad_scaler_scale(a->gs, loss);
         rc = !scaled || na_backward(scaled, NULL) || (a->ddp && na_ddp_finish(a->ddp)) ||
-             run_report_grads(a->report, a) || na_grad_scaler_step(a->gs, a->opt) || na_grad_scaler_update(a->gs) ||
-             na_optim_zero_grad(a->opt);
+             run_report_grads(a->report, a) || na_grad_scaler_step(a->gs, a->opt) ||
+             na_grad_scaler_update(a->gs) || na_optim_zero_grad(a->opt);
     }
     return rc ? na_last_status() : NA_OK;
 }
@@ -242,8 +243,9 @@ int trainer_amp_record(trainer_amp *amp, const trainer_opts *o, int64_t at, na_t
                 na_amp_monitor_describe(amp->mon, why, sizeof why));
         amp->alerts_shown |= alerts;
     }
-    if (amp->report && run_report_scale(amp->report, at, na_item(loss), na_amp_monitor_scale(amp->mon),
-                                        na_amp_monitor_skipped(amp->mon) - skipped, why)) {
+    if (amp->report &&
+        run_report_scale(amp->report, at, na_item(loss), na_amp_monitor_scale(amp->mon),
+                         na_amp_monitor_skipped(amp->mon) - skipped, why)) {
         fprintf(stderr, "%s%s: %s\n", prefix, o->program, na_last_error());
         return 1;
     }

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -71,6 +72,20 @@ static void *grow(void *array, int64_t *n, int64_t *cap, size_t size) {
 }
 #define APPEND(rp, arr, n, cap) grow(&(rp)->arr, &(rp)->n, &(rp)->cap, sizeof *(rp)->arr)
 
+/* A formatted copy (malloc), or NULL. */
+static char *format_new(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static char *format_new(const char *fmt, ...) {
+    va_list ap, ap2;
+    va_start(ap, fmt);
+    va_copy(ap2, ap);
+    int n = vsnprintf(NULL, 0, fmt, ap);
+    char *s = n >= 0 ? malloc((size_t)n + 1) : NULL;
+    if (s) vsnprintf(s, (size_t)n + 1, fmt, ap2);
+    va_end(ap2);
+    va_end(ap);
+    return s;
+}
+
 run_report *run_report_new(const trainer_opts *o, na_module *net, const trainer_amp *amp) {
     run_report *rp = calloc(1, sizeof *rp);
     if (!rp) {
@@ -102,7 +117,7 @@ bool run_report_sampling(const run_report *rp) { return rp && rp->sampling; }
 
 static void on_trace(const na_amp_trace_record *r, void *ctx) {
     run_report *rp = ctx;
-    char line[160], ins[64] = "", *text = NULL;
+    char line[160], ins[64] = "";
     if (rp->print_trace) fprintf(stderr, "amp: %s\n", na_amp_trace_format(r, line, sizeof line));
     size_t k = 0;
     for (int i = 0; i < r->n_inputs && k < sizeof ins; i++)
@@ -110,18 +125,12 @@ static void on_trace(const na_amp_trace_record *r, void *ctx) {
                               r->in[i] == NA_DTYPE_COUNT ? "-" : na_dtype_name(r->in[i]));
     const char *acc = r->accumulate == NA_DTYPE_COUNT ? "-" : na_dtype_name(r->accumulate);
     const char *rule = r->region && !r->enabled ? "off" : na_amp_rule_name(r->rule);
-    int n = snprintf(NULL, 0, "%*s%s|%s|%s|%s|%s|%s", 2 * r->nesting, "",
-                     r->name ? r->name : na_op_name(r->op), ins, rule,
-                     na_dtype_name(r->compute), na_dtype_name(r->out), acc);
-    trace_row *row = (text = malloc((size_t)n + 1)) ? APPEND(rp, t, nt, ct) : NULL;
-    if (!row) { /* out of memory: the table misses a row, the step goes on */
-        free(text);
-        return;
-    }
-    snprintf(text, (size_t)n + 1, "%*s%s|%s|%s|%s|%s|%s", 2 * r->nesting, "",
-             r->name ? r->name : na_op_name(r->op), ins, rule, na_dtype_name(r->compute),
-             na_dtype_name(r->out), acc);
-    row->text = text;
+    char *text = format_new("%*s%s|%s|%s|%s|%s|%s", 2 * r->nesting, "",
+                            r->name ? r->name : na_op_name(r->op), ins, rule,
+                            na_dtype_name(r->compute), na_dtype_name(r->out), acc);
+    trace_row *row = text ? APPEND(rp, t, nt, ct) : NULL;
+    if (row) row->text = text;
+    else free(text); /* out of memory: the table misses a row, the step goes on */
 }
 
 bool run_report_trace_begin(run_report *rp, na_amp_trace_mode mode, bool print) {
@@ -191,14 +200,14 @@ int run_report_scale(run_report *rp, int64_t at, double loss, double scale, int6
                      const char *alerts) {
     if (!rp) return NA_OK;
     amp_plot_row *row = APPEND(rp, r, nr, cr);
-    char **a = alerts && *alerts ? APPEND(rp, alert, na, ca) : NULL;
-    if (!row || (alerts && *alerts && !a)) return na_set_error(NA_ENOMEM, "--report: out of host memory");
-    *row = (amp_plot_row){(double)at + 1, loss, scale, (double)skipped};
-    if (a) {
-        int n = snprintf(NULL, 0, "step %" PRId64 ": %s", at + 1, alerts);
-        if ((*a = malloc((size_t)n + 1))) snprintf(*a, (size_t)n + 1, "step %" PRId64 ": %s", at + 1, alerts);
-        else rp->na--;
+    char *text = alerts && *alerts ? format_new("step %" PRId64 ": %s", at + 1, alerts) : NULL;
+    char **a = text ? APPEND(rp, alert, na, ca) : NULL;
+    if (!row || (alerts && *alerts && !a)) {
+        free(text);
+        return na_set_error(NA_ENOMEM, "--report: out of host memory");
     }
+    *row = (amp_plot_row){(double)at + 1, loss, scale, (double)skipped};
+    if (a) *a = text;
     return NA_OK;
 }
 
@@ -209,11 +218,12 @@ static const char STYLE[] =
     "table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;padding:2px 6px;"
     "text-align:left}th{background:#eee}td.n{text-align:right}pre{white-space:pre-wrap;"
     "background:#f6f6f6;padding:6px}h3{margin-bottom:2px}.zero{color:#777}.bad{color:#c00}"
-    "svg{max-width:100%;height:auto}pre.op{margin:0;padding:0;background:none}";
+    "svg{max-width:100%;height:auto}.pics{display:grid;grid-template-columns:1fr 1fr;gap:4px}pre.op{margin:0;padding:0;background:none}";
 
 static void pct(FILE *f, int64_t part, int64_t n, const char *cls) {
     double v = n ? 100.0 * (double)part / (double)n : 0;
-    fprintf(f, "<td class=\"n%s%s\">%.2f%%</td>", part && cls ? " " : "", part && cls ? cls : "", v);
+    bool mark = part && cls; /* a share worth the eye: grey for zeros, red for losses */
+    fprintf(f, "<td class=\"n%s%s\">%.2f%%</td>", mark ? " " : "", mark ? cls : "", v);
 }
 
 static void config_section(FILE *f, const run_report *rp) {
@@ -240,7 +250,7 @@ static void loss_section(FILE *f, const run_report *rp) {
     for (int64_t i = 0; i < rp->ne; i++) {
         const epoch_row *e = &rp->e[i];
         fprintf(f, "<tr><td class=\"n\">%" PRId64 "</td><td class=\"n\">%.4f</td><td class=\"n\">"
-                "%.4f</td><td class=\"n\">%.2f%%</td><td class=\"n\">%.0f</td><td class=\"n\">%.1f"
+                "%.4f</td><td class=\"n\">%.2f%%</td><td class=\"n\">%.0f</td><td class=\"n\">%.2f"
                 "</td></tr>\n", e->epoch, e->train_loss, e->test_loss, 100 * e->test_acc,
                 e->images_per_s, e->seconds);
     }
@@ -274,8 +284,7 @@ static void scale_section(FILE *f, const run_report *rp) {
     fputs("<h2 id=\"scale\">Loss scale</h2>\n", f);
     if (rp->nr) {
         char title[128];
-        snprintf(title, sizeof title, "%s, --amp %s: loss and loss scale per step", rp->o->program,
-                 rp->mode);
+        snprintf(title, sizeof title, "--amp %s, per step", rp->mode);
         svg_buffer b;
         if (svg_begin(&b)) amp_plot_log(b.m, title, rp->r, (int)rp->nr);
         svg_end(f, &b);
@@ -294,6 +303,35 @@ static void scale_section(FILE *f, const run_report *rp) {
 }
 
 /* one table row and picture per tensor of a sampled step */
+static void hist_row(FILE *f, const sample *s) {
+    const na_amp_hist *h = &s->h;
+    fputs("<tr><td>", f);
+    amp_plot_escape(f, s->name);
+    if (s->scale != 1.0) fprintf(f, " (x %g)", s->scale);
+    fprintf(f, "</td><td>%s</td><td class=\"n\">%" PRId64 "</td>", na_dtype_name(s->dtype), h->n);
+    pct(f, h->zero, h->n, "zero");
+    pct(f, h->underflow, h->n, "bad");
+    pct(f, h->subnormal, h->n, "bad");
+    pct(f, h->normal, h->n, NULL);
+    pct(f, h->overflow, h->n, "bad");
+    pct(f, h->nonfinite, h->n, "bad");
+    fputs("</tr>\n", f);
+}
+
+static void hist_picture(FILE *f, const sample *s, const char *line) {
+    double count[NA_AMP_HIST_BINS];
+    for (int b = 0; b < NA_AMP_HIST_BINS; b++) count[b] = (double)s->h.bins[b];
+    char title[128];
+    snprintf(title, sizeof title, "step %" PRId64 ": %s %s (%s), log2 |x|", s->step,
+             s->gradient ? "gradient of" : "output of", s->name, na_dtype_name(s->dtype));
+    svg_buffer b;
+    if (svg_begin(&b))
+        amp_plot_hist_line(b.m, title, line, count, NA_AMP_HIST_LO, NA_AMP_HIST_BINS,
+                           s->gradient ? "#1f77b4" : "#9467bd");
+    svg_end(f, &b);
+}
+
+/* per sampled step: a table of the shares, one row per tensor, then their pictures */
 static void hist_block(FILE *f, const run_report *rp, bool gradient) {
     const char *line = na_dtype_name(rp->line);
     int sub, norm;
@@ -304,45 +342,19 @@ static void hist_block(FILE *f, const run_report *rp, bool gradient) {
     for (int i = 0; i < rp->n_sampled; i++) fprintf(f, " %" PRId64, rp->sampled_steps[i]);
     fprintf(f, " (the first step, then the first of each epoch, at most %d).</p>\n",
             RUN_REPORT_MAX_SAMPLES);
-    int64_t step = -1;
-    for (int64_t i = 0; i < rp->ns; i++) {
-        const sample *s = &rp->s[i];
-        if (s->gradient != gradient) continue;
-        if (s->step != step) {
-            fprintf(f, "%s<h3>step %" PRId64 "</h3>\n<table><tr><th>%s</th><th>dtype</th>"
-                    "<th>elements</th><th>zero</th><th>rounds to 0 in %s</th><th>subnormal</th>"
-                    "<th>normal</th><th>overflow</th><th>inf/NaN</th></tr>\n",
-                    step < 0 ? "" : "</table>\n", s->step, gradient ? "parameter" : "layer", line);
-            step = s->step;
-        }
-        const na_amp_hist *h = &s->h;
-        fputs("<tr><td>", f);
-        amp_plot_escape(f, s->name);
-        if (s->scale != 1.0) fprintf(f, " (x %g)", s->scale);
-        fprintf(f, "</td><td>%s</td><td class=\"n\">%" PRId64 "</td>", na_dtype_name(s->dtype), h->n);
-        pct(f, h->zero, h->n, "zero");
-        pct(f, h->underflow, h->n, "bad");
-        pct(f, h->subnormal, h->n, "bad");
-        pct(f, h->normal, h->n, NULL);
-        pct(f, h->overflow, h->n, "bad");
-        pct(f, h->nonfinite, h->n, "bad");
-        fputs("</tr>\n", f);
-    }
-    if (step >= 0) fputs("</table>\n", f);
-    /* the pictures, after the tables: one line per tensor */
-    for (int64_t i = 0; i < rp->ns; i++) {
-        const sample *s = &rp->s[i];
-        if (s->gradient != gradient) continue;
-        double count[NA_AMP_HIST_BINS];
-        for (int b = 0; b < NA_AMP_HIST_BINS; b++) count[b] = (double)s->h.bins[b];
-        char title[128];
-        snprintf(title, sizeof title, "step %" PRId64 ": %s %s, log2 |x| (%s)", s->step,
-                 gradient ? "gradient of" : "output of", s->name, na_dtype_name(s->dtype));
-        svg_buffer b;
-        if (svg_begin(&b))
-            amp_plot_hist_line(b.m, title, line, count, NA_AMP_HIST_LO, NA_AMP_HIST_BINS,
-                               gradient ? "#1f77b4" : "#9467bd");
-        svg_end(f, &b);
+    for (int k = 0; k < rp->n_sampled; k++) {
+        int64_t step = rp->sampled_steps[k];
+        fprintf(f, "<h3>step %" PRId64 "</h3>\n<table><tr><th>%s</th><th>dtype</th>"
+                "<th>elements</th><th>zero</th><th>rounds to 0 in %s</th><th>subnormal</th>"
+                "<th>normal</th><th>overflow</th><th>inf/NaN</th></tr>\n", step,
+                gradient ? "parameter" : "layer", line);
+        for (int64_t i = 0; i < rp->ns; i++)
+            if (rp->s[i].gradient == gradient && rp->s[i].step == step) hist_row(f, &rp->s[i]);
+        fputs("</table>\n<div class=\"pics\">\n", f);
+        for (int64_t i = 0; i < rp->ns; i++)
+            if (rp->s[i].gradient == gradient && rp->s[i].step == step)
+                hist_picture(f, &rp->s[i], line);
+        fputs("</div>\n", f);
     }
 }
 

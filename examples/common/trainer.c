@@ -224,8 +224,7 @@ static int train(run_state *r, int64_t start_epoch) {
     return 0;
 }
 
-/* The summary on stdout: a sentence, and the JSON line with --json (also after divergence);
- * the --report page's last version (1 when it could not be written). */
+/* The sentence, --json's line (also after divergence), --report's last page (1: unwritten). */
 static int report(const run_state *r, bool ok) {
     const trainer_opts *o = r->o;
     trainer_result res = r->res;

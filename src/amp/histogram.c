@@ -77,7 +77,8 @@ int na_amp_hist_add_tensor(na_amp_hist *h, const na_tensor *x) {
     }
     /* a step tensor: freed at na_step_end, like every cast */
     if (na_grad_settle()) return na_last_status(); /* a gradient zero_grad marked reads as 0 */
-    na_tensor *f = x->dtype == NA_DTYPE_F32 ? (na_tensor *)x : na_cast((na_tensor *)x, NA_DTYPE_F32);
+    na_tensor *f = x->dtype == NA_DTYPE_F32 ? (na_tensor *)x
+                                            : na_cast((na_tensor *)x, NA_DTYPE_F32);
     float *host = f ? malloc(sizeof(float) * (size_t)(f->numel ? f->numel : 1)) : NULL;
     int rc = !f ? na_last_status()
              : !host ? na_set_error(NA_ENOMEM, "na_amp_hist_add_tensor: out of host memory")
