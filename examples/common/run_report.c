@@ -55,6 +55,7 @@ struct run_report {
     int64_t last_images;
     char *json;        /* the final --json line */
     const char *status; /* "running", "complete", "stopped" */
+    bool unwritable;    /* a write failed (and was said): the run stops, no more tries */
 };
 
 /* Appends one zeroed item to a growing array; NULL when out of memory. */
@@ -418,8 +419,9 @@ static void write_page(FILE *f, const run_report *rp) {
 
 /* The page into a temporary file beside the path, renamed over it: a reader never sees half a
  * page, and a failed write leaves the last page. */
-static int save(const run_report *rp) {
+static int save(run_report *rp) {
     const char *path = rp->o->report_path;
+    if (rp->unwritable) return 1;
     size_t len = strlen(path) + sizeof ".XXXXXX";
     char *tmp = malloc(len);
     int fd = -1, err = 0;
@@ -443,6 +445,7 @@ static int save(const run_report *rp) {
     if (err)
         fprintf(stderr, "%s: --report %s: cannot write the page: %s\n", rp->o->program, path,
                 strerror(err));
+    rp->unwritable = err != 0;
     return err ? 1 : 0;
 }
 
