@@ -1,7 +1,8 @@
 /* examples/common/trainer.h — what the MNIST and CIFAR trainers share: the command line
  * (cli.c), the model and the checks before training (setup.c), the training loop and
  * evaluation (trainer.c), the amp recipes (amp_step.c), checkpoints (checkpoint.c), the
- * progress bar and the --json line (report.c). Each trainer only loads its data. */
+ * progress bar and the --json line (report.c), the --report page (run_report.c). Each trainer
+ * only loads its data. */
 #ifndef NANOAMP_EXAMPLES_TRAINER_H
 #define NANOAMP_EXAMPLES_TRAINER_H
 
