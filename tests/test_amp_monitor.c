@@ -457,3 +457,29 @@ Test(amp_hist, f32_line_and_tensor_copies) {
     cr_assert_eq(na_amp_hist_add_tensor(&h, ti), NA_EDTYPE);
     cr_assert(strstr(na_last_error(), "na_amp_hist_add_tensor"), "%s", na_last_error());
 }
+
+/* the run report's picture of counted bins: one bar per nonzero bin on the axis, the four
+ * zones, beyond the axis drawn at its ends */
+Test(amp_hist, hist_line_svg) {
+    double count[NA_AMP_HIST_BINS] = {0};
+    count[-20 - NA_AMP_HIST_LO] = 5, count[3 - NA_AMP_HIST_LO] = 1;
+    count[-100 - NA_AMP_HIST_LO] = 2; /* below f16's axis (2^-48): at its left end */
+    char *buf = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&buf, &n);
+    cr_assert_eq(amp_plot_hist_line(f, "grads <1>", "f16", count, NA_AMP_HIST_LO,
+                                    NA_AMP_HIST_BINS, "#123456"), 0);
+    fclose(f);
+    int bars = 0;
+    for (const char *p = buf; (p = strstr(p, "class=\"bar\"")); p++) bars++;
+    cr_assert_eq(bars, 3, "%s", buf);
+    cr_assert(strstr(buf, "grads &lt;1&gt;"));
+    cr_assert(strstr(buf, "zone-zero") && strstr(buf, "zone-subnormal") &&
+              strstr(buf, "zone-normal") && strstr(buf, "zone-overflow"));
+    cr_assert(strstr(buf, "subnormals from 2^-24, normals from 2^-14, largest 65504"), "%s", buf);
+    free(buf);
+    f = open_memstream(&buf, &n);
+    cr_assert_eq(amp_plot_hist_line(f, "x", "fp8", count, NA_AMP_HIST_LO, NA_AMP_HIST_BINS, "#000"), -1);
+    fclose(f);
+    free(buf);
+}

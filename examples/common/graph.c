@@ -43,6 +43,7 @@ na_tensor *trainer_graph_step(trainer_graph *g, const trainer_opts *o, trainer_a
                               na_module *net, const float *x, const int32_t *y, bool trace,
                               const char *after_bar) {
     if (na_copy_from_host(g->x, x) || na_copy_from_host(g->y, y)) return NULL;
+    if (g->graph || g->warmup_left == 0) run_report_unsample(amp->report);
     if (g->warmup_left == 0 && !g->graph) {
         g->warmup_left = -1; /* one try */
         g->graph = trainer_amp_capture(amp, net, g->x, g->y, o->label_smoothing, g->loss);

@@ -116,6 +116,12 @@ void run_report_step(run_report *rp, int64_t at, bool epoch_start) {
 
 bool run_report_sampling(const run_report *rp) { return rp && rp->sampling; }
 
+void run_report_unsample(run_report *rp) {
+    if (!rp || !rp->sampling) return;
+    rp->sampling = false;
+    rp->n_sampled--;
+}
+
 static void on_trace(const na_amp_trace_record *r, void *ctx) {
     run_report *rp = ctx;
     char line[160], ins[64] = "";
@@ -362,7 +368,8 @@ static void hist_block(FILE *f, const run_report *rp, bool gradient) {
 static void trace_section(FILE *f, const run_report *rp) {
     fputs("<h2 id=\"trace\">Autocast trace</h2>\n", f);
     if (!rp->nt) {
-        fputs("<p>No op traced (yet).</p>\n", f);
+        fputs("<p>No op traced: the trace is of the run's first step (a resumed run starts "
+              "later; with --cuda-graph on CUDA it is an eager warm-up step).</p>\n", f);
         return;
     }
     fprintf(f, "<p>The first step's forward and loss, op by op (%s; indented: casts made for "

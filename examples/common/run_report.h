@@ -36,6 +36,9 @@ void run_report_free(run_report *rp); /* NULL is fine */
  * below does nothing for a NULL report. */
 void run_report_step(run_report *rp, int64_t at, bool epoch_start);
 bool run_report_sampling(const run_report *rp); /* this step is sampled */
+/* This step is not sampled after all: --cuda-graph's capture and replays cannot stop to copy
+ * tensors to the host. */
+void run_report_unsample(run_report *rp);
 /* The first step's trace into the table (and printed as --amp-trace prints when print): true
  * when it began (end it with run_report_trace_end), false when the caller traces itself. */
 bool run_report_trace_begin(run_report *rp, na_amp_trace_mode mode, bool print);
