@@ -366,3 +366,120 @@ Test(amp_monitor, append_csv_keeps_the_earlier_lines) {
     fclose(f);
     unlink(csv);
 }
+
+/* ---- na_amp_hist: the zones of the f16 and bf16 lines at their boundaries ------------------ */
+
+static na_amp_hist hist_of(na_dtype dt, const float *v, int64_t n) {
+    na_amp_hist h;
+    cr_assert_eq(na_amp_hist_init(&h, dt), NA_OK, "%s", na_last_error());
+    cr_assert_eq(na_amp_hist_add(&h, v, n), NA_OK, "%s", na_last_error());
+    return h;
+}
+static int64_t bin(const na_amp_hist *h, int log2_floor) {
+    return h->bins[log2_floor - NA_AMP_HIST_LO];
+}
+
+Test(amp_hist, f16_boundaries) {
+    const float v[] = {
+        0.0f,                         /* zero */
+        ldexpf(1, -26),               /* underflow */
+        ldexpf(1, -25),               /* half the smallest subnormal: ties to even, 0 */
+        -ldexpf(1.5f, -25),           /* rounds up to -2^-24: subnormal */
+        ldexpf(1, -24),               /* the smallest subnormal */
+        ldexpf(1, -14) - ldexpf(1, -25), /* halfway to 2^-14: rounds to the normal */
+        ldexpf(1, -14),               /* the smallest normal */
+        65504.0f, 65519.0f,           /* the largest, and the last that rounds to it */
+        65520.0f, -1e6f,              /* overflow */
+        INFINITY, NAN,                /* not finite */
+    };
+    na_amp_hist h = hist_of(NA_DTYPE_F16, v, 13);
+    cr_assert_eq(h.n, 13);
+    cr_assert_eq(h.zero, 1);
+    cr_assert_eq(h.underflow, 2);
+    cr_assert_eq(h.subnormal, 2);
+    cr_assert_eq(h.normal, 4);
+    cr_assert_eq(h.overflow, 2);
+    cr_assert_eq(h.nonfinite, 2);
+    /* bins of log2 |x| as given (not rounded) */
+    cr_assert_eq(bin(&h, -26), 1);
+    cr_assert_eq(bin(&h, -25), 2); /* 2^-25 and 1.5 x 2^-25 */
+    cr_assert_eq(bin(&h, -24), 1);
+    cr_assert_eq(bin(&h, -15), 1); /* 2^-14 - 2^-25 */
+    cr_assert_eq(bin(&h, -14), 1);
+    cr_assert_eq(bin(&h, 15), 3);  /* 65504, 65519, 65520 */
+    cr_assert_eq(bin(&h, 19), 1);  /* 1e6 */
+    int64_t total = 0;
+    for (int b = 0; b < NA_AMP_HIST_BINS; b++) total += h.bins[b];
+    cr_assert_eq(total, 10); /* every nonzero finite value once */
+}
+
+Test(amp_hist, bf16_boundaries) {
+    const float v[] = {
+        ldexpf(1, -134),         /* half the smallest subnormal: 0 */
+        ldexpf(1, -133),         /* the smallest subnormal */
+        ldexpf(1, -127),         /* a subnormal */
+        ldexpf(1, -126),         /* the smallest normal */
+        3.3895313892515355e38f,  /* the largest */
+        3.4028234663852886e38f,  /* f32's largest: inf in bf16 */
+        ldexpf(1, -30),          /* 0 in f16, normal in bf16 */
+    };
+    na_amp_hist h = hist_of(NA_DTYPE_BF16, v, 7);
+    cr_assert_eq(h.underflow, 1);
+    cr_assert_eq(h.subnormal, 2);
+    cr_assert_eq(h.normal, 3);
+    cr_assert_eq(h.overflow, 1);
+    cr_assert_eq(bin(&h, -134), 1);
+    cr_assert_eq(bin(&h, 127), 2);
+    int sub, norm;
+    double max;
+    cr_assert_eq(na_amp_dtype_range(NA_DTYPE_BF16, &sub, &norm, &max), NA_OK);
+    cr_assert(sub == -133 && norm == -126 && max == 3.3895313892515355e38);
+    cr_assert_eq(na_amp_dtype_range(NA_DTYPE_F16, &sub, &norm, &max), NA_OK);
+    cr_assert(sub == -24 && norm == -14 && max == 65504.0);
+}
+
+Test(amp_hist, f32_line_and_tensor_copies) {
+    /* on the f32 line nothing given as f32 underflows; an f16 tensor is counted from its values */
+    na_amp_hist h;
+    cr_assert_eq(na_amp_hist_init(&h, NA_DTYPE_F32), NA_OK);
+    float v[] = {ldexpf(1, -149), ldexpf(1, -126), 1.0f, 0.0f};
+    na_tensor *t = na_from_host(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(4), v);
+    na_tensor *t16 = na_cast(t, NA_DTYPE_F16); /* 2^-149, 2^-126 round to 0 in f16 */
+    cr_assert_eq(na_amp_hist_add_tensor(&h, t), NA_OK, "%s", na_last_error());
+    cr_assert(h.subnormal == 1 && h.normal == 2 && h.zero == 1 && h.underflow == 0);
+    cr_assert_eq(na_amp_hist_add_tensor(&h, t16), NA_OK, "%s", na_last_error());
+    cr_assert_eq(h.zero, 4);
+    cr_assert_eq(h.n, 8);
+    /* refused: a dtype without a line, an uninitialized histogram, an integer tensor */
+    cr_assert_eq(na_amp_hist_init(&h, NA_DTYPE_F64), NA_EDTYPE);
+    cr_assert(strstr(na_last_error(), "f64"), "%s", na_last_error());
+    na_tensor *ti = na_from_host(NA_DTYPE_I32, NA_DEVICE_CPU, NA_SHAPE(1), (int32_t[]){1});
+    cr_assert_eq(na_amp_hist_add_tensor(&h, ti), NA_EDTYPE);
+    cr_assert(strstr(na_last_error(), "na_amp_hist_add_tensor"), "%s", na_last_error());
+}
+
+/* the run report's picture of counted bins: one bar per nonzero bin on the axis, the four
+ * zones, beyond the axis drawn at its ends */
+Test(amp_hist, hist_line_svg) {
+    double count[NA_AMP_HIST_BINS] = {0};
+    count[-20 - NA_AMP_HIST_LO] = 5, count[3 - NA_AMP_HIST_LO] = 1;
+    count[-100 - NA_AMP_HIST_LO] = 2; /* below f16's axis (2^-48): at its left end */
+    char *buf = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&buf, &n);
+    cr_assert_eq(amp_plot_hist_line(f, "grads <1>", "f16", count, NA_AMP_HIST_LO,
+                                    NA_AMP_HIST_BINS, "#123456"), 0);
+    fclose(f);
+    int bars = 0;
+    for (const char *p = buf; (p = strstr(p, "class=\"bar\"")); p++) bars++;
+    cr_assert_eq(bars, 3, "%s", buf);
+    cr_assert(strstr(buf, "grads &lt;1&gt;"));
+    cr_assert(strstr(buf, "zone-zero") && strstr(buf, "zone-subnormal") &&
+              strstr(buf, "zone-normal") && strstr(buf, "zone-overflow"));
+    cr_assert(strstr(buf, "subnormals from 2^-24, normals from 2^-14, largest 65504"), "%s", buf);
+    free(buf);
+    f = open_memstream(&buf, &n);
+    cr_assert_eq(amp_plot_hist_line(f, "x", "fp8", count, NA_AMP_HIST_LO, NA_AMP_HIST_BINS, "#000"), -1);
+    fclose(f);
+    free(buf);
+}

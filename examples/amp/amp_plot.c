@@ -8,9 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct {
-    double step, loss, scale, skipped;
-} row;
+typedef amp_plot_row row;
 
 enum { W = 900, H = 580, LEFT = 80, RIGHT = 30, TOP = 70, GAP = 60, PANEL = 200 };
 
@@ -21,7 +19,7 @@ static double ymap(double v, double lo, double hi, int top) {
     return top + PANEL - (hi > lo ? (v - lo) / (hi - lo) : 0.5) * PANEL;
 }
 
-static void escape(FILE *f, const char *s) {
+void amp_plot_escape(FILE *f, const char *s) {
     for (; s && *s; s++) {
         if (*s == '<') fputs("&lt;", f);
         else if (*s == '>') fputs("&gt;", f);
@@ -97,6 +95,13 @@ int amp_plot_svg(FILE *csv, FILE *svg, const char *title, char *err, size_t err_
         snprintf(err, err_size, "the log has no rows");
         return -1;
     }
+    amp_plot_log(svg, title, r, n);
+    free(r);
+    return n;
+}
+
+int amp_plot_log(FILE *svg, const char *title, const amp_plot_row *r, int n) {
+    if (n < 1 || !r) return -1;
     double x0 = r[0].step, x1 = r[n - 1].step, lmin = INFINITY, lmax = -INFINITY;
     double smin = INFINITY, smax = -INFINITY;
     int skipped = 0;
@@ -117,7 +122,7 @@ int amp_plot_svg(FILE *csv, FILE *svg, const char *title, char *err, size_t err_
                  "viewBox=\"0 0 %d %d\" font-family=\"sans-serif\">\n", W, H, W, H);
     fprintf(svg, "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n");
     fprintf(svg, "<text x=\"%d\" y=\"24\" font-size=\"16\">", LEFT);
-    escape(svg, title ? title : "training log");
+    amp_plot_escape(svg, title ? title : "training log");
     fprintf(svg, " (%d steps, %d skipped)</text>\n", n, skipped);
     frame(svg, top1, "loss");
     frame(svg, top2, "loss scale (log2 axis)");
@@ -165,8 +170,7 @@ int amp_plot_svg(FILE *csv, FILE *svg, const char *title, char *err, size_t err_
                          "fill=\"#d62728\"/>\n", xmap(r[i].step, x0, x1),
                     ymap(log2(r[i].scale), smin, smax, top2));
     fprintf(svg, "</svg>\n");
-    free(r);
-    return n;
+    return ferror(svg) ? -1 : 0;
 }
 
 /* ==== number lines ============================================================================ */
@@ -190,9 +194,10 @@ typedef struct {
     int lo, hi, tick;        /* the axis: log2 |x| from lo to hi, a label every tick */
 } number_format;
 
-static const number_format FORMATS[2] = {
+static const number_format FORMATS[3] = {
     {"f16", -24, -14, 65504.0, -48, 18, 4},
     {"bf16", -133, -126, 3.3895313892515355e38, -140, 130, 20},
+    {"f32", -149, -126, 3.4028234663852886e38, -160, 130, 20},
 };
 
 enum { NL_W = 900, NL_LEFT = 60, NL_RIGHT = 30, NL_PANEL = 150, NL_TOP = 40, NL_LEGEND = 16 };
@@ -213,6 +218,42 @@ static void nl_zone(FILE *svg, const number_format *f, double e0, double e1, int
                 (x0 + x1) / 2, y + 13, label);
 }
 
+/* f's line at line_y: its name, the zones, the ticks and a caption */
+static void nl_line(FILE *svg, const number_format *f, int line_y) {
+    fprintf(svg, "<text x=\"%d\" y=\"%d\" font-size=\"13\" font-weight=\"bold\">%s</text>\n",
+            8, line_y + 13, f->name);
+    double emax = log2(f->max);
+    nl_zone(svg, f, f->lo, f->min_sub - 1, line_y, "zone-zero", "#bbbbbb", "rounds to 0");
+    nl_zone(svg, f, f->min_sub - 1, f->min_normal, line_y, "zone-subnormal", "#fdd49e",
+            "subnormal");
+    nl_zone(svg, f, f->min_normal, emax, line_y, "zone-normal", "#c7e9c0", "normal");
+    nl_zone(svg, f, emax, f->hi, line_y, "zone-overflow", "#fc9272", "inf");
+    for (int e = f->lo - f->lo % f->tick; e <= f->hi; e += f->tick) {
+        if (e < f->lo) continue;
+        double x = nl_x(e, f);
+        fprintf(svg, "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" stroke=\"#555\"/>\n",
+                x, line_y + 18, x, line_y + 23);
+        fprintf(svg, "<text x=\"%.1f\" y=\"%d\" font-size=\"10\" text-anchor=\"middle\">"
+                     "2^%d</text>\n", x, line_y + 34, e);
+    }
+    fprintf(svg, "<text x=\"%d\" y=\"%d\" font-size=\"10\" fill=\"#555\">|x|, log2 axis; "
+                 "subnormals from 2^%d, normals from 2^%d, largest %g</text>\n",
+            NL_LEFT, line_y + 48, f->min_sub, f->min_normal, f->max);
+}
+
+/* one bar per power of two above f's line: count[b] for [2^(lo+b), 2^(lo+b+1)), the highest
+ * (most) 70 units tall */
+static void nl_bars(FILE *svg, const number_format *f, const double *count, double most,
+                    int line_y, const char *color) {
+    for (int b = 0; b < f->hi - f->lo; b++) {
+        if (!count[b]) continue;
+        double bh = 70 * count[b] / most, x0 = nl_x(f->lo + b, f), x1 = nl_x(f->lo + b + 1, f);
+        fprintf(svg, "<rect class=\"bar\" x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" "
+                     "height=\"%.1f\" fill=\"%s\" fill-opacity=\"0.6\"/>\n",
+                x0, line_y - 2 - bh, x1 - x0, bh, color);
+    }
+}
+
 int amp_plot_number_lines(FILE *svg, const char *title, int n_formats, const amp_hist *h,
                           int n_hist) {
     if (n_formats < 1 || n_formats > 2 || n_hist < 0 || (n_hist && !h)) return -1;
@@ -222,30 +263,12 @@ int amp_plot_number_lines(FILE *svg, const char *title, int n_formats, const amp
                  "viewBox=\"0 0 %d %d\" font-family=\"sans-serif\">\n", NL_W, height, NL_W, height);
     fprintf(svg, "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n");
     fprintf(svg, "<text x=\"%d\" y=\"24\" font-size=\"15\">", NL_LEFT);
-    escape(svg, title);
+    amp_plot_escape(svg, title);
     fprintf(svg, "</text>\n");
     for (int p = 0; p < n_formats; p++) {
         const number_format *f = &FORMATS[p];
         int line_y = NL_TOP + p * panel + panel - 60; /* the zones; bars stand above */
-        fprintf(svg, "<text x=\"%d\" y=\"%d\" font-size=\"13\" font-weight=\"bold\">%s</text>\n",
-                8, line_y + 13, f->name);
-        double emax = log2(f->max);
-        nl_zone(svg, f, f->lo, f->min_sub - 1, line_y, "zone-zero", "#bbbbbb", "rounds to 0");
-        nl_zone(svg, f, f->min_sub - 1, f->min_normal, line_y, "zone-subnormal", "#fdd49e",
-                "subnormal");
-        nl_zone(svg, f, f->min_normal, emax, line_y, "zone-normal", "#c7e9c0", "normal");
-        nl_zone(svg, f, emax, f->hi, line_y, "zone-overflow", "#fc9272", "inf");
-        for (int e = f->lo - f->lo % f->tick; e <= f->hi; e += f->tick) {
-            if (e < f->lo) continue;
-            double x = nl_x(e, f);
-            fprintf(svg, "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" stroke=\"#555\"/>\n",
-                    x, line_y + 18, x, line_y + 23);
-            fprintf(svg, "<text x=\"%.1f\" y=\"%d\" font-size=\"10\" text-anchor=\"middle\">"
-                         "2^%d</text>\n", x, line_y + 34, e);
-        }
-        fprintf(svg, "<text x=\"%d\" y=\"%d\" font-size=\"10\" fill=\"#555\">|x|, log2 axis; "
-                     "subnormals from 2^%d, normals from 2^%d, largest %g</text>\n",
-                NL_LEFT, line_y + 48, f->min_sub, f->min_normal, f->max);
+        nl_line(svg, f, line_y);
         if (p != 0) continue;
         /* histograms of log2 |value * scale|, one bar per power of two, on the first line */
         for (int k = 0; k < n_hist; k++) {
@@ -259,19 +282,13 @@ int amp_plot_number_lines(FILE *svg, const char *title, int n_formats, const amp
                 int b = (int)fmin(fmax(floor(log2(v)) - f->lo, 0), nb - 1);
                 most = fmax(most, ++count[b]);
             }
-            for (int b = 0; b < nb; b++) {
-                if (!count[b]) continue;
-                double bh = 70 * count[b] / most, x0 = nl_x(f->lo + b, f), x1 = nl_x(f->lo + b + 1, f);
-                fprintf(svg, "<rect class=\"bar\" x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" "
-                             "height=\"%.1f\" fill=\"%s\" fill-opacity=\"0.6\"/>\n",
-                        x0, line_y - 2 - bh, x1 - x0, bh, h[k].color);
-            }
+            nl_bars(svg, f, count, most, line_y, h[k].color);
             free(count);
             int ly = NL_TOP + n_formats * panel + k * NL_LEGEND;
             fprintf(svg, "<rect class=\"legend\" x=\"%d\" y=\"%d\" width=\"14\" height=\"10\" "
                          "fill=\"%s\" fill-opacity=\"0.6\"/>\n", NL_LEFT, ly - 9, h[k].color);
             fprintf(svg, "<text x=\"%d\" y=\"%d\" font-size=\"11\">", NL_LEFT + 20, ly);
-            escape(svg, h[k].label);
+            amp_plot_escape(svg, h[k].label);
             double to_zero, sub, zero;
             amp_hist_f16_shares(&h[k], &to_zero, &sub, &zero);
             fprintf(svg, " (x %g): %.1f%% would round to 0 in f16, %.1f%% subnormal, %.1f%% "
@@ -279,5 +296,31 @@ int amp_plot_number_lines(FILE *svg, const char *title, int n_formats, const amp
         }
     }
     fprintf(svg, "</svg>\n");
+    return ferror(svg) ? -1 : 0;
+}
+
+int amp_plot_hist_line(FILE *svg, const char *title, const char *format, const double *count,
+                       int lo, int n, const char *color) {
+    const number_format *f = NULL;
+    for (int i = 0; i < 3; i++)
+        if (format && !strcmp(FORMATS[i].name, format)) f = &FORMATS[i];
+    if (!f || n < 0 || (n && !count)) return -1;
+    int nb = f->hi - f->lo, height = NL_PANEL + 10, line_y = NL_TOP + NL_PANEL - 70;
+    double *c = calloc((size_t)nb, sizeof *c), most = 0;
+    if (!c) return -1;
+    for (int b = 0; b < n; b++) { /* onto the axis; what lies beyond it goes to its ends */
+        int at = (int)fmin(fmax(lo + b - f->lo, 0), nb - 1);
+        most = fmax(most, c[at] += count[b]);
+    }
+    fprintf(svg, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
+                 "viewBox=\"0 0 %d %d\" font-family=\"sans-serif\">\n", NL_W, height, NL_W, height);
+    fprintf(svg, "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n");
+    fprintf(svg, "<text x=\"%d\" y=\"20\" font-size=\"13\">", NL_LEFT);
+    amp_plot_escape(svg, title);
+    fprintf(svg, "</text>\n");
+    if (most > 0) nl_bars(svg, f, c, most, line_y, color);
+    nl_line(svg, f, line_y);
+    fprintf(svg, "</svg>\n");
+    free(c);
     return ferror(svg) ? -1 : 0;
 }

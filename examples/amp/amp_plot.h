@@ -3,16 +3,27 @@
  *    scale below on a log2 axis, skipped steps marked in red on both, a legend (amp-plot);
  *  - the number lines of f16 and bf16 (zones: rounds to 0, subnormal, normal, inf), with
  *    histograms of values drawn on the f16 line (amp-formats, amp-loss-scaling).
- * Used by the amp programs and by tests/test_amp_monitor.c and tests/test_amp_lessons.c. */
+ *  - one number line (f16, bf16 or f32) with a histogram already counted (the trainers'
+ *    --report, examples/common/run_report.c).
+ * Used by the amp programs, the trainers' run report, tests/test_amp_monitor.c and
+ * tests/test_amp_lessons.c. */
 #ifndef NANOAMP_EXAMPLES_AMP_PLOT_H
 #define NANOAMP_EXAMPLES_AMP_PLOT_H
 
 #include <stdint.h>
 #include <stdio.h>
 
-/* Reads csv, writes svg. Returns the number of rows plotted (>= 1), or -1 with a message in
- * err (a bad header or row, or an empty log). */
+/* Reads csv, writes svg (amp_plot_log). Returns the number of rows plotted (>= 1), or -1 with
+ * a message in err (a bad header or row, or an empty log). */
 int amp_plot_svg(FILE *csv, FILE *svg, const char *title, char *err, size_t err_size);
+/* One row of a training log: the monitor's CSV line (skipped: the steps it skipped). */
+typedef struct {
+    double step, loss, scale, skipped;
+} amp_plot_row;
+/* The log's picture from n >= 1 rows. 0, or -1 on bad arguments or a write error. */
+int amp_plot_log(FILE *svg, const char *title, const amp_plot_row *rows, int n);
+/* s with <, > and & escaped (for SVG and HTML text). */
+void amp_plot_escape(FILE *f, const char *s);
 
 /* A histogram of log2 |values[i] * scale|, one bar per power of two. */
 typedef struct {
@@ -29,5 +40,12 @@ void amp_hist_f16_shares(const amp_hist *h, double *to_zero, double *subnormal, 
  * or -1 on bad arguments or a write error. */
 int amp_plot_number_lines(FILE *svg, const char *title, int n_formats, const amp_hist *h,
                           int n_hist);
+
+/* A picture of format's line ("f16", "bf16" or "f32"): its zones (rounds to 0, subnormal,
+ * normal, inf) and above them bars of count[b], the values with 2^(lo+b) <= |x| < 2^(lo+b+1),
+ * b < n (those beyond the axis drawn at its ends). 0, or -1 on an unknown format, bad
+ * arguments or a write error. */
+int amp_plot_hist_line(FILE *svg, const char *title, const char *format, const double *count,
+                       int lo, int n, const char *color);
 
 #endif

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "run_report.h"
 #include "trainer.h"
 #include "trainer_internal.h"
 
@@ -140,13 +141,14 @@ int trainer_amp_setup_dist(const trainer_opts *o, na_module *net, na_dist *dist,
     if (trainer_amp_init_dist(a, mode, net, make_optimizer(o, params), &sc, dist, &dc))
         return na_last_status();
     a->channels_last = o->channels_last;
-    if (o->log_path) {
+    if (o->log_path || o->report_path) {
         /* a resumed run's log goes on after the interrupted one's */
         if (!(a->mon = na_amp_monitor_new(NULL)) ||
-            (o->resume_path ? na_amp_monitor_append_csv : na_amp_monitor_open_csv)(a->mon,
-                                                                                 o->log_path))
+            (o->log_path && (o->resume_path ? na_amp_monitor_append_csv
+                                            : na_amp_monitor_open_csv)(a->mon, o->log_path)))
             return na_set_error(na_last_status(), "--log: %s", na_last_error());
     }
+    if (o->report_path && !(a->report = run_report_new(o, net, a))) return na_last_status();
     return NA_OK;
 }
 
@@ -156,6 +158,7 @@ void trainer_amp_free(trainer_amp *a) {
     else na_optim_free(a->opt);
     na_grad_scaler_free(a->gs);
     na_amp_monitor_free(a->mon);
+    run_report_free(a->report);
     *a = (trainer_amp){0};
 }
 
@@ -186,12 +189,13 @@ int trainer_amp_step(trainer_amp *a, na_tensor *loss) {
                     the f16 model gradients are reduced between backward and unscale */
         rc = na_fp16_optimizer_backward(a->fo, loss, !a->ddp) ||
              (a->ddp && (na_ddp_finish(a->ddp) || na_fp16_optimizer_update_master_grads(a->fo))) ||
-             na_fp16_optimizer_step(a->fo) || na_fp16_optimizer_zero_grad(a->fo);
+             run_report_grads(a->report, a) || na_fp16_optimizer_step(a->fo) ||
+             na_fp16_optimizer_zero_grad(a->fo);
     } else { /* the GradScaler; disabled, it passes the loss through and steps plainly */
         na_tensor *scaled = na_grad_scaler_scale(a->gs, loss);
         rc = !scaled || na_backward(scaled, NULL) || (a->ddp && na_ddp_finish(a->ddp)) ||
-             na_grad_scaler_step(a->gs, a->opt) || na_grad_scaler_update(a->gs) ||
-             na_optim_zero_grad(a->opt);
+             run_report_grads(a->report, a) || na_grad_scaler_step(a->gs, a->opt) ||
+             na_grad_scaler_update(a->gs) || na_optim_zero_grad(a->opt);
     }
     return rc ? na_last_status() : NA_OK;
 }
@@ -231,12 +235,19 @@ na_step_graph *trainer_amp_capture(trainer_amp *a, na_module *net, na_tensor *x,
 
 int trainer_amp_record(trainer_amp *amp, const trainer_opts *o, int64_t at, na_tensor *loss,
                        const char *prefix) {
+    int64_t skipped = na_amp_monitor_skipped(amp->mon);
     unsigned alerts = na_amp_monitor_record_scaler(amp->mon, at, loss, trainer_amp_scaler(amp));
+    char why[256] = "";
     if (alerts & ~amp->alerts_shown) {
-        char why[256];
         fprintf(stderr, "%s%s: amp monitor at step %" PRId64 ": %s\n", prefix, o->program, at,
                 na_amp_monitor_describe(amp->mon, why, sizeof why));
         amp->alerts_shown |= alerts;
+    }
+    if (amp->report &&
+        run_report_scale(amp->report, at, na_item(loss), na_amp_monitor_scale(amp->mon),
+                         na_amp_monitor_skipped(amp->mon) - skipped, why)) {
+        fprintf(stderr, "%s%s: %s\n", prefix, o->program, na_last_error());
+        return 1;
     }
     if (na_amp_monitor_csv_status(amp->mon)) { /* a full disk: the log stops here */
         fprintf(stderr, "%s%s: --log: %s\n", prefix, o->program, na_last_error());

@@ -61,7 +61,8 @@ static bool one_of(const char *s, const char *list) {
 
 enum opt_id {
     O_DATA, O_MODEL, O_EPOCHS, O_BATCH, O_LR, O_OPTIM, O_WEIGHT_DECAY, O_LABEL_SMOOTHING,
-    O_SCHEDULE, O_DEVICE, O_AMP, O_LOSS_SCALE, O_GROWTH_INTERVAL, O_AMP_TRACE, O_LOG, O_SEED,
+    O_SCHEDULE, O_DEVICE, O_AMP, O_LOSS_SCALE, O_GROWTH_INTERVAL, O_AMP_TRACE, O_LOG, O_REPORT,
+    O_SEED,
     O_SAVE, O_RESUME, O_LIMIT, O_TEST_LIMIT, O_SYNTHETIC, O_THREADS, O_JSON, O_QUIET, O_VERSION,
     O_HELP, O_ALLREDUCE_DTYPE, O_BUCKET_MB, O_SYNC_BN, O_CUDA_GRAPH, O_CHANNELS_LAST,
     O_NO_BROADCAST_BUFFERS, O_DIST_TIMEOUT
@@ -91,6 +92,9 @@ static const struct {
      "fp16/o2 dynamic scaling: clean steps before the scale doubles"},
     {O_AMP_TRACE, "--amp-trace", NULL, "print the dtype every op ran in (first step)"},
     {O_LOG, "--log", "FILE.csv", "per-step loss, scale, skipped"},
+    {O_REPORT, "--report", "FILE.html",
+     "one self-contained HTML page of the run, rewritten after every epoch: loss, loss scale, "
+     "gradients and activations on the dtype's number line, the first step's autocast trace"},
     {O_SEED, "--seed", "N", "seed for init, shuffling, augmentation"},
     {O_SAVE, "--save", "FILE", "checkpoint after every epoch (safetensors)"},
     {O_RESUME, "--resume", "FILE", "continue from a checkpoint"},
@@ -183,6 +187,7 @@ static int set_option(trainer_opts *o, enum opt_id id, const char *flag, const c
     switch (id) {
     case O_DATA: o->data_dir = v; return 0;
     case O_LOG: o->log_path = v; return 0;
+    case O_REPORT: o->report_path = v; return 0;
     case O_SAVE: o->save_path = v; return 0;
     case O_RESUME: o->resume_path = v; return 0;
     case O_EPOCHS: case O_BATCH: case O_LIMIT: case O_TEST_LIMIT: case O_SYNTHETIC:

@@ -3,15 +3,22 @@
  * included, is amp_step.c's. */
 #include <stdio.h>
 
+#include "run_report.h"
 #include "trainer_internal.h"
 
 #define GRAPH_WARMUP_STEPS 2 /* the second step of a shape allocates nothing new */
 
 na_tensor *trainer_step_loss(const trainer_amp *amp, na_module *net, na_tensor *x, na_tensor *y,
                              double label_smoothing, bool trace) {
-    if (trace) na_autocast_trace(amp->autocast ? NA_AMP_TRACE_REGIONS : NA_AMP_TRACE_ALL, stderr);
+    na_amp_trace_mode mode = amp->autocast ? NA_AMP_TRACE_REGIONS : NA_AMP_TRACE_ALL;
+    /* --report records the first step's trace (and prints it with --amp-trace) */
+    bool recorded = run_report_trace_begin(amp->report, mode, trace);
+    if (trace && !recorded) na_autocast_trace(mode, stderr);
     na_tensor *loss = trainer_amp_loss(amp, net, x, y, label_smoothing);
-    if (trace) na_autocast_trace(NA_AMP_TRACE_OFF, NULL);
+    if (recorded) run_report_trace_end(amp->report);
+    if (trace && !recorded) na_autocast_trace(NA_AMP_TRACE_OFF, NULL);
+    /* a sampled step's activations: a second forward, without gradients */
+    if (loss && run_report_activations(amp->report, amp, net, x)) return NULL;
     return loss;
 }
 
@@ -36,6 +43,7 @@ na_tensor *trainer_graph_step(trainer_graph *g, const trainer_opts *o, trainer_a
                               na_module *net, const float *x, const int32_t *y, bool trace,
                               const char *after_bar) {
     if (na_copy_from_host(g->x, x) || na_copy_from_host(g->y, y)) return NULL;
+    if (g->graph || g->warmup_left == 0) run_report_unsample(amp->report);
     if (g->warmup_left == 0 && !g->graph) {
         g->warmup_left = -1; /* one try */
         g->graph = trainer_amp_capture(amp, net, g->x, g->y, o->label_smoothing, g->loss);

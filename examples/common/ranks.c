@@ -12,11 +12,12 @@ trainer_opts trainer_rank_opts(const trainer_opts *o, na_dist *d, char *program,
     trainer_opts r = *o;
     int rank = na_dist_rank(d);
     if (na_dist_world_size(d) == 1 || rank == 0) return r;
-    /* rank 0 alone prints, logs and writes the checkpoint; the others only say what failed */
+    /* rank 0 alone prints, logs, writes the report and the checkpoint; the others only say
+     * what failed */
     snprintf(program, size, "%s (rank %d)", o->program, rank);
     r.program = program;
     r.quiet = true, r.json = false, r.amp_trace = false;
-    r.log_path = NULL, r.save_path = NULL;
+    r.log_path = NULL, r.save_path = NULL, r.report_path = NULL;
     return r;
 }
 

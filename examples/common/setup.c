@@ -29,14 +29,13 @@ static int check_shapes(const trainer_opts *o, const trainer_job *job) {
     return 0;
 }
 
-/* --save must be writable: found out now by making and removing a file beside it, not
- * after the first epoch. */
-static int check_save_path(const trainer_opts *o) {
-    const char *path = o->save_path;
+/* --save and --report must be writable: found out now by making and removing a file beside
+ * the path, not after the first epoch. */
+static int check_writable(const trainer_opts *o, const char *flag, const char *path) {
     struct stat st;
     if (!path) return 0;
     if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
-        fprintf(stderr, "%s: --save %s: is a directory (give a file name)\n", o->program, path);
+        fprintf(stderr, "%s: %s %s: is a directory (give a file name)\n", o->program, flag, path);
         return -1;
     }
     size_t len = strlen(path) + sizeof ".XXXXXX";
@@ -47,7 +46,7 @@ static int check_save_path(const trainer_opts *o) {
         fd = mkstemp(probe);
     }
     if (fd < 0) {
-        fprintf(stderr, "%s: --save %s: cannot write a file there: %s\n", o->program, path,
+        fprintf(stderr, "%s: %s %s: cannot write a file there: %s\n", o->program, flag, path,
                 strerror(probe ? errno : ENOMEM));
     } else {
         close(fd);
@@ -86,7 +85,9 @@ int trainer_setup(const trainer_opts *o, trainer_job *job) {
         fprintf(stderr, "%s: %s\n", o->program, na_last_error());
         return -1;
     }
-    if (check_shapes(o, job) || check_save_path(o)) return -1;
+    if (check_shapes(o, job) || check_writable(o, "--save", o->save_path) ||
+        check_writable(o, "--report", o->report_path))
+        return -1;
     trainer_channel_stats(job->train, job->mean, job->std);
     for (int c = 0; c < job->train->channels && !o->quiet; c++)
         if (job->std[c] <= 1e-6f) /* the floor of trainer_channel_stats */

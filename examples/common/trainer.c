@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "report.h"
+#include "run_report.h"
 #include "trainer_internal.h"
 
 static double now_s(void) {
@@ -106,6 +107,7 @@ static int train_epoch(run_state *r, int64_t epoch, double *train_loss) {
         int64_t at = epoch * r->steps + step, shape[4] = {n, train->channels, train->height,
                                                           train->width};
         bool trace = o->amp_trace && at == 0;
+        run_report_step(amp->report, at, step == 0);
         bool graphed = r->graph.x && n == o->batch; /* a partial batch runs eagerly */
         na_tensor *loss = NULL;
         if (na_lr_schedule_apply(&r->sched, amp->opt, at)) {
@@ -202,6 +204,8 @@ static int train(run_state *r, int64_t start_epoch) {
             return 1;
         }
         if (!trains) break;
+        if (run_report_epoch(r->amp->report, epoch + 1, train_loss, &r->res, r->images * r->world))
+            return 1;
         if (!o->quiet) {
             char line[256];
             fprintf(stderr, "%s\n", trainer_epoch_format(epoch + 1, o->epochs, train_loss,
@@ -220,8 +224,8 @@ static int train(run_state *r, int64_t start_epoch) {
     return 0;
 }
 
-/* The summary on stdout: a sentence, and the JSON line with --json (also after divergence). */
-static void report(const run_state *r, bool ok) {
+/* The sentence, --json's line (also after divergence), --report's last page (1: unwritten). */
+static int report(const run_state *r, bool ok) {
     const trainer_opts *o = r->o;
     trainer_result res = r->res;
     na_grad_scaler *gs = trainer_amp_scaler(r->amp);
@@ -241,6 +245,7 @@ static void report(const run_state *r, bool ok) {
     if (ok && !o->quiet) trainer_summary_print(stdout, o, &res, r->images > 0);
     if (o->json && (ok || res.diverged_at_step)) trainer_json_print(stdout, o, &res);
     fflush(stdout);
+    return run_report_finish(r->amp->report, &res, ok);
 }
 
 /* trainer_run on the ranks of dist (NULL: one process). *failed_alone: this rank failed where
@@ -300,7 +305,7 @@ static int run(const trainer_opts *opts, trainer_job *job, na_dist *dist, bool *
     r.sched = !strcmp(o.schedule, "onecycle") ? na_lr_one_cycle(r.steps * o.epochs)
                                                : na_lr_constant();
     rc = train(&r, start_epoch);
-    report(&r, rc == 0);
+    if (report(&r, rc == 0) && !rc) rc = 1;
 done:
     *failed_alone = r.failed_alone;
     trainer_resume_close(&rs);

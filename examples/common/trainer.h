@@ -1,7 +1,8 @@
 /* examples/common/trainer.h — what the MNIST and CIFAR trainers share: the command line
  * (cli.c), the model and the checks before training (setup.c), the training loop and
  * evaluation (trainer.c), the amp recipes (amp_step.c), checkpoints (checkpoint.c), the
- * progress bar and the --json line (report.c). Each trainer only loads its data. */
+ * progress bar and the --json line (report.c), the --report page (run_report.c). Each trainer
+ * only loads its data. */
 #ifndef NANOAMP_EXAMPLES_TRAINER_H
 #define NANOAMP_EXAMPLES_TRAINER_H
 
@@ -27,6 +28,7 @@ typedef struct {
     int64_t growth_interval; /* 0 (not given: 2000) or the dynamic scaler's growth interval */
     bool amp_trace;
     const char *log_path;  /* --log FILE.csv */
+    const char *report_path; /* --report FILE.html (run_report.h) */
     uint64_t seed;
     const char *save_path, *resume_path;
     bool json, quiet;
@@ -81,7 +83,8 @@ typedef struct {
     na_grad_scaler *gs;    /* fp16 / bf16 / off (disabled unless fp16); NULL for o2 */
     na_fp16_optimizer *fo; /* o2 */
     na_optim *opt;         /* the optimizer whose lr the schedule sets */
-    na_amp_monitor *mon;   /* --log */
+    na_amp_monitor *mon;   /* --log, --report */
+    struct run_report *report; /* --report (run_report.h) */
     unsigned alerts_shown;
     na_ddp *ddp;           /* data parallel (trainer_amp_init_dist), else NULL */
     bool channels_last;    /* trainer_amp_loss converts 4-d inputs to channels-last */

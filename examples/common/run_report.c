@@ -1,0 +1,487 @@
+/* --report FILE.html (see run_report.h): what the run records as it goes, and the page. */
+#include "run_report.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "../amp/amp_plot.h"
+
+typedef struct {
+    int64_t step;   /* of the run, from 1 */
+    bool gradient;  /* else an activation */
+    char name[64];  /* "1.weight", "layer 2 (ReLU)" */
+    na_dtype dtype; /* the tensor's */
+    double scale;   /* gradients: the loss scale they carry (1: none) */
+    na_amp_hist h;  /* on the run's line */
+} sample;
+
+typedef struct {
+    int64_t epoch;
+    double train_loss, test_loss, test_acc, images_per_s, seconds;
+} epoch_row;
+
+typedef struct {
+    char *text; /* "linear | f32,f32,f32 | lower | f16 | f16 | f32" (the columns, '|'-split) */
+} trace_row;
+
+struct run_report {
+    const trainer_opts *o;
+    na_module *net;
+    const char *mode; /* the amp mode that runs */
+    na_dtype line;    /* the dtype in use: the histograms' number line */
+    int64_t at;       /* the step under way (from 0) */
+    bool sampling, traced;
+    int n_sampled;    /* steps sampled */
+    int64_t sampled_steps[RUN_REPORT_MAX_SAMPLES];
+    bool print_trace;
+    sample *s;
+    int64_t ns, cs;
+    epoch_row *e;
+    int64_t ne, ce;
+    amp_plot_row *r;
+    int64_t nr, cr;
+    char **alert; /* "step N: text" */
+    int64_t na, ca;
+    trace_row *t;
+    int64_t nt, ct;
+    double last_time;  /* res->train_time_s at the last epoch */
+    int64_t last_images;
+    char *json;        /* the final --json line */
+    const char *status; /* "running", "complete", "stopped" */
+    bool unwritable;    /* a write failed (and was said): the run stops, no more tries */
+};
+
+/* Appends one zeroed item to a growing array; NULL when out of memory. */
+static void *grow(void *array, int64_t *n, int64_t *cap, size_t size) {
+    void **a = array;
+    if (*n == *cap) {
+        int64_t c = *cap ? 2 * *cap : 16;
+        void *p = realloc(*a, (size_t)c * size);
+        if (!p) return NULL;
+        *a = p, *cap = c;
+    }
+    void *item = (char *)*a + (size_t)(*n)++ * size;
+    memset(item, 0, size);
+    return item;
+}
+#define APPEND(rp, arr, n, cap) grow(&(rp)->arr, &(rp)->n, &(rp)->cap, sizeof *(rp)->arr)
+
+/* A formatted copy (malloc), or NULL. */
+static char *format_new(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static char *format_new(const char *fmt, ...) {
+    va_list ap, ap2;
+    va_start(ap, fmt);
+    va_copy(ap2, ap);
+    int n = vsnprintf(NULL, 0, fmt, ap);
+    char *s = n >= 0 ? malloc((size_t)n + 1) : NULL;
+    if (s) vsnprintf(s, (size_t)n + 1, fmt, ap2);
+    va_end(ap2);
+    va_end(ap);
+    return s;
+}
+
+run_report *run_report_new(const trainer_opts *o, na_module *net, const trainer_amp *amp) {
+    run_report *rp = calloc(1, sizeof *rp);
+    if (!rp) {
+        na_set_error(NA_ENOMEM, "--report: out of host memory");
+        return NULL;
+    }
+    bool low = amp->autocast || amp->fo;
+    *rp = (run_report){.o = o, .net = net, .mode = amp->mode, .status = "running",
+                       .line = low ? amp->dtype : NA_DTYPE_F32, .print_trace = o->amp_trace};
+    return rp;
+}
+
+void run_report_free(run_report *rp) {
+    if (!rp) return;
+    for (int64_t i = 0; i < rp->na; i++) free(rp->alert[i]);
+    for (int64_t i = 0; i < rp->nt; i++) free(rp->t[i].text);
+    free(rp->alert), free(rp->t), free(rp->s), free(rp->e), free(rp->r), free(rp->json);
+    free(rp);
+}
+
+void run_report_step(run_report *rp, int64_t at, bool epoch_start) {
+    if (!rp) return;
+    rp->at = at;
+    rp->sampling = (at == 0 || epoch_start) && rp->n_sampled < RUN_REPORT_MAX_SAMPLES;
+    if (rp->sampling) rp->sampled_steps[rp->n_sampled++] = at + 1;
+}
+
+bool run_report_sampling(const run_report *rp) { return rp && rp->sampling; }
+
+void run_report_unsample(run_report *rp) {
+    if (!rp || !rp->sampling) return;
+    rp->sampling = false;
+    rp->n_sampled--;
+}
+
+static void on_trace(const na_amp_trace_record *r, void *ctx) {
+    run_report *rp = ctx;
+    char line[160], ins[64] = "";
+    if (rp->print_trace) fprintf(stderr, "amp: %s\n", na_amp_trace_format(r, line, sizeof line));
+    size_t k = 0;
+    for (int i = 0; i < r->n_inputs && k < sizeof ins; i++)
+        k += (size_t)snprintf(ins + k, sizeof ins - k, "%s%s", i ? "," : "",
+                              r->in[i] == NA_DTYPE_COUNT ? "-" : na_dtype_name(r->in[i]));
+    const char *acc = r->accumulate == NA_DTYPE_COUNT ? "-" : na_dtype_name(r->accumulate);
+    const char *rule = r->region && !r->enabled ? "off" : na_amp_rule_name(r->rule);
+    char *text = format_new("%*s%s|%s|%s|%s|%s|%s", 2 * r->nesting, "",
+                            r->name ? r->name : na_op_name(r->op), ins, rule,
+                            na_dtype_name(r->compute), na_dtype_name(r->out), acc);
+    trace_row *row = text ? APPEND(rp, t, nt, ct) : NULL;
+    if (row) row->text = text;
+    else free(text); /* out of memory: the table misses a row, the step goes on */
+}
+
+bool run_report_trace_begin(run_report *rp, na_amp_trace_mode mode, bool print) {
+    if (!rp || rp->at != 0 || rp->traced) return false;
+    rp->traced = true, rp->print_trace = print;
+    na_autocast_trace_callback(mode, on_trace, rp);
+    return true;
+}
+
+void run_report_trace_end(run_report *rp) {
+    (void)rp;
+    na_autocast_trace_callback(NA_AMP_TRACE_OFF, NULL, NULL);
+}
+
+static int add_sample(run_report *rp, bool gradient, const char *name, const na_tensor *t,
+                      double scale) {
+    sample *s = APPEND(rp, s, ns, cs);
+    if (!s) return na_set_error(NA_ENOMEM, "--report: out of host memory");
+    *s = (sample){.step = rp->at + 1, .gradient = gradient, .dtype = t->dtype, .scale = scale};
+    snprintf(s->name, sizeof s->name, "%s", name);
+    int rc = na_amp_hist_init(&s->h, rp->line);
+    return rc ? rc : na_amp_hist_add_tensor(&s->h, t);
+}
+
+int run_report_activations(run_report *rp, const trainer_amp *amp, na_module *net, na_tensor *x) {
+    if (!run_report_sampling(rp) || !x) return NA_OK;
+    /* the top-level layers: below o2's wrapper (FP16Model: its input cast is done here) */
+    while (na_module_num_children(net) == 1) net = na_module_child_at(net, 0, NULL);
+    na_module_train(net, false); /* BatchNorm's running statistics stay as they are */
+    na_no_grad_begin();
+    if (amp->channels_last && x->ndim == 4) x = na_to_channels_last(x);
+    if (amp->fo && x) x = na_cast(x, amp->dtype);
+    int rc = amp->autocast ? na_autocast_begin(amp->dtype) : NA_OK;
+    for (int i = 0; !rc && i < na_module_num_children(net); i++) {
+        const char *name;
+        na_module *child = na_module_child_at(net, i, &name);
+        char label[64];
+        if (!x || !(x = na_module_forward(child, x))) {
+            rc = na_last_status();
+            break;
+        }
+        snprintf(label, sizeof label, "%s (%s)", name, na_module_type_name(child));
+        rc = add_sample(rp, false, label, x, 1.0);
+    }
+    if (amp->autocast) na_autocast_end();
+    na_no_grad_end();
+    na_module_train(net, true);
+    return rc ? na_set_error(rc, "--report: the activations of step %" PRId64 ": %s", rp->at + 1,
+                             na_last_error()) : NA_OK;
+}
+
+int run_report_grads(run_report *rp, const trainer_amp *amp) {
+    if (!run_report_sampling(rp)) return NA_OK;
+    na_named_tensors params = {0};
+    na_grad_scaler *gs = trainer_amp_scaler(amp);
+    double scale = na_grad_scaler_is_enabled(gs) ? na_grad_scaler_get_scale(gs) : 1.0;
+    int rc = na_module_named_tensors(rp->net, NA_MODULE_PARAMS, "", &params);
+    for (int64_t i = 0; !rc && i < params.n; i++)
+        if (params.items[i].tensor->grad)
+            rc = add_sample(rp, true, params.items[i].name, params.items[i].tensor->grad, scale);
+    na_named_tensors_free(&params);
+    return rc ? na_set_error(rc, "--report: the gradients of step %" PRId64 ": %s", rp->at + 1,
+                             na_last_error()) : NA_OK;
+}
+
+int run_report_scale(run_report *rp, int64_t at, double loss, double scale, int64_t skipped,
+                     const char *alerts) {
+    if (!rp) return NA_OK;
+    amp_plot_row *row = APPEND(rp, r, nr, cr);
+    char *text = alerts && *alerts ? format_new("step %" PRId64 ": %s", at + 1, alerts) : NULL;
+    char **a = text ? APPEND(rp, alert, na, ca) : NULL;
+    if (!row || (alerts && *alerts && !a)) {
+        free(text);
+        return na_set_error(NA_ENOMEM, "--report: out of host memory");
+    }
+    *row = (amp_plot_row){(double)at + 1, loss, scale, (double)skipped};
+    if (a) *a = text;
+    return NA_OK;
+}
+
+/* ---- the page ------------------------------------------------------------------------------ */
+
+static const char STYLE[] =
+    "body{font-family:sans-serif;max-width:960px;margin:1em auto;color:#222}"
+    "table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;padding:2px 6px;"
+    "text-align:left}th{background:#eee}td.n{text-align:right}pre{white-space:pre-wrap;"
+    "background:#f6f6f6;padding:6px}h3{margin-bottom:2px}.zero{color:#777}.bad{color:#c00}"
+    "svg{max-width:100%;height:auto}.pics{display:grid;grid-template-columns:1fr 1fr;gap:4px}pre.op{margin:0;padding:0;background:none}";
+
+static void pct(FILE *f, int64_t part, int64_t n, const char *cls) {
+    double v = n ? 100.0 * (double)part / (double)n : 0;
+    bool mark = part && cls; /* a share worth the eye: grey for zeros, red for losses */
+    fprintf(f, "<td class=\"n%s%s\">%.2f%%</td>", mark ? " " : "", mark ? cls : "", v);
+}
+
+static void config_section(FILE *f, const run_report *rp) {
+    const trainer_opts *o = rp->o;
+    fputs("<h2 id=\"config\">Configuration</h2>\n<table>\n", f);
+#define ROW(k, fmt, ...) fprintf(f, "<tr><th>%s</th><td>" fmt "</td></tr>\n", k, __VA_ARGS__)
+    ROW("program", "%s", o->program);
+    ROW("model", "%s", o->model);
+    ROW("device", "%s", na_device_name(o->device));
+    ROW("amp", "%s (ran: %s; number line: %s)", o->amp, rp->mode, na_dtype_name(rp->line));
+    ROW("loss scale", "%s", o->loss_scale ? o->loss_scale : "dynamic (where amp scales)");
+    ROW("epochs, batch", "%" PRId64 ", %" PRId64, o->epochs, o->batch);
+    ROW("optimizer, schedule", "%s, %s", o->optim, o->schedule);
+    ROW("seed", "%" PRIu64, o->seed);
+#undef ROW
+    fputs("</table>\n", f);
+}
+
+static void loss_section(FILE *f, const run_report *rp) {
+    fputs("<h2 id=\"loss\">Loss</h2>\n", f);
+    if (!rp->ne) fputs("<p>No epoch finished yet.</p>\n", f);
+    else fputs("<table><tr><th>epoch</th><th>train loss</th><th>test loss</th><th>test accuracy"
+               "</th><th>images/s</th><th>seconds</th></tr>\n", f);
+    for (int64_t i = 0; i < rp->ne; i++) {
+        const epoch_row *e = &rp->e[i];
+        fprintf(f, "<tr><td class=\"n\">%" PRId64 "</td><td class=\"n\">%.4f</td><td class=\"n\">"
+                "%.4f</td><td class=\"n\">%.2f%%</td><td class=\"n\">%.0f</td><td class=\"n\">%.2f"
+                "</td></tr>\n", e->epoch, e->train_loss, e->test_loss, 100 * e->test_acc,
+                e->images_per_s, e->seconds);
+    }
+    if (rp->ne) fputs("</table>\n<p>Train loss: the mean of the losses read during the epoch "
+                      "(every 10th step); test loss and accuracy after it.</p>\n", f);
+}
+
+/* An amp_plot picture inline: drawn into memory (svg_begin), then copied into the page without
+ * its namespace (svg_end): an HTML page's svg element needs none, and the page then names no
+ * http address at all. */
+typedef struct {
+    char *buf;
+    size_t n;
+    FILE *m;
+} svg_buffer;
+static FILE *svg_begin(svg_buffer *b) {
+    *b = (svg_buffer){0};
+    return b->m = open_memstream(&b->buf, &b->n);
+}
+static void svg_end(FILE *f, svg_buffer *b) {
+    static const char ns[] = " xmlns=\"http://www.w3.org/2000/svg\"";
+    if (!b->m) return;
+    fclose(b->m);
+    char *at = strstr(b->buf, ns);
+    if (at) memmove(at, at + strlen(ns), strlen(at + strlen(ns)) + 1);
+    fputs(b->buf, f);
+    free(b->buf);
+}
+
+static void scale_section(FILE *f, const run_report *rp) {
+    fputs("<h2 id=\"scale\">Loss scale</h2>\n", f);
+    if (rp->nr) {
+        char title[128];
+        snprintf(title, sizeof title, "--amp %s, per step", rp->mode);
+        svg_buffer b;
+        if (svg_begin(&b)) amp_plot_log(b.m, title, rp->r, (int)rp->nr);
+        svg_end(f, &b);
+        fputs("<p>The scale is the scaler's after the step's update; a red line marks a step "
+              "skipped for inf/NaN gradients. Without loss scaling the scale stays 1.</p>\n", f);
+    } else {
+        fputs("<p>No step recorded yet.</p>\n", f);
+    }
+    fprintf(f, "<h3>Amp monitor alerts</h3>\n<ul>\n%s", rp->na ? "" : "<li>none</li>\n");
+    for (int64_t i = 0; i < rp->na; i++) {
+        fputs("<li>", f);
+        amp_plot_escape(f, rp->alert[i]);
+        fputs("</li>\n", f);
+    }
+    fputs("</ul>\n", f);
+}
+
+/* one table row and picture per tensor of a sampled step */
+static void hist_row(FILE *f, const sample *s) {
+    const na_amp_hist *h = &s->h;
+    fputs("<tr><td>", f);
+    amp_plot_escape(f, s->name);
+    if (s->scale != 1.0) fprintf(f, " (x %g)", s->scale);
+    fprintf(f, "</td><td>%s</td><td class=\"n\">%" PRId64 "</td>", na_dtype_name(s->dtype), h->n);
+    pct(f, h->zero, h->n, "zero");
+    pct(f, h->underflow, h->n, "bad");
+    pct(f, h->subnormal, h->n, "bad");
+    pct(f, h->normal, h->n, NULL);
+    pct(f, h->overflow, h->n, "bad");
+    pct(f, h->nonfinite, h->n, "bad");
+    fputs("</tr>\n", f);
+}
+
+static void hist_picture(FILE *f, const sample *s, const char *line) {
+    double count[NA_AMP_HIST_BINS];
+    for (int b = 0; b < NA_AMP_HIST_BINS; b++) count[b] = (double)s->h.bins[b];
+    char title[128];
+    snprintf(title, sizeof title, "step %" PRId64 ": %s %s (%s), log2 |x|", s->step,
+             s->gradient ? "gradient of" : "output of", s->name, na_dtype_name(s->dtype));
+    svg_buffer b;
+    if (svg_begin(&b))
+        amp_plot_hist_line(b.m, title, line, count, NA_AMP_HIST_LO, NA_AMP_HIST_BINS,
+                           s->gradient ? "#1f77b4" : "#9467bd");
+    svg_end(f, &b);
+}
+
+/* per sampled step: a table of the shares, one row per tensor, then their pictures */
+static void hist_block(FILE *f, const run_report *rp, bool gradient) {
+    const char *line = na_dtype_name(rp->line);
+    int sub, norm;
+    double max;
+    na_amp_dtype_range(rp->line, &sub, &norm, &max);
+    fprintf(f, "<p>Number line: %s (subnormals from 2^%d, normals from 2^%d, largest %g). "
+            "Sampled steps:", line, sub, norm, max);
+    for (int i = 0; i < rp->n_sampled; i++) fprintf(f, " %" PRId64, rp->sampled_steps[i]);
+    fprintf(f, " (the first step, then the first of each epoch, at most %d).</p>\n",
+            RUN_REPORT_MAX_SAMPLES);
+    for (int k = 0; k < rp->n_sampled; k++) {
+        int64_t step = rp->sampled_steps[k];
+        fprintf(f, "<h3>step %" PRId64 "</h3>\n<table><tr><th>%s</th><th>dtype</th>"
+                "<th>elements</th><th>zero</th><th>rounds to 0 in %s</th><th>subnormal</th>"
+                "<th>normal</th><th>overflow</th><th>inf/NaN</th></tr>\n", step,
+                gradient ? "parameter" : "layer", line);
+        for (int64_t i = 0; i < rp->ns; i++)
+            if (rp->s[i].gradient == gradient && rp->s[i].step == step) hist_row(f, &rp->s[i]);
+        fputs("</table>\n<div class=\"pics\">\n", f);
+        for (int64_t i = 0; i < rp->ns; i++)
+            if (rp->s[i].gradient == gradient && rp->s[i].step == step)
+                hist_picture(f, &rp->s[i], line);
+        fputs("</div>\n", f);
+    }
+}
+
+static void trace_section(FILE *f, const run_report *rp) {
+    fputs("<h2 id=\"trace\">Autocast trace</h2>\n", f);
+    if (!rp->nt) {
+        fputs("<p>No op traced: the trace is of the run's first step (a resumed run starts "
+              "later; with --cuda-graph on CUDA it is an eager warm-up step).</p>\n", f);
+        return;
+    }
+    fprintf(f, "<p>The first step's forward and loss, op by op (%s; indented: casts made for "
+            "the op below them).</p>\n<table><tr><th>op</th><th>input dtypes</th><th>rule</th>"
+            "<th>compute</th><th>output</th><th>accumulate</th></tr>\n",
+            rp->line == NA_DTYPE_F32 || !strcmp(rp->mode, "o2") ? "every op"
+                                                                  : "the autocast regions' ops");
+    for (int64_t i = 0; i < rp->nt; i++) {
+        char cell[160];
+        snprintf(cell, sizeof cell, "%s", rp->t[i].text);
+        char *c = cell;
+        for (int col = 0; c; col++) { /* the op (indented: in a pre), then the dtypes */
+            char *bar = strchr(c, '|');
+            if (bar) *bar = '\0';
+            fputs(col ? "<td>" : "<tr><td><pre class=\"op\">", f);
+            amp_plot_escape(f, c);
+            fputs(col ? "</td>" : "</pre></td>", f);
+            c = bar ? bar + 1 : NULL;
+        }
+        fputs("</tr>\n", f);
+    }
+    fputs("</table>\n", f);
+}
+
+static void write_page(FILE *f, const run_report *rp) {
+    fprintf(f, "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n<title>");
+    amp_plot_escape(f, rp->o->program);
+    fprintf(f, " run report</title>\n<style>%s</style></head><body>\n<h1>", STYLE);
+    amp_plot_escape(f, rp->o->program);
+    fprintf(f, ": run report</h1>\n<p>Status: <b>%s</b>, %" PRId64 " of %" PRId64 " epoch(s) "
+            "reported (this page is rewritten after every epoch).</p>\n", rp->status, rp->ne,
+            rp->o->epochs);
+    config_section(f, rp);
+    loss_section(f, rp);
+    scale_section(f, rp);
+    fputs("<h2 id=\"gradients\">Gradients</h2>\n<p>Each parameter's gradient as backward left it, "
+          "before unscaling (times the loss scale shown), counted as it would be stored in the "
+          "dtype in use: what rounds to 0 there is lost before the optimizer sees it.</p>\n", f);
+    hist_block(f, rp, true);
+    fputs("<h2 id=\"activations\">Activations</h2>\n<p>Each top-level layer's output on the "
+          "sampled batch (a second forward in eval mode, without gradients).</p>\n", f);
+    hist_block(f, rp, false);
+    trace_section(f, rp);
+    fputs("<h2 id=\"json\">Final JSON</h2>\n", f);
+    if (rp->json) {
+        fputs("<pre>", f);
+        amp_plot_escape(f, rp->json);
+        fputs("</pre>\n", f);
+    } else {
+        fputs("<p>At the end of the run.</p>\n", f);
+    }
+    fputs("</body></html>\n", f);
+}
+
+/* The page into a temporary file beside the path, renamed over it: a reader never sees half a
+ * page, and a failed write leaves the last page. */
+static int save(run_report *rp) {
+    const char *path = rp->o->report_path;
+    if (rp->unwritable) return 1;
+    size_t len = strlen(path) + sizeof ".XXXXXX";
+    char *tmp = malloc(len);
+    int fd = -1, err = 0;
+    FILE *f = NULL;
+    if (tmp) snprintf(tmp, len, "%s.XXXXXX", path), fd = mkstemp(tmp);
+    mode_t mask = umask(0); /* mkstemp's 0600: the page gets a new file's usual mode */
+    umask(mask);
+    if (fd >= 0) fchmod(fd, 0666 & ~mask);
+    if (fd < 0 || !(f = fdopen(fd, "w"))) {
+        err = tmp ? errno : ENOMEM;
+        if (fd >= 0) close(fd);
+    } else {
+        errno = 0;
+        write_page(f, rp);
+        if (ferror(f)) err = errno ? errno : EIO;
+        if (fclose(f) && !err) err = errno ? errno : EIO;
+        if (!err && rename(tmp, path)) err = errno;
+    }
+    if (fd >= 0 && err) unlink(tmp);
+    free(tmp);
+    if (err)
+        fprintf(stderr, "%s: --report %s: cannot write the page: %s\n", rp->o->program, path,
+                strerror(err));
+    rp->unwritable = err != 0;
+    return err ? 1 : 0;
+}
+
+int run_report_epoch(run_report *rp, int64_t epoch, double train_loss, const trainer_result *res,
+                     int64_t images) {
+    if (!rp) return 0;
+    epoch_row *e = APPEND(rp, e, ne, ce);
+    if (!e) {
+        fprintf(stderr, "%s: --report: out of host memory\n", rp->o->program);
+        return 1;
+    }
+    double t = res->train_time_s - rp->last_time;
+    *e = (epoch_row){epoch, train_loss, res->test_loss, res->test_acc,
+                     t > 0 ? (double)(images - rp->last_images) / t : NAN, t};
+    rp->last_time = res->train_time_s, rp->last_images = images;
+    return save(rp);
+}
+
+int run_report_finish(run_report *rp, const trainer_result *res, bool ok) {
+    if (!rp) return 0;
+    char *buf = NULL;
+    size_t size = 0;
+    FILE *m = open_memstream(&buf, &size);
+    if (m) {
+        trainer_json_print(m, rp->o, res);
+        fclose(m);
+        free(rp->json);
+        rp->json = buf;
+    }
+    rp->status = ok ? "complete" : "stopped (see the program's messages)";
+    return save(rp);
+}
