@@ -397,3 +397,30 @@ Test(fp8_recipe, dist_reduce_one_rank) {
     na_fp8_scaling_free(b);
     na_dist_free(d);
 }
+
+/* docs/mixed-precision.md's story of an amax that jumps: amax 1 for 10 steps, 100 at step 10,
+ * 1 again after. The step of the jump casts with the old scale 448 (100 * 448 saturates E4M3),
+ * the next steps with 4.48; "max" keeps 4.48 while the 100 is in the 1024-step window, then
+ * returns to 448; "most_recent" returns at once. */
+Test(fp8_recipe, amax_jump) {
+    for (int a = 0; a < 2; a++) {
+        na_fp8_recipe_cfg c = NA_FP8_RECIPE_DEFAULTS;
+        c.amax_algo = (na_fp8_amax_algo)a;
+        na_fp8_scaling *fs = na_fp8_scaling_new(&c);
+        cr_assert_not_null(fs);
+        int64_t back = -1; /* the first step casting with 448 again after the jump */
+        for (int64_t t = 0; t < 1100; t++) {
+            float used = na_fp8_scaling_scale(fs, NA_FP8_INPUT); /* this step's cast */
+            if (t == 10) cr_assert_eq(used, 448.0f, "the jump's step casts with %g", (double)used);
+            if (t == 11) cr_assert_eq(used, 448.0f / 100.0f);
+            if (t > 11 && used == 448.0f && back < 0) back = t;
+            TH_RC(na_fp8_scaling_record_amax(fs, NA_FP8_INPUT, t == 10 ? 100.0f : 1.0f));
+            TH_RC(na_fp8_scaling_update(fs));
+        }
+        /* max: step 10's 100 is in the window of the 1024 updates after steps 10..1033, so
+         * steps 11..1034 cast with 4.48 */
+        cr_assert_eq(back, a == NA_FP8_AMAX_MAX ? 1035 : 12, "%s: back at step %lld",
+                     na_fp8_amax_algo_name(c.amax_algo), (long long)back);
+        na_fp8_scaling_free(fs);
+    }
+}
