@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "helpers.h"
+#include "nanoamp/cuda.h"
 #include "nanoamp/dist.h"
 #include "nanoamp/fp8.h"
 #include "nanoamp/io.h"
@@ -424,4 +425,27 @@ Test(fp8_recipe, amax_jump) {
                      na_fp8_amax_algo_name(c.amax_algo), (long long)back);
         na_fp8_scaling_free(fs);
     }
+}
+
+/* The amax of a CUDA tensor: the same ops run there (abs, max, cast), the same answer as the
+ * CPU's, NaN included. Runs in the cuda suite (skips without a device). */
+Test(fp8_recipe_cuda, amax_matches_cpu) {
+    if (!na_cuda_available()) cr_skip_test("no CUDA device");
+    const na_dtype dts[] = {NA_DTYPE_F32, NA_DTYPE_F16, NA_DTYPE_BF16};
+    for (size_t i = 0; i < 3; i++) {
+        na_tensor *x = TH_OK(na_randn(dts[i], NA_DEVICE_CPU, NA_SHAPE(257, 33), 0, 3));
+        na_tensor *xc = TH_OK(na_to_device(x, NA_DEVICE_CUDA));
+        float cpu = (float)na_item(TH_OK(na_fp8_amax(x)));
+        float dev = (float)na_item(TH_OK(na_fp8_amax(xc)));
+        cr_assert_eq(bits(cpu), bits(dev), "%s: cuda %.9g, cpu %.9g", na_dtype_name(dts[i]),
+                     (double)dev, (double)cpu);
+        na_fp8_scaling *fs = na_fp8_scaling_new(NULL);
+        TH_RC(na_fp8_scaling_record(fs, NA_FP8_INPUT, xc));
+        cr_assert_eq(bits(na_fp8_scaling_amax(fs, NA_FP8_INPUT)), bits(cpu));
+        na_fp8_scaling_free(fs);
+    }
+    na_tensor *y = TH_OK(na_to_device(TH_TENSOR(NA_DTYPE_F32, NA_SHAPE(3), 1, NAN, -2),
+                                      NA_DEVICE_CUDA));
+    cr_assert(isnan(na_item(TH_OK(na_fp8_amax(y)))));
+    na_step_end();
 }
