@@ -36,7 +36,7 @@
  * the path TE's PyTorch modules take unless NVTE_UNFUSED_FP8_UPDATE is set):
  *   - the history is [amax_history_len, 3] f32 (TE's layout: one column per tensor); row 0 is
  *     this step's amax, which record() raises to max(row 0, amax) (NaN wins: a NaN recorded
- *     stays visible); after a new history starts, row 0 is 0;
+ *     stays visible), and which a rolling update() leaves at 0 for the next step;
  *   - update(), per tensor, with a = row 0:
  *       a == 0:  nothing rolls, the scale stays (a tensor unused in a step does not age its
  *                history);
