@@ -28,10 +28,11 @@ int na_dist_fp8_reduce_amax(na_dist *d, na_fp8_scaling *const *states, int n) {
     /* the max over ranks is >= this rank's amax, so recording it (delayed: max with row 0;
      * current: the amax and its scale) makes row 0 the reduced value */
     for (int i = 0; i < n && !rc; i++)
-        for (int r = 0; r < NA_FP8_ROLE_COUNT && !rc; r++)
-            rc = na_fp8_scaling_record_amax(states[i], (na_fp8_role)r,
-                                            v[i * per + 2 * r + 1] != 0 ? NAN
-                                                                        : (float)v[i * per + 2 * r]);
+        for (int r = 0; r < NA_FP8_ROLE_COUNT && !rc; r++) {
+            const double *e = &v[i * per + 2 * r];
+            float amax = e[1] != 0 ? NAN : (float)e[0];
+            rc = na_fp8_scaling_record_amax(states[i], (na_fp8_role)r, amax);
+        }
     free(v);
     if (rc) return na_set_error(na_last_status(), "%s: %s", fn, na_last_error());
     return NA_OK;
