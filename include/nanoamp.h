@@ -10,6 +10,7 @@
  *   autograd.h  backward, no-grad, gradcheck
  *   profile.h   per-op and per-layer time of a step
  *   amp.h       loss scaling, master weights, model conversion, monitoring
+ *   fp8.h       FP8 per-tensor scaling recipes (delayed, current), amax histories
  *   nn.h        modules and layers
  *   optim.h     SGD, Adam, AdamW, schedules, clipping
  *   data.h      MNIST/CIFAR readers and batching
@@ -28,6 +29,7 @@
 #include "nanoamp/autograd.h"
 #include "nanoamp/profile.h"
 #include "nanoamp/amp.h"
+#include "nanoamp/fp8.h"
 #include "nanoamp/nn.h"
 #include "nanoamp/optim.h"
 #include "nanoamp/data.h"

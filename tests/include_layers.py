@@ -24,7 +24,7 @@ RANK = {"base": 0, "kernels": 1, "tensor": 2, "autograd": 3, "ops": 4, "nn": 5, 
 # Public headers, by the layer that implements them (error and dtype sit below the kernels).
 PUBLIC = {"error.h": "base", "dtype.h": "base", "cuda.h": "kernels", "tensor.h": "tensor",
           "autograd.h": "autograd", "ops.h": "ops", "autocast.h": "ops", "nn.h": "nn",
-          "optim.h": "optim", "amp.h": "amp", "io.h": "io", "data.h": "data",
+          "optim.h": "optim", "amp.h": "amp", "fp8.h": "amp", "io.h": "io", "data.h": "data",
           "state.h": "tensor", "view.h": "base", "dist.h": "dist", "profile.h": "autograd",
           "threads.h": "kernels"}
 

@@ -477,6 +477,40 @@ static void case_found_inf(void) {
     na_step_end();
 }
 
+/* FP8 amax across ranks: each rank records its own amax values (rank 1 a NaN and the larger
+ * input amax); after na_dist_fp8_reduce_amax both ranks hold the max, a NaN anywhere is NaN
+ * everywhere, and the updated scales agree bit for bit. */
+static void case_fp8_amax(void) {
+    na_fp8_scaling *s = NN(na_fp8_scaling_new(NULL));
+    na_fp8_recipe_cfg cc = NA_FP8_RECIPE_CURRENT_DEFAULTS;
+    na_fp8_scaling *cur = NN(na_fp8_scaling_new(&cc));
+    OK(na_fp8_scaling_record_amax(s, NA_FP8_INPUT, rank_ == 1 ? 8.0f : 2.0f));
+    OK(na_fp8_scaling_record_amax(s, NA_FP8_WEIGHT, rank_ == 1 ? NAN : 0.5f));
+    OK(na_fp8_scaling_record_amax(s, NA_FP8_GRAD_OUTPUT, rank_ == 0 ? 4.0f : 0.0f));
+    OK(na_fp8_scaling_record_amax(cur, NA_FP8_INPUT, rank_ == 0 ? 16.0f : 1.0f));
+    OK(na_dist_fp8_reduce_amax(d, (na_fp8_scaling *[]){s, cur}, 2));
+    CHECK(na_fp8_scaling_amax(s, NA_FP8_INPUT) == 8.0f, "input amax %g, want 8",
+          (double)na_fp8_scaling_amax(s, NA_FP8_INPUT));
+    CHECK(isnan(na_fp8_scaling_amax(s, NA_FP8_WEIGHT)), "weight amax %g, want NaN",
+          (double)na_fp8_scaling_amax(s, NA_FP8_WEIGHT));
+    CHECK(na_fp8_scaling_amax(s, NA_FP8_GRAD_OUTPUT) == 4.0f, "grad_output amax %g, want 4",
+          (double)na_fp8_scaling_amax(s, NA_FP8_GRAD_OUTPUT));
+    /* current scaling takes its scale from the reduced amax at once: 448 / 16 */
+    CHECK(na_fp8_scaling_scale(cur, NA_FP8_INPUT) == 28.0f, "current scale %g, want 28",
+          (double)na_fp8_scaling_scale(cur, NA_FP8_INPUT));
+    OK(na_fp8_scaling_update(s));
+    CHECK(na_fp8_scaling_scale(s, NA_FP8_INPUT) == 56.0f, "input scale %g, want 448 / 8",
+          (double)na_fp8_scaling_scale(s, NA_FP8_INPUT));
+    uint64_t h = 0;
+    for (int r = 0; r < NA_FP8_ROLE_COUNT; r++) {
+        float sc = na_fp8_scaling_scale(s, (na_fp8_role)r);
+        h = na_dist_hash(h, &sc, sizeof sc);
+    }
+    OK(na_dist_check_same(d, h, "fp8 scales"));
+    na_fp8_scaling_free(cur);
+    na_fp8_scaling_free(s);
+}
+
 static void case_config_mismatch(void) {
     run_cfg c = {.model = MODEL_MLP, .micro = 1, .hidden = rank_ == 1 ? 33 : 32};
     na_module *net = make_model(&c);
@@ -581,7 +615,7 @@ int main(int argc, char **argv) {
                  {"syncbn_variants", case_syncbn_variants},
                  {"amp", case_amp}, {"compression", case_compression},
                  {"dtype_pairs", case_dtype_pairs},
-                 {"found_inf", case_found_inf}, {"config_mismatch", case_config_mismatch}, {"dead_rank", case_dead_rank},
+                 {"found_inf", case_found_inf}, {"config_mismatch", case_config_mismatch}, {"fp8_amax", case_fp8_amax}, {"dead_rank", case_dead_rank},
                  {"abort", case_abort}, {"timeout", case_timeout}};
     if (argc != 2) {
         fprintf(stderr, "usage: test_dist_mpi CASE (under mpirun -np 2)\n");

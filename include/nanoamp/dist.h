@@ -50,6 +50,7 @@
 
 #include "nanoamp/amp.h"
 #include "nanoamp/error.h"
+#include "nanoamp/fp8.h"
 #include "nanoamp/nn.h"
 #include "nanoamp/tensor.h"
 
@@ -174,6 +175,13 @@ void na_ddp_free(na_ddp *p); /* removes the hook; NULL is fine */
  * and na_grad_scaler_step: opt's found_inf becomes the MAX over ranks, so all skip together
  * and the scale moves the same way everywhere. NA_ESTATE when opt was not unscaled by gs. */
 int na_dist_sync_found_inf(na_dist *d, na_grad_scaler *gs, na_optim *opt);
+/* FP8 scaling under data parallelism (nanoamp/fp8.h): each recorded amax (row 0 of every
+ * role's history, of each of the n states) becomes its max over ranks, so every rank's
+ * update() computes the same scales (Transformer Engine reduces its amax buffer so, with max,
+ * before the update). Call it after the step's last record and before na_fp8_scaling_update,
+ * on every rank with states made the same way. A NaN on any rank is a NaN on all (MPI's max
+ * leaves a NaN's fate to the operand order); one collective of 6n doubles. */
+int na_dist_fp8_reduce_amax(na_dist *d, na_fp8_scaling *const *states, int n);
 
 /* ---- SyncBatchNorm ---------------------------------------------------------------------- */
 /* Every BatchNorm of net computes its training-mode batch statistics over all ranks of d:
