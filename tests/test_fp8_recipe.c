@@ -456,3 +456,24 @@ Test(fp8_recipe_cuda, amax_matches_cpu) {
     cr_assert(isnan(na_item(TH_OK(na_fp8_amax(y)))));
     na_step_end();
 }
+
+/* The recipe's formats are the storage dtypes na_cast writes: the maxima agree with a cast. */
+Test(fp8_recipe, formats_are_the_storage_dtypes) {
+    cr_assert_eq(na_fp8_format_dtype(NA_FP8_E4M3), NA_DTYPE_F8E4M3);
+    cr_assert_eq(na_fp8_format_dtype(NA_FP8_E5M2), NA_DTYPE_F8E5M2);
+    cr_assert_eq(na_fp8_format_dtype((na_fp8_format)7), -1);
+    na_fp8_format fs[2] = {NA_FP8_E4M3, NA_FP8_E5M2};
+    for (int i = 0; i < 2; i++) {
+        /* the format's max survives a round trip; twice the max saturates (E4M3) or overflows */
+        const float v[2] = {(float)na_fp8_format_max(fs[i]), 2 * (float)na_fp8_format_max(fs[i])};
+        na_tensor *x = na_from_host(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(2), v);
+        na_tensor *q = na_cast(x, (na_dtype)na_fp8_format_dtype(fs[i]));
+        cr_assert_not_null(q, "%s", na_last_error());
+        na_tensor *back = na_cast(q, NA_DTYPE_F32);
+        float r[2];
+        cr_assert_eq(na_copy_to_host(back, r), NA_OK);
+        cr_assert_eq(r[0], v[0]);
+        cr_assert(i == 0 ? r[1] == v[0] : isinf(r[1]), "%s: %g", na_fp8_format_name(fs[i]), r[1]);
+        na_tensor_free(back), na_tensor_free(q), na_tensor_free(x);
+    }
+}

@@ -79,6 +79,9 @@ typedef enum { NA_FP8_E4M3 = 0, NA_FP8_E5M2 = 1 } na_fp8_format;
 #define NA_FP8_E5M2_MAX 57344.0
 double na_fp8_format_max(na_fp8_format f);       /* 448, 57344; NAN for an unknown format */
 const char *na_fp8_format_name(na_fp8_format f); /* "e4m3", "e5m2", "?" */
+/* The storage dtype of a format (NA_DTYPE_F8E4M3 / NA_DTYPE_F8E5M2, what na_cast and
+ * na_scaled_mm take); -1 for an unknown format. */
+int na_fp8_format_dtype(na_fp8_format f);
 
 typedef enum { NA_FP8_RECIPE_DELAYED = 0, NA_FP8_RECIPE_CURRENT = 1 } na_fp8_recipe_kind;
 /* Which format each role gets (TE's recipe.fp8_format: HYBRID or E4M3). */

@@ -27,6 +27,10 @@ double na_fp8_format_max(na_fp8_format f) {
     return f == NA_FP8_E4M3 ? NA_FP8_E4M3_MAX : f == NA_FP8_E5M2 ? NA_FP8_E5M2_MAX : NAN;
 }
 
+int na_fp8_format_dtype(na_fp8_format f) {
+    return f == NA_FP8_E4M3 ? (int)NA_DTYPE_F8E4M3 : f == NA_FP8_E5M2 ? (int)NA_DTYPE_F8E5M2 : -1;
+}
+
 /* name from a table, "?" out of range */
 static const char *pick(const char *const *names, int n, int i) {
     return i >= 0 && i < n ? names[i] : "?";
