@@ -24,11 +24,21 @@ RETURNS_VECTOR = {"lane_sums16"}
 
 
 def offenders(disassembly):
+    # A jmp from f to f.cold (GCC's hot/cold split) is no exit: f goes on there, so the cold
+    # part is read as entered with f's state; the second pass knows which are entered dirty.
+    entered_dirty = set()
+    for _ in range(2):
+        found = scan(disassembly, entered_dirty)
+    return found
+
+
+def scan(disassembly, entered_dirty):
     found, fn, dirty = [], None, False
     for line in disassembly.splitlines():
         m = re.match(r"^[0-9a-f]+ <(.+)>:$", line)
         if m:
-            fn, dirty = m.group(1), False
+            fn = m.group(1)
+            dirty = fn in entered_dirty
             continue
         if "\t" not in line:
             continue
@@ -40,6 +50,9 @@ def offenders(disassembly):
         if not dirty or fn in RETURNS_VECTOR:
             continue
         target = re.search(r"<([^>]+)>", ins)
+        if ins.startswith("jmp") and target is not None and target.group(1) == fn + ".cold":
+            entered_dirty.add(target.group(1))
+            continue
         leaves = ins.startswith("ret") or (
             ins.startswith("jmp") and target is not None and "+0x" not in target.group(1))
         if leaves:
