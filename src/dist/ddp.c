@@ -91,17 +91,20 @@ static na_tensor *slice_of(na_ddp *p, int i) {
 
 /* Rank 0's buffers (BatchNorm's running statistics) on every rank, one broadcast per dtype
  * and device (PyTorch's broadcast_buffers). */
+static int copy_buffers(na_ddp *p, bool into_flat) {
+    int rc = NA_OK;
+    for (int i = 0; i < p->n_buffers && !rc; i++) {
+        na_tensor *v = view_in(p->groups[p->group_of[i]].flat, p->buffer_offset[i], p->buffers[i]);
+        rc = !v ? na_last_status() : into_flat ? na_copy_(v, p->buffers[i])
+                                               : na_copy_(p->buffers[i], v);
+    }
+    return rc;
+}
 static int broadcast_buffers(na_ddp *p) {
     int rc = NA_OK, rank = na_dist_rank(p->d);
-    for (int i = 0; i < p->n_buffers && !rc && rank == 0; i++) {
-        na_tensor *v = view_in(p->groups[p->group_of[i]].flat, p->buffer_offset[i], p->buffers[i]);
-        rc = v ? na_copy_(v, p->buffers[i]) : na_last_status();
-    }
+    if (rank == 0) rc = copy_buffers(p, true);
     for (int g = 0; g < p->n_groups && !rc; g++) rc = na_dist_broadcast(p->d, p->groups[g].flat, 0);
-    for (int i = 0; i < p->n_buffers && !rc && rank != 0; i++) {
-        na_tensor *v = view_in(p->groups[p->group_of[i]].flat, p->buffer_offset[i], p->buffers[i]);
-        rc = v ? na_copy_(p->buffers[i], v) : na_last_status();
-    }
+    if (!rc && rank != 0) rc = copy_buffers(p, false);
     return rc ? na_set_error(rc, "na_ddp_finish: rank %d: broadcasting the buffers: %s", rank,
                              na_last_error())
               : NA_OK;
