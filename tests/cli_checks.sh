@@ -1,6 +1,14 @@
-# Sourced by the trainers' command-line tests (trainer_errors.sh, trainer_resume.sh): run a
-# command and check its exit status, its one-line message and its JSON line. The caller sets
-# $tmp (a scratch directory) and reads $passed, $failed at the end.
+# Sourced by the trainers' command-line tests (trainer_errors.sh, trainer_resume.sh,
+# trainer_html_report.sh): sets $data (MNIST-format files; the test skips, 77, without them)
+# and $tmp (a scratch directory, removed at exit), then gives run, one_line, json and check
+# (a command's exit status, its one-line message, its JSON line). The caller reads $passed and
+# $failed at the end.
+data="${NANOAMP_TEST_MNIST:-/usr/share/datasets/fashion-mnist}"
+if [ ! -f "$data/train-images-idx3-ubyte.gz" ] && [ ! -f "$data/train-images-idx3-ubyte" ]; then
+    echo "no MNIST-format data in $data: skipping"; exit 77
+fi
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+export NANOAMP_NO_BLAS_TUNE=1
 passed=0 failed=0
 fail() { echo "FAIL: $*"; failed=$((failed + 1)); }
 

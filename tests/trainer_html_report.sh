@@ -8,12 +8,6 @@
 # usage: trainer_html_report.sh MNIST_TRAIN CIFAR_TRAIN
 set -uo pipefail
 mnist="$1" cifar="$2"
-data="${NANOAMP_TEST_MNIST:-/usr/share/datasets/fashion-mnist}"
-if [ ! -f "$data/train-images-idx3-ubyte.gz" ] && [ ! -f "$data/train-images-idx3-ubyte" ]; then
-    echo "no MNIST-format data in $data: skipping"; exit 77
-fi
-tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-export NANOAMP_NO_BLAS_TUNE=1
 . "$(dirname "$0")/cli_checks.sh" # run, one_line, check
 
 # page FILE DTYPE STATUS EXPR...: FILE parses with every tag closed in order, names no http(s)

@@ -11,12 +11,6 @@
 #  4. --log goes on after the interrupted run's lines.
 set -uo pipefail
 train="$1"
-data="${NANOAMP_TEST_MNIST:-/usr/share/datasets/fashion-mnist}"
-if [ ! -f "$data/train-images-idx3-ubyte.gz" ] && [ ! -f "$data/train-images-idx3-ubyte" ]; then
-    echo "no MNIST-format data in $data: skipping"; exit 77
-fi
-tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-export NANOAMP_NO_BLAS_TUNE=1
 . "$(dirname "$0")/cli_checks.sh" # run, one_line, json, check
 pick() { tail -n 1 "$tmp/out" | python3 -c 'import json,sys; d=json.load(sys.stdin); print(d["test_acc"], d["final_loss"])'; }
 same() { [ "$1" = "$2" ] || { echo "  uninterrupted [$1], resumed [$2]"; return 1; }; }
