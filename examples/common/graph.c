@@ -11,9 +11,13 @@
 na_tensor *trainer_step_loss(const trainer_amp *amp, na_module *net, na_tensor *x, na_tensor *y,
                              double label_smoothing, bool trace) {
     na_amp_trace_mode mode = amp->autocast ? NA_AMP_TRACE_REGIONS : NA_AMP_TRACE_ALL;
-    /* --report records the first step's trace (and prints it with --amp-trace) */
+    /* --report records the first step's trace (and prints it with --amp-trace); the backward
+     * rows go on until the step is done (train_epoch turns them off) */
     bool recorded = run_report_trace_begin(amp->report, mode, trace);
-    if (trace && !recorded) na_autocast_trace(mode, stderr);
+    if (trace && !recorded) {
+        na_autocast_trace(mode, stderr);
+        na_amp_trace_backward(true, stderr);
+    }
     na_tensor *loss = trainer_amp_loss(amp, net, x, y, label_smoothing);
     if (recorded) run_report_trace_end(amp->report);
     if (trace && !recorded) na_autocast_trace(NA_AMP_TRACE_OFF, NULL);

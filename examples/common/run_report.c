@@ -31,6 +31,11 @@ typedef struct {
     char *text; /* "linear | f32,f32,f32 | lower | f16 | f16 | f32" (the columns, '|'-split) */
 } trace_row;
 
+typedef struct {
+    char name[40];            /* the record's, copied: a custom function's may not outlive us */
+    na_amp_backward_record r; /* the first step's backward row */
+} backward_row;
+
 struct run_report {
     const trainer_opts *o;
     na_module *net;
@@ -51,6 +56,8 @@ struct run_report {
     int64_t na, ca;
     trace_row *t;
     int64_t nt, ct;
+    backward_row *bw;
+    int64_t nbw, cbw;
     double last_time;  /* res->train_time_s at the last epoch */
     int64_t last_images;
     char *json;        /* the final --json line */
@@ -103,7 +110,7 @@ void run_report_free(run_report *rp) {
     if (!rp) return;
     for (int64_t i = 0; i < rp->na; i++) free(rp->alert[i]);
     for (int64_t i = 0; i < rp->nt; i++) free(rp->t[i].text);
-    free(rp->alert), free(rp->t), free(rp->s), free(rp->e), free(rp->r), free(rp->json);
+    free(rp->alert), free(rp->t), free(rp->bw), free(rp->s), free(rp->e), free(rp->r), free(rp->json);
     free(rp);
 }
 
@@ -140,10 +147,22 @@ static void on_trace(const na_amp_trace_record *r, void *ctx) {
     else free(text); /* out of memory: the table misses a row, the step goes on */
 }
 
+static void on_backward(const na_amp_backward_record *r, void *ctx) {
+    run_report *rp = ctx;
+    char line[192];
+    if (rp->print_trace)
+        fprintf(stderr, "amp: %s\n", na_amp_trace_backward_format(r, line, sizeof line));
+    backward_row *row = r->name ? APPEND(rp, bw, nbw, cbw) : NULL; /* the table has its head */
+    if (!row) return; /* out of memory: the table misses a row, the step goes on */
+    snprintf(row->name, sizeof row->name, "%s", r->name);
+    row->r = *r;
+}
+
 bool run_report_trace_begin(run_report *rp, na_amp_trace_mode mode, bool print) {
     if (!rp || rp->at != 0 || rp->traced) return false;
     rp->traced = true, rp->print_trace = print;
     na_autocast_trace_callback(mode, on_trace, rp);
+    na_amp_trace_backward_callback(true, on_backward, rp);
     return true;
 }
 
@@ -365,6 +384,32 @@ static void hist_block(FILE *f, const run_report *rp, bool gradient) {
     }
 }
 
+/* the first step's backward rows (na_amp_trace_backward): each node's incoming gradient */
+static void backward_table(FILE *f, const run_report *rp) {
+    if (!rp->nbw) return;
+    fputs("<h3>backward</h3>\n<p>Each backward op in the order it ran, with the gradient it "
+          "received (of its output, times the loss scale) and the shares of its elements that "
+          "are exactly zero, subnormal or inf/NaN in its own dtype.</p>\n<table><tr><th>op</th>"
+          "<th>gradient</th><th>zero</th><th>subnormal</th><th>inf/NaN</th></tr>\n", f);
+    for (int64_t i = 0; i < rp->nbw; i++) {
+        const na_amp_backward_record *r = &rp->bw[i].r;
+        fputs("<tr><td>", f);
+        amp_plot_escape(f, rp->bw[i].name);
+        fprintf(f, "</td><td>%s [", na_dtype_name(r->dtype));
+        for (int d = 0; d < r->ndim; d++) fprintf(f, "%s%" PRId64, d ? "," : "", r->shape[d]);
+        fputs("]</td>", f);
+        if (r->counted) {
+            pct(f, r->zero, r->n, "zero");
+            pct(f, r->subnormal, r->n, "bad");
+            pct(f, r->nonfinite, r->n, "bad");
+        } else {
+            fputs("<td>-</td><td>-</td><td>-</td>", f);
+        }
+        fputs("</tr>\n", f);
+    }
+    fputs("</table>\n", f);
+}
+
 static void trace_section(FILE *f, const run_report *rp) {
     fputs("<h2 id=\"trace\">Autocast trace</h2>\n", f);
     if (!rp->nt) {
@@ -392,6 +437,7 @@ static void trace_section(FILE *f, const run_report *rp) {
         fputs("</tr>\n", f);
     }
     fputs("</table>\n", f);
+    backward_table(f, rp);
 }
 
 static void write_page(FILE *f, const run_report *rp) {

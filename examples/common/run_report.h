@@ -13,7 +13,9 @@
  *   Activations    the same for each top-level layer's output, from an extra forward of the
  *                  sampled batch in eval mode without gradients (BatchNorm's statistics and
  *                  the run's numbers are untouched);
- *   Autocast trace the first step's ops as a table (the --amp-trace observer's records);
+ *   Autocast trace the first step's ops as a table (the --amp-trace observer's records),
+ *                  then its backward rows (each node's incoming gradient: zero, subnormal and
+ *                  inf/NaN shares in its dtype);
  *   Final JSON     the --json line.
  * Its cost: the monitor reads loss and scale every step (a sync on CUDA, as --log); the samples
  * copy the tensors to the host on their steps only. Hooked into the loop by trainer_amp (its
@@ -40,7 +42,9 @@ bool run_report_sampling(const run_report *rp); /* this step is sampled */
  * tensors to the host. */
 void run_report_unsample(run_report *rp);
 /* The first step's trace into the table (and printed as --amp-trace prints when print): true
- * when it began (end it with run_report_trace_end), false when the caller traces itself. */
+ * when it began (end it with run_report_trace_end), false when the caller traces itself. The
+ * backward rows begin too; run_report_trace_end leaves them on for the step's backward
+ * (na_amp_trace_backward(false, NULL) ends them). */
 bool run_report_trace_begin(run_report *rp, na_amp_trace_mode mode, bool print);
 void run_report_trace_end(run_report *rp);
 /* A sampled step's activations: net's top-level layers on x as trainer_amp_loss feeds it. */

@@ -135,6 +135,8 @@ static int train_epoch(run_state *r, int64_t epoch, double *train_loss) {
             r->failed_alone = r->dist != NULL; /* only rank 0 logs */
             rc = 1;
         }
+        if (na_amp_trace_backward_on()) /* the first step's backward rows: its backward ran */
+            na_amp_trace_backward(false, NULL);
         images += n, step++;
         /* Reading the loss is a host round trip (a sync on CUDA): only at the first and the
          * last step and every 10th, for the display and to notice divergence. */

@@ -88,7 +88,9 @@ int trainer_check_ranks_agree(na_dist *d, const trainer_opts *o, const trainer_j
 int trainer_amp_record(trainer_amp *amp, const trainer_opts *o, int64_t at, na_tensor *loss,
                        const char *prefix);
 /* The step's forward and loss (trainer_amp_loss); with `trace` (--amp-trace, the first step)
- * printing the dtype of each op: the autocast regions' ops, or every op for o2/off (graph.c). */
+ * printing the dtype of each op: the autocast regions' ops, or every op for o2/off (graph.c),
+ * and turning on the backward rows (na_amp_trace_backward), which the caller turns off once
+ * the step's backward ran. */
 na_tensor *trainer_step_loss(const trainer_amp *amp, na_module *net, na_tensor *x, na_tensor *y,
                              double label_smoothing, bool trace);
 /* --cuda-graph in the loop (graph.c): the persistent batch and loss the graph reads and

@@ -419,8 +419,45 @@ int na_amp_dtype_range(na_dtype dt, int *min_subnormal_log2, int *min_normal_log
 int na_amp_hist_init(na_amp_hist *h, na_dtype dt);
 /* Counts n host floats. */
 int na_amp_hist_add(na_amp_hist *h, const float *x, int64_t n);
-/* Counts a float tensor's elements (f32, f16 or bf16, any device; copied to the host as f32). */
+/* Counts a float tensor's elements (f32, f16 or bf16, any device: its bits copied to the host
+ * and widened there, exactly; no op runs). */
 int na_amp_hist_add_tensor(na_amp_hist *h, const na_tensor *x);
+
+/* ==== the backward pass on the number line ===================================================
+ * The autocast trace's backward rows (the forward's: nanoamp/autocast.h). While on, each
+ * backward pass of this thread (na_backward, na_backward_retain) is traced: a line "backward",
+ * then a row per node in the order their backward functions run, with the gradient the node
+ * receives (of its op's output): its dtype, its shape and the shares of its elements that are
+ * exactly zero (-0 too), subnormal and inf/NaN in that dtype (na_amp_hist on the gradient's
+ * own line). Under f16 autocast the cast of the logits to f32 (inside cross_entropy) hands the
+ * last linear layer the logits' gradient rounded to f16: what dies there shows on its row.
+ *
+ *   amp: backward
+ *   amp: cast            grad f32   [64,10]          zero   0.00%  subnormal   0.00%  non-finite   0.00%
+ *   amp: linear          grad f16   [64,10]          zero   0.00%  subnormal   0.16%  non-finite   0.00%
+ *
+ * Each row copies its gradient to the host (a sync on CUDA): meant for one step (mnist-train
+ * --amp-trace traces the first), never for every step. A failed copy stops the backward with
+ * its error. */
+typedef struct {
+    const char *name; /* the op's (or custom function's); NULL: the pass begins ("backward") */
+    na_dtype dtype;   /* the gradient's */
+    na_device device;
+    int ndim;
+    int64_t shape[NA_MAX_DIMS];
+    int64_t n;                          /* its elements */
+    bool counted;                       /* f16, bf16 or f32: the counts below are set */
+    int64_t zero, subnormal, nonfinite; /* elements exactly 0, subnormal, inf or NaN */
+} na_amp_backward_record;
+typedef void (*na_amp_backward_trace_fn)(const na_amp_backward_record *r, void *ctx);
+
+/* Traces the backward passes of this thread to out (stderr when NULL) while on; off stops. */
+void na_amp_trace_backward(bool on, FILE *out);
+/* Sends each record to fn instead of printing (fn NULL: back to printing, to stderr). */
+void na_amp_trace_backward_callback(bool on, na_amp_backward_trace_fn fn, void *ctx);
+bool na_amp_trace_backward_on(void);
+/* The line the trace prints for r (without "amp: " and the newline). Returns buf. */
+const char *na_amp_trace_backward_format(const na_amp_backward_record *r, char *buf, size_t size);
 
 #ifdef __cplusplus
 }

@@ -6,9 +6,7 @@
 
 #include "common/half.h"
 #include "nanoamp/amp.h"
-#include "nanoamp/autograd.h"
 #include "nanoamp/error.h"
-#include "nanoamp/ops.h"
 
 int na_amp_dtype_range(na_dtype dt, int *min_subnormal_log2, int *min_normal_log2, double *max) {
     int sub, norm;
@@ -68,6 +66,26 @@ int na_amp_hist_add(na_amp_hist *h, const float *x, int64_t n) {
     return NA_OK;
 }
 
+/* x's values as host floats (malloc; NULL with the error set): its own bits copied (a sync on
+ * CUDA), widened here, exactly, as a cast would: no op runs, so nothing is traced or recorded
+ * and the backward pass can count its gradients in flight (src/amp/backward_trace.c). */
+static float *host_floats(const na_tensor *x) {
+    int64_t n = x->numel ? x->numel : 1;
+    float *f = malloc(sizeof(float) * (size_t)n);
+    uint16_t *h = x->dtype == NA_DTYPE_F32 ? NULL : malloc(sizeof(uint16_t) * (size_t)n);
+    int rc = !f || (x->dtype != NA_DTYPE_F32 && !h)
+                 ? na_set_error(NA_ENOMEM, "na_amp_hist_add_tensor: out of host memory")
+                 : na_copy_to_host(x, h ? (void *)h : (void *)f); /* settles a marked gradient */
+    for (int64_t i = 0; !rc && h && i < x->numel; i++)
+        f[i] = x->dtype == NA_DTYPE_F16 ? na_f16_bits_to_f32(h[i]) : na_bf16_bits_to_f32(h[i]);
+    free(h);
+    if (rc) {
+        free(f);
+        return NULL;
+    }
+    return f;
+}
+
 int na_amp_hist_add_tensor(na_amp_hist *h, const na_tensor *x) {
     if (!x) return na_set_error(NA_EINVAL, "na_amp_hist_add_tensor: NULL tensor");
     if (x->dtype != NA_DTYPE_F32 && x->dtype != NA_DTYPE_F16 && x->dtype != NA_DTYPE_BF16) {
@@ -75,15 +93,8 @@ int na_amp_hist_add_tensor(na_amp_hist *h, const na_tensor *x) {
         return na_set_error(NA_EDTYPE, "na_amp_hist_add_tensor: needs f32, f16 or bf16, got %s",
                             na_tensor_describe(x, d, sizeof d));
     }
-    /* a step tensor: freed at na_step_end, like every cast */
-    if (na_grad_settle()) return na_last_status(); /* a gradient zero_grad marked reads as 0 */
-    na_tensor *f = x->dtype == NA_DTYPE_F32 ? (na_tensor *)x
-                                            : na_cast((na_tensor *)x, NA_DTYPE_F32);
-    float *host = f ? malloc(sizeof(float) * (size_t)(f->numel ? f->numel : 1)) : NULL;
-    int rc = !f ? na_last_status()
-             : !host ? na_set_error(NA_ENOMEM, "na_amp_hist_add_tensor: out of host memory")
-                     : na_copy_to_host(f, host);
-    if (!rc) rc = na_amp_hist_add(h, host, f->numel);
+    float *host = host_floats(x);
+    int rc = host ? na_amp_hist_add(h, host, x->numel) : na_last_status();
     free(host);
     return rc;
 }

@@ -27,6 +27,7 @@ static _Thread_local int no_grad_depth;
 static _Thread_local bool in_backward;
 static unsigned visit_epoch;
 static na_graph_observer observer;
+static na_graph_backward_observer backward_observer;
 
 void na_no_grad_begin(void) { no_grad_depth++; }
 void na_no_grad_end(void) {
@@ -38,6 +39,12 @@ bool na_graph_in_backward(void) { return in_backward; }
 na_graph_observer na_graph_set_observer(na_graph_observer fn) {
     na_graph_observer old = observer;
     observer = fn;
+    return old;
+}
+
+na_graph_backward_observer na_graph_set_backward_observer(na_graph_backward_observer fn) {
+    na_graph_backward_observer old = backward_observer;
+    backward_observer = fn;
     return old;
 }
 
@@ -475,6 +482,10 @@ static int backward(na_tensor *root, na_tensor *grad, bool retain) {
                             na_tensor_describe(root, s2, sizeof s2));
     }
     pass p = {.mark = na_arena_host_mark(), .free_saved = !retain};
+    if (backward_observer) {
+        int rc = backward_observer(NULL, NULL);
+        if (rc) return na_set_error(rc, "%s: the backward observer: %s", fn, na_last_error());
+    }
     if (!root->grad_fn) {
         int rc = accumulate(&p, root, grad);
         if (!rc) rc = na_zero_settle_all();
@@ -504,6 +515,11 @@ static int backward(na_tensor *root, na_tensor *grad, bool retain) {
         }
         na_tensor *gin[NA_NODE_MAX_INPUTS] = {0};
         if ((rc = check_not_used(fn, n)) || (rc = check_versions(fn, n))) break;
+        if (backward_observer && (rc = backward_observer(n->op, gout))) {
+            na_set_error(rc, "%s: the backward observer at %s: %s", fn, n->op->name,
+                         na_last_error());
+            break;
+        }
         offer_grad_into(n);
         rc = n->op->backward(n, gout, gin);
         for (int k = 0; k < n->n_inputs; k++) {

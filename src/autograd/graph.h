@@ -77,6 +77,14 @@ typedef void (*na_graph_observer)(const na_graph_op *op, const na_tensor *out, i
                                   na_tensor *const *inputs);
 na_graph_observer na_graph_set_observer(na_graph_observer fn);
 
+/* Whoever watches the backward pass (the amp trace's backward rows, src/amp/backward_trace.c)
+ * registers a backward observer: na_backward calls fn(NULL, NULL) as a pass begins, then
+ * fn(op, gout) for each node that receives a gradient, in the order the nodes run, just before
+ * its backward (gout: the gradient of the node's output). A non-zero return stops the
+ * backward with that status. One per process (fn NULL: none); returns the one it replaces. */
+typedef int (*na_graph_backward_observer)(const na_graph_op *op, const na_tensor *gout);
+na_graph_backward_observer na_graph_set_backward_observer(na_graph_backward_observer fn);
+
 /* Whoever acts on gradients while backward still runs (the DDP wrapper starts a bucket's
  * all-reduce) registers a leaf hook: na_backward calls fn(leaf, ctx) once per leaf that
  * requires grad, as soon as its .grad is final for this backward (every node that consumes it
