@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # --report FILE.html on both trainers: a tiny training writes a well-formed, self-contained page
 # (python3's html.parser: tags balanced; no http(s) address, no script or stylesheet fetched)
-# with every section; --amp-trace prints the same lines with and without --report; an
-# unwritable path is refused before training (exit 1, one line naming the path and the
-# reason), and a page that cannot be written mid-run stops the run with a message. Where
+# with every section (the trace with its backward rows); --amp-trace prints the same lines with
+# and without --report; an unwritable path is refused before training (exit 1, one line naming
+# the path and the reason), and a page that cannot be written mid-run stops the run with a message. Where
 # Debian's chromium is installed, it also opens the page headless and screenshots it.
 # usage: trainer_html_report.sh MNIST_TRAIN CIFAR_TRAIN
 set -uo pipefail
@@ -12,7 +12,8 @@ mnist="$1" cifar="$2"
 
 # page FILE DTYPE STATUS EXPR...: FILE parses with every tag closed in order, names no http(s)
 # address and loads nothing, has every section, its histograms on DTYPE's line, and each
-# Python expression EXPR holds for it (s: the text, trace: the trace table's rows as lists).
+# Python expression EXPR holds for it (s: the text, trace: the trace table's rows as lists,
+# back: the backward table's).
 page() {
     python3 - "$@" <<'EOF'
 import html.parser, re, sys
@@ -45,6 +46,8 @@ if f"Status: <b>{status}" not in s: sys.exit(f"{path}: status is not {status!r}"
 if f"rounds to 0 in {dtype}</th>" not in s: sys.exit(f"{path}: the histograms are not on the {dtype} line")
 i = next(k for k, r in enumerate(p.rows) if r[:2] == ["op", "input dtypes"])
 trace = [r for r in p.rows[i + 1:] if len(r) == 6]
+j = next((k for k, r in enumerate(p.rows) if r == ["op", "gradient", "zero", "subnormal", "inf/NaN"]), None)
+back = [r for r in p.rows[j + 1:] if len(r) == 5] if j is not None else []
 for e in exprs:
     if not eval(e): sys.exit(f"{path}: does not hold: {e}")
 EOF
@@ -56,6 +59,8 @@ check "mnist fp16" run 0 "$mnist" "${real[@]}" --epochs 2 --amp fp16 --quiet --r
 check "  page" page "$tmp/r.html" f16 complete \
     "'Sampled steps: 1 5 ' in s" "s.count('<svg') == 1 + 2 * (4 + 4)" \
     "['linear', 'f32,f32,f32', 'lower', 'f16', 'f16', 'f32'] in trace" \
+    "[r[:2] for r in back][:4] == [['mul', 'f32 []'], ['cross_entropy', 'f32 []'], ['cast', 'f32 [64,10]'], ['linear', 'f16 [64,10]']]" \
+    "all(re.fullmatch(r'\d+\.\d\d%', c) for r in back for c in r[2:])" \
     "'1.weight (x 65536)' in s" "'&quot;' not in s and '\"amp\": \"fp16\"' in s"
 check "  mode" test "$(stat -c %a "$tmp/r.html")" = "$(umask -S >/dev/null; printf '%o' $((0666 & ~$(umask))))"
 check "  no temporary file left" test -z "$(ls "$tmp" | grep '^r\.html\.')"
@@ -69,12 +74,14 @@ check "  page" page "$tmp/o2.html" f16 complete "any(r[0] == 'linear' and r[3] =
 # --- 3. cifar-train
 check "cifar bf16" run 0 "$cifar" --synthetic 64 --limit 64 --test-limit 32 --batch 32 --epochs 1 \
     --amp bf16 --quiet --report "$tmp/c.html"
-check "  page" page "$tmp/c.html" bf16 complete "any(r[0] == 'conv2d' and r[3] == 'bf16' for r in trace)"
+check "  page" page "$tmp/c.html" bf16 complete "any(r[0] == 'conv2d' and r[3] == 'bf16' for r in trace)" \
+    "any(r[1].startswith('bf16 [32,') for r in back)"
 # --- 4. --amp-trace prints the same with --report (the report's observer prints it)
 run 0 "$mnist" "${real[@]}" --epochs 1 --amp fp16 --quiet --amp-trace; grep '^amp: ' "$tmp/err" >"$tmp/trace"
 check "amp-trace with --report" run 0 "$mnist" "${real[@]}" --epochs 1 --amp fp16 --quiet --amp-trace --report "$tmp/t.html"
 check "  same lines" cmp -s <(grep '^amp: ' "$tmp/err") "$tmp/trace"
 check "  not empty" grep -q '^amp: linear' "$tmp/trace"
+check "  with the backward rows" grep -Eq '^amp: linear +grad f16 +\[64,10\] +zero' "$tmp/trace"
 
 # --- 5. refused before training: a directory that does not exist, a directory
 check "report in a missing directory" run 1 "$mnist" "${real[@]}" --report "$tmp/nope/r.html"
