@@ -3,8 +3,9 @@
 # (python3's html.parser: tags balanced; no http(s) address, no script or stylesheet fetched)
 # with every section (the trace with its backward rows); --amp-trace prints the same lines with
 # and without --report; an unwritable path is refused before training (exit 1, one line naming
-# the path and the reason), and a page that cannot be written mid-run stops the run with a message. Where
-# Debian's chromium is installed, it also opens the page headless and screenshots it.
+# the path and the reason), and a page that cannot be written mid-run stops the run with a
+# message. Where Debian's chromium is installed, it also opens the page headless and
+# screenshots it.
 # usage: trainer_html_report.sh MNIST_TRAIN CIFAR_TRAIN
 set -uo pipefail
 mnist="$1" cifar="$2"
