@@ -90,7 +90,8 @@ static const struct {
      "skipped); with o2: Apex's static LossScaler (never skips)"},
     {O_GROWTH_INTERVAL, "--growth-interval", "N",
      "fp16/o2 dynamic scaling: clean steps before the scale doubles"},
-    {O_AMP_TRACE, "--amp-trace", NULL, "print the dtype every op ran in (first step)"},
+    {O_AMP_TRACE, "--amp-trace", NULL, "print the dtype every op ran in, then each backward op's gradient: its shares that are "
+     "zero, subnormal, inf/NaN (first step)"},
     {O_LOG, "--log", "FILE.csv", "per-step loss, scale, skipped"},
     {O_REPORT, "--report", "FILE.html",
      "one self-contained HTML page of the run, rewritten after every epoch: loss, loss scale, "
