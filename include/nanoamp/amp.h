@@ -436,7 +436,8 @@ int na_amp_hist_add_tensor(na_amp_hist *h, const na_tensor *x);
  *   amp: cast            grad f32   [64,10]          zero   0.00%  subnormal   0.00%  non-finite   0.00%
  *   amp: linear          grad f16   [64,10]          zero   0.00%  subnormal   0.16%  non-finite   0.00%
  *
- * Each row copies its gradient to the host (a sync on CUDA): meant for one step (mnist-train
+ * A leaf's own gradient (a parameter's .grad) is no row: count it with na_amp_hist. Each row
+ * copies its gradient to the host (a sync on CUDA): meant for one step (mnist-train
  * --amp-trace traces the first), never for every step. A failed copy stops the backward with
  * its error. */
 typedef struct {

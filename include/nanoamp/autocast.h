@@ -84,7 +84,8 @@ uint64_t na_autocast_cache_casts(void);
  * runs as called; the ops its forward calls are indented under it.
  *
  * NANOAMP_AMP_TRACE=1 in the environment traces autocast regions to stderr from the start,
- * NANOAMP_AMP_TRACE=all every op. */
+ * NANOAMP_AMP_TRACE=all every op. The backward pass has rows of its own, each gradient's
+ * zero, subnormal and inf/NaN shares: na_amp_trace_backward (nanoamp/amp.h). */
 typedef enum {
     NA_AMP_TRACE_OFF,
     NA_AMP_TRACE_REGIONS, /* ops run while an autocast region (enabled or disabled) is open */
