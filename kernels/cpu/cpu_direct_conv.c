@@ -53,7 +53,6 @@
 #endif
 
 bool na_cpu_conv_force_gemm = false;
-bool na_cpu_direct_conv_force_regions = false;
 
 enum { DC_MR = 8, DC_LANES = 16, DC_NT = 3, DC_CHUNK = DC_LANES * DC_NT };
 enum { NA_CPU_DIRECT_ROW_TASKS = 8 }; /* most tasks of a weight gradient split by rows */
@@ -101,7 +100,7 @@ static int64_t panel_rows(const dc_shape *s, bool bf) {
 
 #ifdef NA_DC_X86
 
-/* ---- tiles and packing ---------------------------------------------------------------------- */
+/* ---- packing ------------------------------------------------------------------------------ */
 
 /* Asks for the bytes at p in L2 ahead of their packing: an image's planes come from L3 or
  * memory, and the packer's masked loads stalled on them. */
@@ -109,102 +108,59 @@ static void prefetch_l2(const void *p, int64_t bytes) {
     for (int64_t i = 0; i < bytes; i += 64) __builtin_prefetch((const char *)p + i, 0, 2);
 }
 
-/* The output pixels of one 16-lane tile, as runs along output rows (a tile may span rows and
- * images): lanes [a[q], b[q]) of run q are the pixels (oy[q], ox[q] + l - a[q]) of the image
- * whose planes start xo[q] elements into x; lane l's output is element yo[q] + l of y. Lanes
- * in no run are computed from zeros and not stored. */
-typedef struct {
-    int n;
-    int64_t xo[DC_LANES], yo[DC_LANES];
-    int32_t oy[DC_LANES], ox[DC_LANES];
-    int8_t a[DC_LANES], b[DC_LANES];
-} dc_tile;
-
-/* Addressed lanes: lane l of run q is element off[q] + l where bit l of m[q] is set. */
+/* The input runs of one tile for one tap: lane l reads x[off[s] + l] where bit l of m[s] is
+ * set (a 16-lane tile touches at most 16 output rows). */
 typedef struct {
     int n;
     int64_t off[DC_LANES];
     __mmask16 m[DC_LANES];
 } dc_runs;
 
-/* Kernel rows [ka, kb) and columns [ja, jb): the taps a tile computes. A tap outside them
- * reads only padding for every lane of the tile; one inside may still for some lanes (the
- * packer zeroes those). */
-typedef struct {
-    int ka, kb, ja, jb;
-} dc_taps;
-
-static __mmask16 lane_mask(int64_t a, int64_t b) {
-    return (__mmask16)(((1u << b) - 1) & ~((1u << a) - 1));
-}
-
-/* appends to t the run of len pixels from (oy, ox) at lane `lane`, of the image at xo (x) and
- * yo (y, its first plane) */
-static void tile_add(const dc_shape *s, dc_tile *t, int64_t lane, int64_t len, int64_t oy,
-                     int64_t ox, int64_t xo, int64_t yo) {
-    int q = t->n++;
-    t->xo[q] = xo, t->yo[q] = yo + oy * s->OW + ox - lane;
-    t->oy[q] = (int32_t)oy, t->ox[q] = (int32_t)ox;
-    t->a[q] = (int8_t)lane, t->b[q] = (int8_t)(lane + len);
-}
-
-/* the pixels [pt, pt + 16) of one image, those below OH*OW */
-static void tile_span(const dc_shape *s, int64_t pt, dc_tile *t) {
+static void tile_runs(const dc_shape *s, int64_t pt, int ki, int kj, dc_runs *r) {
     int64_t P = s->OH * s->OW, last = pt + DC_LANES < P ? pt + DC_LANES : P;
-    t->n = 0;
-    for (int64_t p = pt; p < last;) {
-        int64_t oy = p / s->OW, ox = p % s->OW;
-        int64_t len = s->OW - ox < last - p ? s->OW - ox : last - p;
-        tile_add(s, t, p - pt, len, oy, ox, 0, 0);
-        p += len;
-    }
-}
-
-/* The input runs of tile t under tap (ki, kj): the lanes whose input pixel is in the plane. */
-static void tile_runs(const dc_shape *s, const dc_tile *t, int ki, int kj, dc_runs *r) {
     r->n = 0;
-    for (int q = 0; q < t->n; q++) {
-        int64_t iy = (int64_t)t->oy[q] * s->sh - s->ph + (int64_t)ki * s->dh;
+    for (int64_t oy = pt / s->OW; oy * s->OW < last; oy++) {
+        int64_t iy = oy * s->sh - s->ph + (int64_t)ki * s->dh;
         if (iy < 0 || iy >= s->H) continue;
-        int64_t xa = t->a[q] + s->pw - kj - t->ox[q]; /* the lane of input column 0 */
-        int64_t a = t->a[q] > xa ? t->a[q] : xa, b = t->b[q] < xa + s->W ? t->b[q] : xa + s->W;
+        int64_t row0 = oy * s->OW - pt;             /* lane of this row's ox = 0 */
+        int64_t a = row0 > 0 ? row0 : 0;            /* lanes of this output row */
+        int64_t b = row0 + s->OW < last - pt ? row0 + s->OW : last - pt;
+        int64_t xa = row0 + s->pw - kj, xb = xa + s->W; /* lanes whose ix is in [0, W) */
+        if (xa > a) a = xa;
+        if (xb < b) b = xb;
         if (a >= b) continue;
-        r->off[r->n] = t->xo[q] + iy * s->W - xa; /* lane l reads column l - xa */
-        r->m[r->n] = lane_mask(a, b);
+        r->off[r->n] = iy * s->W - xa;              /* lane l reads row iy, column l - xa */
+        r->m[r->n] = (__mmask16)(((1u << b) - 1) & ~((1u << a) - 1));
         r->n++;
     }
 }
 
-/* dst[((ci - c0)*cs + tap*ts)*ld + l] = the input under tap = ki*KW + kj of lane l of tile tl,
- * for the channels [c0, c1) of the planes at x and the taps tr: zero outside the input and in
- * lanes of no pixel. The forward's panel is tap-major (cs 1, ts c1 - c0: a kernel row's taps
- * are then one run of rows), the weight gradient's columns channel-major (cs taps, ts 1: gW's
- * order). */
-NA_AVX512 static void pack_tile(const dc_shape *s, const float *x, const dc_tile *tl,
-                                const dc_taps *tr, int64_t c0, int64_t c1, int64_t cs,
-                                int64_t ts, float *restrict dst, int64_t ld) {
-    const int64_t HW = s->H * s->W;
+/* dst[k*ld + l] = the input under tap k = (ci - c0, ki, kj) of output pixel pt + l, for the
+ * channels [c0, c1) of the planes at x: zero outside the input and past the last pixel */
+NA_AVX512 static void pack_tile(const dc_shape *s, const float *x, int64_t pt, int64_t c0,
+                                int64_t c1, float *restrict dst, int64_t ld) {
+    const int64_t HW = s->H * s->W, taps = (int64_t)s->KH * s->KW;
     dc_runs runs;
-    for (int ki = tr->ka; ki < tr->kb; ki++)
-        for (int kj = tr->ja; kj < tr->jb; kj++) {
-            tile_runs(s, tl, ki, kj, &runs);
-            float *d = dst + (ki * s->KW + kj) * ts * ld;
+    for (int ki = 0; ki < s->KH; ki++)
+        for (int kj = 0; kj < s->KW; kj++) {
+            tile_runs(s, pt, ki, kj, &runs);
+            float *d = dst + (ki * s->KW + kj) * ld;
             /* masked-off lanes are neither read nor faulted: the address may lie outside the
-             * plane, so it is formed as an integer. A tile within two runs (the usual case on
-             * a large map) takes the loop with its runs in registers. */
+             * plane, so it is formed as an integer. A tile within two output rows (the usual
+             * case) takes the loop with its runs in registers. */
             uintptr_t plane = (uintptr_t)(x + c0 * HW), step = (uintptr_t)HW * sizeof(float);
             if (runs.n <= 2) {
                 __mmask16 m0 = runs.n > 0 ? runs.m[0] : 0, m1 = runs.n > 1 ? runs.m[1] : 0;
                 uintptr_t o0 = (uintptr_t)(runs.n > 0 ? runs.off[0] : 0) * sizeof(float);
                 uintptr_t o1 = (uintptr_t)(runs.n > 1 ? runs.off[1] : 0) * sizeof(float);
-                for (int64_t ci = c0; ci < c1; ci++, d += cs * ld, plane += step) {
+                for (int64_t ci = c0; ci < c1; ci++, d += taps * ld, plane += step) {
                     __m512 v = _mm512_maskz_loadu_ps(m0, (const void *)(plane + o0));
                     v = _mm512_mask_loadu_ps(v, m1, (const void *)(plane + o1));
                     _mm512_storeu_ps(d, v);
                 }
                 continue;
             }
-            for (int64_t ci = c0; ci < c1; ci++, d += cs * ld, plane += step) {
+            for (int64_t ci = c0; ci < c1; ci++, d += taps * ld, plane += step) {
                 __m512 v = _mm512_setzero_ps();
                 for (int q = 0; q < runs.n; q++)
                     v = _mm512_mask_loadu_ps(
@@ -228,18 +184,17 @@ NA_BF16 static inline __m256i runs_load_bf16(const dc_runs *r, uintptr_t plane) 
 
 /* bf16 planes, for the forward and the data gradient: dst[(tap*np + p)*ld + l] (32 bits) =
  * the pair (channel c0+2p in the low half, c0+2p+1 in the high half) under tap = (ki, kj) of
- * lane l of tile tl, for the taps tr, np = ceil((c1 - c0)/2); zero outside the input, in lanes
- * of no pixel and past c1 (an odd count's last pair). Pairs along channels, not taps: the
- * runs of a tap serve both loads of a pair, and 9 taps would split a pair across channels. */
-NA_BF16 static void pack_tile_pairs(const dc_shape *s, const uint16_t *x, const dc_tile *tl,
-                                    const dc_taps *tr, int64_t c0, int64_t c1,
-                                    uint32_t *restrict dst, int64_t ld) {
+ * output pixel pt + l, np = ceil((c1 - c0)/2); zero outside the input, past the last pixel
+ * and past c1 (an odd count's last pair). Pairs along channels, not taps: the runs of a tap
+ * serve both loads of a pair, and 9 taps would split a pair across channels. */
+NA_BF16 static void pack_tile_pairs(const dc_shape *s, const uint16_t *x, int64_t pt, int64_t c0,
+                                    int64_t c1, uint32_t *restrict dst, int64_t ld) {
     const int64_t HW = s->H * s->W, np = (c1 - c0 + 1) / 2;
     const uintptr_t step = (uintptr_t)HW * sizeof(uint16_t);
     dc_runs runs;
-    for (int ki = tr->ka; ki < tr->kb; ki++)
-        for (int kj = tr->ja; kj < tr->jb; kj++) {
-            tile_runs(s, tl, ki, kj, &runs);
+    for (int ki = 0; ki < s->KH; ki++)
+        for (int kj = 0; kj < s->KW; kj++) {
+            tile_runs(s, pt, ki, kj, &runs);
             uint32_t *d = dst + (ki * s->KW + kj) * np * ld;
             uintptr_t plane = (uintptr_t)(x + c0 * HW);
             for (int64_t p = 0; p < np; p++, d += ld, plane += 2 * step) {
@@ -253,16 +208,16 @@ NA_BF16 static void pack_tile_pairs(const dc_shape *s, const uint16_t *x, const 
         }
 }
 
-/* bf16 planes, for the weight gradient: pack_tile's channel-major layout with bf16 elements
- * (16 lanes per row and tap; the product pairs consecutive pixels), every tap */
-NA_BF16 static void pack_tile_bf16(const dc_shape *s, const uint16_t *x, const dc_tile *tl,
-                                   int64_t c0, int64_t c1, uint16_t *restrict dst, int64_t ld) {
+/* bf16 planes, for the weight gradient: pack_tile's layout with bf16 elements (16 lanes per
+ * row and tap; the product pairs consecutive pixels) */
+NA_BF16 static void pack_tile_bf16(const dc_shape *s, const uint16_t *x, int64_t pt, int64_t c0,
+                                   int64_t c1, uint16_t *restrict dst, int64_t ld) {
     const int64_t HW = s->H * s->W, taps = (int64_t)s->KH * s->KW;
     const uintptr_t step = (uintptr_t)HW * sizeof(uint16_t);
     dc_runs runs;
     for (int ki = 0; ki < s->KH; ki++)
         for (int kj = 0; kj < s->KW; kj++) {
-            tile_runs(s, tl, ki, kj, &runs);
+            tile_runs(s, pt, ki, kj, &runs);
             uint16_t *d = dst + (ki * s->KW + kj) * ld;
             uintptr_t plane = (uintptr_t)(x + c0 * HW);
             for (int64_t ci = c0; ci < c1; ci++, d += taps * ld, plane += step)
@@ -271,50 +226,38 @@ NA_BF16 static void pack_tile_bf16(const dc_shape *s, const uint16_t *x, const d
 }
 
 /* ---- the register tile ---------------------------------------------------------------------
- * rows (<= 8) output channels x NT tiles: y[i*P + out[t]'s lanes] (+)= bias[i] + w . panel over
- * the panel rows of the nseg segments [seg[2g], seg[2g+1]) (the taps the tiles compute; the
- * others hold only padding). wp: the block's packed weights [K][8] (rows past `rows` are zero).
- * Starts from the stored partial sums when `partial` (a later K block), else from the bias. */
-NA_AVX512 static inline __m512 out_load(const dc_runs *r, const float *y) {
-    __m512 v = _mm512_setzero_ps();
-    for (int q = 0; q < r->n; q++)
-        v = _mm512_mask_loadu_ps(
-            v, r->m[q], (const void *)((uintptr_t)y + (uintptr_t)r->off[q] * sizeof(float)));
-    return v;
-}
-
-NA_AVX512 static inline void out_store(const dc_runs *r, float *y, __m512 v) {
-    for (int q = 0; q < r->n; q++)
-        _mm512_mask_storeu_ps((void *)((uintptr_t)y + (uintptr_t)r->off[q] * sizeof(float)),
-                              r->m[q], v);
-}
-
+ * rows (<= 8) output channels x NT tiles: out[t][i*P + l] (+)= bias[i] + w . panel, lanes
+ * l < valid[t]. wp: the block's packed weights [K][8] (rows past `rows` are zero). Starts from
+ * the stored partial sums when `partial` (a later K block), else from the bias. */
 #define NA_DC_DEFINE_TILE(NAME, NT, TARGET, E, VT, VLOAD, BCAST, MAC)                     \
-    TARGET static void NAME(const int64_t *seg, int nseg, const void *wpv,                 \
-                            const void *panelv, const float *bias, int rows,               \
-                            const dc_runs *out, float *y, int64_t P, bool partial) {       \
+    TARGET static void NAME(int64_t K, const void *wpv, const void *panelv, const float *bias, \
+                            int rows, float *const *out, const int *valid, int64_t P,       \
+                            bool partial) {                                                 \
         const E *restrict wp = wpv, *restrict panel = panelv;                               \
         __m512 acc[DC_MR][NT];                                                              \
+        __mmask16 m[NT];                                                                    \
+        _Pragma("GCC unroll 3") for (int t = 0; t < NT; t++)                                \
+            m[t] = (__mmask16)((1u << valid[t]) - 1);                                       \
         _Pragma("GCC unroll 8") for (int i = 0; i < DC_MR; i++) {                           \
             __m512 b0 = _mm512_set1_ps(bias && i < rows ? bias[i] : 0.0f);                  \
             _Pragma("GCC unroll 3") for (int t = 0; t < NT; t++)                            \
-                acc[i][t] = partial && i < rows ? out_load(&out[t], y + i * P) : b0;        \
+                acc[i][t] = partial && i < rows ? _mm512_maskz_loadu_ps(m[t], out[t] + i * P) \
+                                                : b0;                                       \
         }                                                                                   \
-        for (int g = 0; g < nseg; g++)                                                      \
-            for (int64_t k = seg[2 * g]; k < seg[2 * g + 1]; k++) {                         \
-                VT v[NT];                                                                   \
+        for (int64_t k = 0; k < K; k++) {                                                   \
+            VT v[NT];                                                                       \
+            _Pragma("GCC unroll 3") for (int t = 0; t < NT; t++)                            \
+                v[t] = VLOAD(panel + k * DC_CHUNK + t * DC_LANES);                          \
+            _Pragma("GCC unroll 8") for (int i = 0; i < DC_MR; i++) {                       \
+                VT wv = BCAST(wp[k * DC_MR + i]);                                           \
                 _Pragma("GCC unroll 3") for (int t = 0; t < NT; t++)                        \
-                    v[t] = VLOAD(panel + k * DC_CHUNK + t * DC_LANES);                      \
-                _Pragma("GCC unroll 8") for (int i = 0; i < DC_MR; i++) {                   \
-                    VT wv = BCAST(wp[k * DC_MR + i]);                                       \
-                    _Pragma("GCC unroll 3") for (int t = 0; t < NT; t++)                    \
-                        acc[i][t] = MAC(acc[i][t], wv, v[t]);                               \
-                }                                                                           \
+                    acc[i][t] = MAC(acc[i][t], wv, v[t]);                                   \
             }                                                                               \
+        }                                                                                   \
         _Pragma("GCC unroll 8") for (int i = 0; i < DC_MR; i++) {                           \
             if (i >= rows) break;                                                           \
             _Pragma("GCC unroll 3") for (int t = 0; t < NT; t++)                            \
-                out_store(&out[t], y + i * P, acc[i][t]);                                   \
+                _mm512_mask_storeu_ps(out[t] + i * P, m[t], acc[i][t]);                     \
         }                                                                                   \
     }
 /* acc += w * v: one f32 FMA per lane, or (bf16) the lane's pair of products, in f32 */
@@ -332,210 +275,60 @@ NA_DC_TILES(2)
 NA_DC_TILES(3)
 
 /* [bf16][tiles] of a chunk: the f32 tile reads K rows of floats, the bf16 tile K pairs */
-typedef void dc_tile_fn(const int64_t *, int, const void *, const void *, const float *, int,
-                        const dc_runs *, float *, int64_t, bool);
+typedef void dc_tile_fn(int64_t, const void *, const void *, const float *, int, float *const *,
+                        const int *, int64_t, bool);
 static dc_tile_fn *const dc_tiles[2][DC_NT + 1] = {{NULL, tile1, tile2, tile3},
                                                   {NULL, tile_bf16_1, tile_bf16_2, tile_bf16_3}};
 
-/* ---- regions of equal taps -----------------------------------------------------------------
- * Near the border some taps of a 3x3 kernel read only the zero padding: on a 4x4 map 31% of
- * the products, on 8x8 16%. The output is cut into regions whose pixels have the same taps in
- * the input (rows by the kernel rows they reach, and within them columns by kernel columns),
- * each region's pixels are tiled across the images of the pass, and a tile computes only its
- * region's taps. Small regions fill tiles only across many images, so the cut is taken only
- * where it saves tile-taps, and each task's images are one pass where x and y are f32. */
-enum { DC_MAX_SEGS = 16, DC_MAX_REGIONS = DC_MAX_SEGS * (DC_MAX_SEGS + 1) };
-
-/* Output rows [r0, r1), columns [q0, q1), whose pixels have the taps tr in the input */
-typedef struct {
-    int64_t r0, r1, q0, q1;
-    dc_taps tr;
-} dc_region;
-
-/* The outputs [0, out) of a kernel of k taps (stride, padding, dilation) over an input of
- * `in`, in runs o0[i] .. o0[i+1] with the same taps [lo[i], hi[i]) in the input (lo = hi = 0:
- * none); the count, or 0 past DC_MAX_SEGS runs. */
-static int tap_segments(int64_t out, int64_t in, int k, int stride, int pad, int dil,
-                        int64_t *o0, int *lo, int *hi) {
-    int n = 0;
-    for (int64_t o = 0; o < out; o++) {
-        int a = k, b = 0;
-        for (int t = 0; t < k; t++) {
-            int64_t i = o * stride - pad + (int64_t)t * dil;
-            if (i >= 0 && i < in) a = a < t ? a : t, b = t + 1;
-        }
-        if (a >= b) a = b = 0;
-        if (n > 0 && lo[n - 1] == a && hi[n - 1] == b) continue;
-        if (n == DC_MAX_SEGS) return 0;
-        o0[n] = o, lo[n] = a, hi[n] = b, n++;
-    }
-    o0[n] = out;
-    return n;
-}
-
-/* pixels at tiles x taps: the work of a region */
-static int64_t tile_taps(int64_t pixels, int64_t taps) {
-    return (pixels + DC_LANES - 1) / DC_LANES * taps;
-}
-
-/* The regions of the output of nb images, in reg (DC_MAX_REGIONS): rows cut by the kernel rows
- * they reach, and a row run's columns likewise where that saves tile-taps and the output has
- * the channels (32) that pay for the packer's shorter runs; one region of every tap where the
- * cut saves nothing. Returns the count. */
-static int dc_regions(const dc_shape *s, int64_t nb, dc_region *reg) {
-    int64_t ro[DC_MAX_SEGS + 1], co[DC_MAX_SEGS + 1], whole = tile_taps(nb * s->OH * s->OW,
-                                                                          s->KH * s->KW);
-    int rlo[DC_MAX_SEGS], rhi[DC_MAX_SEGS], clo[DC_MAX_SEGS], chi[DC_MAX_SEGS];
-    int nr = tap_segments(s->OH, s->H, s->KH, s->sh, s->ph, s->dh, ro, rlo, rhi);
-    int nc = s->cout >= 32 || na_cpu_direct_conv_force_regions ? tap_segments(s->OW, s->W, s->KW, 1, s->pw, 1, co, clo, chi) : 0;
-    int n = 0;
-    int64_t cut = 0;
-    for (int r = 0; r < nr; r++) {
-        int64_t rows = ro[r + 1] - ro[r], kr = rhi[r] - rlo[r], split = 0;
-        for (int c = 0; c < nc; c++)
-            split += tile_taps(nb * rows * (co[c + 1] - co[c]), kr * (chi[c] - clo[c]));
-        int64_t plain = tile_taps(nb * rows * s->OW, kr * s->KW);
-        if (nc > 1 && (split < plain || na_cpu_direct_conv_force_regions)) {
-            for (int c = 0; c < nc; c++)
-                reg[n++] = (dc_region){ro[r], ro[r + 1], co[c], co[c + 1],
-                                       {rlo[r], rhi[r], clo[c], chi[c]}};
-            cut += split;
-        } else {
-            reg[n++] = (dc_region){ro[r], ro[r + 1], 0, s->OW, {rlo[r], rhi[r], 0, s->KW}};
-            cut += plain;
-        }
-    }
-    if (nr == 0 || (cut >= whole && !na_cpu_direct_conv_force_regions)) {
-        reg[0] = (dc_region){0, s->OH, 0, s->OW, {0, s->KH, 0, s->KW}};
-        return 1;
-    }
-    return n;
-}
-
-/* The pixels of nb images in region order, each region's pixels image by image: region r's
- * at [at[r], at[r+1]) of the sequence. */
-typedef struct {
-    const dc_region *reg;
-    int64_t at[DC_MAX_REGIONS + 1];
-    int n;
-} dc_order;
-
-/* the region of sequence pixel i, searched from region r on */
-static int order_region(const dc_order *o, int64_t i, int r) {
-    while (o->at[r + 1] <= i) r++;
-    return r;
-}
-
-/* tile t = the sequence pixels [i, i + 16) (those in it), image b's planes at b*x_img
- * elements of x and b*y_img of y; r: the region of pixel i */
-static void order_tile(const dc_shape *s, const dc_order *o, int r, int64_t i, int64_t x_img,
-                       int64_t y_img, dc_tile *t) {
-    int64_t end = o->at[o->n], last = i + DC_LANES < end ? i + DC_LANES : end;
-    t->n = 0;
-    for (int64_t p = i; p < last;) {
-        r = order_region(o, p, r);
-        const dc_region *R = &o->reg[r];
-        int64_t w = R->q1 - R->q0, per = (R->r1 - R->r0) * w, j = p - o->at[r];
-        int64_t b = j / per, oy = R->r0 + j % per / w, ox = R->q0 + j % per % w;
-        int64_t len = R->q1 - ox < last - p ? R->q1 - ox : last - p;
-        tile_add(s, t, p - i, len, oy, ox, b * x_img, b * y_img);
-        p += len;
-    }
-}
-
-/* asks for the input rows region R reads of the image with planes at x (esz bytes an element) */
-static void prefetch_region(const dc_shape *s, const dc_region *R, const char *x, int64_t esz) {
-    if (R->tr.ka >= R->tr.kb) return;
-    int64_t lo = R->r0 * s->sh - s->ph + (int64_t)R->tr.ka * s->dh;
-    int64_t hi = (R->r1 - 1) * s->sh - s->ph + (int64_t)(R->tr.kb - 1) * s->dh + 1;
-    lo = lo < 0 ? 0 : lo, hi = hi > s->H ? s->H : hi;
-    for (int64_t c = 0; c < s->cin && lo < hi; c++)
-        prefetch_l2(x + (c * s->H * s->W + lo * s->W) * esz, (hi - lo) * s->W * esz);
-}
-
-/* The convolution of nb images of one group: image
- * b's input planes at x + b*x_img elements (f32, or bf16 with `bf`), its output planes at
- * y + b*y_img. The pixels in region order (dc_order), in chunks of three tiles; a chunk
- * computes the taps of the regions it holds (a chunk across a region boundary the bounding
- * range of both, the packer zeroing each lane's others); per K block of input channels the
- * panel's rows of those taps packed and multiplied. wp packed for the group (floats, or bf16
- * pairs), tap-major within each K block. */
+/* the convolution of nb images of one group: image b's input planes at x + b*x_img elements
+ * (f32, or bf16 with `bf`), its output planes at y + b*y_img. The images' 16-pixel tiles are
+ * taken three at a time, across image boundaries, so small images fill whole panels. wp packed
+ * for the group (floats, or bf16 pairs). */
 NA_AVX512 static void conv_images(const dc_shape *s, bool bf, int64_t nb, const void *x,
                                   int64_t x_img, const void *wp, const float *bias, float *y,
                                   int64_t y_img, void *panel) {
-    const int64_t P = s->OH * s->OW, bc = block_channels(s, bf);
+    const int64_t P = s->OH * s->OW, tiles = (P + DC_LANES - 1) / DC_LANES, total = nb * tiles;
+    const int64_t taps = (int64_t)s->KH * s->KW, bc = block_channels(s, bf);
     const int64_t esz = bf ? (int64_t)sizeof(uint16_t) : (int64_t)sizeof(float);
     const char *xc = x;
-    dc_region reg[DC_MAX_REGIONS];
-    dc_order o = {.reg = reg, .n = dc_regions(s, nb, reg)};
-    o.at[0] = 0;
-    for (int r = 0; r < o.n; r++)
-        o.at[r + 1] = o.at[r] + nb * (reg[r].r1 - reg[r].r0) * (reg[r].q1 - reg[r].q0);
-    int64_t total = o.at[o.n], fb = 0; /* prefetched: images up to fb of region fr */
-    int r = 0, fr = 0;
-    for (int64_t i0 = 0; i0 < total; i0 += DC_CHUNK) {
-        int64_t left = total - i0 < DC_CHUNK ? total - i0 : DC_CHUNK;
-        int nt = (int)((left + DC_LANES - 1) / DC_LANES);
-        r = order_region(&o, i0, r);
-        /* the input up to the last pixel of the next chunk */
-        int64_t ahead = (i0 + 2 * DC_CHUNK < total ? i0 + 2 * DC_CHUNK : total) - 1;
-        int ar = order_region(&o, ahead, r);
-        int64_t ab = (ahead - o.at[ar]) / ((o.at[ar + 1] - o.at[ar]) / nb);
-        while (fr < ar || (fr == ar && fb < ab)) {
-            if (++fb == nb) fr++, fb = 0;
-            prefetch_region(s, &reg[fr], xc + fb * x_img * esz, esz);
-        }
-        /* the chunk's taps: the bounding range of its regions' */
-        int re = order_region(&o, i0 + left - 1, r);
-        dc_taps tr = reg[r].tr;
-        for (int q = r + 1; q <= re; q++) {
-            const dc_taps *u = &reg[q].tr;
-            if (u->ka >= u->kb) continue;
-            if (tr.ka >= tr.kb) {
-                tr = *u;
-                continue;
-            }
-            tr.ka = u->ka < tr.ka ? u->ka : tr.ka, tr.kb = u->kb > tr.kb ? u->kb : tr.kb;
-            tr.ja = u->ja < tr.ja ? u->ja : tr.ja, tr.jb = u->jb > tr.jb ? u->jb : tr.jb;
-        }
-        dc_tile tl[DC_NT];
-        dc_runs out[DC_NT];
+    int64_t fetched = (DC_NT - 1) / tiles; /* images asked for ahead so far */
+    for (int64_t t0 = 0; t0 < total; t0 += DC_NT) {
+        int nt = (int)(total - t0 < DC_NT ? total - t0 : DC_NT);
+        int64_t ahead = (t0 + 2 * DC_NT - 1) / tiles; /* the last image of the next chunk */
+        for (; fetched < ahead && fetched + 1 < nb; fetched++)
+            prefetch_l2(xc + (fetched + 1) * x_img * esz, s->cin * s->H * s->W * esz);
+        const char *xt[DC_NT];
+        float *out[DC_NT];
+        int64_t pt[DC_NT];
+        int valid[DC_NT];
         for (int t = 0; t < nt; t++) {
-            int64_t i = i0 + t * DC_LANES;
-            order_tile(s, &o, order_region(&o, i, r), i, x_img, y_img, &tl[t]);
-            out[t].n = tl[t].n;
-            for (int q = 0; q < tl[t].n; q++)
-                out[t].off[q] = tl[t].yo[q], out[t].m[q] = lane_mask(tl[t].a[q], tl[t].b[q]);
+            int64_t b = (t0 + t) / tiles;
+            pt[t] = (t0 + t) % tiles * DC_LANES;
+            valid[t] = (int)(P - pt[t] < DC_LANES ? P - pt[t] : DC_LANES);
+            xt[t] = xc + b * x_img * esz;
+            out[t] = y + b * y_img + pt[t];
         }
         for (int64_t c0 = 0; c0 < s->cin; c0 += bc) {
             int64_t c1 = c0 + bc < s->cin ? c0 + bc : s->cin;
-            /* this block's first row of the packed weights; its rows per tap; per kernel row
-             * the run of rows of the chunk's taps, adjacent runs joined */
-            int64_t k0 = bf ? c0 / 2 * s->KH * s->KW : c0 * s->KH * s->KW;
-            int64_t wk = bf ? s->KP : s->K, per_tap = bf ? (c1 - c0 + 1) / 2 : c1 - c0;
-            int64_t seg[2 * DC_MAX_SEGS + 2];
-            int nseg = 0;
-            for (int ki = tr.ka; ki < tr.kb; ki++) {
-                int64_t a = (ki * s->KW + tr.ja) * per_tap, e = (ki * s->KW + tr.jb) * per_tap;
-                if (nseg > 0 && seg[2 * nseg - 1] == a)
-                    seg[2 * nseg - 1] = e;
-                else
-                    seg[2 * nseg] = a, seg[2 * nseg + 1] = e, nseg++;
-            }
+            /* this block's rows of the panel and its first row of the packed weights */
+            int64_t kn = bf ? (c1 - c0 + 1) / 2 * taps : (c1 - c0) * taps;
+            int64_t k0 = bf ? c0 / 2 * taps : c0 * taps, wk = bf ? s->KP : s->K;
             for (int t = 0; t < nt; t++) {
                 if (bf)
-                    pack_tile_pairs(s, (const uint16_t *)x, &tl[t], &tr, c0, c1,
+                    pack_tile_pairs(s, (const uint16_t *)xt[t], pt[t], c0, c1,
                                     (uint32_t *)panel + t * DC_LANES, DC_CHUNK);
                 else
-                    pack_tile(s, (const float *)x, &tl[t], &tr, c0, c1, 1, c1 - c0,
+                    pack_tile(s, (const float *)xt[t], pt[t], c0, c1,
                               (float *)panel + t * DC_LANES, DC_CHUNK);
             }
             for (int64_t b = 0; b < s->blocks; b++) {
                 int64_t co = b * DC_MR;
                 int rows = (int)(s->cout - co < DC_MR ? s->cout - co : DC_MR);
                 const float *bb = bias ? bias + co : NULL;
-                const char *wb = (const char *)wp + (b * wk + k0) * DC_MR * 4; /* f32 or pair */
-                dc_tiles[bf][nt](seg, nseg, wb, panel, bb, rows, out, y + co * P, P, c0 > 0);
+                const char *wb = (const char *)wp + (b * wk + k0) * DC_MR * 4; /* 4: f32 or pair */
+                float *o[DC_NT];
+                for (int t = 0; t < nt; t++) o[t] = out[t] + co * P;
+                dc_tiles[bf][nt](kn, wb, panel, bb, rows, o, valid, P, c0 > 0);
             }
         }
     }
@@ -635,7 +428,6 @@ static int wgrad_range(const na_conv_geom *g, const na_view *x, const na_view *g
     dc_shape s = {.cin = cg, .H = g->h, .W = g->w, .cout = cog, .OH = g->oh, .OW = g->ow,
                   .KH = g->kh, .KW = g->kw, .sh = g->sh, .ph = g->ph, .pw = g->pw, .dh = g->dh};
     int64_t taps = (int64_t)g->kh * g->kw;
-    const dc_taps every = {0, g->kh, 0, g->kw};
     s.K = cg * taps;
     /* bf16 x and gy: packed and multiplied as bf16, rows padded to whole 32-pixel vectors */
     bool bf = x->dtype == NA_DTYPE_BF16 && gy->dtype == NA_DTYPE_BF16 && na_cpu_bf16_fast();
@@ -681,22 +473,15 @@ static int wgrad_range(const na_conv_geom *g, const na_view *x, const na_view *g
                     if (bf) {
                         const uint16_t *xv = (const uint16_t *)x->data + at;
                         uint16_t *cb = (uint16_t *)col + b * P16;
-                        for (int64_t pt = 0; pt < P; pt += DC_LANES) {
-                            dc_tile tl;
-                            tile_span(&s, pt, &tl);
-                            pack_tile_bf16(&s, xv, &tl, 0, c1 - c0, cb + pt, L);
-                        }
+                        for (int64_t pt = 0; pt < P; pt += DC_LANES)
+                            pack_tile_bf16(&s, xv, pt, 0, c1 - c0, cb + pt, L);
                         continue;
                     }
                     const float *xv = na_cpu_view_f(x->dtype, x->data, at, (c1 - c0) * HW, xb);
                     if (x->dtype == NA_DTYPE_F32 && n0 + b + 1 < hi)
                         prefetch_l2(xv + g->c_in * HW, (c1 - c0) * HW * 4);
-                    for (int64_t pt = 0; pt < P; pt += DC_LANES) {
-                        dc_tile tl;
-                        tile_span(&s, pt, &tl);
-                        pack_tile(&s, xv, &tl, &every, 0, c1 - c0, taps, 1,
-                                  (float *)col + b * P16 + pt, L);
-                    }
+                    for (int64_t pt = 0; pt < P; pt += DC_LANES)
+                        pack_tile(&s, xv, pt, 0, c1 - c0, (float *)col + b * P16 + pt, L);
                 }
                 float *c = gw + (gi * cog + r0) * s.K + c0 * taps;
                 int64_t lda = in_place ? P : L, kn = (c1 - c0) * taps;
@@ -902,26 +687,22 @@ int na_cpu_direct_conv2d(const na_conv_geom *g, const na_view *x, const na_view 
         pack_weights_bf16(s, G, cog, cg, backward_data, w->data, (uint16_t *)wp);
     } else {
         const float *wf = na_cpu_view_f(w->dtype, w->data, 0, wsize, bf + g->c_out);
-        /* wp[gi][b][k][i]: output o = b*8 + i of the group, k = (K block, tap, c) over its
-         * inputs as pack_tile lays out the panel; one output at a time, read in its source
-         * order */
-        const int64_t bc = block_channels(s, false);
+        /* wp[gi][b][k][i]: output o = b*8 + i of the group, k = (c, ki, kj) over its inputs;
+         * one output at a time, read in its source order with no division per element */
         for (int64_t gi = 0; gi < G; gi++)
             for (int64_t o = 0; o < s->blocks * DC_MR; o++) {
                 float *d = wp + ((gi * s->blocks + o / DC_MR) * s->K) * DC_MR + o % DC_MR;
                 if (o >= s->cout) { /* the last block's rows past the group's outputs */
                     for (int64_t k = 0; k < s->K; k++) d[k * DC_MR] = 0.0f;
-                    continue;
-                }
-                /* written in order (the reads stride by taps) */
-                for (int64_t c0 = 0; c0 < s->cin; c0 += bc) {
-                    int64_t c1 = c0 + bc < s->cin ? c0 + bc : s->cin;
-                    for (int64_t tap = 0; tap < taps; tap++)
-                        for (int64_t c = c0; c < c1; c++, d += DC_MR)
-                            /* forward: w[o][c][tap]; data gradient: w[c][o] flipped in space
-                             * (input c of the forward is output o here) */
-                            *d = backward_data ? wf[((gi * cog + c) * cg + o) * taps + taps - 1 - tap]
-                                               : wf[((gi * cog + o) * cg + c) * taps + tap];
+                } else if (!backward_data) { /* w[o][c][tap] is k's order already */
+                    const float *src = wf + (gi * cog + o) * s->K;
+                    for (int64_t k = 0; k < s->K; k++) d[k * DC_MR] = src[k];
+                } else { /* w[c][o] flipped in space: input c of the forward is output o here */
+                    for (int64_t c = 0; c < s->cin; c++) {
+                        const float *src = wf + ((gi * cog + c) * cg + o) * taps;
+                        for (int64_t tap = 0; tap < taps; tap++)
+                            d[(c * taps + tap) * DC_MR] = src[taps - 1 - tap];
+                    }
                 }
             }
     }

@@ -327,9 +327,6 @@ int na_cpu_direct_conv2d_wgrad_rows(const na_conv_geom *g, const na_view *x, con
                                     na_view *gw);
 /* Test hook: when true, convolutions always take the im2col + GEMM path. */
 extern bool na_cpu_conv_force_gemm;
-/* Test hook: when true, the direct convolution cuts every output into regions of equal taps
- * (cpu_direct_conv.c), whatever the cut would save. */
-extern bool na_cpu_direct_conv_force_regions;
 
 /* ---- the specification (cpu_reference.c) ------------------------------------------------
  * Plain loops that define what the gemm and conv2d kernels compute (same arguments, same
