@@ -1292,6 +1292,75 @@ Test(cpu_gemm, bf16_dot_flushes_denormals) {
 
 static void bf16_env_off(void) { setenv("NANOAMP_CPU_BF16", "off", 1); }
 
+/* ---- the direct convolution's border (cpu_direct_conv.c) ------------------------------------
+ * Small maps, where most output pixels have taps over the padding: 1x1 to 8x8, vertical stride
+ * 1 and 2 (the direct path's; horizontal stride 2 takes the GEMM path), padding 0 and 1, odd
+ * channel counts (37 outputs: several 8-channel blocks and a short one), batch 1 and 3; the
+ * forward, data gradient and weight gradient as shipped against the specification
+ * (cpu_reference.c). f32: the direct path sums in f32, so each output is within
+ * expect_within_sum_bound's 2.1 K 2^-24 S + 2.1 2^-24 |y| of the specification (S the sum of
+ * |products|, K the terms); bf16 inputs with f32 outputs (vdpbf16ps where the CPU has it, else
+ * the widening path): exact products summed in f32, the same bound. A dropped or doubled tap
+ * moves an output by one product, on average |x w| = 1/4 against a bound of about 1e-4 here. */
+static void direct_border_case(na_dtype dt, int64_t n, int64_t ci, int64_t co, int64_t hw,
+                               int sh, int p) {
+    na_conv_geom g = conv_geom(n, ci, hw, hw, co, 3, 1, p, 1, 1);
+    g.sh = sh, g.oh = (hw + 2 * p - 3) / sh + 1;
+    if (hw + 2 * p < 3) return; /* the kernel does not fit */
+    const na_dtype f32 = NA_DTYPE_F32;
+    na_view x = MK(dt, n, ci, hw, hw), w = MK(dt, co, ci, 3, 3), b = MK(dt, co),
+            gy = MK(dt, n, co, g.oh, g.ow);
+    fill_rand(&x, -1, 1);
+    fill_rand(&w, -1, 1);
+    fill_rand(&b, -1, 1);
+    fill_rand(&gy, -1, 1);
+    na_view ax = absolute(&x), aw = absolute(&w), ab = absolute(&b), agy = absolute(&gy);
+    na_view y[3], gx[3], gw[3]; /* as shipped, the specification, its magnitudes */
+    for (int v = 0; v < 3; v++) {
+        y[v] = MK(f32, n, co, g.oh, g.ow);
+        gx[v] = MK(f32, n, ci, hw, hw);
+        gw[v] = MK(f32, co, ci, 3, 3);
+    }
+    fill_rand(&y[0], 9, 10); /* every output is overwritten */
+    fill_rand(&gx[0], 9, 10);
+    fill_rand(&gw[0], 9, 10);
+    int rc = B->conv2d(&g, &x, &w, &b, &y[0]);
+    if (!rc) rc = B->conv2d_backward_data(&g, &gy, &w, &gx[0]);
+    if (!rc) rc = B->conv2d_backward_weight(&g, &x, &gy, &gw[0]);
+    cr_assert_eq(rc, NA_OK, "%s", na_last_error());
+    cr_assert_eq(na_cpu_ref_conv2d(&g, &x, &w, &b, &y[1]), NA_OK);
+    cr_assert_eq(na_cpu_ref_conv2d_backward_data(&g, &gy, &w, &gx[1]), NA_OK);
+    cr_assert_eq(na_cpu_ref_conv2d_backward_weight(&g, &x, &gy, &gw[1]), NA_OK);
+    cr_assert_eq(na_cpu_ref_conv2d(&g, &ax, &aw, &ab, &y[2]), NA_OK);
+    cr_assert_eq(na_cpu_ref_conv2d_backward_data(&g, &agy, &aw, &gx[2]), NA_OK);
+    cr_assert_eq(na_cpu_ref_conv2d_backward_weight(&g, &ax, &agy, &gw[2]), NA_OK);
+    char what[160];
+    snprintf(what, sizeof what, "direct border %s: n%lld c%lld->%lld %lldx%lld s%d p%d",
+             na_dtype_name(dt), (long long)n, (long long)ci, (long long)co, (long long)hw,
+             (long long)hw, sh, p);
+    expect_within_sum_bound(&y[0], &y[1], &y[2], ci * 9 + 1, what);
+    expect_within_sum_bound(&gx[0], &gx[1], &gx[2], co * 9, what);
+    expect_within_sum_bound(&gw[0], &gw[1], &gw[2], n * g.oh * g.ow, what);
+    for (int v = 0; v < 3; v++) rm(&y[v]), rm(&gx[v]), rm(&gw[v]);
+    rm(&x); rm(&w); rm(&b); rm(&gy); rm(&ax); rm(&aw); rm(&ab); rm(&agy);
+}
+
+Test(cpu_conv, direct_border_taps_against_specification, .timeout = 120) {
+    na_conv_geom g = conv_geom(1, 3, 4, 4, 37, 3, 1, 1, 1, 1);
+    if (!na_cpu_direct_conv_usable(&g, false))
+        cr_skip("this CPU has no AVX-512F (or NANOAMP_CPU_CONV=gemm): no direct convolution");
+    static const int64_t maps[] = {1, 2, 3, 4, 5, 8}, batches[] = {1, 3};
+    static const int64_t chans[][2] = {{3, 37}, {33, 37}}; /* odd; 33: one bf16 pair short */
+    for (int d = 0; d < 2; d++)
+        for (size_t m = 0; m < sizeof maps / sizeof maps[0]; m++)
+            for (int bi = 0; bi < 2; bi++)
+                for (int c = 0; c < 2; c++)
+                    for (int sh = 1; sh <= 2; sh++)
+                        for (int p = 0; p <= 1; p++)
+                            direct_border_case(d ? NA_DTYPE_BF16 : NA_DTYPE_F32, batches[bi],
+                                               chans[c][0], chans[c][1], maps[m], sh, p);
+}
+
 /* NANOAMP_CPU_BF16=off (read once, here in this test's own process) selects the widening
  * path: the denormal result survives. */
 Test(cpu_gemm, bf16_env_off_selects_the_widening_path, .init = bf16_env_off) {
