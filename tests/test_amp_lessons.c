@@ -415,3 +415,75 @@ Test(amp_lessons, arguments) {
     cr_assert_eq(amp_lesson_args(1, none, "usage\n", "--rules", false, &v), -1);
     cr_assert_null(v);
 }
+
+/* ---- FP8: one scale per tensor ------------------------------------------------------------- */
+
+/* Of v's nonzero values, the share with |v| * scale (in f32) <= limit (or > limit: above). */
+static double share_beyond(const float *v, int64_t n, double scale, double limit, bool above) {
+    int64_t hit = 0, nonzero = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (v[i] == 0.0f) continue;
+        nonzero++;
+        double m = fabs((double)(float)(v[i] * (float)scale));
+        hit += above ? m > limit : m <= limit;
+    }
+    return (double)hit / (double)nonzero;
+}
+
+Test(amp_lessons, fp8_needs_a_scale_per_tensor_and_delayed_scaling_lags_a_jump) {
+    amp_fp8_result r;
+    skip_without_data(amp_lesson_fp8(NULL, &r));
+    enum { X, W, DY };
+    cr_assert_eq(r.n[X], 128 * 784);
+    cr_assert_eq(r.n[W], 256 * 784);
+    cr_assert_eq(r.n[DY], 128 * 256);
+    /* the three amaxes are orders of magnitude apart: no one scale fits them all */
+    cr_assert(r.amax[X] > 1 && r.amax[W] < 0.1 && r.amax[DY] < 1e-2, "%g %g %g", r.amax[X],
+              r.amax[W], r.amax[DY]);
+    for (int k = 0; k < 3; k++) {
+        /* unscaled: what rounds to 0 is what lies at or below half the smallest subnormal (ties
+         * go to the even 0): 2^-10 in E4M3, 2^-17 in E5M2 */
+        cr_assert_float_eq(r.plain[k][0].lost, share_beyond(r.values[k], r.n[k], 1, 0x1p-10, false),
+                           1e-12, "role %d e4m3", k);
+        cr_assert_float_eq(r.plain[k][1].lost, share_beyond(r.values[k], r.n[k], 1, 0x1p-17, false),
+                           1e-12, "role %d e5m2", k);
+        for (int f = 0; f < 2; f++) {
+            double fmax = f ? 57344.0 : 448.0;
+            cr_assert_eq(r.scaled[k][f].scale, (float)(fmax / r.amax[k]));
+            cr_assert_eq(r.scaled[k][f].saturated, 0, "the amax lands on fp8_max, none beyond");
+            cr_assert_leq(r.scaled[k][f].lost, r.plain[k][f].lost);
+            /* 3 (E4M3) or 2 (E5M2) mantissa bits: relative RMS error a few percent */
+            cr_assert(r.scaled[k][f].rel_err < (f ? 0.08 : 0.04), "role %d f %d: %g", k, f,
+                      r.scaled[k][f].rel_err);
+        }
+    }
+    cr_assert_gt(r.plain[DY][0].lost, 0.99, "the gradient vanishes in E4M3 without a scale");
+    cr_assert_eq(r.scaled[DY][0].lost, 0);
+
+    /* the jump: delayed scaling casts step 10 with the scale of the steps before and saturates */
+    const int J = AMP_FP8_JUMP_STEP;
+    /* TE's rule, in f32: scale = fp8_max / amax, the amax as recorded (an f32) */
+    float s0 = 448.0f / (float)r.amax[X], s1 = 448.0f / (float)(r.amax[X] * AMP_FP8_JUMP);
+    cr_assert_eq(r.delayed[0].cast.scale, 1.0, "TE's start: scale 1 before the first update");
+    cr_assert_eq(r.delayed[J - 1].cast.scale, s0);
+    cr_assert_eq(r.delayed[J].cast.scale, s0);
+    cr_assert_eq(r.delayed[J].factor, AMP_FP8_JUMP);
+    float *x100 = malloc((size_t)r.n[X] * sizeof *x100);
+    for (int64_t i = 0; i < r.n[X]; i++) x100[i] = (float)(r.values[X][i] * AMP_FP8_JUMP);
+    cr_assert_float_eq(r.delayed[J].cast.saturated, share_beyond(x100, r.n[X], s0, 464, true),
+                       1e-12);
+    free(x100);
+    cr_assert_gt(r.delayed[J].cast.saturated, 0.5);
+    /* then the history's max remembers the 100 for its 1024 steps */
+    for (int t = J + 1; t < J + 1 + 1024; t++)
+        cr_assert_eq(r.delayed[t].cast.scale, s1, "step %d", t);
+    cr_assert_eq(r.recovered_at, J + 1 + 1024);
+    cr_assert_eq(r.delayed[r.recovered_at].cast.scale, s0);
+    /* current scaling follows the jump at once and never saturates */
+    for (int t = 0; t < AMP_FP8_JUMP_STEPS; t++) {
+        cr_assert_eq(r.current[t].cast.scale, t == J ? s1 : s0, "step %d", t);
+        cr_assert_eq(r.current[t].cast.saturated, 0, "step %d", t);
+    }
+    expect_quoted(&r.quotes, "amp-fp8");
+    amp_fp8_free(&r);
+}

@@ -15,6 +15,8 @@
  *                       (--log: the scale's sawtooth in a real run, as a CSV for amp-plot)
  *   amp-master-weights  small updates lost in f16 and bf16 weights, kept by f32 masters
  *   amp-batchnorm       why BatchNorm's statistics stay in f32
+ *   amp-fp8             why FP8 needs one scale per tensor; delayed scaling against an amax
+ *                       jump
  */
 #ifndef NANOAMP_EXAMPLES_AMP_LESSONS_H
 #define NANOAMP_EXAMPLES_AMP_LESSONS_H
@@ -179,6 +181,41 @@ typedef struct {
 } amp_batchnorm_result;
 int amp_lesson_batchnorm(amp_batchnorm_result *r);
 
+/* ---- 7. FP8: one scale per tensor ------------------------------------------------------------
+ * The MNIST MLP's first Linear (model_mnist_mlp) at its first step on the first batch of
+ * amp-loss-scaling's run: its input x, its weight W and its output's gradient dL/dy, cast to
+ * E4M3 and E5M2 as they are and with their own scale fp8_max / amax. Then the amax jump: x
+ * times AMP_FP8_JUMP at step AMP_FP8_JUMP_STEP only, cast to E4M3 for AMP_FP8_JUMP_STEPS steps
+ * with the delayed recipe's scale (history 1024, max) and with current scaling. */
+enum { AMP_FP8_ROLES = 3, AMP_FP8_JUMP_STEP = 10, AMP_FP8_JUMP_STEPS = 1040,
+       AMP_FP8_JUMP_ROWS = 8 };
+#define AMP_FP8_JUMP 100.0
+typedef struct {
+    double scale;     /* the values were multiplied by it before the cast */
+    double lost;      /* share of the nonzero values that became 0 */
+    double saturated; /* share of the nonzero values beyond the format's range: that E4M3
+                         clips to 448 (above 464, which would round beyond 448), that E5M2
+                         turns into inf */
+    double rel_err;   /* RMS of (cast / scale - value) over RMS of value, finite casts only */
+} amp_fp8_cast;
+typedef struct {
+    double factor; /* x's factor this step */
+    amp_fp8_cast cast;
+} amp_fp8_step;
+typedef struct {
+    int64_t n[AMP_FP8_ROLES];
+    float *values[AMP_FP8_ROLES]; /* malloc'd: free with amp_fp8_free */
+    double amax[AMP_FP8_ROLES];
+    amp_fp8_cast plain[AMP_FP8_ROLES][2], scaled[AMP_FP8_ROLES][2]; /* [role][e4m3, e5m2] */
+    amp_fp8_step delayed[AMP_FP8_JUMP_STEPS], current[AMP_FP8_JUMP_STEPS];
+    int recovered_at;                  /* first step after the jump with the old delayed scale */
+    int jump_rows[AMP_FP8_JUMP_ROWS];  /* the steps the table shows */
+    amp_quotes quotes;
+} amp_fp8_result;
+/* data_dir as amp_lesson_loss_scaling's. */
+int amp_lesson_fp8(const char *data_dir, amp_fp8_result *r);
+void amp_fp8_free(amp_fp8_result *r);
+
 /* ---- the programs ----------------------------------------------------------------------------
  * Each program's main is amp_lesson_main with its usage, its one option and its run function,
  * which runs the lesson and prints it on stdout; the option's value (NULL when not given) is
@@ -190,6 +227,7 @@ int amp_loss_scaling_run(const char *svg_path); /* amp-loss-scaling [--svg FILE]
 int amp_overflow_run(const char *csv_path);  /* amp-overflow [--log FILE.csv] (then the sawtooth) */
 int amp_master_weights_run(const char *unused); /* amp-master-weights */
 int amp_batchnorm_run(const char *unused);   /* amp-batchnorm */
+int amp_fp8_run(const char *unused);         /* amp-fp8 */
 int amp_lesson_main(int argc, char **argv, const char *usage, const char *opt, bool takes_value,
                     int (*run)(const char *value));
 

@@ -1,0 +1,243 @@
+/* Lesson 9 (amp-fp8): why FP8 needs one f32 scale per tensor, and what delayed scaling gets
+ * wrong when an amax jumps (see amp_lessons.h). The tensors are a real layer's: the first
+ * Linear of the MNIST MLP (examples/common/models.h) at its first step on Fashion-MNIST, its
+ * input, its weight and the gradient of its output. Every cast is nanoamp's own (na_cast to
+ * f8e4m3 / f8e5m2, PyTorch's rules bit for bit), every scale comes from nanoamp's recipes
+ * (nanoamp/fp8.h). */
+#include <math.h>
+#include <stdlib.h>
+
+#include "../common/models.h"
+#include "lesson_internal.h"
+
+static const float FASHION_MEAN[1] = {0.2860f}, FASHION_STD[1] = {0.3530f};
+enum { FP8_BATCH = 128 };
+
+/* The first batch of the loss-scaling lesson's run (same seed and batcher), on the host. */
+static int first_batch(const char *dir, float *x, int32_t *y) {
+    if (!dir) dir = getenv("NANOAMP_DATA");
+    if (!dir || !*dir) dir = "/usr/share/datasets/fashion-mnist";
+    na_dataset *train = na_mnist_load(dir, true);
+    if (!train)
+        return na_set_error(na_last_status(), "Fashion-MNIST in %s (set NANOAMP_DATA): %s", dir,
+                            na_last_error());
+    na_batcher *b = na_batcher_new(train, &(na_batcher_cfg){
+        .batch_size = FP8_BATCH, .seed = 1, .shuffle = true, .drop_last = true,
+        .mean = FASHION_MEAN, .std = FASHION_STD});
+    int64_t n = 0;
+    int rc = b && na_batcher_next(b, x, y, &n) && n == FP8_BATCH ? 0 : -1;
+    na_batcher_free(b);
+    na_dataset_free(train);
+    return rc;
+}
+
+/* The three tensors of the MLP's first Linear (y = x W^T + b) at the first step, in f32: its
+ * input x, its weight W and dL/dy, the output gradient both backward GEMMs take. */
+static int first_layer_tensors(const char *dir, amp_fp8_result *r) {
+    float *x = malloc((size_t)FP8_BATCH * 784 * sizeof *x);
+    int32_t y[FP8_BATCH];
+    CHECK(x);
+    if (first_batch(dir, x, y)) {
+        free(x);
+        return -1;
+    }
+    na_manual_seed(1);
+    na_module *net = model_mnist_mlp();
+    na_tensor_list p = net ? na_module_parameters(net) : NA_NO_TENSORS;
+    int rc = p.n == 4 ? 0 : -1; /* fc1 weight, bias; fc2 weight, bias */
+    na_tensor *xt = rc ? NULL : na_from_host(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(FP8_BATCH, 784), x);
+    na_tensor *yt = na_from_host(NA_DTYPE_I32, NA_DEVICE_CPU, NA_SHAPE(FP8_BATCH), y);
+    /* the first Linear's output as a leaf, so that backward leaves dL/dy in its grad */
+    na_tensor *h = xt ? na_detach(na_linear(xt, p.items[0], p.items[1])) : NULL;
+    if (h && na_tensor_set_requires_grad(h, true)) h = NULL;
+    na_tensor *logits = h ? na_linear(na_relu(h), p.items[2], p.items[3]) : NULL;
+    na_tensor *loss = logits && yt ? na_cross_entropy(logits, yt, NULL) : NULL;
+    if (!loss || na_backward(loss, NULL)) rc = -1;
+    const na_tensor *src[AMP_FP8_ROLES] = {xt, rc ? NULL : p.items[0], rc ? NULL : h->grad};
+    for (int k = 0; !rc && k < AMP_FP8_ROLES; k++) {
+        r->n[k] = src[k]->numel;
+        r->values[k] = malloc((size_t)r->n[k] * sizeof(float));
+        if (!r->values[k] || na_copy_to_host(src[k], r->values[k])) rc = -1;
+    }
+    if (rc) fprintf(stderr, "amp-fp8: the first layer's tensors: %s\n", na_last_error());
+    na_step_end();
+    na_tensor_free(h);
+    na_module_free(net);
+    free(x);
+    return rc;
+}
+
+/* What casting v * scale to dt (then back, divided by the scale) does to n values. */
+static int cast_stats(const float *v, int64_t n, double scale, na_dtype dt, amp_fp8_cast *c) {
+    *c = (amp_fp8_cast){.scale = scale};
+    na_tensor *t = na_from_host(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(n), v);
+    na_tensor *q = t ? na_cast(na_cast(na_scale(t, scale), dt), NA_DTYPE_F32) : NULL;
+    float *back = malloc((size_t)n * sizeof *back);
+    int rc = q && back && !na_copy_to_host(q, back) ? 0 : -1;
+    double err2 = 0, ref2 = 0;
+    int64_t nonzero = 0;
+    for (int64_t i = 0; !rc && i < n; i++) {
+        double x = v[i], xs = (double)(float)(v[i] * (float)scale);
+        if (x == 0) continue;
+        nonzero++;
+        c->lost += back[i] == 0.0f;
+        /* E4M3 clips to 448 what would round above it (beyond 464, 448's rounding range);
+         * E5M2 turns it into inf */
+        c->saturated += dt == NA_DTYPE_F8E4M3 ? fabs(xs) > 464.0 : isinf(back[i]);
+        if (isfinite(back[i])) {
+            double d = back[i] / scale - x;
+            err2 += d * d;
+            ref2 += x * x;
+        }
+    }
+    if (!rc) {
+        c->lost /= (double)nonzero;
+        c->saturated /= (double)nonzero;
+        c->rel_err = ref2 > 0 ? sqrt(err2 / ref2) : NAN;
+    }
+    free(back);
+    na_step_end();
+    na_tensor_free(t);
+    CHECK_RC(rc);
+    return 0;
+}
+
+static double amax_of(const float *v, int64_t n) {
+    double a = 0;
+    for (int64_t i = 0; i < n; i++) a = fmax(a, fabs((double)v[i]));
+    return a;
+}
+
+/* The jump: the layer's input (v, n values) times factor[t] at step t, cast to E4M3 with the
+ * scale the recipe gives; record its amax; update. */
+static double jump_factor(int t) { return t == AMP_FP8_JUMP_STEP ? AMP_FP8_JUMP : 1.0; }
+
+static int jump_run(const float *v, int64_t n, na_fp8_recipe_kind kind, amp_fp8_step *out) {
+    na_fp8_recipe_cfg cfg = NA_FP8_RECIPE_DEFAULTS;
+    if (kind == NA_FP8_RECIPE_CURRENT) cfg = (na_fp8_recipe_cfg)NA_FP8_RECIPE_CURRENT_DEFAULTS;
+    na_fp8_scaling *fs = na_fp8_scaling_new(&cfg);
+    CHECK(fs);
+    float *xt = malloc((size_t)n * sizeof *xt);
+    int rc = xt ? 0 : -1;
+    double amax = amax_of(v, n);
+    amp_fp8_cast prev = {.scale = -1};
+    double prev_factor = -1;
+    for (int t = 0; !rc && t < AMP_FP8_JUMP_STEPS; t++) {
+        double f = jump_factor(t);
+        for (int64_t i = 0; i < n; i++) xt[i] = (float)(v[i] * f);
+        /* current scaling measures this step's amax before the cast; delayed casts first */
+        if (kind == NA_FP8_RECIPE_CURRENT)
+            rc = na_fp8_scaling_record_amax(fs, NA_FP8_INPUT, (float)(amax * f));
+        double scale = na_fp8_scaling_scale(fs, NA_FP8_INPUT);
+        amp_fp8_step *s = &out[t];
+        if (scale == prev.scale && f == prev_factor) s->cast = prev; /* same values, same cast */
+        else if (!rc) rc = cast_stats(xt, n, scale, NA_DTYPE_F8E4M3, &s->cast);
+        s->factor = f;
+        if (!rc && kind == NA_FP8_RECIPE_DELAYED)
+            rc = na_fp8_scaling_record_amax(fs, NA_FP8_INPUT, (float)(amax * f));
+        if (!rc) rc = na_fp8_scaling_update(fs);
+        prev = s->cast, prev_factor = f;
+    }
+    free(xt);
+    na_fp8_scaling_free(fs);
+    CHECK_RC(rc);
+    return 0;
+}
+
+static const char *const ROLE_NAMES[AMP_FP8_ROLES] = {"input x", "weight W", "grad dL/dy"};
+/* the quotes' keys: one line per tensor and format, one per row of the jump's table */
+static const char *const CAST_KEYS[AMP_FP8_ROLES][2] = {
+    {"x_e4m3", "x_e5m2"}, {"w_e4m3", "w_e5m2"}, {"dy_e4m3", "dy_e5m2"}};
+static const char *const JUMP_KEYS[AMP_FP8_JUMP_ROWS] = {"jump0", "jump1", "jump2", "jump3",
+                                                          "jump4", "jump5", "jump6", "jump7"};
+
+int amp_lesson_fp8(const char *data_dir, amp_fp8_result *r) {
+    *r = (amp_fp8_result){0};
+    if (first_layer_tensors(data_dir, r)) return -1;
+    amp_quotes *q = &r->quotes;
+    /* 1. each tensor cast as it is and with its own scale fp8_max / amax, in both formats */
+    for (int k = 0; k < AMP_FP8_ROLES; k++) {
+        r->amax[k] = amax_of(r->values[k], r->n[k]);
+        for (int f = 0; f < 2; f++) {
+            na_dtype dt = f ? NA_DTYPE_F8E5M2 : NA_DTYPE_F8E4M3;
+            double fmax = f ? NA_FP8_E5M2_MAX : NA_FP8_E4M3_MAX;
+            if (cast_stats(r->values[k], r->n[k], 1.0, dt, &r->plain[k][f]) ||
+                cast_stats(r->values[k], r->n[k], (float)(fmax / r->amax[k]), dt,
+                           &r->scaled[k][f]))
+                return -1;
+        }
+    }
+    for (int k = 0; k < AMP_FP8_ROLES; k++)
+        for (int f = 0; f < 2; f++) {
+            const amp_fp8_cast *a = &r->plain[k][f], *b = &r->scaled[k][f];
+            char amax[16] = "";
+            if (!f) snprintf(amax, sizeof amax, "%.3g", r->amax[k]);
+            /* dL/dy comes out of a GEMM, whose summation order differs between CPUs */
+            quote_approx(q, CAST_KEYS[k][f], k == 2 ? 0.02 : 0,
+                         "%-10s %-6s %9s | %6.1f%% %6.1f%% %8.3f | %9.4g %6.1f%% %8.4f",
+                         f ? "" : ROLE_NAMES[k], f ? "e5m2" : "e4m3", amax, 100 * a->lost,
+                         100 * a->saturated, a->rel_err, b->scale, 100 * b->lost, b->rel_err);
+        }
+    /* 2. the amax jump, delayed (max over 1024 steps) against current scaling */
+    if (jump_run(r->values[0], r->n[0], NA_FP8_RECIPE_DELAYED, r->delayed) ||
+        jump_run(r->values[0], r->n[0], NA_FP8_RECIPE_CURRENT, r->current))
+        return -1;
+    r->recovered_at = -1;
+    for (int t = AMP_FP8_JUMP_STEP + 1; t < AMP_FP8_JUMP_STEPS && r->recovered_at < 0; t++)
+        if (r->delayed[t].cast.scale == r->delayed[AMP_FP8_JUMP_STEP - 1].cast.scale)
+            r->recovered_at = t;
+    int rows[AMP_FP8_JUMP_ROWS] = {0, 1, AMP_FP8_JUMP_STEP - 1, AMP_FP8_JUMP_STEP,
+                                   AMP_FP8_JUMP_STEP + 1, AMP_FP8_JUMP_STEP + 2,
+                                   r->recovered_at - 1, r->recovered_at};
+    for (int i = 0; i < AMP_FP8_JUMP_ROWS; i++) {
+        int t = rows[i];
+        r->jump_rows[i] = t;
+        if (t < 0) continue;
+        const amp_fp8_cast *d = &r->delayed[t].cast, *c = &r->current[t].cast;
+        quote(q, JUMP_KEYS[i], "%5d %5g | %8.4g %6.2f%% %6.2f%% %8.4f | %8.4g %6.2f%% %8.4f", t,
+              r->delayed[t].factor, d->scale, 100 * d->saturated, 100 * d->lost, d->rel_err,
+              c->scale, 100 * c->lost, c->rel_err);
+    }
+    quote(q, "recovered", "the delayed scale is back at step %d, %d steps after the jump",
+          r->recovered_at, r->recovered_at - AMP_FP8_JUMP_STEP);
+    return 0;
+}
+
+void amp_fp8_free(amp_fp8_result *r) {
+    for (int k = 0; k < AMP_FP8_ROLES; k++) free(r->values[k]), r->values[k] = NULL;
+}
+
+int amp_fp8_run(const char *unused) {
+    (void)unused;
+    amp_fp8_result res, *r = &res;
+    if (amp_lesson_fp8(NULL, r)) {
+        fprintf(stderr, "amp-fp8: %s\n", na_last_error());
+        amp_fp8_free(r);
+        return 1;
+    }
+    const amp_quotes *q = &r->quotes;
+    printf("the MNIST MLP's first Linear (784 -> 256) at its first step, batch %d:\n"
+           "its input, its weight and its output's gradient, cast to FP8 as they are (scale 1)\n"
+           "and with their own scale fp8_max / amax (lost: nonzero values that became 0;\n"
+           "satur.: beyond the format's range, clipped to 448 in E4M3, inf in E5M2;\n"
+           "error: relative RMS error of the finite casts)\n\n",
+           FP8_BATCH);
+    printf("%-10s %-6s %9s | %-24s | %s\n", "tensor", "format", "amax", "scale 1",
+           "scale fp8_max / amax");
+    printf("%-10s %-6s %9s | %7s %7s %8s | %9s %7s %8s\n", "", "", "", "lost", "satur.",
+           "error", "scale", "lost", "error");
+    for (int k = 0; k < AMP_FP8_ROLES; k++)
+        printf("%s\n%s\n", amp_quote_get(q, CAST_KEYS[k][0]), amp_quote_get(q, CAST_KEYS[k][1]));
+    printf("\nthe input times %g at step %d only, cast to E4M3:\ndelayed scaling (history %d, "
+           "max) against current scaling\n\n", AMP_FP8_JUMP, AMP_FP8_JUMP_STEP, 1024);
+    printf("%5s %5s | %-33s | %s\n", "step", "x", "delayed", "current");
+    printf("%5s %5s | %8s %7s %7s %8s | %8s %7s %8s\n", "", "", "scale", "satur.", "lost",
+           "error", "scale", "lost", "error");
+    for (int i = 0; i < AMP_FP8_JUMP_ROWS; i++) {
+        if (i == 2 || i == 6) printf("  ...\n");
+        printf("%s\n", amp_quote_get(q, JUMP_KEYS[i]));
+    }
+    printf("\n%s\n", amp_quote_get(q, "recovered"));
+    amp_fp8_free(r);
+    return 0;
+}
