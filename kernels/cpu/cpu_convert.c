@@ -12,7 +12,10 @@
  *   bf16:       the half.h bit formulas themselves, compiled for AVX2 so they vectorize.
  *               AVX512_BF16's vcvtneps2bf16 is not used: it flushes f32 subnormals to zero and
  *               keeps NaN payloads, where half.h rounds subnormals and returns 0x7FC0.
+ * With AVX-512F/BW/VL (na_cpu_half512): the same conversions 16 lanes at a time, the tail
+ * masked (cpu_half_simd.h; the kernels that convert in registers use the same functions).
  * Elsewhere, or with na_cpu_convert_force_soft set, plain loops over the half.h functions. */
+#include "cpu/cpu_half_simd.h"
 #include "cpu/cpu_internal.h"
 
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
@@ -77,6 +80,26 @@ NA_AVX2_F16C static void bf16_to_f32_avx2(float *dst, const uint16_t *src, int64
 }
 #endif
 
+#ifdef NA_CPU_HALF_SIMD
+/* 16 lanes a step, the last step masked: no scalar tail (a BatchNorm row of 196 left 4) */
+NA_HALF512 static void half_to_f32_512(bool f16, float *dst, const uint16_t *src, int64_t n) {
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 m = na_h512_mask(n - i);
+        _mm512_mask_storeu_ps(dst + i, m, na_h512_load(f16, src + i, m));
+    }
+}
+NA_HALF512 static void f32_to_half_512(bool f16, uint16_t *dst, const float *src, int64_t n) {
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 m = na_h512_mask(n - i);
+        na_h512_store(f16, dst + i, m, _mm512_maskz_loadu_ps(m, src + i));
+    }
+}
+static void f16_to_f32_512(float *d, const uint16_t *s, int64_t n) { half_to_f32_512(true, d, s, n); }
+static void bf16_to_f32_512(float *d, const uint16_t *s, int64_t n) { half_to_f32_512(false, d, s, n); }
+static void f32_to_f16_512(uint16_t *d, const float *s, int64_t n) { f32_to_half_512(true, d, s, n); }
+static void f32_to_bf16_512(uint16_t *d, const float *s, int64_t n) { f32_to_half_512(false, d, s, n); }
+#endif
+
 bool na_cpu_convert_is_fast(void) {
 #ifdef NA_CPU_X86_FAST
     if (na_cpu_convert_force_soft) return false;
@@ -96,22 +119,25 @@ bool na_cpu_convert_is_fast(void) {
 #endif
 }
 
-#ifdef NA_CPU_X86_FAST
-#define NA_CPU_CONVERT_(fast, soft, dst, src, n)                                            \
+#if defined(NA_CPU_X86_FAST) && defined(NA_CPU_HALF_SIMD)
+#define NA_CPU_CONVERT_(wide, fast, soft, dst, src, n)                                      \
+    (!na_cpu_convert_is_fast() ? soft : na_cpu_half512() ? wide : fast)(dst, src, n)
+#elif defined(NA_CPU_X86_FAST)
+#define NA_CPU_CONVERT_(wide, fast, soft, dst, src, n)                                      \
     (na_cpu_convert_is_fast() ? fast : soft)(dst, src, n)
 #else
-#define NA_CPU_CONVERT_(fast, soft, dst, src, n) soft(dst, src, n)
+#define NA_CPU_CONVERT_(wide, fast, soft, dst, src, n) soft(dst, src, n)
 #endif
 
 void na_cpu_f32_to_f16(uint16_t *dst, const float *src, int64_t n) {
-    NA_CPU_CONVERT_(f32_to_f16_f16c, f32_to_f16_soft, dst, src, n);
+    NA_CPU_CONVERT_(f32_to_f16_512, f32_to_f16_f16c, f32_to_f16_soft, dst, src, n);
 }
 void na_cpu_f16_to_f32(float *dst, const uint16_t *src, int64_t n) {
-    NA_CPU_CONVERT_(f16_to_f32_f16c, f16_to_f32_soft, dst, src, n);
+    NA_CPU_CONVERT_(f16_to_f32_512, f16_to_f32_f16c, f16_to_f32_soft, dst, src, n);
 }
 void na_cpu_f32_to_bf16(uint16_t *dst, const float *src, int64_t n) {
-    NA_CPU_CONVERT_(f32_to_bf16_avx2, f32_to_bf16_soft, dst, src, n);
+    NA_CPU_CONVERT_(f32_to_bf16_512, f32_to_bf16_avx2, f32_to_bf16_soft, dst, src, n);
 }
 void na_cpu_bf16_to_f32(float *dst, const uint16_t *src, int64_t n) {
-    NA_CPU_CONVERT_(bf16_to_f32_avx2, bf16_to_f32_soft, dst, src, n);
+    NA_CPU_CONVERT_(bf16_to_f32_512, bf16_to_f32_avx2, bf16_to_f32_soft, dst, src, n);
 }

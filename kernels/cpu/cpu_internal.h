@@ -116,6 +116,13 @@ void na_cpu_bf16_to_f32(float *dst, const uint16_t *src, int64_t n);
 /* Whether the instruction paths are in use; test hook: na_cpu_convert_force_soft turns them off. */
 bool na_cpu_convert_is_fast(void);
 extern bool na_cpu_convert_force_soft;
+/* Whether the CPU has AVX-512F/BW/VL (asked once) and the hook below is off: then the array
+ * conversions run 16 lanes at a time (cpu_half_simd.h), and the direct convolution's packing
+ * and the 2x2 max pool read f16/bf16 tensors in place, converting in registers, where they
+ * otherwise widen them into f32 copies. The same bits either way; test hook:
+ * na_cpu_half512_off keeps the AVX2 conversions and the widening copies. */
+bool na_cpu_half512(void);
+extern bool na_cpu_half512_off;
 
 /* ---- contiguous chunk conversion ---------------------------------------------------------
  * na_cpu_load_f(dt, p, off, n, dst)   dst[0..n) = (float) p[off..off+n)
