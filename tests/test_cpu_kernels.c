@@ -1439,6 +1439,53 @@ Test(cpu_conv, direct_path_against_gemm_path) {
     direct_against_gemm(conv_geom(2, 256, 2, 3, 520, 3, 1, 1, 1, 1));
 }
 
+/* f16 x, w, bias and gy on the direct convolution, outputs f16 (autocast) and f32: the packer
+ * reads the halves in place and converts them in registers (na_cpu_half512), the other path
+ * widens them into f32 copies first (na_cpu_half512_off). The same floats reach the same f32
+ * tiles in the same order, so forward, data gradient and weight gradient must have the same
+ * bits. */
+static void f16_packer_case(na_conv_geom g, na_dtype out) {
+    int64_t cg = g.c_in / g.groups;
+    na_view x = MK(NA_DTYPE_F16, g.n, g.c_in, g.h, g.w),
+            w = MK(NA_DTYPE_F16, g.c_out, cg, g.kh, g.kw), b = MK(NA_DTYPE_F16, g.c_out),
+            gy = MK(NA_DTYPE_F16, g.n, g.c_out, g.oh, g.ow), y[2], gx[2], gw[2];
+    fill_rand(&x, -1, 1);
+    fill_rand(&w, -1, 1);
+    fill_rand(&b, -1, 1);
+    fill_rand(&gy, -1, 1);
+    set(&x, 1, 3e-6); /* an f16 subnormal: widened exactly on both paths */
+    for (int v = 0; v < 2; v++) {
+        y[v] = MK(out, g.n, g.c_out, g.oh, g.ow);
+        gx[v] = MK(out, g.n, g.c_in, g.h, g.w);
+        gw[v] = MK(out, g.c_out, cg, g.kh, g.kw);
+        na_cpu_half512_off = v == 1;
+        cr_assert_eq(B->conv2d(&g, &x, &w, &b, &y[v]), NA_OK);
+        cr_assert_eq(B->conv2d_backward_data(&g, &gy, &w, &gx[v]), NA_OK);
+        cr_assert_eq(B->conv2d_backward_weight(&g, &x, &gy, &gw[v]), NA_OK);
+        na_cpu_half512_off = false;
+    }
+    expect_same_bits(&y[0], &y[1], "f16 packer: forward");
+    expect_same_bits(&gx[0], &gx[1], "f16 packer: data gradient");
+    expect_same_bits(&gw[0], &gw[1], "f16 packer: weight gradient");
+    rm(&x); rm(&w); rm(&b); rm(&gy);
+    for (int v = 0; v < 2; v++) rm(&y[v]), rm(&gx[v]), rm(&gw[v]);
+}
+
+Test(cpu_conv, f16_read_by_the_packer_same_bits_as_widened) {
+    na_conv_geom g = conv_geom(4, 32, 14, 14, 64, 3, 1, 1, 1, 1);
+    if (!na_cpu_direct_conv_usable(&g, false) || !na_cpu_half512())
+        cr_skip("this CPU has no AVX-512F/BW/VL: f16 is widened before the direct convolution");
+    for (int o = 0; o < 2; o++) {
+        na_dtype out = o ? NA_DTYPE_F32 : NA_DTYPE_F16;
+        f16_packer_case(g, out);
+        f16_packer_case(conv_geom(3, 1, 28, 28, 32, 3, 1, 1, 1, 1), out);  /* first layer */
+        f16_packer_case(conv_geom(3, 320, 5, 6, 12, 3, 1, 1, 1, 1), out);  /* 3 K blocks */
+        f16_packer_case(conv_geom(5, 24, 3, 4, 20, 3, 1, 1, 1, 2), out);   /* groups, 12 px */
+        f16_packer_case(conv_geom(2, 3, 9, 7, 5, 3, 1, 2, 1, 1), out);     /* wide padding */
+        f16_packer_case(conv_geom(2, 256, 2, 3, 520, 3, 1, 1, 1, 1), out); /* rows split */
+    }
+}
+
 /* ---- bf16 products on AVX512_BF16 (cpu_direct_conv.c, na_cpu_bf16_fast) --------------------
  * One geometry with bf16 x, w, bias and gy, outputs of dtype `out` (f32: the sums themselves,
  * bf16: as autocast stores them): forward, data gradient and weight gradient on the vdpbf16ps
