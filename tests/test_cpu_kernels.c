@@ -413,6 +413,39 @@ Test(cpu_copy, transposed_strided_source) {
     rm(&a); rm(&d); rm(&h); rm(&w); rm(&b); rm(&out);
 }
 
+/* A cast large enough to be split over the pool (na_cpu_convert_f) gives every element the
+ * bits of half.h at 1, 2 and 3 threads: random f32 bit patterns (NaNs, subnormals, infinities
+ * among them) to f16 and bf16, and those back to f32 and across (f16 -> bf16). */
+Test(cpu_copy, conversions_over_the_pool_as_half_h) {
+    int64_t n = 300007; /* several tasks, and a ragged end */
+    na_view f = MK(NA_DTYPE_F32, n), h = MK(NA_DTYPE_F16, n), b = MK(NA_DTYPE_BF16, n),
+            back = MK(NA_DTYPE_F32, n), hb = MK(NA_DTYPE_BF16, n);
+    uint32_t *u = f.data;
+    for (int64_t i = 0; i < n; i++) u[i] = (uint32_t)(urand() * 4294967296.0);
+    for (int threads = 1; threads <= 3; threads++) {
+        cr_assert_eq(na_set_num_threads(threads), NA_OK);
+        memset(h.data, 0, (size_t)n * 2), memset(b.data, 0, (size_t)n * 2);
+        cr_assert_eq(B->copy(&h, &f), NA_OK);
+        cr_assert_eq(B->copy(&b, &f), NA_OK);
+        cr_assert_eq(B->copy(&hb, &h), NA_OK);
+        for (int64_t i = 0; i < n; i++) {
+            float v = ((float *)f.data)[i];
+            uint16_t hv = na_f32_to_f16_bits(v);
+            cr_assert_eq(((uint16_t *)h.data)[i], hv, "f16 %lld, %d threads", (long long)i, threads);
+            cr_assert_eq(((uint16_t *)b.data)[i], na_f32_to_bf16_bits(v), "bf16 %lld", (long long)i);
+            cr_assert_eq(((uint16_t *)hb.data)[i], na_f32_to_bf16_bits(na_f16_bits_to_f32(hv)),
+                         "f16 -> bf16 %lld", (long long)i);
+        }
+        cr_assert_eq(B->copy(&back, &h), NA_OK);
+        for (int64_t i = 0; i < n; i++) {
+            float want = na_f16_bits_to_f32(((uint16_t *)h.data)[i]);
+            cr_assert(!memcmp((float *)back.data + i, &want, 4), "f16 -> f32 %lld", (long long)i);
+        }
+    }
+    na_set_num_threads(1);
+    rm(&f), rm(&h), rm(&b), rm(&back), rm(&hb);
+}
+
 Test(cpu_copy, conversions_round_to_nearest_even) {
     int n = 4096;
     na_view f = MK(NA_DTYPE_F32, n), h = MK(NA_DTYPE_F16, n), b = MK(NA_DTYPE_BF16, n),

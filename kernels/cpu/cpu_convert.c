@@ -17,6 +17,7 @@
  * Elsewhere, or with na_cpu_convert_force_soft set, plain loops over the half.h functions. */
 #include "cpu/cpu_half_simd.h"
 #include "cpu/cpu_internal.h"
+#include "cpu/cpu_parallel.h"
 
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
 #define NA_CPU_X86_FAST 1
@@ -140,4 +141,46 @@ void na_cpu_f32_to_bf16(uint16_t *dst, const float *src, int64_t n) {
 }
 void na_cpu_bf16_to_f32(float *dst, const uint16_t *src, int64_t n) {
     NA_CPU_CONVERT_(bf16_to_f32_512, bf16_to_f32_avx2, bf16_to_f32_soft, dst, src, n);
+}
+
+/* ---- dense conversions over the pool -------------------------------------------------------- */
+
+#define NA_CPU_CONVERT_TASK_ELEMS ((int64_t)1 << 16) /* elements per task worth a wake-up */
+enum { NA_CPU_CONVERT_TASKS = 8 };
+
+typedef struct {
+    na_dtype ddt, sdt;
+    void *dst;
+    const void *src;
+    int64_t n, tasks;
+} convert_job;
+
+/* elements [lo, hi): straight into an f32 dst, else through a chunk of f32 (an f32 src read in
+ * place) */
+static void convert_range(const convert_job *j, int64_t lo, int64_t hi) {
+    if (j->ddt == NA_DTYPE_F32) {
+        na_cpu_load_f(j->sdt, j->src, lo, hi - lo, (float *)j->dst + lo);
+        return;
+    }
+    float buf[NA_CPU_CHUNK];
+    for (int64_t o = lo; o < hi; o += NA_CPU_CHUNK) {
+        int64_t c = hi - o < NA_CPU_CHUNK ? hi - o : NA_CPU_CHUNK;
+        na_cpu_store_f(j->ddt, j->dst, o, c, na_cpu_view_f(j->sdt, j->src, o, c, buf));
+    }
+}
+
+static void convert_task(void *ctx, int64_t t) {
+    const convert_job *j = ctx;
+    int64_t lo, hi;
+    na_cpu_task_range(j->n, j->tasks, t, 64, &lo, &hi);
+    if (lo < hi) convert_range(j, lo, hi);
+}
+
+void na_cpu_convert_f(na_dtype ddt, void *dst, na_dtype sdt, const void *src, int64_t n) {
+    convert_job j = {.ddt = ddt, .sdt = sdt, .dst = dst, .src = src, .n = n};
+    j.tasks = na_cpu_in_parallel() ? 1
+                                   : na_cpu_split(n, NA_CPU_CONVERT_TASK_ELEMS,
+                                                  NA_CPU_CONVERT_TASKS);
+    if (j.tasks <= 1) convert_range(&j, 0, n);
+    else na_cpu_parallel_for(j.tasks, convert_task, &j);
 }

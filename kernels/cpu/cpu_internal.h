@@ -124,6 +124,11 @@ extern bool na_cpu_convert_force_soft;
 bool na_cpu_half512(void);
 extern bool na_cpu_half512_off;
 
+/* dst[0..n) (dtype ddt) = src[0..n) (dtype sdt) through f32, rounded once: float-typed dtypes
+ * but f64 (f32 only in or out: i32/u8/FP8 loads too), split over the pool for large n (the
+ * same bits at any split). An f32 dst is written directly, an f32 src read in place. */
+void na_cpu_convert_f(na_dtype ddt, void *dst, na_dtype sdt, const void *src, int64_t n);
+
 /* ---- contiguous chunk conversion ---------------------------------------------------------
  * na_cpu_load_f(dt, p, off, n, dst)   dst[0..n) = (float) p[off..off+n)
  * na_cpu_view_f(dt, p, off, n, buf)   the f32 values of p[off..off+n): p itself when it is f32,
