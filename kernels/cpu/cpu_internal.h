@@ -5,8 +5,9 @@
  * store (common/half.h); f64 computes in double. bf16 GEMMs on AVX512_BF16 are the one
  * exception (below): the same accumulation in another order, denormals flushed. Every kernel
  * works on chunks of at most NA_CPU_CHUNK elements converted into stack buffers (f32 data is
- * used in place), so the per-element loops stay simple and vectorizable and no kernel mallocs
- * per call. Larger
+ * used in place; the direct convolution's packing and the 2x2 max pool convert f16/bf16 in
+ * registers instead, cpu_half_simd.h), so the per-element loops stay simple and vectorizable
+ * and no kernel mallocs per call. Larger
  * temporaries (rows, im2col columns, GEMM packing) come from thread-local scratch buffers that
  * only grow: once a training step has run, later steps allocate nothing.
  */
