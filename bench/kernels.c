@@ -22,7 +22,8 @@
  * gemm:    the MNIST MLP's matrix products (batch 128: both forwards, both weight gradients,
  *          the hidden layer's data gradient) and a 512^3 one, through the backend's gemm: f32
  *          (OpenBLAS when built with it), bf16 on the widening path and bf16 on vdpbf16ps
- *          (where the CPU has AVX512_BF16; cpu_gemm.c); "n" is the rate in GFLOP/s.
+ *          (where the CPU has AVX512_BF16; cpu_gemm.c), and f16 (widened, OpenBLAS's f32
+ *          product); "n" is the rate in GFLOP/s.
  * convert: f32 <-> f16 / bf16 of 4.8M elements (one CNN activation set), through the
  *          portable half.h loops, F16C / AVX2 and AVX-512 (16 lanes; cpu_convert.c).
  * maxpool: the MNIST CNN's two 2x2 max pools (batch 128), forward with indices, f32 and f16,
@@ -350,8 +351,8 @@ static int bench_gemm(void) {
         char name[64];
         snprintf(name, sizeof name, "gemm_%lldx%lldx%lld%s%s", (long long)m, (long long)n,
                  (long long)k, S[3] ? "_ta" : "", S[4] ? "_tb" : "");
-        for (int v = 0; v < 3; v++) {
-            na_dtype dt = v == 0 ? NA_DTYPE_F32 : NA_DTYPE_BF16;
+        for (int v = 0; v < 4; v++) { /* f32, bf16 widening, bf16 vdpbf16ps, f16 */
+            na_dtype dt = v == 0 ? NA_DTYPE_F32 : v < 3 ? NA_DTYPE_BF16 : NA_DTYPE_F16;
             if (v == 2 && !(na_cpu_bf16_force_spec = false, na_cpu_bf16_fast())) continue;
             na_cpu_bf16_force_spec = v == 1;
             na_view a = bench_view(dt, 2, as), b = bench_view(dt, 2, bs), c = bench_view(dt, 2, cs);
@@ -362,8 +363,9 @@ static int bench_gemm(void) {
                               .ldb = S[4] ? k : n, .ldc = n, .batch = 1, .alpha = 1, .beta = 0};
             double ms;
             BENCH_MIN_MS(ms, rc |= na_cpu_gemm(&g));
-            print_row(name, v == 0 ? "f32" : v == 1 ? "bf16_widening" : "bf16_dpbf16",
-                      (int64_t)(gflop * 1e3 / ms), ms);
+            static const char *const names[] = {"f32", "bf16_widening", "bf16_dpbf16",
+                                                "f16_widening"};
+            print_row(name, names[v], (int64_t)(gflop * 1e3 / ms), ms);
             free(a.data), free(b.data), free(c.data);
         }
         na_cpu_bf16_force_spec = false;
