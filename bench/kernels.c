@@ -243,8 +243,8 @@ static const char *conv_dtype_suffix(na_dtype dt) {
 
 /* Convolutions 3x3, padding 1: forward, data gradient (not for a first layer: its input needs
  * none) and weight gradient; f32 through the direct convolution (where this CPU has it) and
- * the im2col + GEMM path, then bf16 through the backend's own choice, then f16 (f32 compute).  One row per layer:
- * {batch, c_in, c_out, h = w}; then one total row per variant. */
+ * the im2col + GEMM path, then bf16 through the backend's own choice, then f16 (f32 compute).
+ * One row per layer: {batch, c_in, c_out, h = w}; then one total row per variant. */
 static int bench_conv_layers(const char *net, const int64_t (*layers)[4], int count) {
     static const struct {
         na_dtype dt;

@@ -431,8 +431,10 @@ Test(cpu_copy, conversions_over_the_pool_as_half_h) {
         for (int64_t i = 0; i < n; i++) {
             float v = ((float *)f.data)[i];
             uint16_t hv = na_f32_to_f16_bits(v);
-            cr_assert_eq(((uint16_t *)h.data)[i], hv, "f16 %lld, %d threads", (long long)i, threads);
-            cr_assert_eq(((uint16_t *)b.data)[i], na_f32_to_bf16_bits(v), "bf16 %lld", (long long)i);
+            cr_assert_eq(((uint16_t *)h.data)[i], hv, "f16 %lld, %d threads", (long long)i,
+                         threads);
+            cr_assert_eq(((uint16_t *)b.data)[i], na_f32_to_bf16_bits(v), "bf16 %lld",
+                         (long long)i);
             cr_assert_eq(((uint16_t *)hb.data)[i], na_f32_to_bf16_bits(na_f16_bits_to_f32(hv)),
                          "f16 -> bf16 %lld", (long long)i);
         }

@@ -419,8 +419,9 @@ static void win_range(int64_t start, int64_t size, int64_t d, int k, int64_t *lo
  * inputs with NaNs and ties): the first maximum in row-major window order wins, and the first
  * NaN wins over any number. f32 rows run 16 windows at a time with AVX-512 where the CPU has
  * it (else 4 with SSE2); f16 and bf16 planes the same 16 windows, converted in registers and
- * never widened into f32 copies, where it has AVX-512BW (na_cpu_half512). The backward needs no such path: its memset and one scatter per
- * output already run at memory speed (a 2x2 select version measured 1.5-2x slower). */
+ * never widened into f32 copies, where it has AVX-512BW (na_cpu_half512). The backward needs
+ * no such path: its memset and one scatter per output already run at memory speed (a 2x2
+ * select version measured 1.5-2x slower). */
 bool na_cpu_pool_force_generic = false;
 
 static bool is_pool_2x2(const na_conv_geom *g) {
@@ -537,8 +538,10 @@ NA_HALF512 static void max_pool_2x2_avx512_h(bool f16, const uint16_t *r0, const
                                              int32_t *idx) {
     for (int64_t ox = 0; ox < ow; ox += 16) {
         NA_POOL_MASKS(ow, ox);
-        __m512 a0 = na_h512_load(f16, r0 + 2 * ox, m0), a1 = na_h512_load(f16, r0 + 2 * ox + 16, m1);
-        __m512 b0 = na_h512_load(f16, r1 + 2 * ox, m0), b1 = na_h512_load(f16, r1 + 2 * ox + 16, m1);
+        __m512 a0 = na_h512_load(f16, r0 + 2 * ox, m0);
+        __m512 a1 = na_h512_load(f16, r0 + 2 * ox + 16, m1);
+        __m512 b0 = na_h512_load(f16, r1 + 2 * ox, m0);
+        __m512 b1 = na_h512_load(f16, r1 + 2 * ox + 16, m1);
         na_h512_store(f16, y + ox, mo, pool_16_avx512(a0, a1, b0, b1, ox, at, w, mo, idx));
     }
 }

@@ -95,10 +95,18 @@ NA_HALF512 static void f32_to_half_512(bool f16, uint16_t *dst, const float *src
         na_h512_store(f16, dst + i, m, _mm512_maskz_loadu_ps(m, src + i));
     }
 }
-static void f16_to_f32_512(float *d, const uint16_t *s, int64_t n) { half_to_f32_512(true, d, s, n); }
-static void bf16_to_f32_512(float *d, const uint16_t *s, int64_t n) { half_to_f32_512(false, d, s, n); }
-static void f32_to_f16_512(uint16_t *d, const float *s, int64_t n) { f32_to_half_512(true, d, s, n); }
-static void f32_to_bf16_512(uint16_t *d, const float *s, int64_t n) { f32_to_half_512(false, d, s, n); }
+static void f16_to_f32_512(float *d, const uint16_t *s, int64_t n) {
+    half_to_f32_512(true, d, s, n);
+}
+static void bf16_to_f32_512(float *d, const uint16_t *s, int64_t n) {
+    half_to_f32_512(false, d, s, n);
+}
+static void f32_to_f16_512(uint16_t *d, const float *s, int64_t n) {
+    f32_to_half_512(true, d, s, n);
+}
+static void f32_to_bf16_512(uint16_t *d, const float *s, int64_t n) {
+    f32_to_half_512(false, d, s, n);
+}
 #endif
 
 bool na_cpu_convert_is_fast(void) {

@@ -607,8 +607,8 @@ typedef struct {
 } dc_job;
 
 /* Task t's images, in passes: every image at once where x and y are f32, or x is bf16 on the
- * bf16 path or f16 read by the packer (read and written in place), else as many as about 1M floats of widened input and
- * f32 output hold. */
+ * bf16 path or f16 read by the packer (read and written in place), else as many as about 1M
+ * floats of widened input and f32 output hold. */
 static void dc_task(void *ctx, int64_t t) {
 #ifdef NA_DC_X86
     dc_job *j = ctx;
@@ -647,8 +647,8 @@ static void dc_task(void *ctx, int64_t t) {
             if (!y_f32) y = yb, y_img = out_n;
             const char *wp = (const char *)j->wp + (size_t)(gi * s->blocks * DC_MR) *
                                                        (size_t)(j->bf ? s->KP : s->K) * 4;
-            conv_images(s, j->bf, j->xh, nb, x, x_img, wp, j->bias ? j->bias + gi * s->cout : NULL, y,
-                        y_img, panel);
+            conv_images(s, j->bf, j->xh, nb, x, x_img, wp,
+                        j->bias ? j->bias + gi * s->cout : NULL, y, y_img, panel);
             for (int64_t b = 0; b < nb && !y_f32; b++)
                 na_cpu_store_f(j->y->dtype, j->y->data, yo + b * j->y_ch * P, out_n,
                                yb + b * out_n);
