@@ -275,9 +275,9 @@ Test(half, bf16_edges) {
  * Their instruction paths (F16C and AVX2; AVX-512, the 16-lane register conversions of
  * cpu_half_simd.h that the kernels also use inside their loads) must give the half.h bits
  * for every input, NaNs included (they rewrite NaN payloads as half.h does), so the CPU
- * backend stays bit for bit with the CUDA one. All 2^32 f32 inputs go through in blocks against the scalar half.h
- * functions; all 2^16 half inputs the other way; then a sample under FTZ, DAZ and a directed
- * rounding mode in MXCSR, which neither path may depend on. */
+ * backend stays bit for bit with the CUDA one. All 2^32 f32 inputs go through in blocks
+ * against the scalar half.h functions; all 2^16 half inputs the other way; then a sample
+ * under FTZ, DAZ and a directed rounding mode in MXCSR, which no path may depend on. */
 
 enum { CONV_BLOCK = 1 << 16 };
 
