@@ -11,18 +11,21 @@
  * conv:    the MNIST CNN's two convolutions (batch 128), forward and gradients, f32 through
  *          the direct AVX-512 convolution and the im2col + GEMM path (cpu_direct_conv.c,
  *          cpu_conv.c), and bf16 (x, w, y in bf16) widened to f32 (bf16_widening, the
- *          specification) and on vdpbf16ps (bf16_dpbf16, where the CPU has it); "n" is the rate in GFLOP/s (integer), "gflops" the same unrounded, "pct_peak" its
- *          percentage of this machine's measured peak for the dtype ("peak": f32 FMA or bf16
- *          vdpbf16ps, bench/peak.h). A "total" row per variant divides all the case's FLOPs by
+ *          specification) and on vdpbf16ps (bf16_dpbf16, where the CPU has it), and f16
+ *          (f32 compute, the halves converted in the packing); "n" is the rate in GFLOP/s
+ *          (integer), "gflops" the same unrounded, "pct_peak" its percentage of this
+ *          machine's measured peak for the compute ("peak": f32 FMA or bf16 vdpbf16ps,
+ *          bench/peak.h). A "total" row per variant divides all the case's FLOPs by
  *          all its time. conv-resnet9: the same for ResNet-9's six distinct 3x3 layers at
  *          batch 32.
  * peak:    the peak-FLOP probes of bench/peak.h on the backend's threads: "gflops" per probe.
  * gemm:    the MNIST MLP's matrix products (batch 128: both forwards, both weight gradients,
  *          the hidden layer's data gradient) and a 512^3 one, through the backend's gemm: f32
  *          (OpenBLAS when built with it), bf16 on the widening path and bf16 on vdpbf16ps
- *          (where the CPU has AVX512_BF16; cpu_gemm.c); "n" is the rate in GFLOP/s.
+ *          (where the CPU has AVX512_BF16; cpu_gemm.c), and f16 (widened, OpenBLAS's f32
+ *          product); "n" is the rate in GFLOP/s.
  * convert: f32 <-> f16 / bf16 of 4.8M elements (one CNN activation set), through the
- *          portable half.h loops and through the CPU's instructions (cpu_convert.c).
+ *          portable half.h loops, F16C / AVX2 and AVX-512 (16 lanes; cpu_convert.c).
  * maxpool: the MNIST CNN's two 2x2 max pools (batch 128), forward with indices, f32 and f16,
  *          through the generic window loop and the 2x2 path (cpu_conv.c).
  * relu:    ReLU forward and backward over the CNN's first activation (128x32x28x28), f32 and
@@ -80,9 +83,14 @@ static int bench_convert(void) {
     uint16_t *h = malloc((size_t)n * sizeof *h);
     if (!f || !h || !back) return 1;
     for (int64_t i = 0; i < n; i++) f[i] = (float)((i * 2654435761u) % 20001) * 1e-3f - 10.0f;
-    for (int soft = 1; soft >= 0; soft--) {
-        na_cpu_convert_force_soft = soft;
-        const char *v = soft ? "portable" : (na_cpu_convert_is_fast() ? "f16c_avx2" : "portable");
+    /* 2: the portable loops, 1: F16C / AVX2, 0: the 16-lane AVX-512 conversions */
+    for (int path = 2; path >= 0; path--) {
+        na_cpu_convert_force_soft = path == 2;
+        na_cpu_half512_off = path == 1;
+        if (path == 0 && !na_cpu_half512()) continue;
+        const char *v = path == 2 || !na_cpu_convert_is_fast() ? "portable"
+                        : path == 1                            ? "f16c_avx2"
+                                                               : "avx512";
         double ms;
         BENCH_MIN_MS(ms, na_cpu_f32_to_f16(h, f, n));
         print_row("f32_to_f16", v, n, ms);
@@ -93,7 +101,7 @@ static int bench_convert(void) {
         BENCH_MIN_MS(ms, na_cpu_bf16_to_f32(back, h, n));
         print_row("bf16_to_f32", v, n, ms);
     }
-    na_cpu_convert_force_soft = false;
+    na_cpu_convert_force_soft = false, na_cpu_half512_off = false;
     free(f), free(h), free(back);
     return 0;
 }
@@ -210,7 +218,8 @@ static int bench_bn(void) {
 /* One convolution row: the print_row fields plus the rate and its share of the dtype's peak. */
 static void print_conv_row(const char *kernel, const char *variant, na_dtype dt, double gflop,
                            double ms) {
-    bench_peak_kind pk = dt == NA_DTYPE_F32 ? BENCH_PEAK_F32_FMA : BENCH_PEAK_BF16_DP;
+    /* f16 computes in f32 (no f16 arithmetic on the CPUs this targets) */
+    bench_peak_kind pk = dt == NA_DTYPE_BF16 ? BENCH_PEAK_BF16_DP : BENCH_PEAK_F32_FMA;
     double rate = gflop * 1e3 / ms, peak = bench_peak_gflops(pk);
     bench_json j;
     bench_json_begin(&j, stdout);
@@ -227,17 +236,22 @@ static void print_conv_row(const char *kernel, const char *variant, na_dtype dt,
     bench_json_end(&j);
 }
 
+/* the case names' dtype: none for f32 */
+static const char *conv_dtype_suffix(na_dtype dt) {
+    return dt == NA_DTYPE_F32 ? "" : dt == NA_DTYPE_BF16 ? "_bf16" : "_f16";
+}
+
 /* Convolutions 3x3, padding 1: forward, data gradient (not for a first layer: its input needs
  * none) and weight gradient; f32 through the direct convolution (where this CPU has it) and
- * the im2col + GEMM path, then bf16 through the backend's own choice. One row per layer:
- * {batch, c_in, c_out, h = w}; then one total row per variant. */
+ * the im2col + GEMM path, then bf16 through the backend's own choice, then f16 (f32 compute).
+ * One row per layer: {batch, c_in, c_out, h = w}; then one total row per variant. */
 static int bench_conv_layers(const char *net, const int64_t (*layers)[4], int count) {
     static const struct {
         na_dtype dt;
         int gemm; /* na_cpu_conv_force_gemm */
         bool spec; /* na_cpu_bf16_force_spec: bf16 widened to f32 */
     } runs[] = {{NA_DTYPE_F32, 1, false}, {NA_DTYPE_F32, 0, false}, {NA_DTYPE_BF16, 0, true},
-                {NA_DTYPE_BF16, 0, false}};
+                {NA_DTYPE_BF16, 0, false}, {NA_DTYPE_F16, 0, false}};
     enum { NRUNS = sizeof runs / sizeof runs[0] };
     double total_gflop[NRUNS] = {0}, total_ms[NRUNS] = {0};
     const char *variant[NRUNS] = {0};
@@ -263,12 +277,12 @@ static int bench_conv_layers(const char *net, const int64_t (*layers)[4], int co
             na_cpu_bf16_force_spec = runs[k].spec;
             /* bf16: widened to f32 (the specification), then on vdpbf16ps where the CPU has it */
             const char *v = runs[k].gemm ? "im2col_gemm"
-                            : dt != NA_DTYPE_F32 ? (runs[k].spec ? "bf16_widening" : "bf16_dpbf16")
+                            : dt == NA_DTYPE_BF16 ? (runs[k].spec ? "bf16_widening" : "bf16_dpbf16")
                             : na_cpu_direct_conv_usable(&g, false) ? "direct_avx512"
                                                                    : "im2col_gemm";
             variant[k] = v;
             char name[96];
-            const char *dts = dt == NA_DTYPE_F32 ? "" : "_bf16";
+            const char *dts = conv_dtype_suffix(dt);
             double ms;
             BENCH_MIN_MS(ms, rc |= na_cpu_conv2d(&g, &x, &w, &b, &y));
             snprintf(name, sizeof name, "%s_conv%d_%lldx%lld%s_forward", net, l + 1,
@@ -294,8 +308,7 @@ static int bench_conv_layers(const char *net, const int64_t (*layers)[4], int co
     for (int k = 0; k < NRUNS; k++) { /* each layer once, as ResNet-9 has its layers */
         if (!variant[k]) continue; /* (no vdpbf16ps here) */
         char name[64];
-        snprintf(name, sizeof name, "%s_conv_total%s", net,
-                 runs[k].dt == NA_DTYPE_F32 ? "" : "_bf16");
+        snprintf(name, sizeof name, "%s_conv_total%s", net, conv_dtype_suffix(runs[k].dt));
         print_conv_row(name, variant[k], runs[k].dt, total_gflop[k], total_ms[k]);
     }
     return rc != 0;
@@ -338,8 +351,8 @@ static int bench_gemm(void) {
         char name[64];
         snprintf(name, sizeof name, "gemm_%lldx%lldx%lld%s%s", (long long)m, (long long)n,
                  (long long)k, S[3] ? "_ta" : "", S[4] ? "_tb" : "");
-        for (int v = 0; v < 3; v++) {
-            na_dtype dt = v == 0 ? NA_DTYPE_F32 : NA_DTYPE_BF16;
+        for (int v = 0; v < 4; v++) { /* f32, bf16 widening, bf16 vdpbf16ps, f16 */
+            na_dtype dt = v == 0 ? NA_DTYPE_F32 : v < 3 ? NA_DTYPE_BF16 : NA_DTYPE_F16;
             if (v == 2 && !(na_cpu_bf16_force_spec = false, na_cpu_bf16_fast())) continue;
             na_cpu_bf16_force_spec = v == 1;
             na_view a = bench_view(dt, 2, as), b = bench_view(dt, 2, bs), c = bench_view(dt, 2, cs);
@@ -350,8 +363,9 @@ static int bench_gemm(void) {
                               .ldb = S[4] ? k : n, .ldc = n, .batch = 1, .alpha = 1, .beta = 0};
             double ms;
             BENCH_MIN_MS(ms, rc |= na_cpu_gemm(&g));
-            print_row(name, v == 0 ? "f32" : v == 1 ? "bf16_widening" : "bf16_dpbf16",
-                      (int64_t)(gflop * 1e3 / ms), ms);
+            static const char *const names[] = {"f32", "bf16_widening", "bf16_dpbf16",
+                                                "f16_widening"};
+            print_row(name, names[v], (int64_t)(gflop * 1e3 / ms), ms);
             free(a.data), free(b.data), free(c.data);
         }
         na_cpu_bf16_force_spec = false;

@@ -70,13 +70,13 @@ import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 for r in rows:
     assert abs(r["gflops"] - r["gflop"] * 1e3 / r["min_ms"]) < 1e-3 * r["gflops"], r
-    assert r["peak"] == ("f32_fma_avx512" if r["dtype"] == "f32" else "bf16_dp_avx512"), r
+    assert r["peak"] == ("bf16_dp_avx512" if r["dtype"] == "bf16" else "f32_fma_avx512"), r
     assert "pct_peak" in r and (r["pct_peak"] is None or r["pct_peak"] > 0), r
 totals = [r for r in rows if "_conv_total" in r["kernel"]]
-# im2col, direct, bf16 widened, and bf16 on vdpbf16ps where the CPU has it
+# im2col, direct, bf16 widened, bf16 on vdpbf16ps where the CPU has it, and f16 (f32 compute)
 flags = open("/proc/cpuinfo").read().split()
-assert len(totals) == 3 + ("avx512_bf16" in flags), totals
-assert {r["dtype"] for r in rows} == {"f32", "bf16"}, totals
+assert len(totals) == 4 + ("avx512_bf16" in flags), totals
+assert {r["dtype"] for r in rows} == {"f32", "bf16", "f16"}, totals
 flop = sum(r["gflop"] for r in rows if r["variant"] == "im2col_gemm" and "total" not in r["kernel"])
 assert abs(flop - totals[0]["gflop"]) < 1e-4 * flop, (flop, totals[0])' "$tmp/out"
 

@@ -413,6 +413,41 @@ Test(cpu_copy, transposed_strided_source) {
     rm(&a); rm(&d); rm(&h); rm(&w); rm(&b); rm(&out);
 }
 
+/* A cast large enough to be split over the pool (na_cpu_convert_f) gives every element the
+ * bits of half.h at 1, 2 and 3 threads: random f32 bit patterns (NaNs, subnormals, infinities
+ * among them) to f16 and bf16, and those back to f32 and across (f16 -> bf16). */
+Test(cpu_copy, conversions_over_the_pool_as_half_h) {
+    int64_t n = 300007; /* several tasks, and a ragged end */
+    na_view f = MK(NA_DTYPE_F32, n), h = MK(NA_DTYPE_F16, n), b = MK(NA_DTYPE_BF16, n),
+            back = MK(NA_DTYPE_F32, n), hb = MK(NA_DTYPE_BF16, n);
+    uint32_t *u = f.data;
+    for (int64_t i = 0; i < n; i++) u[i] = (uint32_t)(urand() * 4294967296.0);
+    for (int threads = 1; threads <= 3; threads++) {
+        cr_assert_eq(na_set_num_threads(threads), NA_OK);
+        memset(h.data, 0, (size_t)n * 2), memset(b.data, 0, (size_t)n * 2);
+        cr_assert_eq(B->copy(&h, &f), NA_OK);
+        cr_assert_eq(B->copy(&b, &f), NA_OK);
+        cr_assert_eq(B->copy(&hb, &h), NA_OK);
+        for (int64_t i = 0; i < n; i++) {
+            float v = ((float *)f.data)[i];
+            uint16_t hv = na_f32_to_f16_bits(v);
+            cr_assert_eq(((uint16_t *)h.data)[i], hv, "f16 %lld, %d threads", (long long)i,
+                         threads);
+            cr_assert_eq(((uint16_t *)b.data)[i], na_f32_to_bf16_bits(v), "bf16 %lld",
+                         (long long)i);
+            cr_assert_eq(((uint16_t *)hb.data)[i], na_f32_to_bf16_bits(na_f16_bits_to_f32(hv)),
+                         "f16 -> bf16 %lld", (long long)i);
+        }
+        cr_assert_eq(B->copy(&back, &h), NA_OK);
+        for (int64_t i = 0; i < n; i++) {
+            float want = na_f16_bits_to_f32(((uint16_t *)h.data)[i]);
+            cr_assert(!memcmp((float *)back.data + i, &want, 4), "f16 -> f32 %lld", (long long)i);
+        }
+    }
+    na_set_num_threads(1);
+    rm(&f), rm(&h), rm(&b), rm(&back), rm(&hb);
+}
+
 Test(cpu_copy, conversions_round_to_nearest_even) {
     int n = 4096;
     na_view f = MK(NA_DTYPE_F32, n), h = MK(NA_DTYPE_F16, n), b = MK(NA_DTYPE_BF16, n),
@@ -1506,6 +1541,53 @@ Test(cpu_conv, direct_path_against_gemm_path) {
     direct_against_gemm(conv_geom(5, 24, 3, 4, 20, 3, 1, 1, 1, 2));  /* 12-px images, groups */
     /* a weight gradient too wide for one partial per image range: split by output channels */
     direct_against_gemm(conv_geom(2, 256, 2, 3, 520, 3, 1, 1, 1, 1));
+}
+
+/* f16 x, w, bias and gy on the direct convolution, outputs f16 (autocast) and f32: the packer
+ * reads the halves in place and converts them in registers (na_cpu_half512), the other path
+ * widens them into f32 copies first (na_cpu_half512_off). The same floats reach the same f32
+ * tiles in the same order, so forward, data gradient and weight gradient must have the same
+ * bits. */
+static void f16_packer_case(na_conv_geom g, na_dtype out) {
+    int64_t cg = g.c_in / g.groups;
+    na_view x = MK(NA_DTYPE_F16, g.n, g.c_in, g.h, g.w),
+            w = MK(NA_DTYPE_F16, g.c_out, cg, g.kh, g.kw), b = MK(NA_DTYPE_F16, g.c_out),
+            gy = MK(NA_DTYPE_F16, g.n, g.c_out, g.oh, g.ow), y[2], gx[2], gw[2];
+    fill_rand(&x, -1, 1);
+    fill_rand(&w, -1, 1);
+    fill_rand(&b, -1, 1);
+    fill_rand(&gy, -1, 1);
+    set(&x, 1, 3e-6); /* an f16 subnormal: widened exactly on both paths */
+    for (int v = 0; v < 2; v++) {
+        y[v] = MK(out, g.n, g.c_out, g.oh, g.ow);
+        gx[v] = MK(out, g.n, g.c_in, g.h, g.w);
+        gw[v] = MK(out, g.c_out, cg, g.kh, g.kw);
+        na_cpu_half512_off = v == 1;
+        cr_assert_eq(B->conv2d(&g, &x, &w, &b, &y[v]), NA_OK);
+        cr_assert_eq(B->conv2d_backward_data(&g, &gy, &w, &gx[v]), NA_OK);
+        cr_assert_eq(B->conv2d_backward_weight(&g, &x, &gy, &gw[v]), NA_OK);
+        na_cpu_half512_off = false;
+    }
+    expect_same_bits(&y[0], &y[1], "f16 packer: forward");
+    expect_same_bits(&gx[0], &gx[1], "f16 packer: data gradient");
+    expect_same_bits(&gw[0], &gw[1], "f16 packer: weight gradient");
+    rm(&x); rm(&w); rm(&b); rm(&gy);
+    for (int v = 0; v < 2; v++) rm(&y[v]), rm(&gx[v]), rm(&gw[v]);
+}
+
+Test(cpu_conv, f16_read_by_the_packer_same_bits_as_widened) {
+    na_conv_geom g = conv_geom(4, 32, 14, 14, 64, 3, 1, 1, 1, 1);
+    if (!na_cpu_direct_conv_usable(&g, false) || !na_cpu_half512())
+        cr_skip("this CPU has no AVX-512F/BW/VL: f16 is widened before the direct convolution");
+    for (int o = 0; o < 2; o++) {
+        na_dtype out = o ? NA_DTYPE_F32 : NA_DTYPE_F16;
+        f16_packer_case(g, out);
+        f16_packer_case(conv_geom(3, 1, 28, 28, 32, 3, 1, 1, 1, 1), out);  /* first layer */
+        f16_packer_case(conv_geom(3, 320, 5, 6, 12, 3, 1, 1, 1, 1), out);  /* 3 K blocks */
+        f16_packer_case(conv_geom(5, 24, 3, 4, 20, 3, 1, 1, 1, 2), out);   /* groups, 12 px */
+        f16_packer_case(conv_geom(2, 3, 9, 7, 5, 3, 1, 2, 1, 1), out);     /* wide padding */
+        f16_packer_case(conv_geom(2, 256, 2, 3, 520, 3, 1, 1, 1, 1), out); /* rows split */
+    }
 }
 
 /* ---- bf16 products on AVX512_BF16 (cpu_direct_conv.c, na_cpu_bf16_fast) --------------------

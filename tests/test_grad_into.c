@@ -249,6 +249,35 @@ Test(grad_into, no_weight_sized_temporary_in_the_backward) {
     }
 }
 
+/* A weight cast to f16 for its product (as autocast casts it) gets its f32 gradient from the
+ * cast's backward in place: the backward makes the f16 gradient only (before: that and an f32
+ * copy of it, then the copy into .grad), with the same values. */
+Test(grad_into, cast_weight_gradient_written_in_place) {
+    na_tensor *w = persistent_leaf(NA_DTYPE_F32, NA_SHAPE(512, 512), 11);
+    size_t bytes = (size_t)w->numel * sizeof(float);
+    double first = 0;
+    for (int pass = 0; pass < 2; pass++) { /* the first makes .grad, the second is marked */
+        if (pass) TH_RC(na_tensor_zero_grad(w));
+        na_manual_seed(7);
+        na_tensor *x = TH_OK(na_randn(NA_DTYPE_F16, NA_DEVICE_CPU, NA_SHAPE(2, 512), 0.0, 1.0));
+        na_tensor *y = TH_OK(na_linear(x, TH_OK(na_cast(w, NA_DTYPE_F16)), NULL));
+        na_tensor *loss = TH_OK(na_sum(TH_OK(na_cast(y, NA_DTYPE_F32))));
+        size_t forward = na_arena_used(NA_DEVICE_CPU);
+        na_arena_peak_reset();
+        TH_RC(na_backward(loss, NULL));
+        size_t peak = na_arena_peak(NA_DEVICE_CPU) - forward;
+        na_step_end();
+        if (!pass) {
+            first = na_get(w->grad, 3);
+            continue;
+        }
+        cr_assert(peak < bytes * 3 / 4, "the backward's arena peak is %zu bytes, the f32 weight "
+                  "%zu (its f16 gradient half that)", peak, bytes);
+        cr_assert(na_get(w->grad, 3) == first && first != 0, "the same gradient again");
+    }
+    na_tensor_free(w);
+}
+
 /* Converting a module moves real zeros, not a zeroed gradient's stale memory. */
 Test(grad_into, module_conversion_moves_zeros) {
     na_module *lin = na_linear_new(3, 2, true);

@@ -272,11 +272,12 @@ Test(half, bf16_edges) {
 }
 
 /* ---- the CPU backend's array conversions (kernels/cpu/cpu_convert.c) ----------------------
- * Their instruction paths (F16C, AVX2) must give the half.h bits for every input, NaNs
- * included (they rewrite NaN payloads as half.h does), so the CPU backend stays bit for bit
- * with the CUDA one. All 2^32 f32 inputs go through in blocks against the scalar half.h
- * functions; all 2^16 half inputs the other way; then a sample under FTZ, DAZ and a directed
- * rounding mode in MXCSR, which neither path may depend on. */
+ * Their instruction paths (F16C and AVX2; AVX-512, the 16-lane register conversions of
+ * cpu_half_simd.h that the kernels also use inside their loads) must give the half.h bits
+ * for every input, NaNs included (they rewrite NaN payloads as half.h does), so the CPU
+ * backend stays bit for bit with the CUDA one. All 2^32 f32 inputs go through in blocks
+ * against the scalar half.h functions; all 2^16 half inputs the other way; then a sample
+ * under FTZ, DAZ and a directed rounding mode in MXCSR, which no path may depend on. */
 
 enum { CONV_BLOCK = 1 << 16 };
 
@@ -294,13 +295,34 @@ static bool cpu_has_fast_conversions(void) {
 #endif
 }
 
+static bool cpu_has_avx512_halves(void) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl");
+#else
+    return false;
+#endif
+}
+
 Test(half_cpu, fast_path_in_use_where_the_cpu_has_it) {
     cr_assert_eq(na_cpu_convert_is_fast(), cpu_has_fast_conversions());
     if (!na_cpu_convert_is_fast()) cr_log_warn("no AVX2+F16C: only the portable loops checked");
     na_cpu_convert_force_soft = true;
     cr_assert(!na_cpu_convert_is_fast());
     na_cpu_convert_force_soft = false;
+    cr_assert_eq(na_cpu_half512(), cpu_has_avx512_halves());
+    if (!na_cpu_half512()) cr_log_warn("no AVX-512F/BW/VL: the 16-lane conversions not checked");
+    na_cpu_half512_off = true;
+    cr_assert(!na_cpu_half512());
+    na_cpu_half512_off = false;
 }
+
+/* each instruction path in turn: AVX-512 (where the CPU has it), then AVX2 + F16C */
+#define FOR_EACH_FAST_PATH                                                                   \
+    for (int path_ = na_cpu_half512() ? 0 : 1; path_ < 2 || (na_cpu_half512_off = false);   \
+         path_++)                                                                            \
+        if ((na_cpu_half512_off = path_ == 1), 1)
 
 /* Every f32 bit pattern through `conv`, compared with `ref`: every pattern, not a sample. */
 static void all_f32_inputs(void (*conv)(uint16_t *, const float *, int64_t),
@@ -326,18 +348,18 @@ static uint16_t ref_f16(float f) { return na_f32_to_f16_bits(f); }
 static uint16_t ref_bf16(float f) { return na_f32_to_bf16_bits(f); }
 
 Test(half_cpu, f32_to_f16_every_input_as_half_h) {
-    all_f32_inputs(na_cpu_f32_to_f16, ref_f16, "f32 -> f16");
+    FOR_EACH_FAST_PATH all_f32_inputs(na_cpu_f32_to_f16, ref_f16, "f32 -> f16");
 }
 
 Test(half_cpu, f32_to_bf16_every_input_as_half_h) {
-    all_f32_inputs(na_cpu_f32_to_bf16, ref_bf16, "f32 -> bf16");
+    FOR_EACH_FAST_PATH all_f32_inputs(na_cpu_f32_to_bf16, ref_bf16, "f32 -> bf16");
 }
 
 static void all_half_inputs(void) {
     static uint16_t h[65536];
     static float got[65536];
     for (uint32_t i = 0; i < 65536; i++) h[i] = (uint16_t)i;
-    for (uint32_t off = 0; off < 8; off++) { /* unaligned starts and every tail length */
+    for (uint32_t off = 0; off < 16; off++) { /* unaligned starts and every tail length */
         na_cpu_f16_to_f32(got + off, h + off, 65536 - off);
         for (uint32_t i = off; i < 65536; i++)
             cr_assert_eq(fbits(got[i]), fbits(na_f16_bits_to_f32(h[i])), "f16 %04x", i);
@@ -347,7 +369,29 @@ static void all_half_inputs(void) {
     }
 }
 
-Test(half_cpu, half_to_f32_every_input_as_half_h) { all_half_inputs(); }
+Test(half_cpu, half_to_f32_every_input_as_half_h) { FOR_EACH_FAST_PATH all_half_inputs(); }
+
+/* f32 -> half at every start and tail length of a 16-lane step, every lane past the count left
+ * as it was (the masked stores) */
+Test(half_cpu, f32_to_half_tails_write_only_their_count) {
+    float x[64];
+    uint16_t got[64];
+    for (int i = 0; i < 64; i++) x[i] = (float)i * 0.37f - 11.0f;
+    x[5] = NAN, x[6] = -INFINITY, x[7] = 1e-30f, x[8] = 65520.0f;
+    FOR_EACH_FAST_PATH for (int off = 0; off < 16; off++) for (int n = 0; n <= 40; n++) {
+        for (int f16 = 0; f16 < 2; f16++) {
+            memset(got, 0xAB, sizeof got);
+            (f16 ? na_cpu_f32_to_f16 : na_cpu_f32_to_bf16)(got + off, x + off, n);
+            for (int i = 0; i < 64; i++) {
+                uint16_t want = i < off || i >= off + n ? 0xABAB
+                                : f16             ? na_f32_to_f16_bits(x[i])
+                                                  : na_f32_to_bf16_bits(x[i]);
+                cr_assert_eq(got[i], want, "%s off %d n %d lane %d", f16 ? "f16" : "bf16", off,
+                             n, i);
+            }
+        }
+    }
+}
 
 /* 16 low halves per high half (ties, their neighbours and extremes, for every sign, exponent
  * and upper mantissa), then all half inputs, under the current MXCSR. */
@@ -377,7 +421,7 @@ Test(half_cpu, independent_of_ftz_daz_and_rounding_mode) {
     unsigned saved = _mm_getcsr();
     for (size_t k = 0; k < sizeof modes / sizeof modes[0]; k++) {
         _mm_setcsr((saved & ~0xE040u) | modes[k]);
-        sample_under_mxcsr();
+        FOR_EACH_FAST_PATH sample_under_mxcsr();
     }
     _mm_setcsr(saved);
 #else

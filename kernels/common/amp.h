@@ -42,6 +42,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "common/half.h" /* na_f32_bits */
 #include "common/hd.h"
 
 /* Scaler kinds (the values of na_scaler_kind in nanoamp/amp.h; src/amp checks they agree). */
@@ -98,9 +99,17 @@ static NA_HD float na_amp_inv_scale(float scale) { return (float)(1.0 / (double)
 
 /* One gradient element (widened to f32): flags a non-finite input, returns it unscaled. The
  * multiply happens even when the value is not finite, as PyTorch's kernel does. */
+static NA_HD float na_amp_unscale_value(float v, float inv_scale) {
+    return inv_scale == 1.0f ? v : v * inv_scale;
+}
 static NA_HD float na_amp_unscale_elem(float v, float inv_scale, bool *nonfinite) {
     if (!isfinite(v)) *nonfinite = true;
-    return inv_scale == 1.0f ? v : v * inv_scale;
+    return na_amp_unscale_value(v, inv_scale);
+}
+/* 1 where v is not finite (all exponent bits set), else 0: na_amp_unscale_elem's flag as an
+ * integer, whose OR over many values vectorizes */
+static NA_HD uint32_t na_amp_nonfinite_bit(float v) {
+    return (na_f32_bits(v) & 0x7F800000u) == 0x7F800000u;
 }
 
 static NA_HD int32_t na_amp_ctr_inc(int32_t c) { return c < INT32_MAX ? c + 1 : c; }

@@ -13,7 +13,7 @@ int na_cpu_amp_unscale(int n, const na_view *const *in, na_view *const *out,
         return na_set_error(NA_EDTYPE, "%s: scale and found_inf must be f32", fn);
     float inv = na_amp_inv_scale(*(const float *)scale->data);
     bool nonfinite = false;
-    float buf[NA_CPU_CHUNK];
+    float buf[NA_CPU_CHUNK], ob[NA_CPU_CHUNK];
     for (int i = 0; i < n; i++) {
         const na_view *x = in[i];
         na_view *y = out[i];
@@ -24,9 +24,17 @@ int na_cpu_amp_unscale(int n, const na_view *const *in, na_view *const *out,
                                 (long long)x->numel, (long long)y->numel);
         for (int64_t off = 0; off < x->numel; off += NA_CPU_CHUNK) {
             int64_t c = x->numel - off < NA_CPU_CHUNK ? x->numel - off : NA_CPU_CHUNK;
-            na_cpu_load_f(x->dtype, x->data, off, c, buf);
-            for (int64_t k = 0; k < c; k++) buf[k] = na_amp_unscale_elem(buf[k], inv, &nonfinite);
-            na_cpu_store_f(y->dtype, y->data, off, c, buf);
+            /* f32 read and written in place; the flag as an OR of bits, so that the loop
+             * vectorizes (the branch per element kept it scalar: 7% of the MLP's f16 step) */
+            const float *v = na_cpu_view_f(x->dtype, x->data, off, c, buf);
+            float *o = na_cpu_out_f(y->dtype, y->data, off, ob);
+            uint32_t bad = 0;
+            for (int64_t k = 0; k < c; k++) {
+                bad |= na_amp_nonfinite_bit(v[k]);
+                o[k] = na_amp_unscale_value(v[k], inv);
+            }
+            nonfinite |= bad != 0;
+            na_cpu_store_f(y->dtype, y->data, off, c, o);
         }
     }
     if (nonfinite && found_inf) *(float *)found_inf->data = 1.0f;

@@ -155,6 +155,11 @@ bool na_cpu_bf16_fast(void) {
 }
 static bool has_avx2(void) { NA_CPU_FEATURE("avx2"); }
 
+bool na_cpu_half512_off = false;
+bool na_cpu_half512(void) {
+    return !na_cpu_half512_off && na_cpu_has_avx512f() && has_avx512bw() && has_avx512vl();
+}
+
 bool na_cpu_force_baseline = false;
 bool na_cpu_use_avx2(void) { return has_avx2() && !na_cpu_force_baseline; }
 

@@ -418,8 +418,10 @@ static void win_range(int64_t start, int64_t size, int64_t d, int k, int64_t *lo
  * as the generic loop below, which stays the specification (tests compare the two on random
  * inputs with NaNs and ties): the first maximum in row-major window order wins, and the first
  * NaN wins over any number. f32 rows run 16 windows at a time with AVX-512 where the CPU has
- * it (else 4 with SSE2). The backward needs no such path: its memset and one scatter per
- * output already run at memory speed (a 2x2 select version measured 1.5-2x slower). */
+ * it (else 4 with SSE2); f16 and bf16 planes the same 16 windows, converted in registers and
+ * never widened into f32 copies, where it has AVX-512BW (na_cpu_half512). The backward needs
+ * no such path: its memset and one scatter per output already run at memory speed (a 2x2
+ * select version measured 1.5-2x slower). */
 bool na_cpu_pool_force_generic = false;
 
 static bool is_pool_2x2(const na_conv_geom *g) {
@@ -474,6 +476,8 @@ static int64_t max_pool_2x2_sse2_f(const float *r0, const float *r1, int64_t ow,
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
+
+#include "cpu/cpu_half_simd.h"
 #define NA_POOL_AVX512 __attribute__((target("avx512f")))
 /* NA_CPU_POOL_TAKE on sixteen windows at once */
 NA_POOL_AVX512 static inline void pool_take_avx512(__m512 v, int32_t off, __m512 *best,
@@ -485,34 +489,61 @@ NA_POOL_AVX512 static inline void pool_take_avx512(__m512 v, int32_t off, __m512
     *bi = _mm512_mask_mov_epi32(*bi, take, _mm512_set1_epi32(off));
 }
 
-/* a whole output row, sixteen windows at a time with AVX-512: the even and odd columns of
- * 32 inputs by two-source permutes, the row's end masked (a row of 7 or 14 outputs, as in
- * the MNIST CNN, is one step where SSE2 left a scalar tail) */
-NA_POOL_AVX512 static int64_t max_pool_2x2_avx512_f(const float *r0, const float *r1,
-                                                     int64_t ow, int32_t at, int32_t w,
-                                                     float *y, int32_t *idx) {
+/* the 16 windows of outputs ox.. of a row from the 32 inputs a0:a1 (row r0) and b0:b1 (row
+ * r1), their even and odd columns by two-source permutes; their indices stored under mask mo */
+NA_POOL_AVX512 static inline __m512 pool_16_avx512(__m512 a0, __m512 a1, __m512 b0, __m512 b1,
+                                                   int64_t ox, int32_t at, int32_t w,
+                                                   __mmask16 mo, int32_t *idx) {
     const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4,
                                           2, 0);
     const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+    __m512 best = _mm512_permutex2var_ps(a0, even, a1);
+    __m512i bi = _mm512_setzero_si512();
+    pool_take_avx512(_mm512_permutex2var_ps(a0, odd, a1), 1, &best, &bi);
+    pool_take_avx512(_mm512_permutex2var_ps(b0, even, b1), w, &best, &bi);
+    pool_take_avx512(_mm512_permutex2var_ps(b0, odd, b1), w + 1, &best, &bi);
+    __m512i base = _mm512_add_epi32(_mm512_set1_epi32(at + 2 * (int32_t)ox), even);
+    _mm512_mask_storeu_epi32(idx + ox, mo, _mm512_add_epi32(base, bi));
+    return best;
+}
+
+/* the input masks of the 16 windows from output ox of a row of ow: 2n columns in two halves */
+#define NA_POOL_MASKS(ow, ox)                                                               \
+    int64_t n = ow - ox < 16 ? ow - ox : 16, cols = 2 * n;                                  \
+    __mmask16 m0 = (__mmask16)(cols >= 16 ? 0xFFFF : (1u << cols) - 1);                     \
+    __mmask16 m1 = (__mmask16)(cols > 16 ? (1u << (cols - 16)) - 1 : 0);                    \
+    __mmask16 mo = (__mmask16)((1u << n) - 1)
+
+/* a whole output row, sixteen windows at a time with AVX-512, the row's end masked (a row of
+ * 7 or 14 outputs, as in the MNIST CNN, is one step where SSE2 left a scalar tail) */
+NA_POOL_AVX512 static int64_t max_pool_2x2_avx512_f(const float *r0, const float *r1,
+                                                     int64_t ow, int32_t at, int32_t w,
+                                                     float *y, int32_t *idx) {
     for (int64_t ox = 0; ox < ow; ox += 16) {
-        int64_t n = ow - ox < 16 ? ow - ox : 16, cols = 2 * n;
-        __mmask16 m0 = (__mmask16)(cols >= 16 ? 0xFFFF : (1u << cols) - 1);
-        __mmask16 m1 = (__mmask16)(cols > 16 ? (1u << (cols - 16)) - 1 : 0);
-        __mmask16 mo = (__mmask16)((1u << n) - 1);
+        NA_POOL_MASKS(ow, ox);
         __m512 a0 = _mm512_maskz_loadu_ps(m0, r0 + 2 * ox);
         __m512 a1 = _mm512_maskz_loadu_ps(m1, r0 + 2 * ox + 16);
         __m512 b0 = _mm512_maskz_loadu_ps(m0, r1 + 2 * ox);
         __m512 b1 = _mm512_maskz_loadu_ps(m1, r1 + 2 * ox + 16);
-        __m512 best = _mm512_permutex2var_ps(a0, even, a1);
-        __m512i bi = _mm512_setzero_si512();
-        pool_take_avx512(_mm512_permutex2var_ps(a0, odd, a1), 1, &best, &bi);
-        pool_take_avx512(_mm512_permutex2var_ps(b0, even, b1), w, &best, &bi);
-        pool_take_avx512(_mm512_permutex2var_ps(b0, odd, b1), w + 1, &best, &bi);
-        _mm512_mask_storeu_ps(y + ox, mo, best);
-        __m512i base = _mm512_add_epi32(_mm512_set1_epi32(at + 2 * (int32_t)ox), even);
-        _mm512_mask_storeu_epi32(idx + ox, mo, _mm512_add_epi32(base, bi));
+        _mm512_mask_storeu_ps(y + ox, mo, pool_16_avx512(a0, a1, b0, b1, ox, at, w, mo, idx));
     }
     return ow;
+}
+
+/* the same row of f16 (f16) or bf16 inputs and outputs, converted in registers
+ * (cpu_half_simd.h): the maximum of halves is one of them, so its rounding gives it back,
+ * NaNs made canonical as the widening path's store makes them */
+NA_HALF512 static void max_pool_2x2_avx512_h(bool f16, const uint16_t *r0, const uint16_t *r1,
+                                             int64_t ow, int32_t at, int32_t w, uint16_t *y,
+                                             int32_t *idx) {
+    for (int64_t ox = 0; ox < ow; ox += 16) {
+        NA_POOL_MASKS(ow, ox);
+        __m512 a0 = na_h512_load(f16, r0 + 2 * ox, m0);
+        __m512 a1 = na_h512_load(f16, r0 + 2 * ox + 16, m1);
+        __m512 b0 = na_h512_load(f16, r1 + 2 * ox, m0);
+        __m512 b1 = na_h512_load(f16, r1 + 2 * ox + 16, m1);
+        na_h512_store(f16, y + ox, mo, pool_16_avx512(a0, a1, b0, b1, ox, at, w, mo, idx));
+    }
 }
 #endif
 
@@ -549,6 +580,29 @@ static int64_t max_pool_2x2_vec_f(const float *r0, const float *r1, int64_t ow, 
 NA_CPU_DEFINE_POOL_2X2(float, f)
 NA_CPU_DEFINE_POOL_2X2(double, d)
 
+/* plane pl of a 2x2 pool whose x and y are both f16 or both bf16, in registers where the CPU
+ * has AVX-512BW (na_cpu_half512): read and written at half the bytes, no f32 copies. Returns
+ * whether it ran. */
+static bool max_pool_2x2_half(const na_conv_geom *g, const na_view *x, na_view *y, int64_t pl,
+                              int32_t *iv, int32_t *ib) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    bool f16 = x->dtype == NA_DTYPE_F16;
+    if ((!f16 && x->dtype != NA_DTYPE_BF16) || y->dtype != x->dtype || !na_cpu_half512())
+        return false;
+    const int64_t W = g->w, HW = g->h * W, OW = g->ow, P = g->oh * OW;
+    const uint16_t *xv = (const uint16_t *)x->data + pl * HW;
+    uint16_t *yv = (uint16_t *)y->data + pl * P;
+    for (int64_t oy = 0; oy < g->oh; oy++)
+        max_pool_2x2_avx512_h(f16, xv + 2 * oy * W, xv + (2 * oy + 1) * W, OW,
+                              (int32_t)(2 * oy * W), (int32_t)W, yv + oy * OW,
+                              iv ? iv + oy * OW : ib);
+    return true;
+#else
+    (void)g, (void)x, (void)y, (void)pl, (void)iv, (void)ib;
+    return false;
+#endif
+}
+
 #define NA_CPU_DEFINE_POOL(T, SFX)                                                          \
     static int max_pool_##SFX(const na_conv_geom *g, int64_t pl0, int64_t pl1,              \
                               const na_view *x, na_view *y, na_view *idx) {                 \
@@ -561,6 +615,9 @@ NA_CPU_DEFINE_POOL_2X2(double, d)
         int32_t *ib = na_cpu_scratch(NA_CPU_SCRATCH_2, (size_t)OW * sizeof(int32_t), fn);   \
         if (!xb || !yb || !ib) return NA_ENOMEM;                                            \
         for (int64_t pl = pl0; pl < pl1; pl++) {                                            \
+            if (pool_2x2 && max_pool_2x2_half(g, x, y, pl, idx ? (int32_t *)idx->data + pl * P \
+                                                                : NULL, ib))                \
+                continue;                                                                   \
             const T *xv = na_cpu_view_##SFX(x->dtype, x->data, pl * HW, HW, xb);            \
             T *yv = na_cpu_out_##SFX(y->dtype, y->data, pl * P, yb);                        \
             int32_t *iv = idx ? (int32_t *)idx->data + pl * P : NULL;                       \

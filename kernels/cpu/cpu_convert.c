@@ -12,8 +12,12 @@
  *   bf16:       the half.h bit formulas themselves, compiled for AVX2 so they vectorize.
  *               AVX512_BF16's vcvtneps2bf16 is not used: it flushes f32 subnormals to zero and
  *               keeps NaN payloads, where half.h rounds subnormals and returns 0x7FC0.
+ * With AVX-512F/BW/VL (na_cpu_half512): the same conversions 16 lanes at a time, the tail
+ * masked (cpu_half_simd.h; the kernels that convert in registers use the same functions).
  * Elsewhere, or with na_cpu_convert_force_soft set, plain loops over the half.h functions. */
+#include "cpu/cpu_half_simd.h"
 #include "cpu/cpu_internal.h"
+#include "cpu/cpu_parallel.h"
 
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
 #define NA_CPU_X86_FAST 1
@@ -77,6 +81,34 @@ NA_AVX2_F16C static void bf16_to_f32_avx2(float *dst, const uint16_t *src, int64
 }
 #endif
 
+#ifdef NA_CPU_HALF_SIMD
+/* 16 lanes a step, the last step masked: no scalar tail (a BatchNorm row of 196 left 4) */
+NA_HALF512 static void half_to_f32_512(bool f16, float *dst, const uint16_t *src, int64_t n) {
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 m = na_h512_mask(n - i);
+        _mm512_mask_storeu_ps(dst + i, m, na_h512_load(f16, src + i, m));
+    }
+}
+NA_HALF512 static void f32_to_half_512(bool f16, uint16_t *dst, const float *src, int64_t n) {
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 m = na_h512_mask(n - i);
+        na_h512_store(f16, dst + i, m, _mm512_maskz_loadu_ps(m, src + i));
+    }
+}
+static void f16_to_f32_512(float *d, const uint16_t *s, int64_t n) {
+    half_to_f32_512(true, d, s, n);
+}
+static void bf16_to_f32_512(float *d, const uint16_t *s, int64_t n) {
+    half_to_f32_512(false, d, s, n);
+}
+static void f32_to_f16_512(uint16_t *d, const float *s, int64_t n) {
+    f32_to_half_512(true, d, s, n);
+}
+static void f32_to_bf16_512(uint16_t *d, const float *s, int64_t n) {
+    f32_to_half_512(false, d, s, n);
+}
+#endif
+
 bool na_cpu_convert_is_fast(void) {
 #ifdef NA_CPU_X86_FAST
     if (na_cpu_convert_force_soft) return false;
@@ -96,22 +128,67 @@ bool na_cpu_convert_is_fast(void) {
 #endif
 }
 
-#ifdef NA_CPU_X86_FAST
-#define NA_CPU_CONVERT_(fast, soft, dst, src, n)                                            \
+#if defined(NA_CPU_X86_FAST) && defined(NA_CPU_HALF_SIMD)
+#define NA_CPU_CONVERT_(wide, fast, soft, dst, src, n)                                      \
+    (!na_cpu_convert_is_fast() ? soft : na_cpu_half512() ? wide : fast)(dst, src, n)
+#elif defined(NA_CPU_X86_FAST)
+#define NA_CPU_CONVERT_(wide, fast, soft, dst, src, n)                                      \
     (na_cpu_convert_is_fast() ? fast : soft)(dst, src, n)
 #else
-#define NA_CPU_CONVERT_(fast, soft, dst, src, n) soft(dst, src, n)
+#define NA_CPU_CONVERT_(wide, fast, soft, dst, src, n) soft(dst, src, n)
 #endif
 
 void na_cpu_f32_to_f16(uint16_t *dst, const float *src, int64_t n) {
-    NA_CPU_CONVERT_(f32_to_f16_f16c, f32_to_f16_soft, dst, src, n);
+    NA_CPU_CONVERT_(f32_to_f16_512, f32_to_f16_f16c, f32_to_f16_soft, dst, src, n);
 }
 void na_cpu_f16_to_f32(float *dst, const uint16_t *src, int64_t n) {
-    NA_CPU_CONVERT_(f16_to_f32_f16c, f16_to_f32_soft, dst, src, n);
+    NA_CPU_CONVERT_(f16_to_f32_512, f16_to_f32_f16c, f16_to_f32_soft, dst, src, n);
 }
 void na_cpu_f32_to_bf16(uint16_t *dst, const float *src, int64_t n) {
-    NA_CPU_CONVERT_(f32_to_bf16_avx2, f32_to_bf16_soft, dst, src, n);
+    NA_CPU_CONVERT_(f32_to_bf16_512, f32_to_bf16_avx2, f32_to_bf16_soft, dst, src, n);
 }
 void na_cpu_bf16_to_f32(float *dst, const uint16_t *src, int64_t n) {
-    NA_CPU_CONVERT_(bf16_to_f32_avx2, bf16_to_f32_soft, dst, src, n);
+    NA_CPU_CONVERT_(bf16_to_f32_512, bf16_to_f32_avx2, bf16_to_f32_soft, dst, src, n);
+}
+
+/* ---- dense conversions over the pool -------------------------------------------------------- */
+
+#define NA_CPU_CONVERT_TASK_ELEMS ((int64_t)1 << 16) /* elements per task worth a wake-up */
+enum { NA_CPU_CONVERT_TASKS = 8 };
+
+typedef struct {
+    na_dtype ddt, sdt;
+    void *dst;
+    const void *src;
+    int64_t n, tasks;
+} convert_job;
+
+/* elements [lo, hi): straight into an f32 dst, else through a chunk of f32 (an f32 src read in
+ * place) */
+static void convert_range(const convert_job *j, int64_t lo, int64_t hi) {
+    if (j->ddt == NA_DTYPE_F32) {
+        na_cpu_load_f(j->sdt, j->src, lo, hi - lo, (float *)j->dst + lo);
+        return;
+    }
+    float buf[NA_CPU_CHUNK];
+    for (int64_t o = lo; o < hi; o += NA_CPU_CHUNK) {
+        int64_t c = hi - o < NA_CPU_CHUNK ? hi - o : NA_CPU_CHUNK;
+        na_cpu_store_f(j->ddt, j->dst, o, c, na_cpu_view_f(j->sdt, j->src, o, c, buf));
+    }
+}
+
+static void convert_task(void *ctx, int64_t t) {
+    const convert_job *j = ctx;
+    int64_t lo, hi;
+    na_cpu_task_range(j->n, j->tasks, t, 64, &lo, &hi);
+    if (lo < hi) convert_range(j, lo, hi);
+}
+
+void na_cpu_convert_f(na_dtype ddt, void *dst, na_dtype sdt, const void *src, int64_t n) {
+    convert_job j = {.ddt = ddt, .sdt = sdt, .dst = dst, .src = src, .n = n};
+    j.tasks = na_cpu_in_parallel() ? 1
+                                   : na_cpu_split(n, NA_CPU_CONVERT_TASK_ELEMS,
+                                                  NA_CPU_CONVERT_TASKS);
+    if (j.tasks <= 1) convert_range(&j, 0, n);
+    else na_cpu_parallel_for(j.tasks, convert_task, &j);
 }

@@ -26,7 +26,9 @@
  * tiles by the same packer, gy's rows copied beside them, and no OpenBLAS packing.
  *
  * Used for f32 compute (f32, f16 and bf16 tensors, widened per image as the GEMM path does;
- * f64, the gradient checks' reference, keeps the GEMM path) when the CPU has AVX-512F, the
+ * f16 input on a CPU with AVX-512BW is read in place instead, its 16-bit runs converted by the
+ * packer with vcvtph2ps, so it costs the f32 path's time at half the bytes; f64, the gradient
+ * checks' reference, keeps the GEMM path) when the CPU has AVX-512F, the
  * horizontal stride and dilation are 1 (the panel's rows are then contiguous input runs), and
  * NANOAMP_CPU_CONV is not "gemm". Measured in docs/benchmarks.md.
  *
@@ -225,6 +227,24 @@ NA_BF16 static void pack_tile_bf16(const dc_shape *s, const uint16_t *x, int64_t
         }
 }
 
+/* f16 planes, for the f32 tiles: pack_tile's layout, each 16-bit run converted in registers
+ * (vcvtph2ps, exact and as half.h) so the input is read once at half the bytes, not widened
+ * into an f32 copy first. The same floats as pack_tile of the widened planes. */
+NA_BF16 static void pack_tile_f16(const dc_shape *s, const uint16_t *x, int64_t pt, int64_t c0,
+                                  int64_t c1, float *restrict dst, int64_t ld) {
+    const int64_t HW = s->H * s->W, taps = (int64_t)s->KH * s->KW;
+    const uintptr_t step = (uintptr_t)HW * sizeof(uint16_t);
+    dc_runs runs;
+    for (int ki = 0; ki < s->KH; ki++)
+        for (int kj = 0; kj < s->KW; kj++) {
+            tile_runs(s, pt, ki, kj, &runs);
+            float *d = dst + (ki * s->KW + kj) * ld;
+            uintptr_t plane = (uintptr_t)(x + c0 * HW);
+            for (int64_t ci = c0; ci < c1; ci++, d += taps * ld, plane += step)
+                _mm512_storeu_ps(d, _mm512_cvtph_ps(runs_load_bf16(&runs, plane)));
+        }
+}
+
 /* ---- the register tile ---------------------------------------------------------------------
  * rows (<= 8) output channels x NT tiles: out[t][i*P + l] (+)= bias[i] + w . panel, lanes
  * l < valid[t]. wp: the block's packed weights [K][8] (rows past `rows` are zero). Starts from
@@ -281,15 +301,15 @@ static dc_tile_fn *const dc_tiles[2][DC_NT + 1] = {{NULL, tile1, tile2, tile3},
                                                   {NULL, tile_bf16_1, tile_bf16_2, tile_bf16_3}};
 
 /* the convolution of nb images of one group: image b's input planes at x + b*x_img elements
- * (f32, or bf16 with `bf`), its output planes at y + b*y_img. The images' 16-pixel tiles are
- * taken three at a time, across image boundaries, so small images fill whole panels. wp packed
- * for the group (floats, or bf16 pairs). */
-NA_AVX512 static void conv_images(const dc_shape *s, bool bf, int64_t nb, const void *x,
+ * (f32, bf16 with `bf`, or f16 with `xh`, packed as floats), its output planes at y + b*y_img.
+ * The images' 16-pixel tiles are taken three at a time, across image boundaries, so small
+ * images fill whole panels. wp packed for the group (floats, or bf16 pairs). */
+NA_AVX512 static void conv_images(const dc_shape *s, bool bf, bool xh, int64_t nb, const void *x,
                                   int64_t x_img, const void *wp, const float *bias, float *y,
                                   int64_t y_img, void *panel) {
     const int64_t P = s->OH * s->OW, tiles = (P + DC_LANES - 1) / DC_LANES, total = nb * tiles;
     const int64_t taps = (int64_t)s->KH * s->KW, bc = block_channels(s, bf);
-    const int64_t esz = bf ? (int64_t)sizeof(uint16_t) : (int64_t)sizeof(float);
+    const int64_t esz = bf || xh ? (int64_t)sizeof(uint16_t) : (int64_t)sizeof(float);
     const char *xc = x;
     int64_t fetched = (DC_NT - 1) / tiles; /* images asked for ahead so far */
     for (int64_t t0 = 0; t0 < total; t0 += DC_NT) {
@@ -317,6 +337,9 @@ NA_AVX512 static void conv_images(const dc_shape *s, bool bf, int64_t nb, const 
                 if (bf)
                     pack_tile_pairs(s, (const uint16_t *)xt[t], pt[t], c0, c1,
                                     (uint32_t *)panel + t * DC_LANES, DC_CHUNK);
+                else if (xh)
+                    pack_tile_f16(s, (const uint16_t *)xt[t], pt[t], c0, c1,
+                                  (float *)panel + t * DC_LANES, DC_CHUNK);
                 else
                     pack_tile(s, (const float *)xt[t], pt[t], c0, c1,
                               (float *)panel + t * DC_LANES, DC_CHUNK);
@@ -431,6 +454,8 @@ static int wgrad_range(const na_conv_geom *g, const na_view *x, const na_view *g
     s.K = cg * taps;
     /* bf16 x and gy: packed and multiplied as bf16, rows padded to whole 32-pixel vectors */
     bool bf = x->dtype == NA_DTYPE_BF16 && gy->dtype == NA_DTYPE_BF16 && na_cpu_bf16_fast();
+    /* f16 x: packed into f32 columns from the halves in place (pack_tile_f16) */
+    bool xh = !bf && x->dtype == NA_DTYPE_F16 && na_cpu_half512();
     size_t esz = bf ? sizeof(uint16_t) : sizeof(float);
     int64_t P = g->oh * g->ow, HW = g->h * g->w, P16 = (P + DC_LANES - 1) / DC_LANES * DC_LANES;
     bool in_place = (bf ? P % (2 * DC_LANES) == 0 : gy->dtype == NA_DTYPE_F32 && P == P16) &&
@@ -444,10 +469,10 @@ static int wgrad_range(const na_conv_geom *g, const na_view *x, const na_view *g
     most = most < 1 ? 1 : most > cg ? cg : most;
     slices = (cg + most - 1) / most;
     int64_t sc = (cg + slices - 1) / slices;
-    float *xb = bf ? NULL : na_cpu_scratch(NA_CPU_SCRATCH_0, (size_t)(sc * HW) * esz, fn);
+    float *xb = bf || xh ? NULL : na_cpu_scratch(NA_CPU_SCRATCH_0, (size_t)(sc * HW) * esz, fn);
     void *col = na_cpu_scratch(NA_CPU_SCRATCH_1, (size_t)(sc * taps * LB) * esz, fn);
     char *gyb = in_place ? NULL : na_cpu_scratch(NA_CPU_SCRATCH_2, (size_t)(rows * LB) * esz, fn);
-    if ((!bf && !xb) || !col || (!in_place && !gyb)) return NA_ENOMEM;
+    if ((!bf && !xh && !xb) || !col || (!in_place && !gyb)) return NA_ENOMEM;
     for (int64_t n0 = lo; n0 < hi; n0 += NB) {
         int64_t nb = hi - n0 < NB ? hi - n0 : NB, L = (nb * P16 + step - 1) / step * step;
         for (int64_t gi = 0; gi < G; gi++) {
@@ -475,6 +500,12 @@ static int wgrad_range(const na_conv_geom *g, const na_view *x, const na_view *g
                         uint16_t *cb = (uint16_t *)col + b * P16;
                         for (int64_t pt = 0; pt < P; pt += DC_LANES)
                             pack_tile_bf16(&s, xv, pt, 0, c1 - c0, cb + pt, L);
+                        continue;
+                    }
+                    if (xh) {
+                        const uint16_t *xv = (const uint16_t *)x->data + at;
+                        for (int64_t pt = 0; pt < P; pt += DC_LANES)
+                            pack_tile_f16(&s, xv, pt, 0, c1 - c0, (float *)col + b * P16 + pt, L);
                         continue;
                     }
                     const float *xv = na_cpu_view_f(x->dtype, x->data, at, (c1 - c0) * HW, xb);
@@ -568,6 +599,7 @@ typedef struct {
     na_view *y;       /* forward: y; data gradient: gx */
     int64_t x_ch, y_ch; /* channels per image of x and y (all groups) */
     bool bf;            /* bf16 x and weights multiplied as bf16 (wp holds pairs) */
+    bool xh;            /* f16 x read in place, converted by the packer (f32 tiles) */
     const void *wp;
     const float *bias;
     int64_t tasks;
@@ -575,8 +607,8 @@ typedef struct {
 } dc_job;
 
 /* Task t's images, in passes: every image at once where x and y are f32, or x is bf16 on the
- * bf16 path (read and written in place), else as many as about 1M floats of widened input and
- * f32 output hold. */
+ * bf16 path or f16 read by the packer (read and written in place), else as many as about 1M
+ * floats of widened input and f32 output hold. */
 static void dc_task(void *ctx, int64_t t) {
 #ifdef NA_DC_X86
     dc_job *j = ctx;
@@ -585,10 +617,11 @@ static void dc_task(void *ctx, int64_t t) {
     int64_t lo, hi, G = j->g->groups, HW = s->H * s->W, P = s->OH * s->OW;
     int64_t in_n = s->cin * HW, out_n = s->cout * P;
     na_cpu_task_range(j->g->n, j->tasks, t, 1, &lo, &hi);
-    bool x_direct = j->x->dtype == NA_DTYPE_F32 || j->bf, y_f32 = j->y->dtype == NA_DTYPE_F32;
+    bool x_direct = j->x->dtype == NA_DTYPE_F32 || j->bf || j->xh;
+    bool y_f32 = j->y->dtype == NA_DTYPE_F32;
     int64_t fit = ((int64_t)1 << 20) / ((x_direct ? 0 : in_n) + out_n);
     int64_t NB = x_direct && y_f32 ? hi - lo : fit < 1 ? 1 : fit > hi - lo ? hi - lo : fit;
-    size_t esz = j->bf ? sizeof(uint16_t) : sizeof(float);
+    size_t esz = j->bf || j->xh ? sizeof(uint16_t) : sizeof(float);
     void *panel = na_cpu_scratch(NA_CPU_SCRATCH_1,
                                  (size_t)(panel_rows(s, j->bf) * DC_CHUNK) * sizeof(float), fn);
     size_t xbytes = (size_t)(NB * in_n) * sizeof(float);
@@ -614,8 +647,8 @@ static void dc_task(void *ctx, int64_t t) {
             if (!y_f32) y = yb, y_img = out_n;
             const char *wp = (const char *)j->wp + (size_t)(gi * s->blocks * DC_MR) *
                                                        (size_t)(j->bf ? s->KP : s->K) * 4;
-            conv_images(s, j->bf, nb, x, x_img, wp, j->bias ? j->bias + gi * s->cout : NULL, y,
-                        y_img, panel);
+            conv_images(s, j->bf, j->xh, nb, x, x_img, wp,
+                        j->bias ? j->bias + gi * s->cout : NULL, y, y_img, panel);
             for (int64_t b = 0; b < nb && !y_f32; b++)
                 na_cpu_store_f(j->y->dtype, j->y->data, yo + b * j->y_ch * P, out_n,
                                yb + b * out_n);
@@ -674,6 +707,7 @@ int na_cpu_direct_conv2d(const na_conv_geom *g, const na_view *x, const na_view 
 
     s->KP = ((s->cin + 1) / 2) * taps;
     j.bf = x->dtype == NA_DTYPE_BF16 && w->dtype == NA_DTYPE_BF16 && na_cpu_bf16_fast();
+    j.xh = !j.bf && x->dtype == NA_DTYPE_F16 && na_cpu_half512();
 
     int64_t wsize = g->c_out * cg * taps, psize = G * s->blocks * s->K * DC_MR;
     /* the packed weights, the bias, and f32 copies of half weights for the f32 path (f32 ones

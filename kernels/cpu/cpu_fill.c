@@ -201,18 +201,16 @@ int na_cpu_copy(na_view *dst, const na_view *src) {
                          : COPY_F;
     if (nd == 1 && stride[0] == 1) {
         if (kind == COPY_BYTES) return na_cpu_memcpy(dst->data, src->data, (size_t)n * esz);
-        /* contiguous conversion, chunked */
-        float bf[NA_CPU_CHUNK];
+        /* contiguous conversion: through f32 over the pool (autocast's casts), else chunked */
+        if (kind == COPY_F) {
+            na_cpu_convert_f(dst->dtype, dst->data, src->dtype, src->data, n);
+            return NA_OK;
+        }
         double bd[NA_CPU_CHUNK];
         for (int64_t o = 0; o < n; o += NA_CPU_CHUNK) {
             int64_t c = n - o < NA_CPU_CHUNK ? n - o : NA_CPU_CHUNK;
-            if (kind == COPY_F) {
-                na_cpu_store_f(dst->dtype, dst->data, o,  c,
-                               na_cpu_view_f(src->dtype, src->data, o, c, bf));
-            } else {
-                na_cpu_store_d(dst->dtype, dst->data, o, c,
-                               na_cpu_view_d(src->dtype, src->data, o, c, bd));
-            }
+            na_cpu_store_d(dst->dtype, dst->data, o, c,
+                           na_cpu_view_d(src->dtype, src->data, o, c, bd));
         }
         return NA_OK;
     }

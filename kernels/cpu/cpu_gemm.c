@@ -462,8 +462,13 @@ int na_cpu_bf16gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alp
 NA_CPU_DEFINE_EPILOGUE(float, f)
 NA_CPU_DEFINE_EPILOGUE(double, d)
 
-/* rows x cols matrix with row stride ld, of dtype dt, widened into contiguous f32 */
+/* rows x cols matrix with row stride ld, of dtype dt, widened into contiguous f32 (a dense one
+ * over the pool) */
 static void widen(na_dtype dt, const void *p, int64_t rows, int64_t cols, int64_t ld, float *dst) {
+    if (ld == cols) {
+        na_cpu_convert_f(NA_DTYPE_F32, dst, dt, p, rows * cols);
+        return;
+    }
     for (int64_t r = 0; r < rows; r++) na_cpu_load_f(dt, p, r * ld, cols, dst + r * cols);
 }
 
@@ -529,7 +534,10 @@ int na_cpu_gemm(const na_gemm_args *g) {
         }
         if (st) break;
         epilogue_f(cw, n, m, n, biasw, g->relu);
-        for (int64_t i = 0; i < m; i++) na_cpu_store_f(g->dtype, c, i * g->ldc, n, cw + i * n);
+        if (g->ldc == n)
+            na_cpu_convert_f(g->dtype, c, NA_DTYPE_F32, cw, m * n);
+        else
+            for (int64_t i = 0; i < m; i++) na_cpu_store_f(g->dtype, c, i * g->ldc, n, cw + i * n);
     }
     return st;
 }

@@ -5,8 +5,9 @@
  * store (common/half.h); f64 computes in double. bf16 GEMMs on AVX512_BF16 are the one
  * exception (below): the same accumulation in another order, denormals flushed. Every kernel
  * works on chunks of at most NA_CPU_CHUNK elements converted into stack buffers (f32 data is
- * used in place), so the per-element loops stay simple and vectorizable and no kernel mallocs
- * per call. Larger
+ * used in place; the direct convolution's packing and the 2x2 max pool convert f16/bf16 in
+ * registers instead, cpu_half_simd.h), so the per-element loops stay simple and vectorizable
+ * and no kernel mallocs per call. Larger
  * temporaries (rows, im2col columns, GEMM packing) come from thread-local scratch buffers that
  * only grow: once a training step has run, later steps allocate nothing.
  */
@@ -116,6 +117,18 @@ void na_cpu_bf16_to_f32(float *dst, const uint16_t *src, int64_t n);
 /* Whether the instruction paths are in use; test hook: na_cpu_convert_force_soft turns them off. */
 bool na_cpu_convert_is_fast(void);
 extern bool na_cpu_convert_force_soft;
+/* Whether the CPU has AVX-512F/BW/VL (asked once) and the hook below is off: then the array
+ * conversions run 16 lanes at a time (cpu_half_simd.h), and the direct convolution's packing
+ * and the 2x2 max pool read f16/bf16 tensors in place, converting in registers, where they
+ * otherwise widen them into f32 copies. The same bits either way; test hook:
+ * na_cpu_half512_off keeps the AVX2 conversions and the widening copies. */
+bool na_cpu_half512(void);
+extern bool na_cpu_half512_off;
+
+/* dst[0..n) (dtype ddt) = src[0..n) (dtype sdt) through f32, rounded once: float-typed dtypes
+ * but f64 (f32 only in or out: i32/u8/FP8 loads too), split over the pool for large n (the
+ * same bits at any split). An f32 dst is written directly, an f32 src read in place. */
+void na_cpu_convert_f(na_dtype ddt, void *dst, na_dtype sdt, const void *src, int64_t n);
 
 /* ---- contiguous chunk conversion ---------------------------------------------------------
  * na_cpu_load_f(dt, p, off, n, dst)   dst[0..n) = (float) p[off..off+n)

@@ -8,11 +8,12 @@
  *
  * zero_grad only marks a gradient as zero (src/tensor/deferred_zero.h). The first
  * contribution to a marked gradient is written, not added: by the op itself where it can
- * (node->grad_into: the weight gradients of conv2d, linear and matmul go straight into
- * .grad), else copied. Later contributions add, as before: adding with a GEMM's beta = 1
- * would round f16/bf16 once instead of twice and let BLAS add K-blocked partial sums, so
- * results would change. The pass ends by filling the marks it did not reach, and fills a
- * leaf's before the leaf hook reads it: after na_backward nothing is left marked. */
+ * (node->grad_into: the weight gradients of conv2d, linear and matmul, and a cast weight's
+ * through the cast's backward, go straight into .grad), else copied. Later contributions
+ * add, as before: adding with a GEMM's beta = 1 would round f16/bf16 once instead of twice
+ * and let BLAS add K-blocked partial sums, so results would change. The pass ends by filling
+ * the marks it did not reach, and fills a leaf's before the leaf hook reads it: after
+ * na_backward nothing is left marked. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>

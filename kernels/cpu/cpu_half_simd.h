@@ -1,0 +1,71 @@
+/* kernels/cpu/cpu_half_simd.h — f16 / bf16 <-> f32 for 16 lanes in AVX-512 registers.
+ *
+ * The kernels that read half tensors convert them here, in registers, inside their own loads
+ * (the direct convolution's packing, the 2x2 max pool, the whole-array conversions of
+ * cpu_convert.c that every other kernel's chunks go through), so a half tensor is read once
+ * at half the bytes instead of widened into an f32 copy first. Bit-identical to common/half.h
+ * for every input: tests/test_half.c runs all 2^32 f32 and all 2^16 half patterns through the
+ * array conversions built on these, at every tail length.
+ *
+ *   f16 -> f32:  vcvtph2ps (exact; a NaN keeps sign and payload and is made quiet, as half.h;
+ *                f16 subnormals are converted exactly, MXCSR.DAZ does not apply to them).
+ *   f32 -> f16:  vcvtps2ph with round-to-nearest-even in the instruction (MXCSR's rounding
+ *                mode and FTZ are not read), NaNs rewritten to sign | 0x7E00 as half.h does
+ *                (the instruction keeps their payload).
+ *   bf16 -> f32: bits << 16.
+ *   f32 -> bf16: half.h's formula on 16 lanes of integers, NaN -> 0x7FC0 (vcvtneps2bf16 is
+ *                not used: it flushes f32 subnormals to zero).
+ *
+ * Only where na_cpu_half512() (cpu_internal.h) says the CPU has AVX-512F/BW/VL: the callers
+ * are built with NA_HALF512 and ask it before they call. */
+#ifndef NANOAMP_KERNELS_CPU_HALF_SIMD_H
+#define NANOAMP_KERNELS_CPU_HALF_SIMD_H
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define NA_CPU_HALF_SIMD 1
+#include <stdbool.h>
+#include <stdint.h>
+#include <immintrin.h>
+
+#define NA_HALF512 __attribute__((target("avx512f,avx512bw,avx512vl,f16c")))
+
+/* the lanes [0, n) of 16, n <= 16 */
+NA_HALF512 static inline __mmask16 na_h512_mask(int64_t n) {
+    return (__mmask16)(n >= 16 ? 0xFFFFu : (1u << n) - 1u);
+}
+
+/* 16 halves (f16 when f16, else bf16) as f32 */
+NA_HALF512 static inline __m512 na_h512_widen(bool f16, __m256i h) {
+    if (f16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* 16 f32 lanes rounded to halves, as half.h's na_f32_to_f16_bits / na_f32_to_bf16_bits */
+NA_HALF512 static inline __m256i na_h512_narrow(bool f16, __m512 v) {
+    __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    if (f16) {
+        __m256i h = _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        __m256i canon = _mm256_or_si256(_mm256_and_si256(h, _mm256_set1_epi16((short)0x8000)),
+                                        _mm256_set1_epi16(0x7E00));
+        return _mm256_mask_blend_epi16(nan, h, canon);
+    }
+    __m512i x = _mm512_castps_si512(v);
+    __m512i odd = _mm512_and_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_srli_epi32(
+        _mm512_add_epi32(x, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))), 16);
+    r = _mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32(0x7FC0));
+    return _mm512_cvtepi32_epi16(r);
+}
+
+/* the halves at p under mask m (other lanes 0, never read) as f32 */
+NA_HALF512 static inline __m512 na_h512_load(bool f16, const uint16_t *p, __mmask16 m) {
+    return na_h512_widen(f16, _mm256_maskz_loadu_epi16(m, p));
+}
+
+/* the lanes under m of v, rounded, to the halves at p */
+NA_HALF512 static inline void na_h512_store(bool f16, uint16_t *p, __mmask16 m, __m512 v) {
+    _mm256_mask_storeu_epi16(p, m, na_h512_narrow(f16, v));
+}
+#endif
+
+#endif
