@@ -41,7 +41,7 @@ for fp8 in "mlp --fp8-history 3" "cnn --fp8-recipe current --fp8-format e4m3"; d
     check "fp8 $fp8 resumed" run 0 "$train" "${data_flags[@]}" --model "$1" --epochs 2 \
         --resume "$tmp/fp8_half.st" --save "$tmp/fp8_resumed.st"
     check "  the same final checkpoint, bit for bit" cmp "$tmp/fp8_full.st" "$tmp/fp8_resumed.st"
-    check "  the scaling state is in it" grep -q "fp8.0.amax_history" "$tmp/fp8_full.st"
+    check "  the scaling state is in it" grep -Eq "fp8\.[0-9.]+amax_history" "$tmp/fp8_full.st"
 done
 set -- "$train"
 # A 2-epoch run stopped in epoch 2 (the trainer's test hook fails step 10) leaves its epoch-1
