@@ -176,7 +176,7 @@ int trainer_amp_setup_dist(const trainer_opts *o, na_module *net, na_dist *dist,
     }
     if (o->log_path || o->report_path) {
         /* a resumed run's log goes on after the interrupted one's */
-        if (!(a->mon = na_amp_monitor_new(NULL)) ||
+        if (!(a->mon = na_amp_monitor_new(NULL)) || na_amp_monitor_watch_fp8(a->mon, a->fp8) ||
             (o->log_path && (o->resume_path ? na_amp_monitor_append_csv
                                             : na_amp_monitor_open_csv)(a->mon, o->log_path)))
             return na_set_error(na_last_status(), "--log: %s", na_last_error());

@@ -398,6 +398,13 @@ const char *na_amp_monitor_describe(const na_amp_monitor *m, char *buf, size_t s
  * config; every record checks the counts are whole numbers >= 0, else records nothing and
  * sets an NA_EINVAL error. The CSV log is not state: it is the caller's file. */
 int na_amp_monitor_state(na_amp_monitor *m, const char *prefix, na_named_tensors *out);
+/* Logs, with each CSV line, every FP8 layer's scales (nanoamp/fp8.h: as update() left them,
+ * the next step's) and running counts of saturated values, per tensor: after the four columns
+ * "fp8.<layer>.<role>.scale,fp8.<layer>.<role>.saturated" for each layer and role (input,
+ * weight, grad_output). Before the log is opened (NA_ESTATE after); fm NULL: no columns. fm
+ * must outlive the monitor's records. */
+struct na_fp8_model;
+int na_amp_monitor_watch_fp8(na_amp_monitor *m, const struct na_fp8_model *fm);
 
 /* ==== magnitudes on a dtype's number line ===================================================
  * Where a tensor's values fall once stored in dtype (f16, bf16, or f32): each value is rounded
