@@ -81,7 +81,7 @@ int main(int argc, char **argv) {
     fprintf(help ? stdout : stderr,
             "usage: %s info | overhead [options] | train [options]\n"
             "  overhead --device cpu|cuda --ops N --warmup N --repeats N\n"
-            "  train --model mlp|cnn|resnet9 --device cpu|cuda --amp off|fp16|bf16|o2\n"
+            "  train --model mlp|cnn|resnet9 --device cpu|cuda --amp off|fp16|bf16|o2|fp8\n"
             "        --batch N --warmup N --repeats N --steps N --threads N [--profile]\n"
             "        [--cuda-graph] [--channels-last] [--tf32] [--ddp [--allreduce-dtype T]]\n"
             "(bench/run runs them all beside PyTorch; see docs/benchmarks.md)\n",

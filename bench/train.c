@@ -50,7 +50,7 @@
 #include "../examples/common/models.h"
 #include "../examples/common/trainer.h"
 
-static const char *const amp_names[] = {"off", "fp16", "bf16", "o2"};
+static const char *const amp_names[] = {"off", "fp16", "bf16", "o2", "fp8"};
 
 typedef struct {
     na_module *net;
@@ -122,9 +122,10 @@ int bench_train_main(int argc, char **argv) {
         } else if (!strcmp(a, "--amp")) {
             const char *v = bench_arg_str(argc, argv, &i);
             int k = 0;
-            while (k < 4 && strcmp(v, amp_names[k])) k++;
-            if (k == 4) {
-                fprintf(stderr, "na-bench train: --amp expects off, fp16, bf16 or o2, got '%s'\n", v);
+            while (k < 5 && strcmp(v, amp_names[k])) k++;
+            if (k == 5) {
+                fprintf(stderr, "na-bench train: --amp expects off, fp16, bf16, o2 or fp8, got '%s'\n",
+                        v);
                 return 2;
             }
             amp = amp_names[k];

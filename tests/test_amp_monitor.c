@@ -5,6 +5,7 @@
 #include "helpers.h"
 
 #include "../examples/amp/amp_plot.h"
+#include "nanoamp/fp8.h"
 #include "nanoamp/io.h"
 #include "nanoamp/optim.h"
 
@@ -482,4 +483,49 @@ Test(amp_hist, hist_line_svg) {
     cr_assert_eq(amp_plot_hist_line(f, "x", "fp8", count, NA_AMP_HIST_LO, NA_AMP_HIST_BINS, "#000"), -1);
     fclose(f);
     free(buf);
+}
+
+/* --amp fp8's log: per tensor its scale and running saturated count, drawn by amp-plot. The
+ * scripted amax values make the input's cast saturate in the third step. */
+Test(amp_monitor, fp8_scales_and_saturation_in_the_csv_and_the_plot) {
+    char csv[] = "/tmp/amp_monitor_XXXXXX";
+    int fd = mkstemp(csv);
+    cr_assert(fd >= 0);
+    close(fd);
+    na_module *net = na_linear_new(4, 2, false);
+    na_fp8_model *fm = na_fp8_model_new(net, NULL);
+    na_amp_monitor *m = monitor((na_amp_monitor_cfg)NA_AMP_MONITOR_DEFAULTS);
+    TH_RC(na_amp_monitor_watch_fp8(m, fm));
+    TH_RC(na_amp_monitor_open_csv(m, csv));
+    cr_assert_eq(na_amp_monitor_watch_fp8(m, fm), NA_ESTATE, "the header is written");
+    na_fp8_scaling *s = na_fp8_model_layer(fm, 0, NULL);
+    for (int step = 0; step < 4; step++) {
+        TH_RC(na_fp8_scaling_record_amax(s, NA_FP8_INPUT, 2.0f));
+        if (step == 2) TH_RC(na_fp8_scaling_count_saturated(s, NA_FP8_INPUT, 5));
+        TH_RC(na_fp8_model_update(fm));
+        na_amp_monitor_record(m, step, 1.0, 1.0, false);
+    }
+    na_amp_monitor_free(m);
+    FILE *f = fopen(csv, "r");
+    char head[1024], row[1024];
+    cr_assert(fgets(head, sizeof head, f) && fgets(row, sizeof row, f));
+    cr_expect(strstr(head, "step,loss,scale,skipped,fp8..input.scale,fp8..input.saturated,"
+                           "fp8..weight.scale"), "%s", head);
+    cr_expect(strstr(row, "0,1,1,0,224,0,1,0,1,0"), "%s: 448 / 2 after the first update", row);
+    rewind(f);
+    char err[128];
+    FILE *svg = tmpfile();
+    cr_assert_eq(amp_plot_svg(f, svg, "fp8", err, sizeof err), 4, "%s", err);
+    fclose(f);
+    rewind(svg);
+    static char pic[1 << 16];
+    size_t len = fread(pic, 1, sizeof pic - 1, svg);
+    pic[len] = 0;
+    fclose(svg);
+    cr_expect(strstr(pic, "FP8 scales per tensor"));
+    cr_expect(strstr(pic, "<title>.input: 5 saturated</title>"), "one dot, at step 2");
+    cr_expect_eq(strstr(strstr(pic, "class=\"saturated\"") + 1, "class=\"saturated\""), NULL);
+    na_fp8_model_free(fm);
+    na_module_free(net);
+    remove(csv);
 }

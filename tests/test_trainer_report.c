@@ -124,6 +124,19 @@ Test(report, epoch_line) {
                           "84.20%, 12.3 s");
 }
 
+Test(report, json_names_the_fp8_recipe) {
+    trainer_opts o = trainer_defaults("mlp");
+    trainer_result r = {.amp_mode = "fp8", .fp8_recipe = "current", .fp8_format = "e4m3",
+                        .saturated = 12};
+    char buf[1024] = {0};
+    FILE *f = fmemopen(buf, sizeof buf - 1, "w");
+    cr_assert_not_null(f);
+    trainer_json_print(f, &o, &r);
+    fclose(f);
+    cr_assert(strstr(buf, "\"fp8_recipe\": \"current\", \"fp8_format\": \"e4m3\", "
+                          "\"saturated\": 12}\n"), "%s", buf);
+}
+
 Test(report, json_writes_null_for_what_is_not_finite) {
     trainer_opts o = trainer_defaults("mlp");
     trainer_result r = {.amp_mode = "fp16", .images_per_s = INFINITY, .train_time_s = 1.5,
@@ -137,7 +150,8 @@ Test(report, json_writes_null_for_what_is_not_finite) {
     fclose(f);
     cr_assert(strstr(buf, "\"train_images_per_s\": null, \"train_time_s\": 1.500, \"test_acc\": "
                           "null, \"test_loss\": null, \"final_loss\": null"), "%s", buf);
-    cr_assert(strstr(buf, "\"final_scale\": null, \"diverged_at_step\": 7}\n"), "%s", buf);
+    cr_assert(strstr(buf, "\"final_scale\": null, \"diverged_at_step\": 7, \"fp8_recipe\": null, "
+                          "\"fp8_format\": null, \"saturated\": 0}\n"), "%s", buf);
     cr_assert(!strstr(buf, "nan") && !strstr(buf, "inf"), "%s", buf);
     cr_assert(strstr(buf, "\"channels_last\": false,"), "%s", buf);
     cr_assert(strstr(buf, "\"lr\": null, \"weight_decay\": 0.01,"), "%s", buf);

@@ -171,6 +171,29 @@ for mode in bf16 off; do
     check "--growth-interval with $mode" run 2 "$mnist" "${small[@]}" --amp "$mode" --growth-interval 10
     check "  message" one_line "--growth-interval applies to --amp fp16 and o2"
 done
+# --amp fp8: no loss scaling; its flags only with it; bad recipe values (both trainers)
+check "--loss-scale with fp8" run 2 "$mnist" "${small[@]}" --amp fp8 --loss-scale 128
+check "  message" one_line "--loss-scale applies to --amp fp16 and o2 only \\(--amp fp8 has no loss scaling\\)"
+for prog in "$mnist" "$cifar"; do
+    name=$(basename "$prog")
+    check "$name --fp8-history 0" run 2 "$prog" --amp fp8 --fp8-history 0
+    check "  message" one_line "$name: --fp8-history: expected an integer in \\[1, 2\\^24\\].*got '0'"
+    check "$name --fp8-margin -1" run 2 "$prog" --amp fp8 --fp8-margin -1
+    check "  message" one_line "$name: --fp8-margin: expected an integer in \\[0, 64\\].*got '-1'"
+    check "$name --fp8-recipe bogus" run 2 "$prog" --amp fp8 --fp8-recipe bogus
+    check "  message" one_line "--fp8-recipe: expected delayed\\|current, got 'bogus'"
+    check "$name --fp8-format e5m2" run 2 "$prog" --amp fp8 --fp8-format e5m2
+    check "  message" one_line "--fp8-format: expected hybrid\\|e4m3, got 'e5m2'"
+done
+check "--fp8-recipe with bf16" run 2 "$mnist" "${small[@]}" --amp bf16 --fp8-recipe current
+check "  message" one_line "--fp8-recipe applies to --amp fp8 only"
+check "--fp8-history with current" run 2 "$mnist" "${small[@]}" --amp fp8 --fp8-recipe current --fp8-history 16
+check "  message" one_line "--fp8-history applies to --fp8-recipe delayed"
+# an FP8 dtype where the trainer sums gradients: named as such
+check "--allreduce-dtype f8e4m3" run 2 "$mnist" "${small[@]}" --allreduce-dtype f8e4m3
+check "  message" one_line "--allreduce-dtype: expected f32, f16 or bf16 \\(an FP8 dtype .*got 'f8e4m3'"
+check "fp8 trains" run 0 "$mnist" "${small[@]}" --quiet --json --amp fp8 --fp8-margin 2
+check "  json" json 'd["fp8_recipe"] == "delayed" and d["fp8_format"] == "hybrid" and d["saturated"] >= 0'
 check "--growth-interval with a static scale" run 2 "$mnist" "${small[@]}" --amp fp16 --loss-scale 128 --growth-interval 10
 check "  message" one_line "--growth-interval"
 # a flag after a flag that takes a value is no value

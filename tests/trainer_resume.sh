@@ -8,7 +8,9 @@
 #     --amp, --schedule, a one-cycle schedule of another length);
 #  3. a checkpoint holding inf/NaN state or optimizer hyper-parameters out of range is
 #     refused, naming the tensor and element or the key;
-#  4. --log goes on after the interrupted run's lines.
+#  4. --log goes on after the interrupted run's lines;
+#  5. (in 1) --amp fp8: the resumed run's final checkpoint is the uninterrupted run's, byte for
+#     byte, its FP8 recipe taken from the checkpoint.
 set -uo pipefail
 train="$1"
 . "$(dirname "$0")/cli_checks.sh" # run, one_line, json, check
@@ -26,6 +28,22 @@ for model in mlp cnn; do
     check "$model: same end" same "$full" "$(pick)"
     [ "$model" = mlp ] && full_mlp=$full
 done
+# fp8: the FP8 layers' scaling state (amax histories, scales) is in the checkpoint, so a resumed
+# run ends bit for bit where the uninterrupted one does: the two final checkpoints (weights,
+# optimizer, histories) are the same file. A history of 3 steps rolls over within the run.
+for fp8 in "mlp --fp8-history 3" "cnn --fp8-recipe current --fp8-format e4m3"; do
+    set -- $fp8
+    common=("${data_flags[@]}" --model "$@" --amp fp8 --batch 64 --seed 7)
+    check "fp8 $fp8 uninterrupted" run 0 "$train" "${common[@]}" --epochs 2 --save "$tmp/fp8_full.st"
+    check "  json: fp8 recipe" json 'd["amp_mode"] == "fp8" and d["fp8_recipe"] in ("delayed", "current") and d["saturated"] >= 0'
+    check "fp8 $fp8 save" run 0 "$train" "${common[@]}" --epochs 1 --save "$tmp/fp8_half.st"
+    # the flags left out (batch, seed, amp, the fp8 recipe) are the checkpoint's
+    check "fp8 $fp8 resumed" run 0 "$train" "${data_flags[@]}" --model "$1" --epochs 2 \
+        --resume "$tmp/fp8_half.st" --save "$tmp/fp8_resumed.st"
+    check "  the same final checkpoint, bit for bit" cmp "$tmp/fp8_full.st" "$tmp/fp8_resumed.st"
+    check "  the scaling state is in it" grep -Eq "fp8\.[0-9.]+amax_history" "$tmp/fp8_full.st"
+done
+set -- "$train"
 # A 2-epoch run stopped in epoch 2 (the trainer's test hook fails step 10) leaves its epoch-1
 # checkpoint; resumed with only the data flags, it continues with seed 7, batch 64, 2 epochs.
 mlp=("${data_flags[@]}" --model mlp)

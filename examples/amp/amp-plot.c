@@ -20,7 +20,8 @@ int main(int argc, char **argv) {
         fprintf(help ? stdout : stderr,
                 "usage: amp-plot LOG.csv [OUT.svg | -] | --help | --version\n"
                 "draws the loss, the loss scale (log axis) and the skipped steps of a training "
-                "log (columns step,loss,scale,skipped)\n");
+                "log (columns step,loss,scale,skipped), and below them, where the log has them "
+                "(--amp fp8), each FP8 tensor's scale and the steps it saturated\n");
         return help ? 0 : 2;
     }
     char out[4096];

@@ -62,42 +62,139 @@ static void frame(FILE *f, int top, const char *label) {
             top - 8, label);
 }
 
+/* The FP8 columns of a log's header (the monitor's "fp8.<layer>.<role>.scale,..saturated"
+ * pairs after the four): their count, names into names (the scale column's, less ".scale"). */
+#define MAX_FP8_TENSORS 64
+static int fp8_columns(char *header, char names[][64]) {
+    int k = 0, col = 0;
+    for (char *tok = strtok(header, ",\n"); tok; tok = strtok(NULL, ",\n"), col++) {
+        size_t len = strlen(tok);
+        if (col < 4 || (col - 4) % 2 || k == MAX_FP8_TENSORS || len < 11 ||
+            strncmp(tok, "fp8.", 4) || strcmp(tok + len - 6, ".scale"))
+            continue;
+        snprintf(names[k++], 64, "%.*s", (int)(len - 10), tok + 4);
+    }
+    return k;
+}
+
 int amp_plot_svg(FILE *csv, FILE *svg, const char *title, char *err, size_t err_size) {
-    char line[512];
+    static char line[16384];
     if (!fgets(line, sizeof line, csv) || strncmp(line, "step,loss,scale,skipped", 23) != 0) {
         snprintf(err, err_size, "expected the header 'step,loss,scale,skipped'");
         return -1;
     }
-    int n = 0, cap = 0, lineno = 1;
+    static char names[MAX_FP8_TENSORS][64];
+    int t = fp8_columns(line, names), n = 0, cap = 0, lineno = 1;
     row *r = NULL;
+    double *fp8 = NULL; /* per row: t scales, then t saturated counts */
     while (fgets(line, sizeof line, csv)) {
         lineno++;
         if (line[0] == '\n' || line[0] == '\0') continue;
         row x;
-        if (sscanf(line, "%lf,%lf,%lf,%lf", &x.step, &x.loss, &x.scale, &x.skipped) != 4) {
+        int used = 0;
+        if (sscanf(line, "%lf,%lf,%lf,%lf%n", &x.step, &x.loss, &x.scale, &x.skipped, &used) != 4) {
             snprintf(err, err_size, "line %d: expected 4 numbers: %.60s", lineno, line);
-            free(r);
+            free(r), free(fp8);
             return -1;
         }
         if (n == cap) {
             cap = cap ? 2 * cap : 256;
             row *p = realloc(r, (size_t)cap * sizeof *p);
-            if (!p) {
+            double *q = p ? realloc(fp8, (size_t)cap * 2 * (size_t)(t ? t : 1) * sizeof *q) : NULL;
+            if (p) r = p;
+            if (q) fp8 = q;
+            if (!p || !q) {
                 snprintf(err, err_size, "out of memory");
-                free(r);
+                free(r), free(fp8);
                 return -1;
             }
-            r = p;
+        }
+        const char *p = line + used;
+        for (int j = 0; j < 2 * t; j++) { /* scale, saturated per tensor */
+            int k = 0;
+            double v = NAN;
+            if (sscanf(p, ",%lf%n", &v, &k) != 1) {
+                snprintf(err, err_size, "line %d: expected %d FP8 columns: %.60s", lineno, 2 * t,
+                         line);
+                free(r), free(fp8);
+                return -1;
+            }
+            fp8[(size_t)n * 2 * t + (size_t)(j % 2 ? t + j / 2 : j / 2)] = v;
+            p += k;
         }
         r[n++] = x;
     }
     if (!n) {
         snprintf(err, err_size, "the log has no rows");
+        free(fp8);
         return -1;
     }
-    amp_plot_log(svg, title, r, n);
-    free(r);
+    if (!t) {
+        amp_plot_log(svg, title, r, n);
+    } else { /* the log's picture above the FP8 one, one document */
+        fprintf(svg, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\">\n",
+                W, 2 * H);
+        amp_plot_log(svg, title, r, n);
+        fprintf(svg, "<g transform=\"translate(0 %d)\">\n", H);
+        const char *labels[MAX_FP8_TENSORS];
+        for (int k = 0; k < t; k++) labels[k] = names[k];
+        amp_plot_fp8(svg, r, n, t, labels, fp8);
+        fprintf(svg, "</g>\n</svg>\n");
+    }
+    free(r), free(fp8);
     return n;
+}
+
+int amp_plot_fp8(FILE *svg, const amp_plot_row *r, int n, int t, const char *const *names,
+                 const double *v) {
+    if (n < 1 || t < 1 || !r || !v) return -1;
+    static const char *colors[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b",
+                                   "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
+    double x0 = r[0].step, x1 = r[n - 1].step, lo = INFINITY, hi = -INFINITY;
+    for (int i = 0; i < n; i++)
+        for (int k = 0; k < t; k++) {
+            double e = log2(v[(size_t)i * 2 * t + k]);
+            if (isfinite(e)) lo = fmin(lo, e), hi = fmax(hi, e);
+        }
+    if (!isfinite(lo)) lo = 0, hi = 1;
+    lo = floor(lo), hi = ceil(hi);
+    if (hi == lo) lo -= 1, hi += 1;
+    int top = TOP, panel = H - TOP - 60;
+    fprintf(svg, "<rect width=\"%d\" height=\"%d\" fill=\"white\"/>\n", W, H);
+    fprintf(svg, "<text x=\"%d\" y=\"24\" font-size=\"16\">FP8 scales per tensor (log2 axis); "
+                 "red dots: steps whose casts saturated</text>\n", LEFT);
+    fprintf(svg, "<rect class=\"frame\" x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" "
+                 "fill=\"none\" stroke=\"#999\"/>\n", LEFT, top, W - LEFT - RIGHT, panel);
+    double es = fmax(1.0, ceil((hi - lo) / 8));
+    for (double e = lo; e <= hi; e += es)
+        fprintf(svg, "<text x=\"%d\" y=\"%.1f\" font-size=\"11\" text-anchor=\"end\">2^%g"
+                     "</text>\n", LEFT - 6, top + panel - (e - lo) / (hi - lo) * panel + 4, e);
+    for (int k = 0; k < t; k++) {
+        const char *c = colors[k % 9];
+        fprintf(svg, "<polyline class=\"fp8-scale\" fill=\"none\" stroke=\"%s\" points=\"", c);
+        for (int i = 0; i < n; i++) {
+            double e = log2(v[(size_t)i * 2 * t + k]);
+            if (isfinite(e))
+                fprintf(svg, "%.1f,%.1f ", xmap(r[i].step, x0, x1),
+                        top + panel - (e - lo) / (hi - lo) * panel);
+        }
+        fprintf(svg, "\"/>\n");
+        for (int i = 0; i < n; i++) { /* the running count rose: this step saturated */
+            double now = v[(size_t)i * 2 * t + t + k], before = i ? v[(size_t)(i - 1) * 2 * t + t + k]
+                                                                   : 0;
+            double e = log2(v[(size_t)i * 2 * t + k]);
+            if (now > before && isfinite(e))
+                fprintf(svg, "<circle class=\"saturated\" cx=\"%.1f\" cy=\"%.1f\" r=\"3\" "
+                             "fill=\"#d62728\"><title>%s: %g saturated</title></circle>\n",
+                        xmap(r[i].step, x0, x1), top + panel - (e - lo) / (hi - lo) * panel,
+                        names[k], now - before);
+        }
+        fprintf(svg, "<text x=\"%d\" y=\"%d\" font-size=\"10\" fill=\"%s\">", LEFT + 8 + 200 * (k % 4),
+                top + panel + 20 + 12 * (k / 4), c);
+        amp_plot_escape(svg, names[k]);
+        fprintf(svg, "</text>\n");
+    }
+    return ferror(svg) ? -1 : 0;
 }
 
 int amp_plot_log(FILE *svg, const char *title, const amp_plot_row *r, int n) {

@@ -22,6 +22,12 @@ typedef struct {
 } amp_plot_row;
 /* The log's picture from n >= 1 rows. 0, or -1 on bad arguments or a write error. */
 int amp_plot_log(FILE *svg, const char *title, const amp_plot_row *rows, int n);
+/* The FP8 columns of a log (na_amp_monitor_watch_fp8): t tensors named names[k], per row i
+ * v[i*2t + k] the scale and v[i*2t + t + k] the running count of saturated values; drawn as
+ * one line of log2 scale per tensor, red dots where the count rose. Part of amp_plot_svg's
+ * picture when the log has them (below the log's own). 0, or -1. */
+int amp_plot_fp8(FILE *svg, const amp_plot_row *r, int n, int t, const char *const *names,
+                 const double *v);
 /* s with <, > and & escaped (for SVG and HTML text). */
 void amp_plot_escape(FILE *f, const char *s);
 

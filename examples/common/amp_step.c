@@ -1,10 +1,11 @@
-/* The amp recipes (off, fp16, bf16, o2) that the trainers, na-bench and the tests share, and the
+/* The amp recipes (off, fp16, bf16, o2, fp8) that the trainers, na-bench and the tests share, and the
  * trainers' options for them: --amp, --loss-scale, --growth-interval, --log (see trainer.h). */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "report.h"
 #include "run_report.h"
 #include "trainer.h"
 #include "trainer_internal.h"
@@ -30,12 +31,15 @@ static na_optim *make_optimizer(const trainer_opts *o, na_tensor_list params) {
  * checkpoints of every mode name tensors alike). */
 int trainer_amp_init(trainer_amp *a, const char *mode, na_module *net, na_optim *opt,
                      const na_grad_scaler_cfg *scaler) {
-    *a = (trainer_amp){.mode = mode, .dtype = NA_DTYPE_F32};
+    *a = (trainer_amp){.mode = mode, .dtype = NA_DTYPE_F32,
+                       .fp8_cfg = (na_fp8_recipe_cfg)NA_FP8_RECIPE_DEFAULTS};
     bool fp16 = !strcmp(mode, "fp16"), bf16 = !strcmp(mode, "bf16"), o2 = !strcmp(mode, "o2");
+    bool fp8 = !strcmp(mode, "fp8");
     int rc = opt ? NA_OK : na_last_status();
-    if (!rc && !fp16 && !bf16 && !o2 && strcmp(mode, "off"))
-        rc = na_set_error(NA_EINVAL, "trainer_amp_init: amp mode '%s' (expected off, fp16, bf16 "
-                          "or o2)", mode);
+    if (!rc && !fp16 && !bf16 && !o2 && !fp8 && strcmp(mode, "off"))
+        rc = na_set_error(NA_EINVAL, "trainer_amp_init: amp mode '%s' (expected off, fp16, bf16, "
+                          "o2 or fp8)", mode);
+    if (!rc && fp8 && !(a->fp8 = na_fp8_model_new(net, &a->fp8_cfg))) rc = na_last_status();
     if (!rc && o2) rc = na_model_convert(net, NA_DTYPE_F16);
     if (rc) {
         na_optim_free(opt);
@@ -51,8 +55,9 @@ int trainer_amp_init(trainer_amp *a, const char *mode, na_module *net, na_optim 
         a->opt = na_fp16_optimizer_optim(a->fo);
         return NA_OK;
     }
-    /* autocast for fp16 and bf16; a GradScaler, disabled (a plain step) unless fp16 */
-    a->autocast = fp16 || bf16;
+    /* autocast for fp16, bf16 and fp8 (whose regions are bf16 ones); a GradScaler, disabled (a
+     * plain step) unless fp16 */
+    a->autocast = fp16 || bf16 || fp8;
     if (a->autocast) a->dtype = fp16 ? NA_DTYPE_F16 : NA_DTYPE_BF16;
     na_grad_scaler_cfg gc = scaler ? *scaler : (na_grad_scaler_cfg)NA_GRAD_SCALER_DEFAULTS;
     gc.enabled = fp16;
@@ -103,6 +108,23 @@ int trainer_amp_check_scaling(const trainer_opts *o, const char *mode) {
     if (o->growth_interval && o->loss_scale && strcmp(o->loss_scale, "dynamic"))
         return na_set_error(NA_EINVAL, "--growth-interval applies to dynamic loss scaling, not "
                             "to --loss-scale %s", o->loss_scale);
+    /* an FP8 option away from its default (trainer_defaults) is one given */
+    static const char *const fp8_flags[] = {"--fp8-recipe", "--fp8-format", "--fp8-history",
+                                            "--fp8-margin"};
+    bool current = o->fp8_recipe && !strcmp(o->fp8_recipe, "current");
+    bool set[4] = {current, o->fp8_format && strcmp(o->fp8_format, "hybrid"),
+                   o->fp8_history != 0, o->fp8_margin != 0};
+    for (int i = 0; i < 4; i++) {
+        if (!set[i]) continue;
+        if (strcmp(mode, "fp8"))
+            return na_set_error(NA_EINVAL, "%s applies to --amp fp8 only (--amp %s%s%s has no FP8 "
+                                "layers)", fp8_flags[i], o->amp, auto_ ? ": " : "",
+                                auto_ ? mode : "");
+        if (current && i >= 2)
+            return na_set_error(NA_EINVAL, "%s applies to --fp8-recipe delayed (current scaling "
+                                "takes each tensor's own amax: no history, no margin)",
+                                fp8_flags[i]);
+    }
     return NA_OK;
 }
 
@@ -111,11 +133,15 @@ int trainer_amp_setup_dist(const trainer_opts *o, na_module *net, na_dist *dist,
     *a = (trainer_amp){.mode = mode};
     bool auto_ = !strcmp(o->amp, "auto");
     if (auto_) {
-        na_amp_recommendation r = na_amp_recommend(o->device);
-        mode = r.mode == NA_AMP_MODE_BF16 ? "bf16" : r.mode == NA_AMP_MODE_F16 ? "fp16" : "off";
+        na_amp_recommendation r = na_amp_recommend_model(o->device, na_module_num_params(net));
+        mode = r.mode == NA_AMP_MODE_FP8    ? "fp8"
+               : r.mode == NA_AMP_MODE_BF16 ? "bf16"
+               : r.mode == NA_AMP_MODE_F16  ? "fp16"
+                                            : "off";
         if (!o->quiet) fprintf(stderr, "--amp auto: %s (%s)\n", mode, r.reason);
     }
-    bool fp16 = !strcmp(mode, "fp16"), bf16 = !strcmp(mode, "bf16"), o2 = !strcmp(mode, "o2");
+    bool fp16 = !strcmp(mode, "fp16"), o2 = !strcmp(mode, "o2");
+    bool bf16 = !strcmp(mode, "bf16") || !strcmp(mode, "fp8"); /* fp8's regions are bf16's */
     bool dynamic = !o->loss_scale || !strcmp(o->loss_scale, "dynamic");
     double static_scale = dynamic ? 1.0 : strtod(o->loss_scale, NULL);
     if (trainer_amp_check_scaling(o, mode)) return na_last_status();
@@ -141,9 +167,16 @@ int trainer_amp_setup_dist(const trainer_opts *o, na_module *net, na_dist *dist,
     if (trainer_amp_init_dist(a, mode, net, make_optimizer(o, params), &sc, dist, &dc))
         return na_last_status();
     a->channels_last = o->channels_last;
+    a->dist = dist;
+    if (a->fp8) { /* the recipe the options ask for, in place of trainer_amp_init's default */
+        na_fp8_model_free(a->fp8);
+        a->fp8_cfg = trainer_amp_fp8_recipe(o);
+        if (!(a->fp8 = na_fp8_model_new(net, &a->fp8_cfg)))
+            return na_set_error(na_last_status(), "--amp fp8: %s", na_last_error());
+    }
     if (o->log_path || o->report_path) {
         /* a resumed run's log goes on after the interrupted one's */
-        if (!(a->mon = na_amp_monitor_new(NULL)) ||
+        if (!(a->mon = na_amp_monitor_new(NULL)) || na_amp_monitor_watch_fp8(a->mon, a->fp8) ||
             (o->log_path && (o->resume_path ? na_amp_monitor_append_csv
                                             : na_amp_monitor_open_csv)(a->mon, o->log_path)))
             return na_set_error(na_last_status(), "--log: %s", na_last_error());
@@ -154,6 +187,7 @@ int trainer_amp_setup_dist(const trainer_opts *o, na_module *net, na_dist *dist,
 
 void trainer_amp_free(trainer_amp *a) {
     na_ddp_free(a->ddp);
+    na_fp8_model_free(a->fp8);
     if (a->fo) na_fp16_optimizer_free(a->fo); /* frees its optimizer */
     else na_optim_free(a->opt);
     na_grad_scaler_free(a->gs);
@@ -171,12 +205,21 @@ na_tensor *trainer_amp_loss(const trainer_amp *a, na_module *net, na_tensor *x, 
                             double label_smoothing) {
     if (a->channels_last && x && x->ndim == 4) x = na_to_channels_last(x);
     if (a->fo && x) x = na_cast(x, a->dtype);
-    if (a->autocast && na_autocast_begin(a->dtype) != NA_OK) return NULL;
+    if (a->autocast && (a->fp8 ? na_fp8_autocast_begin() : na_autocast_begin(a->dtype)) != NA_OK)
+        return NULL;
     na_tensor *logits = x && y ? na_module_forward(net, x) : NULL;
     na_cross_entropy_opts ce = {.label_smoothing = label_smoothing};
     na_tensor *loss = logits ? na_cross_entropy(logits, y, &ce) : NULL;
-    if (a->autocast) na_autocast_end();
+    if (a->autocast) a->fp8 ? na_fp8_autocast_end() : na_autocast_end();
     return loss;
+}
+
+/* fp8: the next step's scales from this step's amax values (the max over ranks first) */
+static int trainer_amp_fp8_update(trainer_amp *a) {
+    if (a->dist && na_dist_fp8_reduce_amax(a->dist, na_fp8_model_scalings(a->fp8),
+                                           na_fp8_model_layers(a->fp8)))
+        return na_last_status();
+    return na_fp8_model_update(a->fp8);
 }
 
 /* backward, optimizer step (skipped on the device on overflow), scale update, zero_grad. With
@@ -195,9 +238,20 @@ int trainer_amp_step(trainer_amp *a, na_tensor *loss) {
         na_tensor *scaled = na_grad_scaler_scale(a->gs, loss);
         rc = !scaled || na_backward(scaled, NULL) || (a->ddp && na_ddp_finish(a->ddp)) ||
              run_report_grads(a->report, a) || na_grad_scaler_step(a->gs, a->opt) ||
-             na_grad_scaler_update(a->gs) || na_optim_zero_grad(a->opt);
+             na_grad_scaler_update(a->gs) || na_optim_zero_grad(a->opt) ||
+             (a->fp8 && trainer_amp_fp8_update(a));
     }
     return rc ? na_last_status() : NA_OK;
+}
+
+na_fp8_recipe_cfg trainer_amp_fp8_recipe(const trainer_opts *o) {
+    bool current = o->fp8_recipe && !strcmp(o->fp8_recipe, "current");
+    na_fp8_recipe_cfg c = current ? (na_fp8_recipe_cfg)NA_FP8_RECIPE_CURRENT_DEFAULTS
+                                  : (na_fp8_recipe_cfg)NA_FP8_RECIPE_DEFAULTS;
+    if (o->fp8_format && !strcmp(o->fp8_format, "e4m3")) c.formats = NA_FP8_FORMATS_E4M3;
+    if (!current && o->fp8_history > 0) c.amax_history_len = o->fp8_history;
+    if (!current) c.margin = (int)o->fp8_margin;
+    return c;
 }
 
 /* ---- --cuda-graph -------------------------------------------------------------------------- */
@@ -254,4 +308,12 @@ int trainer_amp_record(trainer_amp *amp, const trainer_opts *o, int64_t at, na_t
         return 1;
     }
     return 0;
+}
+
+void trainer_amp_result(const trainer_amp *a, trainer_result *r) {
+    r->amp_mode = a->mode;
+    if (!a->fp8) return;
+    r->fp8_recipe = na_fp8_recipe_kind_name(a->fp8_cfg.kind);
+    r->fp8_format = na_fp8_formats_name(a->fp8_cfg.formats);
+    r->saturated = na_fp8_model_saturated(a->fp8);
 }

@@ -11,14 +11,16 @@
 
 /* Everything a resumed run needs, as one list: the model's state (no prefix), the
  * optimizer's ("optim.", or for o2 the fp16 optimizer's with its masters and scaler,
- * "fp16."), the GradScaler's ("scaler."; a disabled one adds nothing) and, with monitor and
- * --log, the monitor's ("monitor."). */
+ * "fp16."), the GradScaler's ("scaler."; a disabled one adds nothing), for fp8 the FP8
+ * layers' scaling state ("fp8.<layer>.amax_history" ...) and, with monitor and --log, the
+ * monitor's ("monitor."). */
 static int training_state(na_module *net, const trainer_amp *a, bool monitor,
                           na_named_tensors *out) {
     int rc = na_module_state(net, "", out);
     if (!rc) rc = a->fo ? na_fp16_optimizer_state(a->fo, "fp16.", out)
                         : na_optim_state(a->opt, "optim.", out);
     if (!rc && a->gs) rc = na_grad_scaler_state(a->gs, "scaler.", out);
+    if (!rc && a->fp8) rc = na_fp8_model_state(a->fp8, "fp8.", out);
     if (!rc && monitor && a->mon) rc = na_amp_monitor_state(a->mon, "monitor.", out);
     return rc;
 }
@@ -32,6 +34,16 @@ static int set_meta(na_checkpoint *ck, const char *key, const char *fmt, ...) {
     vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
     return na_checkpoint_set_meta(ck, key, buf);
+}
+
+/* fp8: the recipe, which --resume continues (the history's length is its state's shape) */
+static int save_fp8_recipe(na_checkpoint *ck, const na_fp8_recipe_cfg *c) {
+    bool delayed = c->kind == NA_FP8_RECIPE_DELAYED;
+    int rc = set_meta(ck, "fp8_recipe", "%s", na_fp8_recipe_kind_name(c->kind));
+    if (!rc) rc = set_meta(ck, "fp8_format", "%s", na_fp8_formats_name(c->formats));
+    if (!rc && delayed) rc = set_meta(ck, "fp8_history", "%" PRId64, c->amax_history_len);
+    if (!rc && delayed) rc = set_meta(ck, "fp8_margin", "%d", c->margin);
+    return rc;
 }
 
 int trainer_checkpoint_save(const char *path, na_module *net, const trainer_amp *amp,
@@ -51,6 +63,7 @@ int trainer_checkpoint_save(const char *path, na_module *net, const trainer_amp 
     if (!rc) rc = set_meta(ck, "label_smoothing", "%.17g", o->label_smoothing);
     if (!rc) rc = set_meta(ck, "steps_per_epoch", "%" PRId64, run->steps_per_epoch);
     if (!rc) rc = set_meta(ck, "world_size", "%d", run->world_size);
+    if (!rc && amp->fp8) rc = save_fp8_recipe(ck, &amp->fp8_cfg);
     if (!rc) rc = na_checkpoint_save(ck, path);
     na_named_tensors_free(&state);
     na_checkpoint_free(ck);
@@ -83,7 +96,23 @@ static int meta_word(const na_checkpoint *ck, const char *key, const char *const
 }
 
 static const char *const schedules[] = {"constant", "onecycle", NULL};
-static const char *const amp_modes[] = {"off", "fp16", "bf16", "o2", NULL};
+static const char *const amp_modes[] = {"off", "fp16", "bf16", "o2", "fp8", NULL};
+static const char *const fp8_recipes[] = {"delayed", "current", NULL};
+static const char *const fp8_formats[] = {"hybrid", "e4m3", NULL};
+
+/* fp8's flags left out take the saved run's recipe (keys absent: not an fp8 checkpoint) */
+static int resume_fp8_recipe(const na_checkpoint *ck, trainer_opts *o) {
+    int rc = NA_OK;
+    if (!trainer_flag_given(o, "--fp8-recipe"))
+        rc = meta_word(ck, "fp8_recipe", fp8_recipes, &o->fp8_recipe);
+    if (!rc && !trainer_flag_given(o, "--fp8-format"))
+        rc = meta_word(ck, "fp8_format", fp8_formats, &o->fp8_format);
+    if (!rc && !trainer_flag_given(o, "--fp8-history"))
+        rc = meta_number(ck, "fp8_history", true, &o->fp8_history, NULL);
+    if (!rc && !trainer_flag_given(o, "--fp8-margin"))
+        rc = meta_number(ck, "fp8_margin", true, &o->fp8_margin, NULL);
+    return rc;
+}
 
 int trainer_resume_open(trainer_opts *o, trainer_resume *rs) {
     *rs = (trainer_resume){0};
@@ -107,6 +136,7 @@ int trainer_resume_open(trainer_opts *o, trainer_resume *rs) {
         (!trainer_parse_f64(smoothing, &o->label_smoothing) || o->label_smoothing < 0 ||
          o->label_smoothing > 1))
         rc = na_set_error(NA_EFORMAT, "metadata 'label_smoothing' is '%s'", smoothing);
+    if (!rc) rc = resume_fp8_recipe(ck, o);
     if (rc) return rc;
     if (!trainer_flag_given(o, "--amp") && amp) o->amp = amp;
     /* the random streams and the schedule cannot change mid-run */

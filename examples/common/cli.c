@@ -65,7 +65,8 @@ enum opt_id {
     O_SEED,
     O_SAVE, O_RESUME, O_LIMIT, O_TEST_LIMIT, O_SYNTHETIC, O_THREADS, O_JSON, O_QUIET, O_VERSION,
     O_HELP, O_ALLREDUCE_DTYPE, O_BUCKET_MB, O_SYNC_BN, O_CUDA_GRAPH, O_CHANNELS_LAST,
-    O_NO_BROADCAST_BUFFERS, O_DIST_TIMEOUT
+    O_NO_BROADCAST_BUFFERS, O_DIST_TIMEOUT, O_FP8_RECIPE, O_FP8_FORMAT, O_FP8_HISTORY,
+    O_FP8_MARGIN
 };
 
 static const struct {
@@ -82,9 +83,18 @@ static const struct {
     {O_LABEL_SMOOTHING, "--label-smoothing", "X", "cross-entropy label smoothing in [0, 1]"},
     {O_SCHEDULE, "--schedule", "constant|onecycle", "learning-rate schedule"},
     {O_DEVICE, "--device", "cpu|cuda", "where to train"},
-    {O_AMP, "--amp", "off|fp16|bf16|o2|auto",
+    {O_AMP, "--amp", "off|fp16|bf16|o2|fp8|auto",
      "mixed precision: fp16 = autocast + GradScaler, bf16 = autocast, o2 = Apex O2 (f16 "
-     "model, f32 master weights), auto = the device's best"},
+     "model, f32 master weights), fp8 = Linear and Conv2d in FP8 with per-tensor scales, the "
+     "rest bf16 autocast (Transformer Engine), auto = the device's best (fp8 only on CUDA "
+     "sm_89+ for a model of at least 1e8 parameters)"},
+    {O_FP8_RECIPE, "--fp8-recipe", "delayed|current",
+     "fp8: scales from an amax history of earlier steps (delayed) or from each tensor's own "
+     "amax (current)"},
+    {O_FP8_FORMAT, "--fp8-format", "hybrid|e4m3",
+     "fp8: hybrid = E4M3 forward, E5M2 gradients; e4m3 = E4M3 for both"},
+    {O_FP8_HISTORY, "--fp8-history", "N", "fp8 delayed: steps of amax history (>= 1)"},
+    {O_FP8_MARGIN, "--fp8-margin", "N", "fp8 delayed: scales divided by 2^N (0..64)"},
     {O_LOSS_SCALE, "--loss-scale", "dynamic|N",
      "fp16/o2 only. N with fp16: a GradScaler held at N (steps with inf/NaN gradients are "
      "skipped); with o2: Apex's static LossScaler (never skips)"},
@@ -148,6 +158,10 @@ static const char *default_of(enum opt_id id, const trainer_opts *o, char *buf, 
     case O_SCHEDULE: return o->schedule;
     case O_DEVICE: return na_device_name(o->device);
     case O_AMP: return o->amp;
+    case O_FP8_RECIPE: return "delayed";
+    case O_FP8_FORMAT: return "hybrid";
+    case O_FP8_HISTORY: return "1024";
+    case O_FP8_MARGIN: return "0";
     case O_LOSS_SCALE: return "dynamic";
     case O_GROWTH_INTERVAL: return "2000";
     case O_LIMIT: case O_TEST_LIMIT: return "all";
@@ -196,6 +210,16 @@ static int set_option(trainer_opts *o, enum opt_id id, const char *flag, const c
         *(id == O_EPOCHS ? &o->epochs : id == O_BATCH ? &o->batch : id == O_LIMIT ? &o->limit
           : id == O_TEST_LIMIT ? &o->test_limit : &o->synthetic) = n;
         return 0;
+    case O_FP8_HISTORY:
+        if (!trainer_parse_i64(v, 1, 1 << 24, &n))
+            return bad_value(o, flag, "an integer in [1, 2^24] (steps of amax history)", v);
+        o->fp8_history = n;
+        return 0;
+    case O_FP8_MARGIN:
+        if (!trainer_parse_i64(v, 0, 64, &n))
+            return bad_value(o, flag, "an integer in [0, 64] (scales are divided by 2^N)", v);
+        o->fp8_margin = n;
+        return 0;
     case O_BUCKET_MB:
         if (!trainer_parse_i64(v, 1, 1 << 20, &n))
             return bad_value(o, flag, "an integer in [1, 2^20]", v);
@@ -231,6 +255,11 @@ static int set_option(trainer_opts *o, enum opt_id id, const char *flag, const c
             return bad_value(o, flag, "a number in [0, 1]", v);
         o->label_smoothing = x;
         return 0;
+    case O_ALLREDUCE_DTYPE:
+        if (!strcmp(v, "f8e4m3") || !strcmp(v, "f8e5m2")) /* a dtype, but not one to sum in */
+            return bad_value(o, flag, "f32, f16 or bf16 (an FP8 dtype such as f8e4m3 or f8e5m2 "
+                             "stores values, gradients are not summed in it)", v);
+        break;
     case O_LOSS_SCALE:
         if (strcmp(v, "dynamic") && (!trainer_parse_f64(v, &x) || !(x > 0) || x > FLT_MAX))
             return bad_value(o, flag, "'dynamic' or a number in (0, 3.4e38]", v);
@@ -241,13 +270,16 @@ static int set_option(trainer_opts *o, enum opt_id id, const char *flag, const c
     /* the options that take one word of a list */
     const char *list = id == O_MODEL ? models : id == O_OPTIM ? "sgd|adamw"
                      : id == O_SCHEDULE ? "constant|onecycle" : id == O_DEVICE ? "cpu|cuda"
-                     : id == O_ALLREDUCE_DTYPE ? "f32|f16|bf16" : "off|fp16|bf16|o2|auto";
+                     : id == O_ALLREDUCE_DTYPE ? "f32|f16|bf16" : id == O_FP8_RECIPE ? "delayed|current"
+                     : id == O_FP8_FORMAT ? "hybrid|e4m3" : "off|fp16|bf16|o2|fp8|auto";
     if (!one_of(v, list)) return bad_value(o, flag, list, v);
     if (id == O_MODEL) o->model = v;
     else if (id == O_OPTIM) o->optim = v;
     else if (id == O_SCHEDULE) o->schedule = v;
     else if (id == O_DEVICE) o->device = strcmp(v, "cuda") ? NA_DEVICE_CPU : NA_DEVICE_CUDA;
     else if (id == O_ALLREDUCE_DTYPE) o->allreduce_dtype = v;
+    else if (id == O_FP8_RECIPE) o->fp8_recipe = v;
+    else if (id == O_FP8_FORMAT) o->fp8_format = v;
     else o->amp = v;
     return 0;
 }
@@ -256,7 +288,8 @@ trainer_opts trainer_defaults(const char *model) {
     return (trainer_opts){.program = "", .model = model, .epochs = 2, .batch = 128, .lr = -1,
                           .momentum = 0.9, .weight_decay = -1, .optim = "sgd",
                           .device = NA_DEVICE_CPU, .amp = "off", .seed = 1,
-                          .schedule = "constant", .allreduce_dtype = "f32"};
+                          .schedule = "constant", .allreduce_dtype = "f32",
+                          .fp8_recipe = "delayed", .fp8_format = "hybrid"};
 }
 
 int trainer_parse_args(trainer_opts *o, int argc, char **argv, const char *models) {

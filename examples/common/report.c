@@ -143,7 +143,8 @@ void trainer_json_print(FILE *f, const trainer_opts *o, const trainer_result *r)
             "\"test_acc\": %s, \"test_loss\": %s, \"final_loss\": %s, \"params\": %" PRId64
             ", \"seed\": %" PRIu64 ", \"lr\": %s, \"weight_decay\": %s, \"amp_mode\": \"%s\", "
             "\"skipped_steps\": %" PRId64 ", \"graph_steps\": %" PRId64 ", \"channels_last\": %s, \"final_scale\": %s, "
-            "\"diverged_at_step\": %s}\n",
+            "\"diverged_at_step\": %s, \"fp8_recipe\": %s%s%s, \"fp8_format\": %s%s%s, "
+            "\"saturated\": %" PRId64 "}\n",
             o->model, na_device_name(o->device), o->amp, o->epochs, o->batch, na_get_num_threads(),
             r->world_size > 1 ? r->world_size : 1, o->allreduce_dtype ? o->allreduce_dtype : "f32",
             json_number(r->images_per_s, "%.1f", ips, sizeof ips),
@@ -154,5 +155,8 @@ void trainer_json_print(FILE *f, const trainer_opts *o, const trainer_result *r)
             json_number(r->lr, "%.9g", lr, sizeof lr),
             json_number(r->weight_decay, "%.9g", wd, sizeof wd), r->amp_mode, r->skipped_steps,
             r->graph_steps, o->channels_last ? "true" : "false",
-            json_number(r->final_scale, "%.9g", scale, sizeof scale), diverged);
+            json_number(r->final_scale, "%.9g", scale, sizeof scale), diverged,
+            r->fp8_recipe ? "\"" : "", r->fp8_recipe ? r->fp8_recipe : "null",
+            r->fp8_recipe ? "\"" : "", r->fp8_format ? "\"" : "",
+            r->fp8_format ? r->fp8_format : "null", r->fp8_format ? "\"" : "", r->saturated);
 }

@@ -53,8 +53,13 @@ typedef struct {
     int world_size;           /* ranks (mpirun -np); 0 is written as 1. images_per_s counts
                                  all ranks' images, "batch" is --batch (per rank) */
     double lr, weight_decay;  /* what ran: the optimizer's base lr and weight decay (group 0) */
+    const char *fp8_recipe, *fp8_format; /* --amp fp8: "delayed"/"current", "hybrid"/"e4m3";
+                                            NULL (null in the JSON) otherwise */
+    int64_t saturated;        /* fp8: values beyond their format's max when cast, this run */
 } trainer_result;
 
+/* The amp mode that ran and, for fp8, its recipe, format and saturated count (amp_step.c). */
+void trainer_amp_result(const trainer_amp *a, trainer_result *r);
 /* One line of strict JSON (RFC 8259: no NaN or Infinity) with the options and the results. */
 void trainer_json_print(FILE *f, const trainer_opts *o, const trainer_result *r);
 /* The run's sentence: test accuracy, and images/s and training time when it trained. */

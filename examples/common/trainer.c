@@ -234,7 +234,7 @@ static int report(const run_state *r, bool ok) {
     na_grad_scaler_stats st = {.scale = 1.0};
     if (na_grad_scaler_is_enabled(gs) && na_grad_scaler_stats_get(gs, &st))
         st = (na_grad_scaler_stats){.scale = NAN};
-    res.amp_mode = r->amp->mode;
+    trainer_amp_result(r->amp, &res);
     res.skipped_steps = st.skipped, res.final_scale = st.scale;
     res.params = na_module_num_params(r->job->net);
     res.graph_steps = r->graph.replays;

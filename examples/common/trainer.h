@@ -23,7 +23,11 @@ typedef struct {
     double label_smoothing;
     const char *optim;     /* sgd | adamw */
     na_device device;
-    const char *amp;       /* off | fp16 | bf16 | o2 | auto */
+    const char *amp;       /* off | fp16 | bf16 | o2 | fp8 | auto */
+    const char *fp8_recipe; /* --fp8-recipe delayed | current */
+    const char *fp8_format; /* --fp8-format hybrid | e4m3 */
+    int64_t fp8_history;   /* --fp8-history N (delayed: steps of amax history); 0: 1024 */
+    int64_t fp8_margin;    /* --fp8-margin N (delayed: scale / 2^N, >= 0) */
     const char *loss_scale; /* NULL (not given: dynamic), "dynamic" or a number */
     int64_t growth_interval; /* 0 (not given: 2000) or the dynamic scaler's growth interval */
     bool amp_trace;
@@ -72,6 +76,10 @@ typedef struct {
  *   bf16  autocast bf16 around forward and loss, a disabled GradScaler
  *   o2    Apex O2: the model converted to f16 except BatchNorm, f32 master weights and loss
  *         scaling in the fp16 optimizer, the input cast to f16
+ *   fp8   Transformer Engine style: FP8 autocast regions (nanoamp/fp8.h) around forward and
+ *         loss, the Linear and Conv2d layers in FP8 with per-tensor scales (a->fp8, its recipe
+ *         from trainer_amp_fp8_recipe), the rest under the bf16 rules; no loss scaling; the
+ *         scales updated after each step
  * One step in every mode (as tests/test_cuda_training.c and bench/train.c run it):
  *     na_tensor *loss = trainer_amp_loss(&amp, net, x, y, 0.0);  // forward + loss
  *     trainer_amp_step(&amp, loss);                              // backward, step, zero_grad
@@ -87,6 +95,9 @@ typedef struct {
     struct run_report *report; /* --report (run_report.h) */
     unsigned alerts_shown;
     na_ddp *ddp;           /* data parallel (trainer_amp_init_dist), else NULL */
+    na_dist *dist;         /* fp8 under data parallelism: the amax values are reduced over it */
+    na_fp8_model *fp8;     /* fp8: the model's FP8 layers and their scaling state */
+    na_fp8_recipe_cfg fp8_cfg; /* fp8: the recipe (trainer_amp_init's default, or the options') */
     bool channels_last;    /* trainer_amp_loss converts 4-d inputs to channels-last */
 } trainer_amp;
 
@@ -98,6 +109,8 @@ typedef struct {
  * either way. */
 int trainer_amp_init(trainer_amp *a, const char *mode, na_module *net, na_optim *opt,
                      const na_grad_scaler_cfg *scaler);
+/* The FP8 recipe of the options (--fp8-recipe, --fp8-format, --fp8-history, --fp8-margin). */
+na_fp8_recipe_cfg trainer_amp_fp8_recipe(const trainer_opts *o);
 /* The same, data parallel over dist unless it is NULL: gradients go through an na_ddp
  * (ddp_cfg; made after o2's conversion, before the fp16 optimizer takes its masters), which
  * trainer_amp_step finishes after backward, before the unscale and the step. A collective:

@@ -292,6 +292,7 @@ typedef enum {
     NA_AMP_MODE_F32,  /* no mixed precision */
     NA_AMP_MODE_BF16, /* bf16 autocast, no loss scaling */
     NA_AMP_MODE_F16,  /* f16 autocast with dynamic loss scaling */
+    NA_AMP_MODE_FP8,  /* FP8 Linear/Conv2d in bf16 autocast (nanoamp/fp8.h), no loss scaling */
 } na_amp_mode;
 typedef struct {
     na_amp_mode mode;
@@ -304,7 +305,15 @@ typedef struct {
  * PyTorch's CPU autocast default: the CPU backend emulates f16/bf16 bit-exactly (widened to f32,
  * rounded on store), so it is slower than f32 there and serves correctness, not speed. */
 na_amp_recommendation na_amp_recommend(na_device dev);
-const char *na_amp_mode_name(na_amp_mode mode); /* "f32", "bf16", "f16" */
+const char *na_amp_mode_name(na_amp_mode mode); /* "f32", "bf16", "f16", "fp8" */
+/* The parameter count from which na_amp_recommend_model calls a model large: FP8 pays for its
+ * casts and amax reads only where the GEMMs dominate (Transformer Engine's use: models of
+ * hundreds of millions of parameters and up). */
+#define NA_AMP_FP8_MIN_PARAMS 100000000
+/* na_amp_recommend, and FP8 (NA_AMP_MODE_FP8, dtype bf16 for the rest) where the device has
+ * FP8 tensor cores (CUDA sm_89 and newer: Ada, Hopper) and the model has at least
+ * NA_AMP_FP8_MIN_PARAMS parameters. */
+na_amp_recommendation na_amp_recommend_model(na_device dev, int64_t params);
 
 /* ==== divergence without a host round trip =================================================
  * A loop that reads its loss only every k steps (a read is a sync on CUDA) still learns the
@@ -389,6 +398,13 @@ const char *na_amp_monitor_describe(const na_amp_monitor *m, char *buf, size_t s
  * config; every record checks the counts are whole numbers >= 0, else records nothing and
  * sets an NA_EINVAL error. The CSV log is not state: it is the caller's file. */
 int na_amp_monitor_state(na_amp_monitor *m, const char *prefix, na_named_tensors *out);
+/* Logs, with each CSV line, every FP8 layer's scales (nanoamp/fp8.h: as update() left them,
+ * the next step's) and running counts of saturated values, per tensor: after the four columns
+ * "fp8.<layer>.<role>.scale,fp8.<layer>.<role>.saturated" for each layer and role (input,
+ * weight, grad_output). Before the log is opened (NA_ESTATE after); fm NULL: no columns. fm
+ * must outlive the monitor's records. */
+struct na_fp8_model;
+int na_amp_monitor_watch_fp8(na_amp_monitor *m, const struct na_fp8_model *fm);
 
 /* ==== magnitudes on a dtype's number line ===================================================
  * Where a tensor's values fall once stored in dtype (f16, bf16, or f32): each value is rounded

@@ -93,6 +93,14 @@ typedef enum {
 } na_amp_trace_mode;
 
 #define NA_AMP_TRACE_MAX_INPUTS 5
+/* An FP8 op's tensors (nanoamp/fp8.h), by role: input, weight, grad_output. */
+#define NA_AMP_TRACE_FP8_ROLES 3
+typedef struct {
+    na_dtype dtype[NA_AMP_TRACE_FP8_ROLES]; /* f8e4m3 / f8e5m2 */
+    float scale[NA_AMP_TRACE_FP8_ROLES];    /* the scale the cast used (or, for grad_output in
+                                               forward, the one delayed scaling will use) */
+    float amax[NA_AMP_TRACE_FP8_ROLES];     /* max |x| seen; NaN: not yet (grad_output) */
+} na_amp_trace_fp8;
 typedef struct {
     na_op op;           /* NA_OP_COUNT for a custom function (nanoamp/autograd.h) */
     const char *name;   /* the op's name, or the custom function's; NULL: na_op_name(op) */
@@ -106,6 +114,7 @@ typedef struct {
     na_dtype out;       /* its output's dtype */
     na_device device;
     int nesting;        /* 1 for casts (and inner ops) made on behalf of another op */
+    const na_amp_trace_fp8 *fp8; /* an FP8 op's formats, scales and amax values, else NULL */
 } na_amp_trace_record;
 typedef void (*na_amp_trace_fn)(const na_amp_trace_record *r, void *ctx);
 
@@ -114,6 +123,13 @@ void na_autocast_trace(na_amp_trace_mode mode, FILE *out);
 /* Sends each record to fn instead of printing (fn NULL: back to printing). */
 void na_autocast_trace_callback(na_amp_trace_mode mode, na_amp_trace_fn fn, void *ctx);
 na_amp_trace_mode na_autocast_trace_mode(void);
+/* Hands the trace an FP8 op's formats, scales and amax values (copied) for the record of the
+ * next op named name (a custom function's: nanoamp/fp8.h's layers call it from their forward);
+ * the line gets them after its columns:
+ *   amp: fp8_linear    in f32,f32,f32   rule as_is  compute f8e4m3 out bf16  acc f32
+ *        fp8 input e4m3 scale 3.5 amax 128, weight e4m3 scale 1.2e+03 amax 0.37, grad_output
+ *        e5m2 scale 1 amax - */
+void na_autocast_trace_fp8(const char *name, const na_amp_trace_fp8 *info);
 /* The line the trace prints for r (without "amp: " and the newline). Returns buf. */
 const char *na_amp_trace_format(const na_amp_trace_record *r, char *buf, size_t size);
 

@@ -66,6 +66,7 @@
 #include <stdint.h>
 
 #include "nanoamp/error.h"
+#include "nanoamp/nn.h"
 #include "nanoamp/state.h"
 #include "nanoamp/tensor.h"
 
@@ -154,11 +155,84 @@ float na_fp8_scaling_history(const na_fp8_scaling *s, na_fp8_role r, int64_t i);
  * Returns buf (always terminated; "" for a NULL state). */
 const char *na_fp8_scaling_describe(const na_fp8_scaling *s, char *buf, size_t size);
 
+/* Saturation: values whose |x * scale| lies beyond the format's largest finite number when a
+ * layer casts them (they become +-max: the FP8 layers cast as Transformer Engine does,
+ * saturating, for E5M2 too). count adds n to role r's count of this step (until update())
+ * and of the state's life. Not part of the state: a resumed run counts from 0. */
+int na_fp8_scaling_count_saturated(na_fp8_scaling *s, na_fp8_role r, int64_t n);
+int64_t na_fp8_scaling_saturated(const na_fp8_scaling *s, na_fp8_role r);       /* this step */
+int64_t na_fp8_scaling_saturated_total(const na_fp8_scaling *s, na_fp8_role r); /* in all */
+
 /* The state protocol (nanoamp/state.h), after prefix: "amax_history" f32 [history length, 3]
  * (TE's layout, columns input, weight, grad_output), "scale" and "scale_inv" f32 [3],
  * "updates" f64 0-dim; all on the CPU, saved and loaded bit for bit. Load into a state made
  * with the same config (the history's shape must match). */
 int na_fp8_scaling_state(na_fp8_scaling *s, const char *prefix, na_named_tensors *out);
+
+/* ==== FP8 layers ============================================================================
+ * Linear and Conv2d computed in FP8 with one f32 scale per tensor (Transformer Engine's
+ * Linear; the straight-through convention: the casts count as the identity in backward):
+ *
+ *   forward   x8 = fp8(x * s_x), w8 = fp8(w * s_w)                 (E4M3, both formats)
+ *             y  = (1/s_x)(1/s_w) (x8 @ w8^T) + b                   f32 sums, one rounding
+ *   backward  g8 = fp8(dy * s_g)                       (E5M2 under HYBRID, E4M3 under E4M3)
+ *             dx = (1/s_g)(1/s_w) (g8 @ w8),  dw = (1/s_g)(1/s_x) (g8^T @ x8),  db = sum dy
+ *
+ * Each cast saturates (|v| beyond the format's max becomes +-max, NaN stays NaN: TE's
+ * satfinite) and is counted (na_fp8_scaling_saturated). The scales come from the layer's
+ * na_fp8_scaling by its recipe: delayed takes the scale its history gives and records this
+ * tensor's amax (only in grad mode: an evaluation does not move the history); current
+ * records the amax first and casts with the scale it gives. The GEMMs are na_scaled_mm
+ * (cuBLASLt's FP8 GEMM where the backend has it); the Conv2d's are the convolution's own
+ * kernels on the FP8 operands widened to f32 (exact: every FP8 value is an f32 value, and
+ * so is every product of two), with the scale product and the bias applied in f32 after
+ * them, which is the scaled GEMM's contract with the convolution as the GEMM. The output is
+ * bf16 inside an enabled bf16 autocast region (autocast's rule for linear and conv2d), else
+ * f32; dx has x's dtype, dw w's, db b's. Inside an FP8 autocast region the amp trace shows
+ * the op as fp8_linear / fp8_conv2d with each tensor's format, scale and amax. */
+na_tensor *na_fp8_linear(na_tensor *x, na_tensor *w, na_tensor *b, na_fp8_scaling *s);
+na_tensor *na_fp8_conv2d(na_tensor *x, na_tensor *w, na_tensor *b, const na_conv2d_opts *opts,
+                         na_fp8_scaling *s);
+
+/* An FP8 autocast region (TE's fp8_autocast): a bf16 autocast region in which the Linear and
+ * Conv2d layers of an na_fp8_model run in FP8; everything else follows the bf16 rules
+ * (BatchNorm, softmax and the losses in f32). Regions nest with autocast's, per thread; FP8
+ * holds while the innermost region is an FP8 one (a disabled or f16 region inside turns it
+ * off). end() closes the innermost region, which must be an FP8 one (NA_ESTATE otherwise). */
+int na_fp8_autocast_begin(void);
+int na_fp8_autocast_end(void);
+bool na_fp8_autocast_enabled(void);
+
+/* The FP8 state of a model: one na_fp8_scaling (made from cfg, NULL: the defaults) for each
+ * Linear and Conv2d of net's tree, whose forward becomes na_fp8_linear / na_fp8_conv2d inside
+ * an FP8 autocast region (the plain op elsewhere). net must outlive it; free it to restore the
+ * plain layers.
+ *
+ *     na_fp8_model *fm = na_fp8_model_new(net, NULL);        // delayed, hybrid, 1024
+ *     for (...) {
+ *         na_fp8_autocast_begin();
+ *         na_tensor *loss = na_cross_entropy(na_module_forward(net, x), y, NULL);
+ *         na_fp8_autocast_end();
+ *         na_backward(loss, NULL);                            // dy's casts record here
+ *         na_optim_step(opt); na_optim_zero_grad(opt);
+ *         na_fp8_model_update(fm);                            // the next step's scales
+ *         na_step_end();
+ *     }
+ *     na_fp8_model_free(fm);
+ *
+ * Under data parallelism call na_dist_fp8_reduce_amax(d, na_fp8_model_scalings(fm),
+ * na_fp8_model_layers(fm)) before update. */
+typedef struct na_fp8_model na_fp8_model;
+na_fp8_model *na_fp8_model_new(na_module *net, const na_fp8_recipe_cfg *cfg);
+void na_fp8_model_free(na_fp8_model *fm); /* NULL is fine */
+int na_fp8_model_layers(const na_fp8_model *fm);   /* the FP8 layers, in state_dict order */
+/* Layer i's state, and its dotted path in net ("0", "features.3") when path is not NULL. */
+na_fp8_scaling *na_fp8_model_layer(const na_fp8_model *fm, int i, const char **path);
+na_fp8_scaling *const *na_fp8_model_scalings(const na_fp8_model *fm); /* all of them */
+int na_fp8_model_update(na_fp8_model *fm); /* na_fp8_scaling_update of every layer */
+int64_t na_fp8_model_saturated(const na_fp8_model *fm); /* over layers and roles, in all */
+/* The state protocol: each layer's na_fp8_scaling_state after prefix + path + "." */
+int na_fp8_model_state(na_fp8_model *fm, const char *prefix, na_named_tensors *out);
 
 #ifdef __cplusplus
 }

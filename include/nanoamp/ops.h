@@ -197,6 +197,14 @@ na_tensor *na_conv2d(na_tensor *x, na_tensor *w, na_tensor *b, const na_conv2d_o
 na_tensor *na_conv2d_sums(na_tensor *x, na_tensor *w, na_tensor *b, const na_conv2d_opts *opts,
                           na_tensor **sum, na_tensor **sqsum);
 
+/* The two gradients of y = na_conv2d(x, w, NULL, opts) for an output gradient gy, outside
+ * autograd (nothing recorded): *gx = the data gradient (x's shape), *gw = the weight gradient
+ * (w's shape), either pointer NULL to skip it; gy, x and w of one float dtype and device,
+ * contiguous NCHW results. The kernels of na_conv2d's own backward (the FP8 Conv2d of
+ * nanoamp/fp8.h runs them on exactly widened FP8 operands). NA_OK or an error. */
+int na_conv2d_grads(na_tensor *gy, na_tensor *x, na_tensor *w, const na_conv2d_opts *opts,
+                    na_tensor **gx, na_tensor **gw);
+
 /* stride 0 means stride = kernel. Padding at most half the kernel. Floor output size. */
 typedef struct {
     int kernel[2], stride[2], padding[2];

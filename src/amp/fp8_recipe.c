@@ -21,6 +21,7 @@ struct na_fp8_scaling {
     na_tensor *history, *scale, *scale_inv, *updates; /* [len, 3], [3], [3] f32; 0-dim f64 */
     float *h, *sc, *si;                  /* their data */
     double *n;
+    int64_t saturated[NA_FP8_ROLE_COUNT], saturated_total[NA_FP8_ROLE_COUNT]; /* not state */
 };
 
 double na_fp8_format_max(na_fp8_format f) {
@@ -249,7 +250,25 @@ int na_fp8_scaling_update(na_fp8_scaling *s) {
     if (s->cfg.kind == NA_FP8_RECIPE_DELAYED)
         for (int r = 0; r < NA_FP8_ROLE_COUNT; r++) update_role(s, r);
     *s->n += 1;
+    for (int r = 0; r < NA_FP8_ROLE_COUNT; r++) s->saturated[r] = 0;
     return NA_OK;
+}
+
+int na_fp8_scaling_count_saturated(na_fp8_scaling *s, na_fp8_role r, int64_t n) {
+    int rc = check_args("na_fp8_scaling_count_saturated", s, r);
+    if (rc) return rc;
+    if (n < 0)
+        return na_set_error(NA_EINVAL, "na_fp8_scaling_count_saturated: count %lld of %s is "
+                            "negative", (long long)n, na_fp8_role_name(r));
+    s->saturated[r] += n;
+    s->saturated_total[r] += n;
+    return NA_OK;
+}
+int64_t na_fp8_scaling_saturated(const na_fp8_scaling *s, na_fp8_role r) {
+    return s && role_ok(r) ? s->saturated[r] : 0;
+}
+int64_t na_fp8_scaling_saturated_total(const na_fp8_scaling *s, na_fp8_role r) {
+    return s && role_ok(r) ? s->saturated_total[r] : 0;
 }
 
 float na_fp8_scaling_scale(const na_fp8_scaling *s, na_fp8_role r) {

@@ -9,6 +9,7 @@
 
 #include "nanoamp/amp.h"
 #include "nanoamp/error.h"
+#include "nanoamp/fp8.h"
 #include "src/amp/amp_internal.h"
 
 /* The monitor's numbers live in three f64 CPU tensors, so they are its state list as they are
@@ -40,6 +41,7 @@ struct na_amp_monitor {
     int csv_errno;                         /* the first failed write's; 0: none */
     na_tensor *counters, *window, *scales; /* f64, CPU */
     double *c, *win, *sc;                  /* their data */
+    const na_fp8_model *fp8;               /* its layers' scales and saturations, logged */
 };
 
 na_amp_monitor *na_amp_monitor_new(const na_amp_monitor_cfg *cfg) {
@@ -142,7 +144,16 @@ static int open_csv(const char *fn, na_amp_monitor *m, const char *path, bool ap
     if (m->csv) fclose(m->csv);
     free(m->csv_path);
     m->csv = f, m->csv_path = copy, m->csv_errno = 0;
-    if (fseek(f, 0, SEEK_END) || ftell(f) == 0) csv_line(m, "step,loss,scale,skipped\n");
+    if (fseek(f, 0, SEEK_END) || ftell(f) == 0) {
+        csv_line(m, "step,loss,scale,skipped");
+        for (int i = 0; i < na_fp8_model_layers(m->fp8); i++)
+            for (int r = 0; r < NA_FP8_ROLE_COUNT; r++) {
+                const char *lp, *role = na_fp8_role_name((na_fp8_role)r);
+                na_fp8_model_layer(m->fp8, i, &lp);
+                csv_line(m, ",fp8.%s.%s.scale,fp8.%s.%s.saturated", lp, role, lp, role);
+            }
+        csv_line(m, "\n");
+    }
     return na_amp_monitor_csv_status(m);
 }
 int na_amp_monitor_open_csv(na_amp_monitor *m, const char *path) {
@@ -188,7 +199,14 @@ static unsigned record(na_amp_monitor *m, int64_t step, double loss, double scal
         if (c[MON_RISING] >= cfg->loss_rise_steps) a |= NA_AMP_ALERT_LOSS_RISING;
     }
     c[MON_ALERTS] = a;
-    csv_line(m, "%lld,%.9g,%.9g,%lld\n", (long long)step, loss, scale, (long long)skips);
+    csv_line(m, "%lld,%.9g,%.9g,%lld", (long long)step, loss, scale, (long long)skips);
+    for (int i = 0; i < na_fp8_model_layers(m->fp8); i++)
+        for (int r = 0; r < NA_FP8_ROLE_COUNT; r++) {
+            na_fp8_scaling *s = na_fp8_model_layer(m->fp8, i, NULL);
+            csv_line(m, ",%.9g,%lld", (double)na_fp8_scaling_scale(s, (na_fp8_role)r),
+                     (long long)na_fp8_scaling_saturated_total(s, (na_fp8_role)r));
+        }
+    csv_line(m, "\n");
     return a;
 }
 
@@ -270,4 +288,13 @@ const char *na_amp_monitor_describe(const na_amp_monitor *m, char *buf, size_t s
             "inf/NaN in the data or the model)", m->c[MON_LAST_SCALE], m->c[MON_LAST_FLOOR]);
 #undef ADD
     return buf;
+}
+
+int na_amp_monitor_watch_fp8(na_amp_monitor *m, const na_fp8_model *fm) {
+    if (!m) return na_set_error(NA_EINVAL, "na_amp_monitor_watch_fp8: NULL monitor");
+    if (m->csv)
+        return na_set_error(NA_ESTATE, "na_amp_monitor_watch_fp8: the CSV log is open already "
+                            "(its header names the columns): watch before opening it");
+    m->fp8 = fm;
+    return NA_OK;
 }

@@ -4,8 +4,8 @@
 #include "nanoamp/cuda.h"
 
 const char *na_amp_mode_name(na_amp_mode mode) {
-    static const char *names[] = {"f32", "bf16", "f16"};
-    return (unsigned)mode <= NA_AMP_MODE_F16 ? names[mode] : "?";
+    static const char *names[] = {"f32", "bf16", "f16", "fp8"};
+    return (unsigned)mode <= NA_AMP_MODE_FP8 ? names[mode] : "?";
 }
 
 na_amp_recommendation na_amp_recommend(na_device dev) {
@@ -36,5 +36,19 @@ na_amp_recommendation na_amp_recommend(na_device dev) {
     } else {
         r.reason = "cuda before sm_70: no tensor cores, mixed precision would not be faster: f32";
     }
+    return r;
+}
+
+na_amp_recommendation na_amp_recommend_model(na_device dev, int64_t params) {
+    na_amp_recommendation r = na_amp_recommend(dev);
+    int major = 0, minor = 0;
+    bool fp8_cores = dev == NA_DEVICE_CUDA && na_cuda_available() &&
+                     !na_cuda_capability(&major, &minor) && major * 10 + minor >= 89;
+    if (!fp8_cores || params < NA_AMP_FP8_MIN_PARAMS) return r;
+    r.mode = NA_AMP_MODE_FP8;
+    r.dtype = NA_DTYPE_BF16;
+    r.loss_scaling = false;
+    r.reason = "cuda sm_89+ and a large model (>= 1e8 parameters): FP8 tensor cores for its "
+               "Linear and Conv2d layers, with per-tensor delayed scaling; bf16 for the rest";
     return r;
 }

@@ -8,6 +8,8 @@ typedef struct {
     na_tensor *weight, *bias; /* bias may be NULL */
     na_conv2d_opts opts;      /* Conv2d only */
     na_module *bn;            /* Conv2d only: the BatchNorm it feeds sums (or NULL) */
+    na_affine_fn impl;        /* the forward in place of the plain op (na_affine_set_impl) */
+    void *impl_ctx;
 } affine_state;
 
 /* Registers weight (and bias) of the given weight shape and draws their initial values. */
@@ -30,8 +32,19 @@ fail:
     return NULL;
 }
 
+int na_affine_set_impl(na_module *m, na_affine_fn fn, void *ctx) {
+    if (!m || (m->kind != NA_MODULE_LINEAR && m->kind != NA_MODULE_CONV2D))
+        return na_set_error(NA_EINVAL, "na_affine_set_impl: %s is not a Linear or a Conv2d",
+                            m ? m->type_name : "NULL");
+    affine_state *s = m->state;
+    s->impl = fn;
+    s->impl_ctx = ctx;
+    return NA_OK;
+}
+
 static na_tensor *linear_forward(na_module *m, na_tensor *x) {
     affine_state *s = m->state;
+    if (s->impl) return s->impl(s->impl_ctx, x, s->weight, s->bias, NULL);
     return na_linear(x, s->weight, s->bias);
 }
 
@@ -47,6 +60,7 @@ na_module *na_linear_new(int64_t in_features, int64_t out_features, bool bias) {
 
 static na_tensor *conv2d_forward(na_module *m, na_tensor *x) {
     affine_state *s = m->state;
+    if (s->impl) return s->impl(s->impl_ctx, x, s->weight, s->bias, &s->opts);
     if (!s->bn || !na_batch_norm_takes_sums(s->bn))
         return na_conv2d(x, s->weight, s->bias, &s->opts);
     na_tensor *sum, *sqsum, *y = na_conv2d_sums(x, s->weight, s->bias, &s->opts, &sum, &sqsum);

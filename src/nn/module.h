@@ -42,6 +42,14 @@ typedef na_tensor *(*na_batch_norm_fn)(void *ctx, na_tensor *x, na_tensor *runni
                                        double eps);
 int na_batch_norm_set_impl(na_module *bn, na_batch_norm_fn fn, void *ctx);
 
+/* Who computes a Linear's or a Conv2d's forward in place of na_linear / na_conv2d (the same
+ * tensors; opts NULL for a Linear): the FP8 layers of src/amp/fp8_layers.c, which fall back to
+ * the plain op outside an FP8 autocast region. fn NULL restores the plain op. NA_EINVAL when m
+ * is neither a Linear nor a Conv2d. A replaced Conv2d does not offer BatchNorm sums. */
+typedef na_tensor *(*na_affine_fn)(void *ctx, na_tensor *x, na_tensor *weight, na_tensor *bias,
+                                   const na_conv2d_opts *opts);
+int na_affine_set_impl(na_module *m, na_affine_fn fn, void *ctx);
+
 /* A Conv2d and the BatchNorm right after it (na_module_fuse_conv_bn): the conv asks whether
  * the BatchNorm's next forward normalizes with batch statistics (so sums of its input would
  * serve it), and hands it its output y with y's per-channel sums (na_conv2d_sums), which that

@@ -28,6 +28,9 @@ static _Thread_local na_amp_trace_fn trace_fn;
 static _Thread_local void *trace_ctx;
 static _Thread_local pending_op pending[MAX_PENDING];
 static _Thread_local int n_pending;
+static _Thread_local const char *fp8_name; /* the op the FP8 details belong to, or NULL */
+static _Thread_local na_amp_trace_fp8 fp8_info;
+static _Thread_local unsigned long fp8_generation;
 
 static na_amp_trace_mode current_trace_mode(void) {
     if (trace_set) return trace_mode;
@@ -73,6 +76,11 @@ void na_autocast_trace_decision(na_op op, na_tensor *const *ins, int n, na_amp_r
 
 void na_autocast_trace_forget(void) { n_pending = 0; }
 
+void na_autocast_trace_fp8(const char *name, const na_amp_trace_fp8 *info) {
+    fp8_name = name && info ? name : NULL;
+    if (fp8_name) fp8_info = *info, fp8_generation = na_arena_generation();
+}
+
 /* ---- the trace ------------------------------------------------------------------------------- */
 
 static const char *dt_name(na_dtype dt) { return dt == NA_DTYPE_COUNT ? "-" : na_dtype_name(dt); }
@@ -94,8 +102,19 @@ const char *na_amp_trace_format(const na_amp_trace_record *r, char *buf, size_t 
      * reductions on f16/bf16), in a column of its own */
     if (r->accumulate != NA_DTYPE_COUNT && r->accumulate != r->compute && len >= 0 &&
         (size_t)len < size)
-        snprintf(buf + len, size - (size_t)len, "%*s acc %s", 5 - (int)strlen(out), "",
-                 dt_name(r->accumulate));
+        len += snprintf(buf + len, size - (size_t)len, "%*s acc %s", 5 - (int)strlen(out), "",
+                        dt_name(r->accumulate));
+    static const char *roles[NA_AMP_TRACE_FP8_ROLES] = {"input", "weight", "grad_output"};
+    for (int f = 0; r->fp8 && f < NA_AMP_TRACE_FP8_ROLES && len >= 0 && (size_t)len < size;
+         f++) {
+        const char *fmt = dt_name(r->fp8->dtype[f]);
+        if (!strncmp(fmt, "f8", 2)) fmt += 2; /* the format's name: e4m3, e5m2 */
+        char amax[24] = "-";
+        if (r->fp8->amax[f] == r->fp8->amax[f])
+            snprintf(amax, sizeof amax, "%.4g", (double)r->fp8->amax[f]);
+        len += snprintf(buf + len, size - (size_t)len, "%s%s %s scale %.4g amax %s",
+                        f ? ", " : "  fp8 ", roles[f], fmt, (double)r->fp8->scale[f], amax);
+    }
     return buf;
 }
 
@@ -156,11 +175,17 @@ static void trace_op(const na_graph_op *gop, const na_tensor *out, int n_inputs,
     }
     r.compute = true_compute(op, r.compute);
     r.accumulate = accumulation(op, r.compute);
+    if (fp8_name && r.name && !strcmp(fp8_name, r.name) && fp8_generation == gen) {
+        r.fp8 = &fp8_info; /* its products run on FP8 operands, summing in f32 */
+        r.compute = fp8_info.dtype[0];
+        r.accumulate = NA_DTYPE_F32;
+        fp8_name = NULL;
+    }
     if (trace_fn) {
         trace_fn(&r, trace_ctx);
         return;
     }
-    char line[160];
+    char line[400];
     fprintf(trace_out ? trace_out : stderr, "amp: %s\n",
             na_amp_trace_format(&r, line, sizeof line));
 }

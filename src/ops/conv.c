@@ -31,15 +31,11 @@ static int64_t conv_channel_padding(const na_conv_geom *g, const na_tensor *x) {
     return 8 - g->c_in % 8;
 }
 
-/* na_conv2d; with sum != NULL, na_conv2d_sums (fn names the caller) */
-static na_tensor *conv2d(const char *fn, na_tensor *x, na_tensor *w, na_tensor *b,
-                         const na_conv2d_opts *opts, na_tensor **sum, na_tensor **sqsum) {
+/* The geometry of x ⊛ w under opts, or false with an error naming fn, the shapes and opts. */
+static bool conv_geometry(const char *fn, const na_tensor *x, const na_tensor *w,
+                          const na_tensor *b, const na_conv2d_opts *opts, na_conv_geom *gp) {
     char s1[NA_DESCRIBE_MAX], s2[NA_DESCRIBE_MAX];
     na_conv2d_opts o = opts ? *opts : (na_conv2d_opts){0};
-    if (!na_check_float(fn, x, "input") || !na_check_float(fn, w, "weight") ||
-        !na_check_same_device(fn, x, w) || (b && (!na_check_float(fn, b, "bias") ||
-                                                  !na_check_same_device(fn, x, b))))
-        return NULL;
     na_conv_geom g = {.kh = 0};
     g.groups = na_or_default(o.groups, 1);
     g.sh = na_or_default(o.stride[0], 1), g.sw = na_or_default(o.stride[1], 1);
@@ -57,14 +53,25 @@ static na_tensor *conv2d(const char *fn, na_tensor *x, na_tensor *w, na_tensor *
         ok = g.oh > 0 && g.ow > 0 && g.h + 2 * g.ph >= g.dh * (g.kh - 1) + 1 &&
              g.w + 2 * g.pw >= g.dw * (g.kw - 1) + 1;
     }
-    if (!ok) {
+    if (!ok)
         na_set_error(NA_ESHAPE, "%s: input %s and weight %s (groups %d, stride %dx%d, padding "
                      "%dx%d, dilation %dx%d) do not make a convolution: expected input [N, C, H, "
                      "W], weight [C_out, C/groups, kh, kw]%s and a window that fits", fn,
                      na_tensor_describe(x, s1, sizeof s1), na_tensor_describe(w, s2, sizeof s2),
                      g.groups, g.sh, g.sw, g.ph, g.pw, g.dh, g.dw, b ? ", bias [C_out]" : "");
+    *gp = g;
+    return ok;
+}
+
+/* na_conv2d; with sum != NULL, na_conv2d_sums (fn names the caller) */
+static na_tensor *conv2d(const char *fn, na_tensor *x, na_tensor *w, na_tensor *b,
+                         const na_conv2d_opts *opts, na_tensor **sum, na_tensor **sqsum) {
+    if (!na_check_float(fn, x, "input") || !na_check_float(fn, w, "weight") ||
+        !na_check_same_device(fn, x, w) || (b && (!na_check_float(fn, b, "bias") ||
+                                                  !na_check_same_device(fn, x, b))))
         return NULL;
-    }
+    na_conv_geom g;
+    if (!conv_geometry(fn, x, w, b, opts, &g)) return NULL;
     na_tensor *ins[3] = {x, w, b};
     if (na_autocast_inputs(NA_OP_CONV2D, ins, b ? 3 : 2) != NA_OK) return NULL;
     if (!na_check_same_dtype(fn, ins[0], ins[1]) || (b && !na_check_same_dtype(fn, ins[0], ins[2])))
@@ -112,6 +119,35 @@ na_tensor *na_conv2d_sums(na_tensor *x, na_tensor *w, na_tensor *b, const na_con
     }
     *sum = *sqsum = NULL;
     return conv2d("na_conv2d_sums", x, w, b, opts, sum, sqsum);
+}
+
+int na_conv2d_grads(na_tensor *gy, na_tensor *x, na_tensor *w, const na_conv2d_opts *opts,
+                    na_tensor **gx, na_tensor **gw) {
+    const char *fn = "na_conv2d_grads";
+    char s1[NA_DESCRIBE_MAX];
+    na_conv_geom g;
+    if (!na_check_float(fn, gy, "gy") || !na_check_float(fn, x, "input") ||
+        !na_check_float(fn, w, "weight") || !na_check_same_device(fn, x, w) ||
+        !na_check_same_device(fn, x, gy) || !na_check_same_dtype(fn, x, w) ||
+        !na_check_same_dtype(fn, x, gy) || !conv_geometry(fn, x, w, NULL, opts, &g))
+        return na_last_status();
+    if (gy->ndim != 4 || gy->shape[0] != g.n || gy->shape[1] != g.c_out ||
+        gy->shape[2] != g.oh || gy->shape[3] != g.ow)
+        return na_set_error(NA_ESHAPE, "%s: gy %s is not the output's shape [%lld, %lld, %lld, "
+                            "%lld]", fn, na_tensor_describe(gy, s1, sizeof s1), (long long)g.n,
+                            (long long)g.c_out, (long long)g.oh, (long long)g.ow);
+    /* the kernels' plain NCHW views; nothing is recorded */
+    if (!(gy = na_contiguous(gy)) || !(x = na_contiguous(x)) || !(w = na_contiguous(w)))
+        return na_last_status();
+    const na_backend *be = na_be(x);
+    int rc;
+    if (gx && (!(*gx = na_empty_like(x)) ||
+               (rc = be->conv2d_backward_data(&g, &gy->view, &w->view, &(*gx)->view))))
+        return *gx ? rc : na_last_status();
+    if (gw && (!(*gw = na_empty_like(w)) ||
+               (rc = be->conv2d_backward_weight(&g, &x->view, &gy->view, &(*gw)->view))))
+        return *gw ? rc : na_last_status();
+    return NA_OK;
 }
 
 int na_bw_CONV2D(na_node *n, na_tensor *gout, na_tensor **gin) {
