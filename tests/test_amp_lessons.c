@@ -184,6 +184,36 @@ Test(amp_lessons, trace) {
     free(guide);
 }
 
+Test(amp_lessons, accumulation) {
+    amp_accumulation_result r;
+    cr_assert_eq(amp_lesson_accumulation(&r), 0, "%s", na_last_error());
+    double x = th_round_f16(0.1), acc = 0;
+    for (int i = 0; i < 4096; i++) acc = th_round_f16(acc + x); /* an f16 accumulator */
+    cr_assert_eq(r.x_f16, x);
+    cr_assert_eq(r.sum_f16, acc);
+    cr_assert_eq(r.sum_f16, 256.0, "256 + 0.1 rounds to 256 (spacing 0.25)");
+    cr_assert_eq(r.spacing_at_stall, 0.25);
+    cr_assert_eq(th_round_f16(256 + x), 256.0);
+    cr_assert_eq(r.sum_f32, 4096 * x, "exact in f32");
+    cr_assert_eq(r.sum_f32, 409.5);
+    cr_assert_eq(r.matmul_f16, 409.5, "f32 accumulation, one rounding to f16 (409.5 is an f16)");
+    /* exp in f16: the last finite and the first infinite f16 x are neighbours */
+    cr_assert_eq(r.exp_last_finite, th_round_f16(exp(r.exp_last_finite_x)));
+    cr_assert(r.exp_last_finite <= 65504 && exp(r.exp_inf_at) >= 65520);
+    cr_assert_eq(r.exp_inf_at, r.exp_last_finite_x + ldexp(1, -7), "adjacent f16s in [8, 16)");
+    cr_assert(isinf(th_round_f16(exp(th_round_f16(11.1)))), "exp(11.1) is inf in f16");
+    cr_assert(isinf(r.exp_f16_logit));
+    cr_assert(isnan(r.softmax_f16[0]), "inf / inf");
+    cr_assert_eq(r.softmax_f16[1], 0.0, "exp(-20) rounds to 0 in f16");
+    cr_assert_eq(r.softmax_f32[0], 1.0);
+    cr_assert_lt(fabs(r.softmax_f32[1] / exp(-40) - 1), 1e-5);
+    cr_assert_eq(r.softmax_nanoamp_f16[0], 1.0, "no overflow once the max is subtracted");
+    cr_assert_eq(r.softmax_nanoamp_f16[1], 0.0, "but e^-40 is 0 in f16");
+    cr_assert(isinf(r.ce_f16) && r.ce_f16 > 0);
+    cr_assert_lt(fabs(r.ce_f32 - 40), 1e-4);
+    expect_quoted(&r.quotes, "amp-accumulation");
+}
+
 Test(amp_lessons, master_weights) {
     amp_master_result r;
     cr_assert_eq(amp_lesson_master_weights(&r), 0, "%s", na_last_error());

@@ -8,6 +8,8 @@
  *
  *   amp-formats         the limits of f16, bf16 and f32 (--svg: their number lines)
  *   amp-trace           the autocast rule table (--rules) and the trace of one CNN step
+ *   amp-accumulation    f16 sums that stall and f16 exp/softmax that overflow: why products
+ *                       accumulate in f32 and exp, softmax and the losses run in f32
  *   amp-underflow       gradients that underflow to zero in f16, kept by loss scaling
  *   amp-loss-scaling    an MLP whose f16 gradients underflow: it fails unscaled and learns
  *                       with the GradScaler (--svg: its gradients on the f16 number line)
@@ -91,6 +93,27 @@ typedef struct {
 } amp_trace_result;
 /* One step of the MNIST CNN (model_mnist_cnn in examples/common/models.h). */
 int amp_lesson_trace(amp_trace_result *r);
+
+/* ---- 3b. accumulation and the fp32 list ----------------------------------------------------- */
+typedef struct {
+    int n;                     /* values summed */
+    double x, x_f16, exact;    /* the value, as f16, and n * x_f16 */
+    double sum_f16;            /* an f16 accumulator: each partial sum rounded to f16 */
+    double stalled_at;         /* where it stopped growing, after stalled_step additions */
+    int stalled_step;
+    double spacing_at_stall;   /* the f16 spacing there */
+    double sum_f32;            /* na_sum of the f16 tensor (f32 accumulation) */
+    double matmul_f16;         /* na_matmul of ones [1, n] and the values [n, 1] in f16 */
+    double exp_last_finite_x, exp_last_finite, exp_inf_at; /* exp in f16, steps of 0.01 */
+    double logit;              /* the logits (logit, -logit) */
+    double exp_f16_logit;      /* exp(logit) in f16 */
+    double softmax_f16[2];     /* exp then divide, in f16 */
+    double softmax_f32[2];     /* the same under f16 autocast: exp and sum in f32 */
+    double softmax_nanoamp_f16[2]; /* na_softmax on the f16 logits */
+    double ce_f16, ce_f32;     /* -log p of the second class: f16 softmax, f32 log_softmax */
+    amp_quotes quotes;
+} amp_accumulation_result;
+int amp_lesson_accumulation(amp_accumulation_result *r);
 
 /* The autocast rule table (amp-trace --rules): na_autocast_print_rules's lines. Returns the
  * number of lines written to out, or -1. */
@@ -185,6 +208,7 @@ int amp_lesson_batchnorm(amp_batchnorm_result *r);
  * the run function's argument. The run functions return the exit status. */
 int amp_formats_run(const char *svg_path);   /* amp-formats [--svg FILE] */
 int amp_trace_run(const char *rules);        /* amp-trace [--rules] */
+int amp_accumulation_run(const char *unused); /* amp-accumulation */
 int amp_underflow_run(const char *unused);   /* amp-underflow */
 int amp_loss_scaling_run(const char *svg_path); /* amp-loss-scaling [--svg FILE] */
 int amp_overflow_run(const char *csv_path);  /* amp-overflow [--log FILE.csv] (then the sawtooth) */
