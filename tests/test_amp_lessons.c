@@ -330,7 +330,7 @@ static int draw_scaling(FILE *f) { return amp_loss_scaling_svg(&scaling, f); }
 Test(amp_lessons, loss_scaling_rescues_f16_training) {
     skip_without_data(amp_lesson_loss_scaling(NULL, &scaling));
     amp_loss_scaling_result *r = &scaling;
-    const int F32 = AMP_RUN_F32, H = AMP_RUN_F16, HS = AMP_RUN_F16_SCALED;
+    const int F32 = AMP_RUN_F32, H = AMP_RUN_F16, HS = AMP_RUN_F16_SCALED, BF = AMP_RUN_BF16;
     /* the first step: identical weights and batch in every run */
     cr_assert_lt(r->zero_frac[F32], 0.01, "f32 gradients are not 0");
     cr_assert_gt(r->zero_frac[H], 0.9, "without scaling most f16 gradients underflow to 0");
@@ -342,6 +342,15 @@ Test(amp_lessons, loss_scaling_rescues_f16_training) {
     cr_assert_lt(fabs(r->final_loss[HS] - r->final_loss[F32]), 0.02);
     cr_assert_lt(fabs(r->test_acc[HS] - r->test_acc[F32]), 0.01);
     cr_assert_gt(r->test_acc[F32], 0.8, "the task is learnable in 200 steps");
+    /* bf16: f32's range, so no scaler and no zero gradients, and it learns as f32 does */
+    cr_assert_lt(r->zero_frac[BF], 0.01, "bf16 gradients do not underflow");
+    cr_assert_lt(fabs(r->final_loss[BF] - r->final_loss[F32]), 0.02);
+    cr_assert_lt(fabs(r->test_acc[BF] - r->test_acc[F32]), 0.01);
+    /* Adam's eps: the factor 1e-5 puts a good part of the f32 gradients below it */
+    int64_t below = 0;
+    for (int64_t i = 0; i < r->n_grads; i++) below += fabsf(r->grads[i]) < 1e-8f;
+    cr_assert_eq(r->below_eps_share, (double)below / (double)r->n_grads);
+    cr_assert_gt(r->below_eps_share, 0.1);
     cr_assert_eq(r->scale, 65536.0);
     cr_assert_eq(r->skipped, 0);
     cr_assert_gt(r->zero_share, 0.3, "a good part of the true gradients is below 2^-25");
@@ -383,6 +392,22 @@ Test(amp_lessons, sawtooth_log_and_its_plot) {
     }
     cr_assert_eq(rows, AMP_SAWTOOTH_STEPS);
     cr_assert_eq(skipped_rows, r.skipped);
+    /* the same bits with another thread count (and, by na_cpu_set_reproducible, on any CPU) */
+    char csv1[512];
+    snprintf(csv1, sizeof csv1, "%s/run1.csv", tmpdir);
+    int threads = na_get_num_threads();
+    cr_assert_eq(na_set_num_threads(threads == 1 ? 2 : 1), 0);
+    amp_sawtooth_result r1;
+    cr_assert_eq(amp_lesson_sawtooth(NULL, csv1, &r1), 0, "%s", na_last_error());
+    cr_assert_eq(na_set_num_threads(threads), 0);
+    cr_assert(!na_cpu_reproducible(), "the lesson restores the mode");
+    FILE *f1 = fopen(csv1, "r");
+    cr_assert_not_null(f1);
+    rewind(f);
+    int c0, c1;
+    do c0 = fgetc(f), c1 = fgetc(f1); while (c0 == c1 && c0 != EOF);
+    cr_assert_eq(c0, c1, "the log differs with %d and %d threads", threads, threads == 1 ? 2 : 1);
+    fclose(f1);
     rewind(f);
     FILE *svg = fopen(svg_path, "w");
     char err[128];

@@ -140,7 +140,7 @@ int amp_lesson_master_weights(amp_master_result *r);
  * averaged over 10^5 outputs), three times from the same seed and batches: f32, f16 autocast
  * without scaling, f16 autocast with PyTorch's GradScaler. Adam divides by the gradients' RMS,
  * so the factor alone changes nothing in f32. */
-enum { AMP_RUN_F32, AMP_RUN_F16, AMP_RUN_F16_SCALED, AMP_RUNS };
+enum { AMP_RUN_F32, AMP_RUN_F16, AMP_RUN_F16_SCALED, AMP_RUN_BF16, AMP_RUNS };
 typedef struct {
     double loss_factor;
     int steps;
@@ -148,6 +148,8 @@ typedef struct {
     double final_loss[AMP_RUNS]; /* cross-entropy (without the factor), last 20 steps' mean */
     double test_acc[AMP_RUNS];
     double scale;                /* the GradScaler's scale at the first step */
+    double adam_eps;             /* Adam's eps (NA_ADAM_DEFAULTS) */
+    double below_eps_share;      /* of the first step's f32 gradients: |g| < eps */
     int64_t skipped;             /* steps the GradScaler skipped */
     /* of the first step's true gradients: the shares f16 would round to 0 and keep only as
      * subnormals, as they are and times the scale */

@@ -37,7 +37,7 @@ static void mlp_data_free(mlp_data *d) {
 }
 
 typedef struct {
-    bool f16;               /* f16 autocast around forward and loss */
+    na_dtype amp;           /* autocast around forward and loss: F16, BF16, or F32 (off) */
     bool scaled;            /* a GradScaler (else a plain step) */
     double loss_factor;     /* the loss is the cross-entropy times this */
     int steps;
@@ -78,6 +78,8 @@ static double mlp_accuracy(na_module *net, const na_dataset *ds) {
 
 static int mlp_run(const mlp_data *d, const mlp_run_cfg *c, mlp_run_out *o, bool keep_grads) {
     *o = (mlp_run_out){.first_skip = -1};
+    bool was_reproducible = na_cpu_reproducible();
+    na_cpu_set_reproducible(true); /* the same bits on every CPU: the guide quotes them */
     na_manual_seed(1);
     na_module *net = model_mnist_mlp();
     na_adam_cfg ac = NA_ADAM_DEFAULTS;
@@ -102,10 +104,11 @@ static int mlp_run(const mlp_data *d, const mlp_run_cfg *c, mlp_run_out *o, bool
         while (!rc && s < c->steps && na_batcher_next(b, x, y, &n)) {
             na_tensor *xt = na_from_host(NA_DTYPE_F32, NA_DEVICE_CPU, NA_SHAPE(n, 1, 28, 28), x);
             na_tensor *yt = na_from_host(NA_DTYPE_I32, NA_DEVICE_CPU, NA_SHAPE(n), y);
-            if (c->f16 && (rc = na_autocast_begin(NA_DTYPE_F16))) break;
+            bool autocast = c->amp != NA_DTYPE_F32;
+            if (autocast && (rc = na_autocast_begin(c->amp))) break;
             na_tensor *ce = xt && yt ? na_cross_entropy(na_module_forward(net, xt), yt, NULL)
                                      : NULL;
-            if (c->f16) na_autocast_end();
+            if (autocast) na_autocast_end();
             na_tensor *loss = ce ? na_scale(ce, c->loss_factor) : NULL;
             double scale = na_grad_scaler_is_enabled(gs) ? na_grad_scaler_get_scale(gs) : 1.0;
             if (!loss || na_backward(na_grad_scaler_scale(gs, loss), NULL) ||
@@ -167,16 +170,19 @@ static int mlp_run(const mlp_data *d, const mlp_run_cfg *c, mlp_run_out *o, bool
     na_grad_scaler_free(gs);
     na_optim_free(opt);
     na_module_free(net);
+    na_cpu_set_reproducible(was_reproducible);
     return rc ? -1 : 0;
 }
 
 int amp_lesson_loss_scaling(const char *data_dir, amp_loss_scaling_result *r) {
-    *r = (amp_loss_scaling_result){.loss_factor = 1e-5, .steps = 200};
+    *r = (amp_loss_scaling_result){.loss_factor = 1e-5, .steps = 200,
+                                   .adam_eps = ((na_adam_cfg)NA_ADAM_DEFAULTS).eps};
     mlp_data d;
     if (mlp_data_load(data_dir, &d)) return -1;
-    static const char *names[AMP_RUNS] = {"f32", "f16", "f16s"};
+    static const char *names[AMP_RUNS] = {"f32", "f16", "f16s", "bf16"};
+    static const na_dtype amp[AMP_RUNS] = {NA_DTYPE_F32, NA_DTYPE_F16, NA_DTYPE_F16, NA_DTYPE_BF16};
     for (int k = 0; k < AMP_RUNS; k++) {
-        mlp_run_cfg c = {.f16 = k != AMP_RUN_F32, .scaled = k == AMP_RUN_F16_SCALED,
+        mlp_run_cfg c = {.amp = amp[k], .scaled = k == AMP_RUN_F16_SCALED,
                          .loss_factor = r->loss_factor, .steps = r->steps};
         mlp_run_out o;
         if (mlp_run(&d, &c, &o, k == AMP_RUN_F32)) {
@@ -195,15 +201,21 @@ int amp_lesson_loss_scaling(const char *data_dir, amp_loss_scaling_result *r) {
     amp_hist_f16_shares(&h, &r->zero_share, &r->subnormal_share, &zero);
     h.scale = r->scale;
     amp_hist_f16_shares(&h, &r->zero_share_scaled, &r->subnormal_share_scaled, &zero);
-    quote_approx(&r->quotes, "shares", 0.02, "%.1f%% would round to 0 in f16 and %.1f%% be subnormal; times "
+    int64_t below_eps = 0;
+    for (int64_t i = 0; i < r->n_grads; i++) below_eps += fabsf(r->grads[i]) < r->adam_eps;
+    r->below_eps_share = r->n_grads ? (double)below_eps / (double)r->n_grads : NAN;
+    quote(&r->quotes, "below_eps", "%.0f%% of the first step's f32 gradients are below Adam's eps "
+          "(%g)", 100 * r->below_eps_share, r->adam_eps);
+    quote(&r->quotes, "shares", "%.1f%% would round to 0 in f16 and %.1f%% be subnormal; times "
           "%.0f: %.1f%% and %.1f%%", 100 * r->zero_share, 100 * r->subnormal_share, r->scale,
           100 * r->zero_share_scaled, 100 * r->subnormal_share_scaled);
     quote(&r->quotes, "setup", "MLP 784-256-10, Adam, Fashion-MNIST (%d train / %d test "
           "images), %d steps of batch %d, loss = cross-entropy x %g", MLP_TRAIN_N, MLP_TEST_N,
           r->steps, MLP_BATCH, r->loss_factor);
-    static const char *what[AMP_RUNS] = {"f32", "f16, no scaling", "f16 + GradScaler"};
+    static const char *what[AMP_RUNS] = {"f32", "f16, no scaling", "f16 + GradScaler",
+                                         "bf16, no scaling"};
     for (int k = 0; k < AMP_RUNS; k++) {
-        quote_approx(&r->quotes, names[k], 0.02, "%-18s %8.1f%% %12.4f %10.1f%%", what[k],
+        quote(&r->quotes, names[k], "%-18s %8.1f%% %12.4f %10.1f%%", what[k],
               100 * r->zero_frac[k], r->final_loss[k], 100 * r->test_acc[k]);
     }
     quote(&r->quotes, "skipped", "the GradScaler skipped %lld of %d steps", (long long)r->skipped,
@@ -235,7 +247,7 @@ int amp_lesson_sawtooth(const char *data_dir, const char *csv_path, amp_sawtooth
     *r = (amp_sawtooth_result){.steps = AMP_SAWTOOTH_STEPS};
     mlp_data d;
     if (mlp_data_load(data_dir, &d)) return -1;
-    mlp_run_cfg c = {.f16 = true, .scaled = true, .loss_factor = 1.0, .steps = r->steps,
+    mlp_run_cfg c = {.amp = NA_DTYPE_F16, .scaled = true, .loss_factor = 1.0, .steps = r->steps,
                      .growth_interval = AMP_SAWTOOTH_INTERVAL, .log_csv = csv_path};
     mlp_run_out o;
     int rc = mlp_run(&d, &c, &o, false);
@@ -249,10 +261,10 @@ int amp_lesson_sawtooth(const char *data_dir, const char *csv_path, amp_sawtooth
     r->final_loss = o.final_loss;
     quote(&r->quotes, "setup", "the MLP of amp-loss-scaling (loss x 1), f16 autocast, "
           "GradScaler growing x2 every %d clean steps", AMP_SAWTOOTH_INTERVAL);
-    quote_approx(&r->quotes, "summary", 0.3, "%lld of %d steps skipped, the first at step %d; "
+    quote(&r->quotes, "summary", "%lld of %d steps skipped, the first at step %d; "
                  "the scale peaked at 2^%.0f", (long long)r->skipped, r->steps, r->first_skip,
                  log2(r->max_scale));
-    quote_approx(&r->quotes, "loss", 0.1, "loss %.3f -> %.3f", r->first_loss, r->final_loss);
+    quote(&r->quotes, "loss", "loss %.3f -> %.3f", r->first_loss, r->final_loss);
     return 0;
 }
 
@@ -267,13 +279,15 @@ int amp_loss_scaling_run(const char *svg_path) {
     }
     printf("%s; same seed and batches in every run\n\n", amp_quote_get(&r->quotes, "setup"));
     printf("%-18s %9s %12s %11s\n", "run", "grads = 0", "final loss", "test acc");
-    printf("%s\n%s\n%s\n", amp_quote_get(&r->quotes, "f32"),
-           amp_quote_get(&r->quotes, "f16"), amp_quote_get(&r->quotes, "f16s"));
+    printf("%s\n%s\n%s\n%s\n", amp_quote_get(&r->quotes, "f32"),
+           amp_quote_get(&r->quotes, "f16"), amp_quote_get(&r->quotes, "f16s"),
+           amp_quote_get(&r->quotes, "bf16"));
     printf("\ngrads = 0: the share of the first step's gradient elements that are exactly 0\n"
            "final loss: the cross-entropy without the factor, mean of the last 20 steps\n"
            "%s; its scale at the first step: %.0f\n"
-           "of the first step's true (f32) gradients,\n%s\n",
-           amp_quote_get(&r->quotes, "skipped"), r->scale, amp_quote_get(&r->quotes, "shares"));
+           "of the first step's true (f32) gradients,\n%s\n%s\n",
+           amp_quote_get(&r->quotes, "skipped"), r->scale, amp_quote_get(&r->quotes, "shares"),
+           amp_quote_get(&r->quotes, "below_eps"));
     int rc = svg_path ? amp_write_svg(svg_path, draw) : 0;
     amp_loss_scaling_free(r);
     return rc;
