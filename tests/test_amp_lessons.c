@@ -426,6 +426,21 @@ Test(amp_lessons, sawtooth_log_and_its_plot) {
     rm_rf(tmpdir);
 }
 
+/* ---- master weights in a real run ------------------------------------------------------------ */
+
+Test(amp_lessons, master_weights_in_a_real_run) {
+    amp_master_mlp_result r;
+    skip_without_data(amp_lesson_master_mlp(NULL, &r));
+    const int F32 = AMP_MLP_F32, B = AMP_MLP_BF16, M = AMP_MLP_MASTERS;
+    cr_assert_lt(r.unchanged[F32], 0.01, "f32 weights all move");
+    cr_assert_gt(r.unchanged[B], 0.3, "most bf16 updates are rounded away: %g", r.unchanged[B]);
+    cr_assert_gt(r.unchanged[M], 0.3, "the bf16 copy of a master moves only in whole steps");
+    cr_assert_gt(r.final_loss[B], r.final_loss[F32] + 0.05, "in place, bf16 learns less");
+    cr_assert_lt(fabs(r.final_loss[M] - r.final_loss[F32]), 0.01, "masters learn as f32");
+    cr_assert_lt(fabs(r.test_acc[M] - r.test_acc[F32]), 0.01);
+    expect_quoted(&r.quotes, "amp-master-weights (the MLP)");
+}
+
 /* ---- BatchNorm ------------------------------------------------------------------------------- */
 
 Test(amp_lessons, batchnorm_reasons) {

@@ -133,6 +133,19 @@ typedef struct {
     amp_quotes quotes;
 } amp_master_result;
 int amp_lesson_master_weights(amp_master_result *r);
+/* The same in a real run: the MLP of lesson 5 (loss factor 1) trained with plain SGD from the
+ * same seed and batches, with f32 weights, with bf16 weights updated in place, and with bf16
+ * weights stepped through f32 masters (na_fp16_optimizer, static scale 1); no autocast. Data
+ * as amp_lesson_loss_scaling's (fails, -1, without it). */
+enum { AMP_MLP_F32, AMP_MLP_BF16, AMP_MLP_MASTERS, AMP_MLP_KINDS };
+typedef struct {
+    int steps;
+    double lr;
+    double unchanged[AMP_MLP_KINDS]; /* model weights the first step left as they were */
+    double final_loss[AMP_MLP_KINDS], test_acc[AMP_MLP_KINDS];
+    amp_quotes quotes;
+} amp_master_mlp_result;
+int amp_lesson_master_mlp(const char *data_dir, amp_master_mlp_result *r);
 
 /* ---- 5. loss scaling in training ------------------------------------------------------------- */
 /* The MNIST MLP (784 -> 256 -> ReLU -> 10, model_mnist_mlp) trained with Adam on Fashion-MNIST (the first 8192 training

@@ -43,6 +43,9 @@ typedef struct {
     int steps;
     int64_t growth_interval; /* the GradScaler's (0: PyTorch's 2000) */
     const char *log_csv;    /* the monitor's per-step CSV, or NULL */
+    bool bf16_weights;      /* the model converted to bf16 (na_model_to_half) */
+    bool masters;           /* ... stepped through f32 masters (na_fp16_optimizer, scale 1) */
+    double sgd_lr;          /* > 0: plain SGD with this lr instead of Adam */
 } mlp_run_cfg;
 
 typedef struct {
@@ -53,7 +56,22 @@ typedef struct {
     int first_skip;
     int64_t n_grads;
     float *grads;           /* the first step's gradients, when asked for (grads != NULL) */
+    double unchanged_frac;  /* model weights the first step left as they were */
 } mlp_run_out;
+
+/* The model's parameters as f32, one after another, into a malloc'd *out. */
+static int weights_to_host(na_module *net, float **out, int64_t *n) {
+    na_tensor_list ps = na_module_parameters(net);
+    *n = 0;
+    for (int64_t i = 0; i < ps.n; i++) *n += ps.items[i]->numel;
+    *out = malloc((size_t)*n * sizeof **out);
+    if (!*out) return na_set_error(NA_ENOMEM, "weights_to_host: %lld weights", (long long)*n);
+    for (int64_t i = 0, off = 0; i < ps.n; i++) {
+        if (na_copy_to_host(na_cast(ps.items[i], NA_DTYPE_F32), *out + off)) return -1;
+        off += ps.items[i]->numel;
+    }
+    return 0;
+}
 
 static double mlp_accuracy(na_module *net, const na_dataset *ds) {
     na_batcher *b = na_batcher_new(ds, &(na_batcher_cfg){.batch_size = 1000, .mean = FASHION_MEAN,
@@ -82,8 +100,13 @@ static int mlp_run(const mlp_data *d, const mlp_run_cfg *c, mlp_run_out *o, bool
     na_cpu_set_reproducible(true); /* the same bits on every CPU: the guide quotes them */
     na_manual_seed(1);
     na_module *net = model_mnist_mlp();
+    if (net && c->bf16_weights) net = na_model_to_half(net, NA_DTYPE_BF16);
     na_adam_cfg ac = NA_ADAM_DEFAULTS;
-    na_optim *opt = net ? na_adam_new(na_module_parameters(net), &ac) : NULL;
+    na_sgd_cfg sc = {.lr = c->sgd_lr};
+    na_tensor_list ps = net && !c->masters ? na_module_parameters(net) : NA_NO_TENSORS;
+    na_optim *opt = !net ? NULL : c->sgd_lr > 0 ? na_sgd_new(ps, &sc) : na_adam_new(ps, &ac);
+    na_fp16_optimizer *fo = opt && c->masters ? na_fp16_optimizer_new(opt,
+                                                    na_module_parameters(net), NULL) : NULL;
     na_grad_scaler_cfg gc = NA_GRAD_SCALER_DEFAULTS;
     gc.enabled = c->scaled;
     if (c->growth_interval) gc.growth_interval = c->growth_interval;
@@ -93,7 +116,8 @@ static int mlp_run(const mlp_data *d, const mlp_run_cfg *c, mlp_run_out *o, bool
         .mean = FASHION_MEAN, .std = FASHION_STD});
     float *x = b ? malloc(na_batcher_batch_bytes(b)) : NULL;
     na_amp_monitor *mon = c->log_csv ? na_amp_monitor_new(NULL) : NULL;
-    int rc = opt && gs && x && (!c->log_csv || mon) ? 0 : -1;
+    int rc = opt && gs && x && (!c->log_csv || mon) && (!c->masters || fo) ? 0 : -1;
+    float *before = NULL;
     if (!rc && mon) rc = na_amp_monitor_open_csv(mon, c->log_csv);
     int32_t y[MLP_BATCH];
     int64_t n, zeros = 0, total = 0;
@@ -111,7 +135,8 @@ static int mlp_run(const mlp_data *d, const mlp_run_cfg *c, mlp_run_out *o, bool
             if (autocast) na_autocast_end();
             na_tensor *loss = ce ? na_scale(ce, c->loss_factor) : NULL;
             double scale = na_grad_scaler_is_enabled(gs) ? na_grad_scaler_get_scale(gs) : 1.0;
-            if (!loss || na_backward(na_grad_scaler_scale(gs, loss), NULL) ||
+            if (!loss || (fo ? na_fp16_optimizer_backward(fo, loss, true)
+                            : na_backward(na_grad_scaler_scale(gs, loss), NULL)) ||
                 (c->scaled && na_grad_scaler_unscale_(gs, opt))) {
                 rc = -1;
                 break;
@@ -135,11 +160,28 @@ static int mlp_run(const mlp_data *d, const mlp_run_cfg *c, mlp_run_out *o, bool
                 if (rc) break;
             }
             double ce_value = na_item(ce);
-            if (na_grad_scaler_step(gs, opt) || na_grad_scaler_update(gs) ||
-                na_optim_zero_grad(opt)) {
+            int64_t nw = 0;
+            if (s == 0 && weights_to_host(net, &before, &nw)) {
                 rc = -1;
                 break;
             }
+            if (fo ? na_fp16_optimizer_step(fo) || na_fp16_optimizer_zero_grad(fo)
+                   : na_grad_scaler_step(gs, opt) || na_grad_scaler_update(gs) ||
+                         na_optim_zero_grad(opt)) {
+                rc = -1;
+                break;
+            }
+            float *after = NULL;
+            if (s == 0 && weights_to_host(net, &after, &nw)) {
+                free(after);
+                rc = -1;
+                break;
+            }
+            for (int64_t j = 0, same = 0; after && j < nw; j++) {
+                same += after[j] == before[j];
+                if (j == nw - 1) o->unchanged_frac = (double)same / (double)nw;
+            }
+            free(after);
             if (mon) na_amp_monitor_record_scaler(mon, s, loss, gs);
             na_grad_scaler_stats st = {.scale = 1.0};
             if (na_grad_scaler_is_enabled(gs) && na_grad_scaler_stats_get(gs, &st)) {
@@ -168,7 +210,9 @@ static int mlp_run(const mlp_data *d, const mlp_run_cfg *c, mlp_run_out *o, bool
     free(x);
     na_batcher_free(b);
     na_grad_scaler_free(gs);
-    na_optim_free(opt);
+    free(before);
+    if (fo) na_fp16_optimizer_free(fo); /* and its optimizer */
+    else na_optim_free(opt);
     na_module_free(net);
     na_cpu_set_reproducible(was_reproducible);
     return rc ? -1 : 0;
@@ -239,6 +283,36 @@ int amp_loss_scaling_svg(const amp_loss_scaling_result *r, FILE *svg) {
     snprintf(title, sizeof title, "gradients of amp-loss-scaling's MLP (loss x %g) on the f16 "
              "number line", r->loss_factor);
     return amp_plot_number_lines(svg, title, 1, h, 2);
+}
+
+/* ---- master weights in a real run ------------------------------------------------------------ */
+
+int amp_lesson_master_mlp(const char *data_dir, amp_master_mlp_result *r) {
+    *r = (amp_master_mlp_result){.steps = 200, .lr = 0.01};
+    mlp_data d;
+    if (mlp_data_load(data_dir, &d)) return -1;
+    static const char *keys[AMP_MLP_KINDS] = {"f32", "bf16", "bf16m"};
+    static const char *what[AMP_MLP_KINDS] = {"f32 weights", "bf16 weights, updated in place",
+                                              "bf16 weights + f32 masters"};
+    for (int k = 0; k < AMP_MLP_KINDS; k++) {
+        mlp_run_cfg c = {.amp = NA_DTYPE_F32, .loss_factor = 1.0, .steps = r->steps,
+                         .bf16_weights = k != AMP_MLP_F32, .masters = k == AMP_MLP_MASTERS,
+                         .sgd_lr = r->lr};
+        mlp_run_out o;
+        if (mlp_run(&d, &c, &o, false)) {
+            mlp_data_free(&d);
+            return -1;
+        }
+        r->unchanged[k] = o.unchanged_frac;
+        r->final_loss[k] = o.final_loss;
+        r->test_acc[k] = o.test_acc;
+        quote(&r->quotes, keys[k], "%-32s %8.1f%% %12.4f %10.1f%%", what[k], 100 * o.unchanged_frac,
+              o.final_loss, 100 * o.test_acc);
+    }
+    mlp_data_free(&d);
+    quote(&r->quotes, "setup", "MLP 784-256-10, SGD lr %g, Fashion-MNIST (%d train / %d test "
+          "images), %d steps of batch %d", r->lr, MLP_TRAIN_N, MLP_TEST_N, r->steps, MLP_BATCH);
+    return 0;
 }
 
 /* ---- the scale's sawtooth ---------------------------------------------------------------------- */
