@@ -13,11 +13,11 @@
 static void teardown(void) { na_step_end(); }
 TestSuite(amp_lessons, .fini = teardown);
 
-/* docs/mixed-precision.md, found from the source file's path (relative to the build directory
- * the compiler ran in, which is where meson runs the tests, or the executable's parent). */
-static char *read_guide(void) {
-    char path[4096], exe[4096];
-    const char *rel = "/../docs/mixed-precision.md";
+/* docs/<name>, found from the source file's path (relative to the build directory the compiler
+ * ran in, which is where meson runs the tests, or the executable's parent). */
+static char *read_doc(const char *name) {
+    char path[4096], exe[4096], rel[256];
+    snprintf(rel, sizeof rel, "/../docs/%s", name);
     char dir[2048];
     snprintf(dir, sizeof dir, "%s", __FILE__);
     char *slash = strrchr(dir, '/');
@@ -49,8 +49,23 @@ static char *read_guide(void) {
         fclose(f);
         return buf;
     }
-    cr_assert_fail("docs/mixed-precision.md not found (tried %s)", path);
+    cr_assert_fail("docs/%s not found (tried %s)", name, path);
     return NULL;
+}
+static char *read_guide(void) { return read_doc("mixed-precision.md"); }
+
+/* The picture the guide shows is, byte for byte, what the lesson draws now (the guide's
+ * "regenerate" commands write it). */
+static void expect_doc_picture(const char *svg, const char *img) {
+    char name[64];
+    snprintf(name, sizeof name, "img/%s", img);
+    char *doc = read_doc(name);
+    size_t i = 0;
+    while (svg[i] && svg[i] == doc[i]) i++;
+    cr_assert(svg[i] == doc[i], "docs/%s differs from what the lesson draws at byte %zu "
+              "(regenerate it: docs/mixed-precision.md, the commands after the list): \"%.40s\" "
+              "vs \"%.40s\"", name, i, doc + i, svg + i);
+    free(doc);
 }
 
 /* text with every number replaced by '#' and blank runs by one blank; its numbers in nums. */
@@ -308,11 +323,19 @@ Test(amp_lessons, formats_svg_draws_both_number_lines) {
     char *svg = capture(amp_formats_svg);
     expect_well_formed_svg(svg);
     static const char *zones[] = {"zone-zero", "zone-subnormal", "zone-normal", "zone-overflow"};
-    for (int i = 0; i < 4; i++) cr_assert_eq(count(svg, zones[i]), 2, "%s on both lines", zones[i]);
-    cr_assert(strstr(svg, ">f16<") && strstr(svg, ">bf16<"));
-    cr_assert(strstr(svg, "subnormals from 2^-24, normals from 2^-14, largest 65504"));
+    for (int i = 0; i < 4; i++) cr_assert_eq(count(svg, zones[i]), 5, "%s on each line", zones[i]);
+    static const char *names[] = {">f32<", ">f16<", ">bf16<", ">f8e4m3<", ">f8e5m2<"};
+    for (int i = 0; i < 5; i++) cr_assert(strstr(svg, names[i]), "%s", names[i]);
+    cr_assert(strstr(svg, "subnormals from 2^-24, normals from 2^-14, largest 65504; spacing at 1: "
+                          "2^-10"));
     cr_assert(strstr(svg, "subnormals from 2^-133, normals from 2^-126"));
+    cr_assert(strstr(svg, "largest 448; spacing at 1: 2^-3") && strstr(svg, "largest 57344"));
+    cr_assert(strstr(svg, ">overflow: inf<") && strstr(svg, ">overflow: 448 (saturates)<"));
+    /* one shared axis: every line has the same ticks */
+    cr_assert_eq(count(svg, ">2^-160<"), 5);
+    cr_assert_eq(count(svg, ">2^0<"), 5);
     cr_assert_eq(count(svg, "class=\"bar\""), 0, "no histogram");
+    expect_doc_picture(svg, "formats.svg");
     free(svg);
 }
 
@@ -362,6 +385,8 @@ Test(amp_lessons, loss_scaling_rescues_f16_training) {
     cr_assert_gt(count(svg, "class=\"bar\""), 10, "two histograms");
     cr_assert_eq(count(svg, "<rect class=\"legend\""), 2);
     cr_assert(strstr(svg, "(x 65536): 0.0% would round to 0 in f16"));
+    cr_assert_eq(count(svg, "class=\"y-label\""), 1, "the bars' axis says what they count");
+    expect_doc_picture(svg, "gradients.svg");
     free(svg);
     amp_loss_scaling_free(r);
 }
@@ -411,7 +436,8 @@ Test(amp_lessons, sawtooth_log_and_its_plot) {
     rewind(f);
     FILE *svg = fopen(svg_path, "w");
     char err[128];
-    cr_assert_eq(amp_plot_svg(f, svg, "sawtooth", err, sizeof err), AMP_SAWTOOTH_STEPS, "%s", err);
+    cr_assert_eq(amp_plot_svg(f, svg, AMP_SAWTOOTH_TITLE, err, sizeof err), AMP_SAWTOOTH_STEPS,
+                 "%s", err);
     fclose(svg);
     fclose(f);
     f = fopen(svg_path, "r");
@@ -422,6 +448,14 @@ Test(amp_lessons, sawtooth_log_and_its_plot) {
     cr_assert_eq(count(text, "class=\"skip\""), r.skipped);
     cr_assert_eq(count(text, "class=\"legend\""), 3, "loss, scale, skipped step");
     cr_assert(strstr(text, ">skipped step (inf/NaN gradients)<"));
+    /* each skip's dot at the scale that overflowed: the logged scale is after the update, so
+     * a skipped row holds half of it and the row before the scale itself */
+    cr_assert_eq(count(text, "class=\"skip-dot\""), r.skipped);
+    expect_doc_picture(text, "sawtooth.svg");
+    char *guide = read_guide();
+    cr_assert(strstr(guide, "amp-plot --title \"" AMP_SAWTOOTH_TITLE "\" sawtooth.csv "
+                            "docs/img/sawtooth.svg"), "the guide's command draws this title");
+    free(guide);
     expect_quoted(&r.quotes, "amp-overflow --log");
     rm_rf(tmpdir);
 }

@@ -185,6 +185,8 @@ int amp_loss_scaling_svg(const amp_loss_scaling_result *r, FILE *svg);
  * it). */
 #define AMP_SAWTOOTH_STEPS 300
 #define AMP_SAWTOOTH_INTERVAL 10
+/* docs/img/sawtooth.svg's title (the guide's amp-plot --title) */
+#define AMP_SAWTOOTH_TITLE "amp-overflow --log: the MLP in f16, GradScaler growing every 10 steps"
 typedef struct {
     int steps;
     int64_t skipped;
