@@ -156,7 +156,7 @@ int amp_plot_log(FILE *svg, const char *title, const amp_plot_row *r, int n) {
         {"#1f77b4", "loss", 1}, {"#2ca02c", "loss scale", 1},
         {"#d62728", "skipped step (inf/NaN gradients)", 0.5}};
     for (int k = 0; k < 3; k++) {
-        int lx = W - RIGHT - 330, ly = 20 + 14 * k;
+        int lx = W - RIGHT - 330, ly = 38 + 12 * k; /* below the title */
         fprintf(svg, "<line class=\"legend\" x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" "
                      "stroke=\"%s\" stroke-opacity=\"%g\" stroke-width=\"3\"/>\n",
                 lx, ly - 4, lx + 20, ly - 4, keys[k].color, keys[k].opacity);
@@ -322,12 +322,12 @@ int amp_plot_number_lines(FILE *svg, const char *title, int n_formats, const amp
             nl_bars(svg, f, count, most, line_y, h[k].color);
             free(count);
             if (k == 0) /* the bars' axis */
-                fprintf(svg, "<text class=\"y-label\" x=\"%d\" y=\"%d\" font-size=\"10\" "
+                fprintf(svg, "<text class=\"y-label\" x=\"%d\" y=\"%d\" font-size=\"9\" "
                              "text-anchor=\"middle\" transform=\"rotate(-90 %d %d)\">elements "
                              "per power of 2</text>\n<text x=\"%d\" y=\"%d\" font-size=\"9\" "
                              "text-anchor=\"middle\" transform=\"rotate(-90 %d %d)\">(each to "
-                             "its peak)</text>\n", 30, line_y - 37, 30, line_y - 37, 42,
-                        line_y - 37, 42, line_y - 37);
+                             "its peak)</text>\n", 30, line_y - 48, 30, line_y - 48, 42,
+                        line_y - 48, 42, line_y - 48);
             int ly = NL_TOP + n_formats * panel + k * NL_LEGEND;
             fprintf(svg, "<rect class=\"legend\" x=\"%d\" y=\"%d\" width=\"14\" height=\"10\" "
                          "fill=\"%s\" fill-opacity=\"0.6\"/>\n", NL_LEFT, ly - 9, h[k].color);
