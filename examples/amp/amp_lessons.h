@@ -15,7 +15,8 @@
  *                       with the GradScaler (--svg: its gradients on the f16 number line)
  *   amp-overflow        an overflow the dynamic scaler detects, skips and recovers from
  *                       (--log: the scale's sawtooth in a real run, as a CSV for amp-plot)
- *   amp-master-weights  small updates lost in f16 and bf16 weights, kept by f32 masters
+ *   amp-master-weights  small updates lost in f16 and bf16 weights, kept by f32 masters,
+ *                       for one weight and in a real run (the MLP with bf16 weights)
  *   amp-batchnorm       why BatchNorm's statistics stay in f32
  */
 #ifndef NANOAMP_EXAMPLES_AMP_LESSONS_H
@@ -29,11 +30,7 @@
 #define AMP_MAX_QUOTES 48
 typedef struct {
     const char *key;
-    char text[128];
-    /* 0: the guide holds text exactly. Else the guide holds a line that is text with every
-     * number x replaced by one within rel * |x| + 0.05 (numbers that depend on the BLAS
-     * kernels' summation order, which differs between CPUs). */
-    double rel;
+    char text[128]; /* the guide holds it exactly (training runs too: they are reproducible) */
 } amp_quote;
 typedef struct {
     int n;
@@ -151,8 +148,10 @@ int amp_lesson_master_mlp(const char *data_dir, amp_master_mlp_result *r);
 /* The MNIST MLP (784 -> 256 -> ReLU -> 10, model_mnist_mlp) trained with Adam on Fashion-MNIST (the first 8192 training
  * images; the first 2000 test images), its loss multiplied by 1e-5 (the gradients of a loss
  * averaged over 10^5 outputs), three times from the same seed and batches: f32, f16 autocast
- * without scaling, f16 autocast with PyTorch's GradScaler. Adam divides by the gradients' RMS,
- * so the factor alone changes nothing in f32. */
+ * without scaling, f16 autocast with PyTorch's GradScaler, bf16 autocast without a scaler.
+ * Adam divides by the gradients' RMS, so the factor alone changes almost nothing in f32
+ * (below_eps_share: the gradients it puts below Adam's eps). Every run is reproducible
+ * (na_cpu_set_reproducible). */
 enum { AMP_RUN_F32, AMP_RUN_F16, AMP_RUN_F16_SCALED, AMP_RUN_BF16, AMP_RUNS };
 typedef struct {
     double loss_factor;
