@@ -13,11 +13,11 @@
 static void teardown(void) { na_step_end(); }
 TestSuite(amp_lessons, .fini = teardown);
 
-/* docs/mixed-precision.md, found from the source file's path (relative to the build directory
- * the compiler ran in, which is where meson runs the tests, or the executable's parent). */
-static char *read_guide(void) {
-    char path[4096], exe[4096];
-    const char *rel = "/../docs/mixed-precision.md";
+/* docs/<name>, found from the source file's path (relative to the build directory the compiler
+ * ran in, which is where meson runs the tests, or the executable's parent). */
+static char *read_doc(const char *name) {
+    char path[4096], exe[4096], rel[256];
+    snprintf(rel, sizeof rel, "/../docs/%s", name);
     char dir[2048];
     snprintf(dir, sizeof dir, "%s", __FILE__);
     char *slash = strrchr(dir, '/');
@@ -49,63 +49,31 @@ static char *read_guide(void) {
         fclose(f);
         return buf;
     }
-    cr_assert_fail("docs/mixed-precision.md not found (tried %s)", path);
+    cr_assert_fail("docs/%s not found (tried %s)", name, path);
     return NULL;
 }
+static char *read_guide(void) { return read_doc("mixed-precision.md"); }
 
-/* text with every number replaced by '#' and blank runs by one blank; its numbers in nums. */
-static int skeleton(const char *text, char *out, size_t size, double *nums, int max_nums) {
-    int n = 0;
-    size_t o = 0;
-    for (const char *p = text; *p && o + 2 < size;) {
-        bool starts = isdigit((unsigned char)*p) ||
-                      ((*p == '-' || *p == '.') && isdigit((unsigned char)p[1]));
-        if (starts) {
-            char *end;
-            double v = strtod(p, &end);
-            if (n < max_nums) nums[n] = v;
-            n++, p = end, out[o++] = '#';
-        } else if (*p == ' ') {
-            while (*p == ' ') p++;
-            out[o++] = ' ';
-        } else {
-            out[o++] = *p++;
-        }
-    }
-    out[o] = '\0';
-    return n;
-}
-
-/* A line of the guide that is q->text with each number within q->rel (see amp_quote). */
-static bool quoted_approx(const char *guide, const amp_quote *q) {
-    char want[256], have[256], line[512];
-    double wn[16], hn[16];
-    int n = skeleton(q->text, want, sizeof want, wn, 16);
-    for (const char *p = guide; *p;) {
-        size_t len = strcspn(p, "\n");
-        snprintf(line, sizeof line, "%.*s", (int)(len < sizeof line ? len : sizeof line - 1), p);
-        p += len + (p[len] == '\n');
-        if (skeleton(line, have, sizeof have, hn, 16) != n || strcmp(have, want)) continue;
-        bool close = true;
-        for (int i = 0; i < n && i < 16; i++)
-            close = close && fabs(hn[i] - wn[i]) <= q->rel * fabs(wn[i]) + 0.05;
-        if (close) return true;
-    }
-    return false;
+/* The picture the guide shows is, byte for byte, what the lesson draws now (the guide's
+ * "regenerate" commands write it). */
+static void expect_doc_picture(const char *svg, const char *img) {
+    char name[64];
+    snprintf(name, sizeof name, "img/%s", img);
+    char *doc = read_doc(name);
+    size_t i = 0;
+    while (svg[i] && svg[i] == doc[i]) i++;
+    cr_assert(svg[i] == doc[i], "docs/%s differs from what the lesson draws at byte %zu "
+              "(regenerate it: docs/mixed-precision.md, the commands after the list): \"%.40s\" "
+              "vs \"%.40s\"", name, i, doc + i, svg + i);
+    free(doc);
 }
 
 static void expect_quoted(const amp_quotes *q, const char *lesson) {
     char *guide = read_guide();
-    for (int i = 0; i < q->n; i++) {
-        if (q->q[i].rel > 0)
-            cr_assert(quoted_approx(guide, &q->q[i]), "docs/mixed-precision.md has no line like "
-                      "%s's %s (numbers within %g): \"%s\"", lesson, q->q[i].key, q->q[i].rel,
-                      q->q[i].text);
-        else
-            cr_assert(strstr(guide, q->q[i].text) != NULL,
-                      "docs/mixed-precision.md does not quote %s's %s as the program prints it: "
-                      "\"%s\"", lesson, q->q[i].key, q->q[i].text);
-    }
+    for (int i = 0; i < q->n; i++)
+        cr_assert(strstr(guide, q->q[i].text) != NULL,
+                  "docs/mixed-precision.md does not quote %s's %s as the program prints it: "
+                  "\"%s\"", lesson, q->q[i].key, q->q[i].text);
     free(guide);
 }
 
@@ -182,6 +150,36 @@ Test(amp_lessons, trace) {
                   "amp-trace prints it: \"%s\"", i, line);
     }
     free(guide);
+}
+
+Test(amp_lessons, accumulation) {
+    amp_accumulation_result r;
+    cr_assert_eq(amp_lesson_accumulation(&r), 0, "%s", na_last_error());
+    double x = th_round_f16(0.1), acc = 0;
+    for (int i = 0; i < 4096; i++) acc = th_round_f16(acc + x); /* an f16 accumulator */
+    cr_assert_eq(r.x_f16, x);
+    cr_assert_eq(r.sum_f16, acc);
+    cr_assert_eq(r.sum_f16, 256.0, "256 + 0.1 rounds to 256 (spacing 0.25)");
+    cr_assert_eq(r.spacing_at_stall, 0.25);
+    cr_assert_eq(th_round_f16(256 + x), 256.0);
+    cr_assert_eq(r.sum_f32, 4096 * x, "exact in f32");
+    cr_assert_eq(r.sum_f32, 409.5);
+    cr_assert_eq(r.matmul_f16, 409.5, "f32 accumulation, one rounding to f16 (409.5 is an f16)");
+    /* exp in f16: the last finite and the first infinite f16 x are neighbours */
+    cr_assert_eq(r.exp_last_finite, th_round_f16(exp(r.exp_last_finite_x)));
+    cr_assert(r.exp_last_finite <= 65504 && exp(r.exp_inf_at) >= 65520);
+    cr_assert_eq(r.exp_inf_at, r.exp_last_finite_x + ldexp(1, -7), "adjacent f16s in [8, 16)");
+    cr_assert(isinf(th_round_f16(exp(th_round_f16(11.1)))), "exp(11.1) is inf in f16");
+    cr_assert(isinf(r.exp_f16_logit));
+    cr_assert(isnan(r.softmax_f16[0]), "inf / inf");
+    cr_assert_eq(r.softmax_f16[1], 0.0, "exp(-20) rounds to 0 in f16");
+    cr_assert_eq(r.softmax_f32[0], 1.0);
+    cr_assert_lt(fabs(r.softmax_f32[1] / exp(-40) - 1), 1e-5);
+    cr_assert_eq(r.softmax_nanoamp_f16[0], 1.0, "no overflow once the max is subtracted");
+    cr_assert_eq(r.softmax_nanoamp_f16[1], 0.0, "but e^-40 is 0 in f16");
+    cr_assert(isinf(r.ce_f16) && r.ce_f16 > 0);
+    cr_assert_lt(fabs(r.ce_f32 - 40), 1e-4);
+    expect_quoted(&r.quotes, "amp-accumulation");
 }
 
 Test(amp_lessons, master_weights) {
@@ -278,11 +276,19 @@ Test(amp_lessons, formats_svg_draws_both_number_lines) {
     char *svg = capture(amp_formats_svg);
     expect_well_formed_svg(svg);
     static const char *zones[] = {"zone-zero", "zone-subnormal", "zone-normal", "zone-overflow"};
-    for (int i = 0; i < 4; i++) cr_assert_eq(count(svg, zones[i]), 2, "%s on both lines", zones[i]);
-    cr_assert(strstr(svg, ">f16<") && strstr(svg, ">bf16<"));
-    cr_assert(strstr(svg, "subnormals from 2^-24, normals from 2^-14, largest 65504"));
+    for (int i = 0; i < 4; i++) cr_assert_eq(count(svg, zones[i]), 5, "%s on each line", zones[i]);
+    static const char *names[] = {">f32<", ">f16<", ">bf16<", ">f8e4m3<", ">f8e5m2<"};
+    for (int i = 0; i < 5; i++) cr_assert(strstr(svg, names[i]), "%s", names[i]);
+    cr_assert(strstr(svg, "subnormals from 2^-24, normals from 2^-14, largest 65504; spacing at 1: "
+                          "2^-10"));
     cr_assert(strstr(svg, "subnormals from 2^-133, normals from 2^-126"));
+    cr_assert(strstr(svg, "largest 448; spacing at 1: 2^-3") && strstr(svg, "largest 57344"));
+    cr_assert(strstr(svg, ">overflow: inf<") && strstr(svg, ">overflow: 448 (saturates)<"));
+    /* one shared axis: every line has the same ticks */
+    cr_assert_eq(count(svg, ">2^-160<"), 5);
+    cr_assert_eq(count(svg, ">2^0<"), 5);
     cr_assert_eq(count(svg, "class=\"bar\""), 0, "no histogram");
+    expect_doc_picture(svg, "formats.svg");
     free(svg);
 }
 
@@ -300,7 +306,7 @@ static int draw_scaling(FILE *f) { return amp_loss_scaling_svg(&scaling, f); }
 Test(amp_lessons, loss_scaling_rescues_f16_training) {
     skip_without_data(amp_lesson_loss_scaling(NULL, &scaling));
     amp_loss_scaling_result *r = &scaling;
-    const int F32 = AMP_RUN_F32, H = AMP_RUN_F16, HS = AMP_RUN_F16_SCALED;
+    const int F32 = AMP_RUN_F32, H = AMP_RUN_F16, HS = AMP_RUN_F16_SCALED, BF = AMP_RUN_BF16;
     /* the first step: identical weights and batch in every run */
     cr_assert_lt(r->zero_frac[F32], 0.01, "f32 gradients are not 0");
     cr_assert_gt(r->zero_frac[H], 0.9, "without scaling most f16 gradients underflow to 0");
@@ -312,6 +318,15 @@ Test(amp_lessons, loss_scaling_rescues_f16_training) {
     cr_assert_lt(fabs(r->final_loss[HS] - r->final_loss[F32]), 0.02);
     cr_assert_lt(fabs(r->test_acc[HS] - r->test_acc[F32]), 0.01);
     cr_assert_gt(r->test_acc[F32], 0.8, "the task is learnable in 200 steps");
+    /* bf16: f32's range, so no scaler and no zero gradients, and it learns as f32 does */
+    cr_assert_lt(r->zero_frac[BF], 0.01, "bf16 gradients do not underflow");
+    cr_assert_lt(fabs(r->final_loss[BF] - r->final_loss[F32]), 0.02);
+    cr_assert_lt(fabs(r->test_acc[BF] - r->test_acc[F32]), 0.01);
+    /* Adam's eps: the factor 1e-5 puts a good part of the f32 gradients below it */
+    int64_t below = 0;
+    for (int64_t i = 0; i < r->n_grads; i++) below += fabsf(r->grads[i]) < 1e-8f;
+    cr_assert_eq(r->below_eps_share, (double)below / (double)r->n_grads);
+    cr_assert_gt(r->below_eps_share, 0.1);
     cr_assert_eq(r->scale, 65536.0);
     cr_assert_eq(r->skipped, 0);
     cr_assert_gt(r->zero_share, 0.3, "a good part of the true gradients is below 2^-25");
@@ -323,6 +338,8 @@ Test(amp_lessons, loss_scaling_rescues_f16_training) {
     cr_assert_gt(count(svg, "class=\"bar\""), 10, "two histograms");
     cr_assert_eq(count(svg, "<rect class=\"legend\""), 2);
     cr_assert(strstr(svg, "(x 65536): 0.0% would round to 0 in f16"));
+    cr_assert_eq(count(svg, "class=\"y-label\""), 1, "the bars' axis says what they count");
+    expect_doc_picture(svg, "gradients.svg");
     free(svg);
     amp_loss_scaling_free(r);
 }
@@ -353,10 +370,27 @@ Test(amp_lessons, sawtooth_log_and_its_plot) {
     }
     cr_assert_eq(rows, AMP_SAWTOOTH_STEPS);
     cr_assert_eq(skipped_rows, r.skipped);
+    /* the same bits with another thread count (and, by na_cpu_set_reproducible, on any CPU) */
+    char csv1[512];
+    snprintf(csv1, sizeof csv1, "%s/run1.csv", tmpdir);
+    int threads = na_get_num_threads();
+    cr_assert_eq(na_set_num_threads(threads == 1 ? 2 : 1), 0);
+    amp_sawtooth_result r1;
+    cr_assert_eq(amp_lesson_sawtooth(NULL, csv1, &r1), 0, "%s", na_last_error());
+    cr_assert_eq(na_set_num_threads(threads), 0);
+    cr_assert(!na_cpu_reproducible(), "the lesson restores the mode");
+    FILE *f1 = fopen(csv1, "r");
+    cr_assert_not_null(f1);
+    rewind(f);
+    int c0, c1;
+    do c0 = fgetc(f), c1 = fgetc(f1); while (c0 == c1 && c0 != EOF);
+    cr_assert_eq(c0, c1, "the log differs with %d and %d threads", threads, threads == 1 ? 2 : 1);
+    fclose(f1);
     rewind(f);
     FILE *svg = fopen(svg_path, "w");
     char err[128];
-    cr_assert_eq(amp_plot_svg(f, svg, "sawtooth", err, sizeof err), AMP_SAWTOOTH_STEPS, "%s", err);
+    cr_assert_eq(amp_plot_svg(f, svg, AMP_SAWTOOTH_TITLE, err, sizeof err), AMP_SAWTOOTH_STEPS,
+                 "%s", err);
     fclose(svg);
     fclose(f);
     f = fopen(svg_path, "r");
@@ -367,8 +401,31 @@ Test(amp_lessons, sawtooth_log_and_its_plot) {
     cr_assert_eq(count(text, "class=\"skip\""), r.skipped);
     cr_assert_eq(count(text, "class=\"legend\""), 3, "loss, scale, skipped step");
     cr_assert(strstr(text, ">skipped step (inf/NaN gradients)<"));
+    /* each skip's dot at the scale that overflowed: the logged scale is after the update, so
+     * a skipped row holds half of it and the row before the scale itself */
+    cr_assert_eq(count(text, "class=\"skip-dot\""), r.skipped);
+    expect_doc_picture(text, "sawtooth.svg");
+    char *guide = read_guide();
+    cr_assert(strstr(guide, "amp-plot --title \"" AMP_SAWTOOTH_TITLE "\" sawtooth.csv "
+                            "docs/img/sawtooth.svg"), "the guide's command draws this title");
+    free(guide);
     expect_quoted(&r.quotes, "amp-overflow --log");
     rm_rf(tmpdir);
+}
+
+/* ---- master weights in a real run ------------------------------------------------------------ */
+
+Test(amp_lessons, master_weights_in_a_real_run) {
+    amp_master_mlp_result r;
+    skip_without_data(amp_lesson_master_mlp(NULL, &r));
+    const int F32 = AMP_MLP_F32, B = AMP_MLP_BF16, M = AMP_MLP_MASTERS;
+    cr_assert_lt(r.unchanged[F32], 0.01, "f32 weights all move");
+    cr_assert_gt(r.unchanged[B], 0.3, "most bf16 updates are rounded away: %g", r.unchanged[B]);
+    cr_assert_gt(r.unchanged[M], 0.3, "the bf16 copy of a master moves only in whole steps");
+    cr_assert_gt(r.final_loss[B], r.final_loss[F32] + 0.05, "in place, bf16 learns less");
+    cr_assert_lt(fabs(r.final_loss[M] - r.final_loss[F32]), 0.01, "masters learn as f32");
+    cr_assert_lt(fabs(r.test_acc[M] - r.test_acc[F32]), 0.01);
+    expect_quoted(&r.quotes, "amp-master-weights (the MLP)");
 }
 
 /* ---- BatchNorm ------------------------------------------------------------------------------- */

@@ -986,6 +986,32 @@ Test(cpu_gemm, builtin_through_backend) {
     na_cpu_gemm_force_builtin = false;
 }
 
+/* na_cpu_set_reproducible: the backend's f32 product is the built-in GEMM's, bit for bit, and
+ * neither vdpbf16ps nor the direct convolution is taken (both depend on the CPU). */
+Test(cpu_gemm, reproducible_mode_takes_the_builtin_kernels) {
+    enum { M = 150, N = 300, K = 260 };
+    na_view a = MK(NA_DTYPE_F32, M * K), b = MK(NA_DTYPE_F32, K * N), c = MK(NA_DTYPE_F32, M * N),
+            want = MK(NA_DTYPE_F32, M * N);
+    fill_rand(&a, -1, 1);
+    fill_rand(&b, -1, 1);
+    cr_assert_eq(na_cpu_sgemm_builtin(false, false, M, N, K, 1.0f, a.data, K, b.data, N, 0.0f,
+                                      want.data, N), NA_OK);
+    na_gemm_args g = {.dtype = NA_DTYPE_F32, .a = a.data, .b = b.data, .c = c.data, .m = M, .n = N,
+                      .k = K, .lda = K, .ldb = N, .ldc = N, .batch = 1, .alpha = 1, .beta = 0};
+    cr_assert(!na_cpu_reproducible(), "off by default");
+    na_cpu_set_reproducible(true);
+    cr_assert_eq(B->gemm(&g), NA_OK);
+    bool bf16_fast = na_cpu_bf16_fast();
+    na_conv_geom geom = {.h = 28, .w = 28, .kh = 3, .kw = 3, .sh = 1, .sw = 1, .ph = 1, .pw = 1,
+                         .dh = 1, .dw = 1, .oh = 28, .ow = 28};
+    bool direct = na_cpu_direct_conv_usable(&geom, false);
+    na_cpu_set_reproducible(false);
+    cr_assert(!memcmp(c.data, want.data, sizeof(float) * M * N), "the built-in GEMM's bits");
+    cr_assert(!bf16_fast, "bf16 products widen");
+    cr_assert(!direct, "convolutions take im2col + GEMM");
+    rm(&a); rm(&b); rm(&c); rm(&want);
+}
+
 /* f16/bf16: widen, f32 gemm (same backend), f32 bias/relu, one rounding -> bitwise equal
  * (bf16 on its widening path, the specification; vdpbf16ps sums in another order) */
 Test(cpu_gemm, half_paths_round_once) {

@@ -3,6 +3,7 @@
  *
  *   amp-plot run.csv            writes run.svg
  *   amp-plot run.csv out.svg    writes out.svg ("-" for stdout)
+ *   amp-plot --title TEXT ...   the picture's title (default: the log's file name)
  */
 #include <stdbool.h>
 #include <stdio.h>
@@ -15,10 +16,15 @@ int main(int argc, char **argv) {
         printf("amp-plot (nanoamp %s)\n", NANOAMP_VERSION);
         return 0;
     }
+    const char *title = NULL;
+    if (argc >= 3 && !strcmp(argv[1], "--title")) {
+        title = argv[2];
+        argv[2] = argv[0], argv += 2, argc -= 2; /* the rest as if without it */
+    }
     bool help = argc == 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"));
     if (help || argc < 2 || argc > 3) {
         fprintf(help ? stdout : stderr,
-                "usage: amp-plot LOG.csv [OUT.svg | -] | --help | --version\n"
+                "usage: amp-plot [--title TEXT] LOG.csv [OUT.svg | -] | --help | --version\n"
                 "draws the loss, the loss scale (log axis) and the skipped steps of a training "
                 "log (columns step,loss,scale,skipped), and below them, where the log has them "
                 "(--amp fp8), each FP8 tensor's scale and the steps it saturated\n");
@@ -45,7 +51,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     char err[256];
-    int n = amp_plot_svg(in, svg, argv[1], err, sizeof err);
+    int n = amp_plot_svg(in, svg, title ? title : argv[1], err, sizeof err);
     fclose(in);
     if (svg != stdout && fclose(svg) != 0) n = -1, snprintf(err, sizeof err, "write failed");
     if (n < 0) {

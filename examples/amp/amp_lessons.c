@@ -7,28 +7,16 @@
 
 #include "lesson_internal.h"
 
-static void vquote(amp_quotes *qs, const char *key, double rel, const char *fmt, va_list ap) {
+void quote(amp_quotes *qs, const char *key, const char *fmt, ...) {
     if (qs->n == AMP_MAX_QUOTES) return;
     amp_quote *q = &qs->q[qs->n++];
     q->key = key;
-    q->rel = rel;
+    va_list ap;
+    va_start(ap, fmt);
     vsnprintf(q->text, sizeof q->text, fmt, ap);
+    va_end(ap);
     size_t n = strlen(q->text); /* no trailing blanks: the guide quotes these lines as they are */
     while (n && q->text[n - 1] == ' ') q->text[--n] = '\0';
-}
-
-void quote(amp_quotes *qs, const char *key, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vquote(qs, key, 0, fmt, ap);
-    va_end(ap);
-}
-
-void quote_approx(amp_quotes *qs, const char *key, double rel, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vquote(qs, key, rel, fmt, ap);
-    va_end(ap);
 }
 
 const char *amp_quote_get(const amp_quotes *qs, const char *key) {

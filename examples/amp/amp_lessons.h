@@ -8,12 +8,15 @@
  *
  *   amp-formats         the limits of f16, bf16 and f32 (--svg: their number lines)
  *   amp-trace           the autocast rule table (--rules) and the trace of one CNN step
+ *   amp-accumulation    f16 sums that stall and f16 exp/softmax that overflow: why products
+ *                       accumulate in f32 and exp, softmax and the losses run in f32
  *   amp-underflow       gradients that underflow to zero in f16, kept by loss scaling
  *   amp-loss-scaling    an MLP whose f16 gradients underflow: it fails unscaled and learns
  *                       with the GradScaler (--svg: its gradients on the f16 number line)
  *   amp-overflow        an overflow the dynamic scaler detects, skips and recovers from
  *                       (--log: the scale's sawtooth in a real run, as a CSV for amp-plot)
- *   amp-master-weights  small updates lost in f16 and bf16 weights, kept by f32 masters
+ *   amp-master-weights  small updates lost in f16 and bf16 weights, kept by f32 masters,
+ *                       for one weight and in a real run (the MLP with bf16 weights)
  *   amp-batchnorm       why BatchNorm's statistics stay in f32
  *   amp-fp8             why FP8 needs one scale per tensor; delayed scaling against an amax
  *                       jump
@@ -29,11 +32,7 @@
 #define AMP_MAX_QUOTES 48
 typedef struct {
     const char *key;
-    char text[128];
-    /* 0: the guide holds text exactly. Else the guide holds a line that is text with every
-     * number x replaced by one within rel * |x| + 0.05 (numbers that depend on the BLAS
-     * kernels' summation order, which differs between CPUs). */
-    double rel;
+    char text[128]; /* the guide holds it exactly (training runs too: they are reproducible) */
 } amp_quote;
 typedef struct {
     int n;
@@ -94,6 +93,27 @@ typedef struct {
 /* One step of the MNIST CNN (model_mnist_cnn in examples/common/models.h). */
 int amp_lesson_trace(amp_trace_result *r);
 
+/* ---- 3b. accumulation and the fp32 list ----------------------------------------------------- */
+typedef struct {
+    int n;                     /* values summed */
+    double x, x_f16, exact;    /* the value, as f16, and n * x_f16 */
+    double sum_f16;            /* an f16 accumulator: each partial sum rounded to f16 */
+    double stalled_at;         /* where it stopped growing, after stalled_step additions */
+    int stalled_step;
+    double spacing_at_stall;   /* the f16 spacing there */
+    double sum_f32;            /* na_sum of the f16 tensor (f32 accumulation) */
+    double matmul_f16;         /* na_matmul of ones [1, n] and the values [n, 1] in f16 */
+    double exp_last_finite_x, exp_last_finite, exp_inf_at; /* exp in f16, steps of 0.01 */
+    double logit;              /* the logits (logit, -logit) */
+    double exp_f16_logit;      /* exp(logit) in f16 */
+    double softmax_f16[2];     /* exp then divide, in f16 */
+    double softmax_f32[2];     /* the same under f16 autocast: exp and sum in f32 */
+    double softmax_nanoamp_f16[2]; /* na_softmax on the f16 logits */
+    double ce_f16, ce_f32;     /* -log p of the second class: f16 softmax, f32 log_softmax */
+    amp_quotes quotes;
+} amp_accumulation_result;
+int amp_lesson_accumulation(amp_accumulation_result *r);
+
 /* The autocast rule table (amp-trace --rules): na_autocast_print_rules's lines. Returns the
  * number of lines written to out, or -1. */
 int amp_rules_print(FILE *out);
@@ -112,14 +132,29 @@ typedef struct {
     amp_quotes quotes;
 } amp_master_result;
 int amp_lesson_master_weights(amp_master_result *r);
+/* The same in a real run: the MLP of lesson 5 (loss factor 1) trained with plain SGD from the
+ * same seed and batches, with f32 weights, with bf16 weights updated in place, and with bf16
+ * weights stepped through f32 masters (na_fp16_optimizer, static scale 1); no autocast. Data
+ * as amp_lesson_loss_scaling's (fails, -1, without it). */
+enum { AMP_MLP_F32, AMP_MLP_BF16, AMP_MLP_MASTERS, AMP_MLP_KINDS };
+typedef struct {
+    int steps;
+    double lr;
+    double unchanged[AMP_MLP_KINDS]; /* model weights the first step left as they were */
+    double final_loss[AMP_MLP_KINDS], test_acc[AMP_MLP_KINDS];
+    amp_quotes quotes;
+} amp_master_mlp_result;
+int amp_lesson_master_mlp(const char *data_dir, amp_master_mlp_result *r);
 
 /* ---- 5. loss scaling in training ------------------------------------------------------------- */
 /* The MNIST MLP (784 -> 256 -> ReLU -> 10, model_mnist_mlp) trained with Adam on Fashion-MNIST (the first 8192 training
  * images; the first 2000 test images), its loss multiplied by 1e-5 (the gradients of a loss
  * averaged over 10^5 outputs), three times from the same seed and batches: f32, f16 autocast
- * without scaling, f16 autocast with PyTorch's GradScaler. Adam divides by the gradients' RMS,
- * so the factor alone changes nothing in f32. */
-enum { AMP_RUN_F32, AMP_RUN_F16, AMP_RUN_F16_SCALED, AMP_RUNS };
+ * without scaling, f16 autocast with PyTorch's GradScaler, bf16 autocast without a scaler.
+ * Adam divides by the gradients' RMS, so the factor alone changes almost nothing in f32
+ * (below_eps_share: the gradients it puts below Adam's eps). Every run is reproducible
+ * (na_cpu_set_reproducible). */
+enum { AMP_RUN_F32, AMP_RUN_F16, AMP_RUN_F16_SCALED, AMP_RUN_BF16, AMP_RUNS };
 typedef struct {
     double loss_factor;
     int steps;
@@ -127,6 +162,8 @@ typedef struct {
     double final_loss[AMP_RUNS]; /* cross-entropy (without the factor), last 20 steps' mean */
     double test_acc[AMP_RUNS];
     double scale;                /* the GradScaler's scale at the first step */
+    double adam_eps;             /* Adam's eps (NA_ADAM_DEFAULTS) */
+    double below_eps_share;      /* of the first step's f32 gradients: |g| < eps */
     int64_t skipped;             /* steps the GradScaler skipped */
     /* of the first step's true gradients: the shares f16 would round to 0 and keep only as
      * subnormals, as they are and times the scale */
@@ -149,6 +186,8 @@ int amp_loss_scaling_svg(const amp_loss_scaling_result *r, FILE *svg);
  * it). */
 #define AMP_SAWTOOTH_STEPS 300
 #define AMP_SAWTOOTH_INTERVAL 10
+/* docs/img/sawtooth.svg's title (the guide's amp-plot --title) */
+#define AMP_SAWTOOTH_TITLE "amp-overflow --log: the MLP in f16, GradScaler growing every 10 steps"
 typedef struct {
     int steps;
     int64_t skipped;
@@ -222,6 +261,7 @@ void amp_fp8_free(amp_fp8_result *r);
  * the run function's argument. The run functions return the exit status. */
 int amp_formats_run(const char *svg_path);   /* amp-formats [--svg FILE] */
 int amp_trace_run(const char *rules);        /* amp-trace [--rules] */
+int amp_accumulation_run(const char *unused); /* amp-accumulation */
 int amp_underflow_run(const char *unused);   /* amp-underflow */
 int amp_loss_scaling_run(const char *svg_path); /* amp-loss-scaling [--svg FILE] */
 int amp_overflow_run(const char *csv_path);  /* amp-overflow [--log FILE.csv] (then the sawtooth) */

@@ -222,7 +222,8 @@ int amp_plot_log(FILE *svg, const char *title, const amp_plot_row *r, int n) {
     amp_plot_escape(svg, title ? title : "training log");
     fprintf(svg, " (%d steps, %d skipped)</text>\n", n, skipped);
     frame(svg, top1, "loss");
-    frame(svg, top2, "loss scale (log2 axis)");
+    frame(svg, top2, "loss scale (log2 axis) as logged, after each step's update; a skipped "
+                     "step's dot at the scale that overflowed");
 
     /* skipped steps: red lines across both panels */
     for (int i = 0; i < n; i++) {
@@ -252,7 +253,7 @@ int amp_plot_log(FILE *svg, const char *title, const amp_plot_row *r, int n) {
         {"#1f77b4", "loss", 1}, {"#2ca02c", "loss scale", 1},
         {"#d62728", "skipped step (inf/NaN gradients)", 0.5}};
     for (int k = 0; k < 3; k++) {
-        int lx = W - RIGHT - 330, ly = 20 + 14 * k;
+        int lx = W - RIGHT - 330, ly = 38 + 12 * k; /* below the title */
         fprintf(svg, "<line class=\"legend\" x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" "
                      "stroke=\"%s\" stroke-opacity=\"%g\" stroke-width=\"3\"/>\n",
                 lx, ly - 4, lx + 20, ly - 4, keys[k].color, keys[k].opacity);
@@ -261,11 +262,13 @@ int amp_plot_log(FILE *svg, const char *title, const amp_plot_row *r, int n) {
     }
     polyline(svg, r, n, top1, x0, x1, lmin, lmax, false, "#1f77b4");
     polyline(svg, r, n, top2, x0, x1, smin, smax, true, "#2ca02c");
-    for (int i = 0; i < n; i++) /* skipped steps on the scale line */
-        if (r[i].skipped > 0 && isfinite(log2(r[i].scale)))
+    for (int i = 0; i < n; i++) { /* skipped steps at the scale they ran with: the row before's */
+        double ran = i > 0 ? r[i - 1].scale : r[i].scale;
+        if (r[i].skipped > 0 && isfinite(log2(ran)))
             fprintf(svg, "<circle class=\"skip-dot\" cx=\"%.1f\" cy=\"%.1f\" r=\"3\" "
                          "fill=\"#d62728\"/>\n", xmap(r[i].step, x0, x1),
-                    ymap(log2(r[i].scale), smin, smax, top2));
+                    ymap(log2(ran), smin, smax, top2));
+    }
     fprintf(svg, "</svg>\n");
     return ferror(svg) ? -1 : 0;
 }
@@ -288,14 +291,21 @@ typedef struct {
     const char *name;
     int min_sub, min_normal; /* log2 of the smallest subnormal and normal */
     double max;              /* the largest finite value */
-    int lo, hi, tick;        /* the axis: log2 |x| from lo to hi, a label every tick */
+    int mant;                /* mantissa bits: the spacing at 1 is 2^-mant */
+    const char *overflow;    /* what a larger value becomes */
+    int lo, hi, tick;        /* its own axis: log2 |x| from lo to hi, a label every tick */
 } number_format;
 
-static const number_format FORMATS[3] = {
-    {"f16", -24, -14, 65504.0, -48, 18, 4},
-    {"bf16", -133, -126, 3.3895313892515355e38, -140, 130, 20},
-    {"f32", -149, -126, 3.4028234663852886e38, -160, 130, 20},
+enum { N_FORMATS = 5 };
+static const number_format FORMATS[N_FORMATS] = {
+    {"f32", -149, -126, 3.4028234663852886e38, 23, "inf", -160, 130, 20},
+    {"f16", -24, -14, 65504.0, 10, "inf", -48, 18, 4},
+    {"bf16", -133, -126, 3.3895313892515355e38, 7, "inf", -140, 130, 20},
+    {"f8e4m3", -9, -6, 448.0, 3, "448 (saturates)", -16, 12, 2},
+    {"f8e5m2", -16, -14, 57344.0, 2, "inf", -24, 18, 4},
 };
+/* the axis every format shares in the formats picture: f32's range and room for "overflow" */
+static const number_format SHARED_AXIS = {.lo = -160, .hi = 152, .tick = 20};
 
 enum { NL_W = 900, NL_LEFT = 60, NL_RIGHT = 30, NL_PANEL = 150, NL_TOP = 40, NL_LEGEND = 16 };
 
@@ -317,14 +327,16 @@ static void nl_zone(FILE *svg, const number_format *f, double e0, double e1, int
 
 /* f's line at line_y: its name, the zones, the ticks and a caption */
 static void nl_line(FILE *svg, const number_format *f, int line_y) {
-    fprintf(svg, "<text x=\"%d\" y=\"%d\" font-size=\"13\" font-weight=\"bold\">%s</text>\n",
+    fprintf(svg, "<text x=\"%d\" y=\"%d\" font-size=\"12\" font-weight=\"bold\">%s</text>\n",
             8, line_y + 13, f->name);
     double emax = log2(f->max);
     nl_zone(svg, f, f->lo, f->min_sub - 1, line_y, "zone-zero", "#bbbbbb", "rounds to 0");
     nl_zone(svg, f, f->min_sub - 1, f->min_normal, line_y, "zone-subnormal", "#fdd49e",
             "subnormal");
     nl_zone(svg, f, f->min_normal, emax, line_y, "zone-normal", "#c7e9c0", "normal");
-    nl_zone(svg, f, emax, f->hi, line_y, "zone-overflow", "#fc9272", "inf");
+    char over[48];
+    snprintf(over, sizeof over, "overflow: %s", f->overflow);
+    nl_zone(svg, f, emax, f->hi, line_y, "zone-overflow", "#fc9272", over);
     for (int e = f->lo - f->lo % f->tick; e <= f->hi; e += f->tick) {
         if (e < f->lo) continue;
         double x = nl_x(e, f);
@@ -334,8 +346,9 @@ static void nl_line(FILE *svg, const number_format *f, int line_y) {
                      "2^%d</text>\n", x, line_y + 34, e);
     }
     fprintf(svg, "<text x=\"%d\" y=\"%d\" font-size=\"10\" fill=\"#555\">|x|, log2 axis; "
-                 "subnormals from 2^%d, normals from 2^%d, largest %g</text>\n",
-            NL_LEFT, line_y + 48, f->min_sub, f->min_normal, f->max);
+                 "subnormals from 2^%d, normals from 2^%d, largest %g; spacing at 1: 2^-%d "
+                 "(%d mantissa bits)</text>\n",
+            NL_LEFT, line_y + 48, f->min_sub, f->min_normal, f->max, f->mant, f->mant);
 }
 
 /* one bar per power of two above f's line: count[b] for [2^(lo+b), 2^(lo+b+1)), the highest
@@ -351,19 +364,43 @@ static void nl_bars(FILE *svg, const number_format *f, const double *count, doub
     }
 }
 
+static void svg_open(FILE *svg, int height, const char *title, int title_size) {
+    fprintf(svg, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
+                 "viewBox=\"0 0 %d %d\" font-family=\"sans-serif\">\n", NL_W, height, NL_W, height);
+    fprintf(svg, "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n");
+    fprintf(svg, "<text x=\"%d\" y=\"%d\" font-size=\"%d\">", NL_LEFT, title_size > 13 ? 24 : 20,
+            title_size);
+    amp_plot_escape(svg, title);
+    fprintf(svg, "</text>\n");
+}
+
+int amp_plot_formats(FILE *svg, const char *title) {
+    int panel = NL_PANEL - 70, height = NL_TOP + N_FORMATS * panel + 20;
+    svg_open(svg, height, title, 15);
+    for (int p = 0; p < N_FORMATS; p++) {
+        number_format f = FORMATS[p];
+        f.lo = SHARED_AXIS.lo, f.hi = SHARED_AXIS.hi, f.tick = SHARED_AXIS.tick;
+        nl_line(svg, &f, NL_TOP + p * panel + panel - 60);
+    }
+    /* 1.0, where the captions' spacing is measured */
+    double x1 = NL_LEFT - SHARED_AXIS.lo * (double)(NL_W - NL_LEFT - NL_RIGHT) /
+                              (SHARED_AXIS.hi - SHARED_AXIS.lo);
+    fprintf(svg, "<line class=\"one\" x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" "
+                 "stroke=\"#333\" stroke-dasharray=\"3,3\"/>\n", x1, NL_TOP + 10, x1, height - 20);
+    fprintf(svg, "<text x=\"%.1f\" y=\"%d\" font-size=\"10\" text-anchor=\"middle\">1.0</text>\n",
+            x1, NL_TOP + 6);
+    fprintf(svg, "</svg>\n");
+    return ferror(svg) ? -1 : 0;
+}
+
 int amp_plot_number_lines(FILE *svg, const char *title, int n_formats, const amp_hist *h,
                           int n_hist) {
     if (n_formats < 1 || n_formats > 2 || n_hist < 0 || (n_hist && !h)) return -1;
     int panel = n_hist ? NL_PANEL : NL_PANEL - 70; /* room for the bars only when there are any */
     int height = NL_TOP + n_formats * panel + n_hist * NL_LEGEND + 20;
-    fprintf(svg, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
-                 "viewBox=\"0 0 %d %d\" font-family=\"sans-serif\">\n", NL_W, height, NL_W, height);
-    fprintf(svg, "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n");
-    fprintf(svg, "<text x=\"%d\" y=\"24\" font-size=\"15\">", NL_LEFT);
-    amp_plot_escape(svg, title);
-    fprintf(svg, "</text>\n");
+    svg_open(svg, height, title, 15);
     for (int p = 0; p < n_formats; p++) {
-        const number_format *f = &FORMATS[p];
+        const number_format *f = &FORMATS[1 + p]; /* f16, bf16 */
         int line_y = NL_TOP + p * panel + panel - 60; /* the zones; bars stand above */
         nl_line(svg, f, line_y);
         if (p != 0) continue;
@@ -381,6 +418,13 @@ int amp_plot_number_lines(FILE *svg, const char *title, int n_formats, const amp
             }
             nl_bars(svg, f, count, most, line_y, h[k].color);
             free(count);
+            if (k == 0) /* the bars' axis */
+                fprintf(svg, "<text class=\"y-label\" x=\"%d\" y=\"%d\" font-size=\"9\" "
+                             "text-anchor=\"middle\" transform=\"rotate(-90 %d %d)\">elements "
+                             "per power of 2</text>\n<text x=\"%d\" y=\"%d\" font-size=\"9\" "
+                             "text-anchor=\"middle\" transform=\"rotate(-90 %d %d)\">(each to "
+                             "its peak)</text>\n", 30, line_y - 48, 30, line_y - 48, 42,
+                        line_y - 48, 42, line_y - 48);
             int ly = NL_TOP + n_formats * panel + k * NL_LEGEND;
             fprintf(svg, "<rect class=\"legend\" x=\"%d\" y=\"%d\" width=\"14\" height=\"10\" "
                          "fill=\"%s\" fill-opacity=\"0.6\"/>\n", NL_LEFT, ly - 9, h[k].color);
@@ -399,7 +443,7 @@ int amp_plot_number_lines(FILE *svg, const char *title, int n_formats, const amp
 int amp_plot_hist_line(FILE *svg, const char *title, const char *format, const double *count,
                        int lo, int n, const char *color) {
     const number_format *f = NULL;
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < N_FORMATS; i++)
         if (format && !strcmp(FORMATS[i].name, format)) f = &FORMATS[i];
     if (!f || n < 0 || (n && !count)) return -1;
     int nb = f->hi - f->lo, height = NL_PANEL + 10, line_y = NL_TOP + NL_PANEL - 70;
@@ -409,12 +453,7 @@ int amp_plot_hist_line(FILE *svg, const char *title, const char *format, const d
         int at = (int)fmin(fmax(lo + b - f->lo, 0), nb - 1);
         most = fmax(most, c[at] += count[b]);
     }
-    fprintf(svg, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
-                 "viewBox=\"0 0 %d %d\" font-family=\"sans-serif\">\n", NL_W, height, NL_W, height);
-    fprintf(svg, "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n");
-    fprintf(svg, "<text x=\"%d\" y=\"20\" font-size=\"13\">", NL_LEFT);
-    amp_plot_escape(svg, title);
-    fprintf(svg, "</text>\n");
+    svg_open(svg, height, title, 13);
     if (most > 0) nl_bars(svg, f, c, most, line_y, color);
     nl_line(svg, f, line_y);
     fprintf(svg, "</svg>\n");

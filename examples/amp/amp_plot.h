@@ -1,9 +1,9 @@
 /* examples/amp/amp_plot.h — the SVG pictures of docs/mixed-precision.md:
  *  - a training log (the monitor's CSV: step,loss,scale,skipped): the loss on top, the loss
  *    scale below on a log2 axis, skipped steps marked in red on both, a legend (amp-plot);
- *  - the number lines of f16 and bf16 (zones: rounds to 0, subnormal, normal, inf), with
- *    histograms of values drawn on the f16 line (amp-formats, amp-loss-scaling).
- *  - one number line (f16, bf16 or f32) with a histogram already counted (the trainers'
+ *  - the number lines of f32, f16, bf16 and the FP8 formats on one axis (amp-formats), and of
+ *    f16 with histograms of values drawn on it (amp-loss-scaling).
+ *  - one number line (f16, bf16, f32, f8e4m3 or f8e5m2) with a histogram already counted (the trainers'
  *    --report, examples/common/run_report.c).
  * Used by the amp programs, the trainers' run report, tests/test_amp_monitor.c and
  * tests/test_amp_lessons.c. */
@@ -46,6 +46,11 @@ void amp_hist_f16_shares(const amp_hist *h, double *to_zero, double *subnormal, 
  * or -1 on bad arguments or a write error. */
 int amp_plot_number_lines(FILE *svg, const char *title, int n_formats, const amp_hist *h,
                           int n_hist);
+
+/* f32, f16, bf16, f8e4m3 and f8e5m2 on one shared log2 axis (amp-formats --svg): each
+ * format's zones, the overflow zone labelled with what a larger value becomes, and each
+ * caption with the spacing at 1. 0, or -1 on a write error. */
+int amp_plot_formats(FILE *svg, const char *title);
 
 /* A picture of format's line ("f16", "bf16" or "f32"): its zones (rounds to 0, subnormal,
  * normal, inf) and above them bars of count[b], the values with 2^(lo+b) <= |x| < 2^(lo+b+1),

@@ -89,7 +89,8 @@ int amp_lesson_formats(amp_underflow_result *r) {
 }
 
 int amp_formats_svg(FILE *svg) {
-    return amp_plot_number_lines(svg, "f16 and bf16: where each magnitude lands", 2, NULL, 0);
+    return amp_plot_formats(svg, "f32, f16, bf16 and FP8 on one log2 axis: where each magnitude "
+                                 "lands");
 }
 
 int amp_lesson_underflow(amp_underflow_result *r) {

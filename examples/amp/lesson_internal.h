@@ -18,8 +18,6 @@
 
 /* Adds a quote under key (printf-style, trailing blanks dropped): the guide holds it exactly. */
 void quote(amp_quotes *qs, const char *key, const char *fmt, ...);
-/* A line of training results: the guide holds it with each number within rel (amp_quote). */
-void quote_approx(amp_quotes *qs, const char *key, double rel, const char *fmt, ...);
 
 /* A CPU leaf tensor filled with fill that requires grad; NULL on failure. */
 na_tensor *leaf(na_dtype dt, int ndim, const int64_t *shape, double fill);

@@ -82,5 +82,16 @@ int amp_master_weights_run(const char *unused) {
     printf("%s\n%s\n%s\n%s\n", amp_quote_get(&r->quotes, "weight16"),
            amp_quote_get(&r->quotes, "master"), amp_quote_get(&r->quotes, "model"),
            amp_quote_get(&r->quotes, "reference"));
+    amp_master_mlp_result mr, *m = &mr;
+    if (amp_lesson_master_mlp(NULL, m)) { /* the data is optional: the table above stands */
+        fprintf(stderr, "amp-master-weights: no MLP run: %s\n", na_last_error());
+        return 0;
+    }
+    printf("\nthe same in a real run: %s; same seed and batches in every run\n\n",
+           amp_quote_get(&m->quotes, "setup"));
+    printf("%-32s %9s %12s %11s\n", "weights", "unchanged", "final loss", "test acc");
+    printf("%s\n%s\n%s\n", amp_quote_get(&m->quotes, "f32"), amp_quote_get(&m->quotes, "bf16"),
+           amp_quote_get(&m->quotes, "bf16m"));
+    printf("\nunchanged: the share of the model's weights the first step left as they were\n");
     return 0;
 }

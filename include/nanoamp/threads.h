@@ -14,6 +14,9 @@
 #ifndef NANOAMP_THREADS_H
 #define NANOAMP_THREADS_H
 
+#include <stdbool.h>
+#include <stddef.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -34,6 +37,16 @@ int na_get_num_threads(void);
  * threads, and the most they ever held: memory outside the step arena's peak. */
 size_t na_cpu_scratch_bytes(void);
 size_t na_cpu_scratch_peak(void);
+/* Reproducible CPU numerics (off by default): when on, f32/f64 matrix products run nanoamp's
+ * built-in GEMM instead of OpenBLAS (whose kernels, chosen per CPU, sum in different orders),
+ * bf16 products widen to f32 instead of taking vdpbf16ps, and convolutions take im2col + that
+ * GEMM instead of the AVX-512 direct kernel. Every CPU kernel then sums in one order fixed by
+ * the shapes, so a run gives the same bits for any thread count and on x86-64 CPUs with or
+ * without AVX-512 (what is left to the CPU is libm's expf/logf, which glibc may build with FMA;
+ * its results differ between builds rarely if at all), at about half OpenBLAS's GEMM rate. The amp lessons (examples/amp) use it so that the guide can quote
+ * their training runs exactly. Call it between steps. */
+void na_cpu_set_reproducible(bool on);
+bool na_cpu_reproducible(void);
 
 #ifdef __cplusplus
 }

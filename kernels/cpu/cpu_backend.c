@@ -54,6 +54,10 @@ static void scratch_count(size_t freed, size_t taken) {
 size_t na_cpu_scratch_bytes(void) { return atomic_load(&scratch_held); }
 size_t na_cpu_scratch_peak(void) { return atomic_load(&scratch_peak); }
 
+static atomic_bool reproducible;
+void na_cpu_set_reproducible(bool on) { atomic_store(&reproducible, on); }
+bool na_cpu_reproducible(void) { return atomic_load(&reproducible); }
+
 static void scratch_release(void *arg) {
     scratch_set *s = arg;
     for (int i = 0; i < NA_CPU_SCRATCH_COUNT; i++) {
@@ -150,7 +154,7 @@ bool na_cpu_bf16_fast(void) {
         const char *e = getenv("NANOAMP_CPU_BF16");
         env_off = e && strcmp(e, "off") == 0;
     }
-    return NA_CPU_BF16_KERNELS && !na_cpu_bf16_force_spec && !env_off && has_avx512bf16() &&
+    return NA_CPU_BF16_KERNELS && !na_cpu_bf16_force_spec && !na_cpu_reproducible() && !env_off && has_avx512bf16() &&
            has_avx512bw() && has_avx512vl() && na_cpu_has_avx512f();
 }
 static bool has_avx2(void) { NA_CPU_FEATURE("avx2"); }

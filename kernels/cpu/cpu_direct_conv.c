@@ -77,7 +77,7 @@ static bool env_forces_gemm(void) {
 }
 
 bool na_cpu_direct_conv_usable(const na_conv_geom *g, bool backward_data) {
-    if (na_cpu_conv_force_gemm || env_forces_gemm() || !na_cpu_has_avx512f()) return false;
+    if (na_cpu_conv_force_gemm || na_cpu_reproducible() || env_forces_gemm() || !na_cpu_has_avx512f()) return false;
     if (g->sw != 1 || g->dw != 1 || g->h * g->w > INT32_MAX || g->oh * g->ow > INT32_MAX)
         return false;
     /* the data gradient as a convolution of gy needs padding k-1-p >= 0 */

@@ -352,7 +352,7 @@ static int gemm_one_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, floa
 /* CBLAS takes int sizes and checks leading dimensions (printing through xerbla otherwise). */
 static bool blas_ok(bool ta, bool tb, int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb,
                     int64_t ldc) {
-    if (na_cpu_gemm_force_builtin) return false;
+    if (na_cpu_gemm_force_builtin || na_cpu_reproducible()) return false;
     if (m > INT_MAX || n > INT_MAX || k > INT_MAX || lda > INT_MAX || ldb > INT_MAX ||
         ldc > INT_MAX)
         return false;

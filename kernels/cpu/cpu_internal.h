@@ -24,6 +24,7 @@
 #include "common/float8.h"
 #include "common/half.h"
 #include "nanoamp/error.h"
+#include "nanoamp/threads.h" /* na_cpu_reproducible */
 
 #define NA_CPU_CHUNK 1024
 
