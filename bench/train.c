@@ -23,7 +23,10 @@
  * device bytes. Run each configuration in a fresh process (bench/run does) so peaks do not mix.
  * bench/torch/train.py is the twin.
  * --profile: one more step after the timed ones runs under the profiler (nanoamp/profile.h),
- * whose table goes to stderr.
+ * whose table goes to stderr. --profile-steps N: N such steps, each profiled on its own, the
+ * last one's table printed; the JSON gets the least wall time of one (profile_step_ms_min)
+ * and the least time of the BatchNorm layers' rows, forward and backward together
+ * (profile_batchnorm_ms_min: the figure bench/syncbn-cost compares).
  * --cuda-graph (CUDA only): after the warm-up (at least 2 steps), the step is captured once
  * (trainer_amp_capture, the trainers' --cuda-graph) and the timed steps are replays of it;
  * the key ends in /graph and "cuda_graph" is true. A step that cannot be captured fails the
@@ -39,7 +42,9 @@
  * the trainers' na_ddp (trainer_amp_init_dist, gradients reduced in --allreduce-dtype); rank 0
  * alone prints, with world_size, images_per_s of all ranks and comm_bytes_per_step (payload
  * one rank hands to the all-reduce per step). --ddp in a world of 1 measures the wrapper's
- * overhead. */
+ * overhead. --sync-bn (with --ddp): the BatchNorms are SyncBatchNorms (the trainers'
+ * --sync-bn); the key gets /syncbn. In a world of 1 they fall back to BatchNorm unless
+ * NANOAMP_DIST_COLLECTIVES=1, which runs their own path with collectives that move nothing. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -66,10 +71,11 @@ static int train_step(bench_trainer *t) {
 }
 
 static int setup(bench_trainer *t, const char *model, const char *amp, na_device dev,
-                 int64_t batch, na_dist *dist, na_dtype allreduce_dtype) {
+                 int64_t batch, na_dist *dist, na_dtype allreduce_dtype, bool sync_bn) {
     int64_t shape[4];
     t->net = model_by_name(model, shape);
     if (!t->net || na_module_to(t->net, dev)) return -1;
+    if (sync_bn && na_module_sync_batchnorm(t->net, dist)) return -1;
     na_sgd_cfg sgd = NA_SGD_DEFAULTS;
     sgd.lr = 0.01, sgd.momentum = 0.9;
     /* o2: made without parameters, the fp16 optimizer adds the f32 masters */
@@ -108,7 +114,8 @@ int bench_train_main(int argc, char **argv) {
     na_device dev = NA_DEVICE_CPU;
     const char *amp = "off";
     int64_t batch = 128, warmup = 5, repeats = 10, steps = 5;
-    bool ddp = false, profile = false, cuda_graph = false, channels_last = false, tf32 = false;
+    bool ddp = false, sync_bn = false, cuda_graph = false, channels_last = false, tf32 = false;
+    int64_t profile_steps = 0; /* --profile: 1 */
     const char *allreduce = "f32";
     /* bench/run gives both sides its thread count in NANOAMP_BENCH_THREADS */
     const char *env_threads = getenv("NANOAMP_BENCH_THREADS");
@@ -139,6 +146,8 @@ int bench_train_main(int argc, char **argv) {
             steps = bench_arg_i64(argc, argv, &i, 1);
         } else if (!strcmp(a, "--ddp")) {
             ddp = true;
+        } else if (!strcmp(a, "--sync-bn")) {
+            sync_bn = true;
         } else if (!strcmp(a, "--allreduce-dtype")) {
             allreduce = bench_arg_str(argc, argv, &i);
             if (strcmp(allreduce, "f32") && strcmp(allreduce, "f16") && strcmp(allreduce, "bf16")) {
@@ -146,7 +155,9 @@ int bench_train_main(int argc, char **argv) {
                 return 2;
             }
         } else if (!strcmp(a, "--profile")) {
-            profile = true;
+            profile_steps = profile_steps > 1 ? profile_steps : 1;
+        } else if (!strcmp(a, "--profile-steps")) {
+            profile_steps = bench_arg_i64(argc, argv, &i, 1);
         } else if (!strcmp(a, "--cuda-graph")) {
             cuda_graph = true;
         } else if (!strcmp(a, "--channels-last")) {
@@ -159,22 +170,27 @@ int bench_train_main(int argc, char **argv) {
             fprintf(stderr, "na-bench train: unknown option '%s'\n"
                             "usage: na-bench train --model %s [--device cpu|cuda] "
                             "[--amp off|fp16|bf16|o2] [--batch N] [--warmup N] [--repeats N] "
-                            "[--steps N] [--threads N] [--profile] [--cuda-graph] [--channels-last] [--tf32] "
-                            "[--ddp [--allreduce-dtype f32|f16|bf16]]\n",
+                            "[--steps N] [--threads N] [--profile] [--profile-steps N] [--cuda-graph] [--channels-last] [--tf32] "
+                            "[--ddp [--allreduce-dtype f32|f16|bf16] [--sync-bn]]\n",
                     a, MODEL_NAMES);
             return 2;
         }
     }
     char key[128];
-    snprintf(key, sizeof key, "train/%s/%s/%s%s%s%s%s", na_device_name(dev), model, amp,
-             ddp ? "/ddp-" : "", ddp ? allreduce : "", cuda_graph ? "/graph" : "",
-             channels_last ? "/cl" : "");
+    snprintf(key, sizeof key, "train/%s/%s/%s%s%s%s%s%s", na_device_name(dev), model, amp,
+             ddp ? "/ddp-" : "", ddp ? allreduce : "", sync_bn ? "/syncbn" : "",
+             cuda_graph ? "/graph" : "", channels_last ? "/cl" : "");
     if (cuda_graph && dev != NA_DEVICE_CUDA) {
         na_set_error(NA_EINVAL, "%s", TRAINER_CUDA_GRAPH_NEEDS_CUDA);
         return bench_fail(key, "setup");
     }
     if (tf32 && dev != NA_DEVICE_CUDA) {
         na_set_error(NA_EINVAL, "--tf32 is CUDA's f32 tensor-core math: it needs --device cuda");
+        return bench_fail(key, "setup");
+    }
+    if (sync_bn && !ddp) {
+        na_set_error(NA_EINVAL, "--sync-bn reduces BatchNorm statistics over the ranks: it needs "
+                     "--ddp");
         return bench_fail(key, "setup");
     }
     if (bench_check_device(dev, key)) return 3;
@@ -200,7 +216,7 @@ int bench_train_main(int argc, char **argv) {
         FAIL("--threads");
     double base_rss = bench_rss_now_mib();
     na_manual_seed(0);
-    if (setup(&t, model, amp, dev, batch, dist, ar_dtype)) FAIL("setup");
+    if (setup(&t, model, amp, dev, batch, dist, ar_dtype, sync_bn)) FAIL("setup");
     t.amp.channels_last = channels_last;
     /* before the warm-up, so that the warm-up steps make what the captured one needs */
     if (cuda_graph && trainer_amp_graph_prepare(&t.amp, t.net, dev)) FAIL("--cuda-graph");
@@ -239,13 +255,21 @@ int bench_train_main(int argc, char **argv) {
         per_step[r] = (bench_now_s() - t0) / (double)steps * 1e3;
     }
     double loss = na_item(last_loss);
-    if (profile) {
+    /* the profiled steps' minimum wall and BatchNorm layers' time (rows "... (BatchNorm2d)") */
+    double prof_wall = INFINITY, prof_bn = INFINITY;
+    for (int64_t k = 0; k < profile_steps; k++) {
         na_profile_begin();
         int bad = train_step(&t);
         na_step_end();
         na_profile_end();
         if (bad) FAIL("profiled step");
-        na_profile_print(stderr);
+        const na_profile_row *rows;
+        double bn_ms = 0;
+        for (int i = 0, n = na_profile_layers(&rows); i < n; i++)
+            if (strstr(rows[i].name, "(BatchNorm")) bn_ms += rows[i].ms;
+        prof_wall = fmin(prof_wall, na_profile_wall_ms());
+        prof_bn = fmin(prof_bn, bn_ms);
+        if (k == profile_steps - 1) na_profile_print(stderr);
         na_profile_reset();
     }
 
@@ -276,6 +300,11 @@ int bench_train_main(int argc, char **argv) {
         bench_json_int(&j, "comm_bytes_per_step", na_ddp_bytes_last_step(t.amp.ddp));
     }
     bench_json_num(&j, "loss", loss);
+    if (profile_steps) {
+        bench_json_int(&j, "profile_steps", profile_steps);
+        bench_json_num(&j, "profile_step_ms_min", prof_wall);
+        bench_json_num(&j, "profile_batchnorm_ms_min", prof_bn);
+    }
     bench_json_num(&j, "peak_rss_mib", bench_peak_rss_mib());
     bench_json_num(&j, "base_rss_mib", base_rss);
     bench_json_num(&j, "arena_peak_mib", (double)na_arena_peak(dev) / (1024.0 * 1024.0));

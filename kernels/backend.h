@@ -223,7 +223,8 @@ typedef struct {
      * Training: batch mean and biased variance normalize; save_mean/save_invstd are        \
      * written; if running_mean != NULL: running = (1-momentum)*running + momentum*stat     \
      * with the unbiased variance. gamma/beta may be NULL (affine off). relu: y =           \
-     * relu(bn(x)) in the same pass (BatchNorm + ReLU fused, ReLU as NA_UNARY_RELU). */     \
+     * relu(bn(x)) in the same pass (BatchNorm + ReLU fused, ReLU as NA_UNARY_RELU).        \
+     * y NULL: the statistics only (SyncBatchNorm normalizes with the global ones). */      \
     X(batch_norm_train, (const na_view *x, const na_view *gamma, const na_view *beta,       \
                          na_view *running_mean, na_view *running_var, na_view *y,           \
                          na_view *save_mean, na_view *save_invstd, int64_t n, int64_t c,    \
@@ -241,6 +242,16 @@ typedef struct {
                             const na_view *mean, const na_view *invstd, na_view *gx,        \
                             na_view *ggamma, na_view *gbeta, int64_t n, int64_t c,          \
                             int64_t s, bool train, const na_view *relu_y))                  \
+    /* the training gx of batch_norm_backward from given per-channel sums over `count`      \
+     * values (f32 [C], f64 for f64 x): gx = (gy - sum_gy/count - xhat*sum_gyxhat/count) *  \
+     * invstd * gamma, gy * relu'(y) for gy when relu_y is given. One pass; SyncBatchNorm   \
+     * gets this rank's sums from batch_norm_backward with gx NULL and passes the sums over \
+     * all ranks (PyTorch's batch_norm_backward_elemt). */                                 \
+    X(batch_norm_backward_elemt, (const na_view *x, const na_view *gy, const na_view *gamma,\
+                                  const na_view *mean, const na_view *invstd,               \
+                                  const na_view *sum_gy, const na_view *sum_gyxhat,         \
+                                  int64_t count, na_view *gx, int64_t n, int64_t c,         \
+                                  int64_t s, const na_view *relu_y))                        \
     /* a training BatchNorm's statistics from per-channel sums over `count` values (sum,    \
      * sqsum as conv2d_stats gives them): mean = sum/count, var = max(sqsum/count - mean^2, \
      * 0) (biased), invstd = 1/sqrt(var + eps) into save_mean, save_var, save_invstd (f32   \

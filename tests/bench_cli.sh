@@ -40,6 +40,17 @@ check "bench --help" run 0 "$bench" --help
 check "  usage on stdout" grep -q '^usage:' "$tmp/out"
 check "bench --tf32 on the CPU" run 1 "$bench" train --model mlp --tf32 --warmup 0 --repeats 1 --steps 1
 check "  the JSON says it needs CUDA" grep -q '"error": ".*--tf32 .*needs --device cuda' "$tmp/out"
+check "bench --sync-bn without --ddp" run 1 "$bench" train --model cnn --sync-bn --warmup 0 --repeats 1 --steps 1
+check "  the JSON says it needs --ddp" grep -q '"error": ".*--sync-bn .*needs --ddp' "$tmp/out"
+check "bench --sync-bn --profile-steps 2 in a world of one with collectives" run 0 env NANOAMP_DIST_COLLECTIVES=1 \
+    "$bench" train --model cnn --batch 4 --ddp --sync-bn --profile-steps 2 --warmup 0 --repeats 1 --steps 1
+check "  the key, the profile's minima, the SyncBatchNorm rows" python3 -c '
+import json, sys
+j = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")][-1]
+assert j["key"] == "train/cpu/cnn/off/ddp-f32/syncbn" and j["profile_steps"] == 2, j
+assert 0 < j["profile_batchnorm_ms_min"] < j["profile_step_ms_min"], j
+err = open(sys.argv[2]).read()
+assert "sync_batch_norm backward" in err and "batch_norm_relu" not in err, err' "$tmp/out" "$tmp/err"
 check "kbench --help" run 0 "$kbench" --help
 check "  usage on stdout, with the cases" grep -q '^usage: na-kbench.*' "$tmp/out"
 check "  the cases" grep -q 'conv conv-resnet9' "$tmp/out"

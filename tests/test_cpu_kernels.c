@@ -2075,6 +2075,65 @@ static void check_bn(na_dtype dt, int64_t n, int64_t c, int64_t s, double tol) {
     rm(&gg); rm(&gb); rm(&eis);
 }
 
+/* SyncBatchNorm's kernels: batch_norm_train without y (the statistics only) gives the
+ * statistics of the full call, and batch_norm_backward_elemt with the sums batch_norm_backward
+ * made gives its gx bit for bit (both through na_bn_grad), fused ReLU or not; with the sums of
+ * two ranks holding the same batch (twice the sums over twice the count) the same gx again,
+ * and against the f64 formula over the sums given. */
+static void check_bn_elemt(na_dtype dt, int64_t n, int64_t c, int64_t s, bool relu) {
+    na_dtype pdt = dt == NA_DTYPE_F64 ? NA_DTYPE_F64 : NA_DTYPE_F32;
+    na_view x = MK(dt, n, c, s), y = MK(dt, n, c, s), gy = MK(dt, n, c, s), gx = MK(dt, n, c, s),
+            gx2 = MK(dt, n, c, s), gam = MK(pdt, c), bet = MK(pdt, c), sm = MK(pdt, c),
+            si = MK(pdt, c), sm2 = MK(pdt, c), si2 = MK(pdt, c), gg = MK(pdt, c), gb = MK(pdt, c);
+    fill_rand(&x, -2, 3);
+    fill_rand(&gy, -1, 1);
+    fill_rand(&gam, 0.5, 1.5);
+    fill_rand(&bet, -1, 1);
+    cr_assert_eq(B->batch_norm_train(&x, &gam, &bet, NULL, NULL, &y, &sm, &si, n, c, s, 0.1,
+                                     1e-5, relu), NA_OK);
+    cr_assert_eq(B->batch_norm_train(&x, NULL, NULL, NULL, NULL, NULL, &sm2, &si2, n, c, s, 0.1,
+                                     1e-5, false), NA_OK);
+    expect_same_bits(&sm, &sm2, "mean without y");
+    expect_same_bits(&si, &si2, "invstd without y");
+    const na_view *ry = relu ? &y : NULL;
+    cr_assert_eq(B->batch_norm_backward(&x, &gy, &gam, &sm, &si, &gx, &gg, &gb, n, c, s, true, ry),
+                 NA_OK);
+    cr_assert_eq(B->batch_norm_backward_elemt(&x, &gy, &gam, &sm, &si, &gb, &gg, n * s, &gx2, n,
+                                              c, s, ry), NA_OK);
+    expect_same_bits(&gx, &gx2, "batch_norm_backward_elemt gx");
+    for (int64_t ch = 0; ch < c; ch++) {
+        set(&gb, ch, 2 * get(&gb, ch));
+        set(&gg, ch, 2 * get(&gg, ch));
+    }
+    cr_assert_eq(B->batch_norm_backward_elemt(&x, &gy, &gam, &sm, &si, &gb, &gg, 2 * n * s, &gx2,
+                                              n, c, s, ry), NA_OK);
+    expect_same_bits(&gx, &gx2, "batch_norm_backward_elemt gx, two ranks' sums");
+    /* f16: gx's own rounding (2^-11 relative, values below 5) */
+    double tol = dt == NA_DTYPE_F64 ? 1e-12 : dt == NA_DTYPE_F16 ? 2.5e-4 : 2e-6;
+    for (int64_t k = 0; k < x.numel; k++) {
+        int64_t ch = k / s % c;
+        double is = get(&si, ch), g = get(&gy, k) * (relu && !(get(&y, k) > 0) ? 0 : 1);
+        double want = (g - get(&gb, ch) / (2 * n * s) -
+                       (get(&x, k) - get(&sm, ch)) * is * get(&gg, ch) / (2 * n * s)) *
+                      is * get(&gam, ch);
+        cr_assert(fabs(get(&gx2, k) - want) < tol * 10, "elemt gx %g vs %g", get(&gx2, k), want);
+    }
+    cr_assert_eq(B->batch_norm_backward_elemt(&x, &gy, &gam, &sm, &si, &gb, &gg, 0, &gx2, n, c, s,
+                                              ry), NA_EINVAL);
+    cr_assert(strstr(na_last_error(), "cpu_batch_norm_backward_elemt"), "%s", na_last_error());
+    rm(&x); rm(&y); rm(&gy); rm(&gx); rm(&gx2); rm(&gam); rm(&bet); rm(&sm); rm(&si); rm(&sm2);
+    rm(&si2); rm(&gg); rm(&gb);
+}
+
+Test(cpu_batchnorm, statistics_only_and_backward_elemt_with_given_sums) {
+    for (int relu = 0; relu < 2; relu++) {
+        check_bn_elemt(NA_DTYPE_F64, 4, 3, 50, relu);
+        check_bn_elemt(NA_DTYPE_F32, 8, 5, 1100, relu); /* S > one chunk */
+        check_bn_elemt(NA_DTYPE_F32, 16, 3, 1, relu);   /* BatchNorm1d */
+        check_bn_elemt(NA_DTYPE_F16, 4, 3, 300, relu);  /* widened rows in the sums' pass */
+    }
+}
+
 Test(cpu_batchnorm, train_eval_backward_vs_hand_loops) {
     check_bn(NA_DTYPE_F64, 4, 3, 50, 1e-12);
     check_bn(NA_DTYPE_F32, 8, 5, 1100, 2e-6); /* S > one chunk */

@@ -1475,6 +1475,12 @@ Test(cuda_kernels, batch_norm) {
                 rt_cmp(si, ptol, "save_invstd");
                 rt_cmp(rm, ptol, "running_mean");
                 rt_cmp(rv, ptol, "running_var");
+                rt_poison(sm);
+                rt_poison(si); /* the statistics only (y NULL), as SyncBatchNorm asks */
+                BOTH(be->batch_norm_train(T(x), NULL, NULL, NULL, NULL, NULL, T(sm), T(si), N, C,
+                                          S, 0.1, 1e-5, false));
+                rt_cmp(sm, ptol, "save_mean without y");
+                rt_cmp(si, ptol, "save_invstd without y");
                 rt_poison(y);
                 BOTH(be->batch_norm_eval(T(x), gamma ? T(gamma) : NULL, beta ? T(beta) : NULL,
                                          T(rm), T(rv), T(y), N, C, S, 1e-5, relu));
@@ -1493,6 +1499,15 @@ Test(cuda_kernels, batch_norm) {
                     rt_cmp(gx, tol_of(dt), train ? "batch_norm_backward gx (train)" : "batch_norm_backward gx (eval)");
                     rt_cmp(gg, dt == NA_DTYPE_F64 ? 1e-12 : tol_of(dt), "ggamma");
                     rt_cmp(gb, dt == NA_DTYPE_F64 ? 1e-12 : tol_of(dt), "gbeta");
+                    if (train) { /* SyncBatchNorm's gx: from given sums (the CPU's) over 2M */
+                        rt_take_cpu(gg);
+                        rt_take_cpu(gb);
+                        rt_poison(gx);
+                        BOTH(be->batch_norm_backward_elemt(T(x), T(gy), gamma ? T(gamma) : NULL,
+                                                           T(sm), T(si), T(gb), T(gg), 2 * N * S,
+                                                           T(gx), N, C, S, relu ? T(y) : NULL));
+                        rt_cmp(gx, tol_of(dt), "batch_norm_backward_elemt gx");
+                    }
                     rt_free(gy);
                     rt_free(gx);
                     rt_free(gg);

@@ -398,22 +398,36 @@ static void bn_step(na_module *bn, na_tensor *x, na_tensor *r, bool channels_las
 /* With NANOAMP_DIST_COLLECTIVES=1 SyncBatchNorm runs its own forward and backward in a world
  * of 1 (its collectives add nothing): it must be BatchNorm, to f32 rounding, on data whose
  * mean is far from 0 (where sums of squares would cancel), over two steps (the second with
- * running statistics that lag the batch's), on dev, x in NCHW and channels-last memory. */
-static void sync_batchnorm_as_batchnorm(na_device dev) {
+ * running statistics that lag the batch's), on dev, x in NCHW and channels-last memory; relu:
+ * BatchNorm2d + ReLU fused (na_module_fuse_bn_relu, as the trainers run it: SyncBatchNorm
+ * fuses the ReLU into its own function) against na_batch_norm_relu; x of dtype dt (f16: y and
+ * x.grad rounded once from the same f32 expressions, so at mean 1 the f32 roundings of the
+ * statistics stay below 1e-6 too; the SyncBatchNorm that added an f16 correction to an f16 gx
+ * did not). */
+static void sync_batchnorm_as_batchnorm(na_device dev, bool relu, na_dtype dt) {
     na_dist *d = world_of_one_with_collectives();
     na_module *plain = na_batch_norm2d_new(4, NULL), *sync = na_batch_norm2d_new(4, NULL);
     cr_assert(plain && sync, "%s", na_last_error());
+    if (relu) {
+        plain = NA_SEQUENTIAL(plain, na_relu_new());
+        sync = NA_SEQUENTIAL(sync, na_relu_new());
+        cr_assert(plain && sync, "%s", na_last_error());
+        cr_assert_eq(na_module_fuse_bn_relu(plain), 1, "%s", na_last_error());
+        cr_assert_eq(na_module_fuse_bn_relu(sync), 1, "%s", na_last_error());
+    }
     TH_RC(na_module_to(plain, dev));
     TH_RC(na_module_to(sync, dev));
     TH_RC(na_module_sync_batchnorm(sync, d));
     na_manual_seed(3);
-    na_tensor *x = TH_OK(na_tensor_new(NA_DTYPE_F32, dev, NA_SHAPE(6, 4, 5, 5)));
+    na_tensor *x = TH_OK(na_tensor_new(dt, dev, NA_SHAPE(6, 4, 5, 5)));
     TH_RC(na_copy_(x, TH_OK(na_add_scalar(na_randn(NA_DTYPE_F32, dev, NA_SHAPE(6, 4, 5, 5), 0,
-                                                   3), 40))));
+                                                   3), relu ? 1 : 40))));
     TH_RC(na_tensor_set_requires_grad(x, true));
-    na_tensor *r = TH_OK(na_tensor_new(NA_DTYPE_F32, dev, NA_SHAPE(6, 4, 5, 5)));
+    na_tensor *r = TH_OK(na_tensor_new(dt, dev, NA_SHAPE(6, 4, 5, 5)));
     TH_RC(na_copy_(r, TH_OK(na_randn(NA_DTYPE_F32, dev, NA_SHAPE(6, 4, 5, 5), 0, 1))));
     const char *what[6] = {"y", "x.grad", "weight.grad", "bias.grad", "running_mean", "running_var"};
+    /* at mean 40 the statistics' f32 roundings can flip an f16 rounding of y */
+    double tol = dt == NA_DTYPE_F16 && !relu ? 1.0 / 1024 : 1e-6;
     for (int step = 0; step < 4; step++) {
         na_tensor *a[6], *b[6];
         bn_step(plain, x, r, step >= 2, a);
@@ -422,7 +436,8 @@ static void sync_batchnorm_as_batchnorm(na_device dev) {
             double m = 0;
             for (int64_t i = 0; i < a[k]->numel; i++)
                 m = fmax(m, fabs(na_get(a[k], i) - na_get(b[k], i)) / fmax(1.0, fabs(na_get(a[k], i))));
-            cr_assert(m < 1e-6, "step %d %s: SyncBatchNorm %g from BatchNorm", step, what[k], m);
+            cr_assert(m < tol, "step %d %s%s: SyncBatchNorm %g from BatchNorm", step,
+                      relu ? "relu " : "", what[k], m);
         }
         na_step_end();
     }
@@ -435,12 +450,20 @@ static void sync_batchnorm_as_batchnorm(na_device dev) {
 }
 
 Test(dist, collectives_switch_runs_sync_batchnorm_as_batchnorm) {
-    sync_batchnorm_as_batchnorm(NA_DEVICE_CPU);
+    sync_batchnorm_as_batchnorm(NA_DEVICE_CPU, false, NA_DTYPE_F32);
+}
+
+Test(dist, collectives_switch_runs_sync_batchnorm_relu_as_batchnorm_relu) {
+    sync_batchnorm_as_batchnorm(NA_DEVICE_CPU, true, NA_DTYPE_F32);
+    sync_batchnorm_as_batchnorm(NA_DEVICE_CPU, true, NA_DTYPE_F16);
+    sync_batchnorm_as_batchnorm(NA_DEVICE_CPU, false, NA_DTYPE_F16);
 }
 
 /* the same through the CUDA kernels and a one-rank NCCL communicator */
 Test(dist, collectives_switch_runs_sync_batchnorm_as_batchnorm_cuda) {
     if (!na_cuda_available() || !na_dist_built_with_nccl())
         cr_skip_test("needs a CUDA device and NCCL");
-    sync_batchnorm_as_batchnorm(NA_DEVICE_CUDA);
+    sync_batchnorm_as_batchnorm(NA_DEVICE_CUDA, false, NA_DTYPE_F32);
+    sync_batchnorm_as_batchnorm(NA_DEVICE_CUDA, true, NA_DTYPE_F32);
+    sync_batchnorm_as_batchnorm(NA_DEVICE_CUDA, true, NA_DTYPE_F16);
 }

@@ -1,5 +1,6 @@
 /* kernels/common/bn_stats.h — a training BatchNorm's per-channel statistics once they are
- * reduced: the inverse standard deviation, PyTorch's running-statistics update, and the mean
+ * reduced: the inverse standard deviation, PyTorch's running-statistics update, the training
+ * backward's gx per element (na_bn_grad), and the mean
  * and variance from a sum and a sum of squares (the batch_norm_finalize kernel, fed by a
  * convolution that summed its own output: conv2d_stats). Written once here for the CPU
  * backend and every CUDA BatchNorm kernel, so they update running statistics with the same
@@ -32,6 +33,11 @@
         *mean = sum / (T)m;                                                                 \
         T v = sqsum / (T)m - *mean * *mean;                                                 \
         *var = v > (T)0 ? v : (T)0;                                                         \
+    }                                                                                       \
+    /* a training backward's gx from gy (times relu'(y) when fused), mg = sum(gy)/M and     \
+     * mgx = sum(gy*xhat)/M, scale = invstd * gamma */                                      \
+    static NA_HD T na_bn_grad##SFX(T gy, T x, T mean, T invstd, T mg, T mgx, T scale) {     \
+        return (gy - mg - ((x - mean) * invstd) * mgx) * scale;                             \
     }
 
 NA_BN_STATS_DEFINE_(float, _f, sqrtf)

@@ -9,6 +9,9 @@
  *   backward xhat = (x - mean)*invstd; ggamma = sum(gy*xhat); gbeta = sum(gy);
  *            train: gx = (gy - gbeta/M - xhat*ggamma/M) * (invstd * gamma)
  *            eval:  gx = gy * (invstd * gamma)
+ *            elemt: the train gx with given sums over a given count (SyncBatchNorm: over
+ *            all ranks), one pass (na_bn_grad, common/bn_stats.h, as every gx above)
+ *   train with y NULL: the statistics only
  *   relu     (BatchNorm + ReLU fused) y = relu(y) as it is stored; backward takes the fused
  *            output y and uses gy * relu'(y) for gy: ReLU's own expressions (the RELU row of
  *            common/elementwise_ops.h, written out so the loops vectorize), so fused and
@@ -124,7 +127,7 @@ typedef struct {
             T var = chan_sqdev_##NAME(&xr, n, s, mean) / (T)M;                              \
             T invstd = na_bn_invstd_##SFX(var, eps);                                        \
             T scale = invstd * (T)param(gamma, ch, 1), shift = (T)param(beta, ch, 0);       \
-            chan_affine_##NAME(&xr, y, n, c, s, ch, mean, scale, shift, relu);              \
+            if (y) chan_affine_##NAME(&xr, y, n, c, s, ch, mean, scale, shift, relu);       \
             set_param(sm, ch, mean);                                                        \
             set_param(si, ch, invstd);                                                      \
             T rmean = (T)param(rm, ch, 0), rvar = (T)param(rv, ch, 1);                      \
@@ -197,13 +200,45 @@ typedef struct {
         if (!r->v.data) return NULL;                                                        \
         return na_cpu_view_##SFX(r->v.dtype, r->v.data, r->base + ni * r->stride + o, cnt, buf); \
     }                                                                                       \
+    /* channel ch's gx: train, (gm - mgy - xhat*mgyxh) * scale (na_bn_grad); eval,         \
+     * gm * scale; gm = gy * relu'(y) where y's rows are given, else gy */                  \
+    static void chan_gx_##NAME(const bn_rows *xr, const bn_rows *gr, const bn_rows *yr,     \
+                              na_view *gx, int64_t n, int64_t c, int64_t s, int64_t ch,     \
+                              T mean, T invstd, T scale, T mgy, T mgyxh, bool train) {      \
+        T xb[NA_CPU_CHUNK], gb_[NA_CPU_CHUNK], ob[NA_CPU_CHUNK], yb[NA_CPU_CHUNK];          \
+        for (int64_t ni = 0; ni < n; ni++)                                                  \
+            for (int64_t o = 0; o < s; o += NA_CPU_CHUNK) {                                 \
+                int64_t cnt = s - o < NA_CPU_CHUNK ? s - o : NA_CPU_CHUNK;                  \
+                int64_t off = (ni * c + ch) * s + o;                                        \
+                const T *gv = row_##NAME(gr, ni, o, cnt, gb_);                              \
+                const T *yv = row_##NAME(yr, ni, o, cnt, yb);                               \
+                T *out = na_cpu_out_##SFX(gx->dtype, gx->data, off, ob);                    \
+                if (train) {                                                                \
+                    const T *xv = row_##NAME(xr, ni, o, cnt, xb);                           \
+                    if (yv)                                                                 \
+                        for (int64_t i = 0; i < cnt; i++)                                   \
+                            out[i] = na_bn_grad_##SFX(gv[i] * (yv[i] > (T)0 ? (T)1 : (T)0), \
+                                                      xv[i], mean, invstd, mgy, mgyxh, scale); \
+                    else                                                                    \
+                        for (int64_t i = 0; i < cnt; i++)                                   \
+                            out[i] = na_bn_grad_##SFX(gv[i], xv[i], mean, invstd, mgy, mgyxh, \
+                                                      scale);                               \
+                } else if (yv) {                                                            \
+                    for (int64_t i = 0; i < cnt; i++)                                       \
+                        out[i] = gv[i] * (yv[i] > (T)0 ? (T)1 : (T)0) * scale;              \
+                } else {                                                                    \
+                    for (int64_t i = 0; i < cnt; i++) out[i] = gv[i] * scale;               \
+                }                                                                           \
+                na_cpu_store_##SFX(gx->dtype, gx->data, off, cnt, out);                     \
+            }                                                                               \
+    }                                                                                       \
     static void bn_backward_##NAME(const na_view *x, const na_view *gy,                     \
                                   const na_view *relu_y, const na_view *gamma,              \
                                   const na_view *mean_t, const na_view *invstd_t,           \
                                   na_view *gx, na_view *gg, na_view *gb, int64_t n,         \
                                   int64_t c, int64_t s, bool train, int64_t c0,             \
                                   int64_t c1, T *xw, T *gw) {                               \
-        T xb[NA_CPU_CHUNK], gb_[NA_CPU_CHUNK], ob[NA_CPU_CHUNK], yb[NA_CPU_CHUNK];          \
+        T xb[NA_CPU_CHUNK], gb_[NA_CPU_CHUNK], yb[NA_CPU_CHUNK];                            \
         int64_t M = n * s;                                                                  \
         bool need_sums = train || gg || gb;                                                 \
         for (int64_t ch = c0; ch < c1; ch++) {                                              \
@@ -242,32 +277,25 @@ typedef struct {
             set_param(gg, ch, sum_gyxh);                                                    \
             set_param(gb, ch, sum_gy);                                                      \
             if (!gx) continue;                                                              \
-            T mgy = sum_gy / (T)M, mgyxh = sum_gyxh / (T)M;                                 \
-            for (int64_t ni = 0; ni < n; ni++)                                              \
-                for (int64_t o = 0; o < s; o += NA_CPU_CHUNK) {                             \
-                    int64_t cnt = s - o < NA_CPU_CHUNK ? s - o : NA_CPU_CHUNK;              \
-                    int64_t off = (ni * c + ch) * s + o;                                    \
-                    const T *gv = row_##NAME(&gr, ni, o, cnt, gb_);                         \
-                    const T *yv = row_##NAME(&yr, ni, o, cnt, yb);                          \
-                    T *out = na_cpu_out_##SFX(gx->dtype, gx->data, off, ob);                \
-                    if (train) {                                                            \
-                        const T *xv = row_##NAME(&xr, ni, o, cnt, xb);                      \
-                        if (yv)                                                             \
-                            for (int64_t i = 0; i < cnt; i++)                               \
-                                out[i] = (gv[i] * (yv[i] > (T)0 ? (T)1 : (T)0) - mgy -      \
-                                          ((xv[i] - mean) * invstd) * mgyxh) * scale;       \
-                        else                                                                \
-                            for (int64_t i = 0; i < cnt; i++)                               \
-                                out[i] =                                                    \
-                                    (gv[i] - mgy - ((xv[i] - mean) * invstd) * mgyxh) * scale; \
-                    } else if (yv) {                                                        \
-                        for (int64_t i = 0; i < cnt; i++)                                   \
-                            out[i] = gv[i] * (yv[i] > (T)0 ? (T)1 : (T)0) * scale;          \
-                    } else {                                                                \
-                        for (int64_t i = 0; i < cnt; i++) out[i] = gv[i] * scale;           \
-                    }                                                                       \
-                    na_cpu_store_##SFX(gx->dtype, gx->data, off, cnt, out);                 \
-                }                                                                           \
+            chan_gx_##NAME(&xr, &gr, &yr, gx, n, c, s, ch, mean, invstd, scale,            \
+                           sum_gy / (T)M, sum_gyxh / (T)M, train);                          \
+        }                                                                                   \
+    }                                                                                       \
+    /* gx from given sums over count values (batch_norm_backward_elemt): one pass, nothing  \
+     * widened */                                                                           \
+    static void bn_backward_elemt_##NAME(const na_view *x, const na_view *gy,               \
+                                        const na_view *relu_y, const na_view *gamma,        \
+                                        const na_view *mean_t, const na_view *invstd_t,     \
+                                        const na_view *sg, const na_view *sgx, int64_t count, \
+                                        na_view *gx, int64_t n, int64_t c, int64_t s,       \
+                                        int64_t c0, int64_t c1) {                           \
+        for (int64_t ch = c0; ch < c1; ch++) {                                              \
+            T mean = (T)param(mean_t, ch, 0), invstd = (T)param(invstd_t, ch, 1);           \
+            bn_rows xr = rows_##NAME(x, n, c, s, ch, NULL), gr = rows_##NAME(gy, n, c, s, ch, NULL); \
+            bn_rows yr = rows_##NAME(relu_y, n, c, s, ch, NULL);                            \
+            chan_gx_##NAME(&xr, &gr, &yr, gx, n, c, s, ch, mean, invstd,                    \
+                           invstd * (T)param(gamma, ch, 1), (T)param(sg, ch, 0) / (T)count, \
+                           (T)param(sgx, ch, 0) / (T)count, true);                          \
         }                                                                                   \
     }
 
@@ -291,7 +319,7 @@ NA_CPU_DEFINE_BN(float, f, f_avx2, NA_DTYPE_F32)
 
 /* ---- the split over the pool: ranges of channels, each channel computed as on one thread ---- */
 
-enum { BN_TRAIN, BN_EVAL, BN_BACKWARD };
+enum { BN_TRAIN, BN_EVAL, BN_BACKWARD, BN_ELEMT };
 #define NA_CPU_BN_TASK_ELEMS ((int64_t)1 << 15) /* elements per task worth a wake-up */
 enum { NA_CPU_BN_TASKS = 32 };
 
@@ -300,6 +328,8 @@ typedef struct {
     bool f64, train, relu;
     const na_view *x, *gy, *relu_y, *gamma, *beta, *mean, *invstd;
     const na_view *eval_rm, *eval_rv; /* the running statistics eval normalizes with */
+    const na_view *sum_gy, *sum_gyxh; /* elemt: the given sums over count values */
+    int64_t count;
     na_view *rm, *rv, *y, *gx, *gg, *gb, *sm, *si;
     int64_t n, c, s, tasks;
     double momentum, eps;
@@ -318,7 +348,8 @@ static void bn_task(void *ctx, int64_t t) {
     const bn_job *j = ctx;
     int64_t c0, c1;
     na_cpu_task_range(j->c, j->tasks, t, 1, &c0, &c1);
-    void *xw = j->kind == BN_EVAL ? NULL : widen_buffer(NA_CPU_SCRATCH_0, j->x, j->f64, j->n, j->s);
+    bool one_pass = j->kind == BN_EVAL || j->kind == BN_ELEMT; /* nothing worth widening */
+    void *xw = one_pass ? NULL : widen_buffer(NA_CPU_SCRATCH_0, j->x, j->f64, j->n, j->s);
     void *gw = j->kind != BN_BACKWARD ? NULL
                                       : widen_buffer(NA_CPU_SCRATCH_1, j->gy, j->f64, j->n, j->s);
     switch (j->kind) {
@@ -337,6 +368,14 @@ static void bn_task(void *ctx, int64_t t) {
         else
             NA_BN_F32(bn_eval, j->x, j->gamma, j->beta, j->eval_rm, j->eval_rv, j->y, j->n, j->c,
                       j->s, (float)j->eps, j->relu, c0, c1);
+        break;
+    case BN_ELEMT:
+        if (j->f64)
+            bn_backward_elemt_d(j->x, j->gy, j->relu_y, j->gamma, j->mean, j->invstd, j->sum_gy,
+                                j->sum_gyxh, j->count, j->gx, j->n, j->c, j->s, c0, c1);
+        else
+            NA_BN_F32(bn_backward_elemt, j->x, j->gy, j->relu_y, j->gamma, j->mean, j->invstd,
+                      j->sum_gy, j->sum_gyxh, j->count, j->gx, j->n, j->c, j->s, c0, c1);
         break;
     default:
         if (j->f64)
@@ -425,6 +464,33 @@ int na_cpu_batch_norm_backward(const na_view *x, const na_view *gy, const na_vie
     bn_run(&(bn_job){.kind = BN_BACKWARD, .x = x, .gy = gy, .relu_y = relu_y, .gamma = gamma,
                      .mean = mean, .invstd = invstd, .gx = gx, .gg = ggamma, .gb = gbeta,
                      .n = n, .c = c, .s = s, .train = train});
+    return NA_OK;
+}
+
+int na_cpu_batch_norm_backward_elemt(const na_view *x, const na_view *gy, const na_view *gamma,
+                                     const na_view *mean, const na_view *invstd,
+                                     const na_view *sum_gy, const na_view *sum_gyxhat,
+                                     int64_t count, na_view *gx, int64_t n, int64_t c, int64_t s,
+                                     const na_view *relu_y) {
+    const char *fn = "cpu_batch_norm_backward_elemt";
+    NA_CPU_CHECK_FLOAT(fn, x);
+    NA_CPU_CHECK_FLOAT(fn, gy);
+    NA_CPU_CHECK_FLOAT(fn, gamma);
+    NA_CPU_CHECK_FLOAT(fn, mean);
+    NA_CPU_CHECK_FLOAT(fn, invstd);
+    NA_CPU_CHECK_FLOAT(fn, sum_gy);
+    NA_CPU_CHECK_FLOAT(fn, sum_gyxhat);
+    NA_CPU_CHECK_FLOAT(fn, gx);
+    NA_CPU_CHECK_FLOAT(fn, relu_y);
+    int st = check_extent(fn, x, n, c, s);
+    if (st) return st;
+    if (count <= 0 || sum_gy->numel != c || sum_gyxhat->numel != c)
+        return na_set_error(NA_EINVAL, "%s: %lld values per channel over %lld channels (sum_gy "
+                            "has %lld, sum_gyxhat %lld)", fn, (long long)count, (long long)c,
+                            (long long)sum_gy->numel, (long long)sum_gyxhat->numel);
+    bn_run(&(bn_job){.kind = BN_ELEMT, .x = x, .gy = gy, .relu_y = relu_y, .gamma = gamma,
+                     .mean = mean, .invstd = invstd, .sum_gy = sum_gy, .sum_gyxh = sum_gyxhat,
+                     .count = count, .gx = gx, .n = n, .c = c, .s = s});
     return NA_OK;
 }
 

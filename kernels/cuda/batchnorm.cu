@@ -93,6 +93,7 @@ __global__ void k_bn_train(const void *x, int xdt, const void *gamma, const void
             if (rmean) na_st(rmean, rdt, ch, na_bn_running_mean(na_ld<C>(rmean, rdt, ch), mean, momentum));
             if (rvar) na_st(rvar, rdt, ch, na_bn_running_var(na_ld<C>(rvar, rdt, ch), var, g.m, momentum));
         }
+        if (!y) continue; /* statistics only */
         const C scale = invstd * (gamma ? na_ld<C>(gamma, pdt, ch) : (C)1);
         const C shift = beta ? na_ld<C>(beta, pdt, ch) : (C)0;
         for (int64_t j = threadIdx.x; j < g.m; j += blockDim.x) {
@@ -146,13 +147,7 @@ __global__ void k_bn_bwd(const void *x, int xdt, const void *gy, int gydt, const
         for (int64_t j = threadIdx.x; j < g.m; j += blockDim.x) {
             int64_t o = bn_off(g, ch, j);
             C gv = bn_gy<C>(gy, gydt, ry, rydt, o);
-            C v;
-            if (train) {
-                C xh = (na_ld<C>(x, xdt, o) - mu) * is;
-                v = (gv - mg - xh * mgx) * scale;
-            } else {
-                v = gv * scale;
-            }
+            C v = train ? na_bn_grad(gv, na_ld<C>(x, xdt, o), mu, is, mg, mgx, scale) : gv * scale;
             na_st(gx, gxdt, o, v);
         }
     }
@@ -187,7 +182,7 @@ int na_cuda_batch_norm_train(const na_view *x, const na_view *gamma, const na_vi
 #define LAUNCH_BN(C)                                                                          \
     k_bn_train<C><<<bn_blocks(c), tx, 0, na_cuda_ctx.stream>>>(                               \
         x->data, x->dtype, DATA_OR0(gamma), DATA_OR0(beta), pdt, DATA_OR0(running_mean),      \
-        DATA_OR0(running_var), rdt, y->data, y->dtype, DATA_OR0(save_mean),                   \
+        DATA_OR0(running_var), rdt, DATA_OR0(y), DT_OR0(y), DATA_OR0(save_mean),                   \
         DATA_OR0(save_invstd), sdt, g, (C)momentum, (C)eps, relu)
     if (x->dtype == NA_DTYPE_F64) LAUNCH_BN(double);
     else LAUNCH_BN(float);
@@ -301,6 +296,48 @@ int na_cuda_batch_norm_backward(const na_view *x, const na_view *gy, const na_vi
     else LAUNCH_BN(float);
 #undef LAUNCH_BN
     NA_CUDA_LAUNCH_CHECK("k_bn_bwd");
+    return NA_OK;
+}
+
+/* batch_norm_backward_elemt: the training gx from given sums over `count` values (SyncBatchNorm
+ * passes the sums over all ranks), one thread per element in any layout (ch = (e / s) % c) */
+template <typename C>
+__global__ void k_bn_bwd_elemt(const void *x, int xdt, const void *gy, int gydt, const void *ry,
+                               int rydt, const void *gamma, int pdt, const void *mean,
+                               const void *invstd, int sdt, const void *sum_gy,
+                               const void *sum_gyxhat, int tdt, C count, void *gx, int gxdt,
+                               int64_t c, int64_t s, int64_t total) {
+    NA_GRID_STRIDE(e, total) {
+        int64_t ch = (e / s) % c;
+        const C is = na_ld<C>(invstd, sdt, ch);
+        const C scale = is * (gamma ? na_ld<C>(gamma, pdt, ch) : (C)1);
+        const C mg = na_ld<C>(sum_gy, tdt, ch) / count, mgx = na_ld<C>(sum_gyxhat, tdt, ch) / count;
+        C v = na_bn_grad(bn_gy<C>(gy, gydt, ry, rydt, e), na_ld<C>(x, xdt, e),
+                         na_ld<C>(mean, sdt, ch), is, mg, mgx, scale);
+        na_st(gx, gxdt, e, v);
+    }
+}
+
+int na_cuda_batch_norm_backward_elemt(const na_view *x, const na_view *gy, const na_view *gamma,
+                                      const na_view *mean, const na_view *invstd,
+                                      const na_view *sum_gy, const na_view *sum_gyxhat,
+                                      int64_t count, na_view *gx, int64_t n, int64_t c,
+                                      int64_t s, const na_view *relu_y) {
+    int64_t total = n * c * s;
+    if (count <= 0 || sum_gy->dtype != sum_gyxhat->dtype || mean->dtype != invstd->dtype)
+        return na_set_error(NA_EINVAL, "cuda_batch_norm_backward_elemt: %lld values per channel; "
+                            "the sums of one dtype, mean and invstd of one", (long long)count);
+    if (total == 0) return NA_OK;
+    unsigned grid = na_grid(total, NA_BLOCK);
+#define LAUNCH_BN(C)                                                                          \
+    k_bn_bwd_elemt<C><<<grid, NA_BLOCK, 0, na_cuda_ctx.stream>>>(                             \
+        x->data, x->dtype, gy->data, gy->dtype, DATA_OR0(relu_y), DT_OR0(relu_y),            \
+        DATA_OR0(gamma), DT_OR0(gamma), mean->data, invstd->data, mean->dtype, sum_gy->data, \
+        sum_gyxhat->data, sum_gy->dtype, (C)count, gx->data, gx->dtype, c, s, total)
+    if (x->dtype == NA_DTYPE_F64) LAUNCH_BN(double);
+    else LAUNCH_BN(float);
+#undef LAUNCH_BN
+    NA_CUDA_LAUNCH_CHECK("k_bn_bwd_elemt");
     return NA_OK;
 }
 
@@ -705,6 +742,7 @@ static int bn2_forward(const na_cuda_bn_args *a, bool train) {
             NA_CUDA_LAUNCH_CHECK("k_bn2_stats");
         }
         NA_TRY(bn2_coefficients<C>(a, train, g, (const typename O::W *)parts, (C *)coef));
+        if (!a->y) return NA_OK; /* statistics only */
         k_bn2_apply<DT, VW, decltype(relu)::value><<<bn2_grid(g), NA_BN_THREADS, 0, st>>>(
             x->data, a->y->data, g, (const C *)coef);
         NA_CUDA_LAUNCH_CHECK("k_bn2_apply");
@@ -1052,6 +1090,7 @@ static int bnr_forward(const na_cuda_bn_args *a, bool train) {
             NA_CUDA_LAUNCH_CHECK("k_bnr_stats");
         }
         NA_TRY(bn2_coefficients<C>(a, train, f, (const typename O::W *)parts, (C *)coef));
+        if (!a->y) return NA_OK; /* statistics only */
         k_bnr_apply<DT, VW, decltype(relu)::value><<<bnr_apply_grid(g), bnr_block(g), 0, st>>>(
             x->data, a->y->data, g, (const C *)coef);
         NA_CUDA_LAUNCH_CHECK("k_bnr_apply");

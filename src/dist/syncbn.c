@@ -1,24 +1,23 @@
 /* SyncBatchNorm: a BatchNorm whose training-mode batch statistics are those of the whole
  * batch over all ranks (PyTorch's SyncBatchNorm, the same two reductions).
  *
- * One custom function over the backend's BatchNorm kernels, so that the passes over x are
- * those of plain BatchNorm plus one forward and two backward (the first version composed some
- * twenty differentiable ops, each a pass over x and a tensor kept for backward: its BatchNorm
- * layers took 97 of a 160 ms CNN step, 27 of them in collectives). A ReLU after it runs on its
- * own: the fused BatchNorm+ReLU backward reads the op's output, which a custom function
- * cannot keep safely inside containers yet. Per channel, n_r values on rank r, N on all:
- *   forward   batch_norm_train (eps 0: its invstd gives the variance back) -> this rank's
- *             mean and biased variance (Welford, two passes); one all-gather of every rank's
- *             [mean; var; count]; the global mean and variance by Chan's combination,
+ * One custom function over the backend's BatchNorm kernels, with the ReLU after it fused in
+ * when the module is (na_module_fuse_bn_relu), so that its passes over x are plain
+ * BatchNorm+ReLU's: two for the statistics and one for y forward, one for the sums and one for
+ * gx backward (the first version composed some twenty differentiable ops: its BatchNorm
+ * layers took 97 of a 160 ms CNN step, 27 of them in collectives; the second made one forward
+ * and two backward passes more and ran the ReLU on its own, 2.8x plain BatchNorm's time).
+ * Per channel, n_r values on rank r, N on all:
+ *   forward   batch_norm_train without y (eps 0: its invstd gives the variance back) -> this
+ *             rank's mean and biased variance (Welford, two passes); one all-gather of every
+ *             rank's [mean; var; count]; the global mean and variance by Chan's combination,
  *             mean = sum(n_r mean_r) / N, var = sum(n_r (var_r + (mean_r - mean)^2)) / N, in
  *             which nothing cancels (PyTorch gathers the same three); batch_norm_eval with
- *             them writes y over the first kernel's output.
- *   backward  batch_norm_backward in eval form: gx = gy * invstd * gamma and this rank's
- *             sum(gy), sum(gy * xhat), which are the weight and bias gradients (DDP averages
- *             them); one all-reduce of the two sums; then the training terms,
- *             - invstd * gamma * (sum(gy) + xhat * sum(gy * xhat)) / N with the global sums,
- *             are one batch_norm_eval of x (mean and variance as in forward, per-channel
- *             scale and shift from those terms), added to gx.
+ *             them (and the ReLU) writes y.
+ *   backward  batch_norm_backward without gx: this rank's sum(gy), sum(gy * xhat) (gy times
+ *             relu'(y) when fused: y is saved, the next layer keeps it anyway), which are the
+ *             weight and bias gradients (DDP averages them); one all-reduce of the two sums;
+ *             batch_norm_backward_elemt with the global sums and N writes gx.
  * Statistics in f32 (f64 for f64 x), as na_batch_norm's. */
 #include "kernels/backend.h"
 #include "src/dist/dist_internal.h"
@@ -29,14 +28,15 @@ typedef struct {
     na_dist *d;
     na_tensor *running_mean, *running_var; /* may be NULL */
     double momentum, eps;
+    bool relu; /* BatchNorm + ReLU */
 } sbn_args;
 
 typedef struct {
     na_dist *d;
     int64_t nb, c, sp; /* x as the kernels see it: [nb, c, sp] ([N*H*W, C, 1] channels-last) */
     int64_t count;     /* values per channel over all ranks */
-    double eps;
-    bool affine;       /* the weight was saved (last) */
+    bool affine;       /* the weight was saved (after x, mean, invstd) */
+    bool relu;         /* the output was saved (last) */
 } sbn_ctx;
 
 /* A copy of t (the step arena). */
@@ -59,8 +59,8 @@ static int sbn_forward(na_function_ctx *fc, na_tensor *const *in, na_tensor **ou
     if (!s || !x) return na_last_status();
     int64_t c = x->shape[1], nb = x->shape[0], sp = x->numel / (nb * c != 0 ? nb * c : 1);
     if (na_memory_format_of(x) == NA_FORMAT_CHANNELS_LAST) nb *= sp, sp = 1;
-    *s = (sbn_ctx){.d = a->d, .nb = nb, .c = c, .sp = sp, .count = nb * sp, .eps = a->eps,
-                   .affine = w != NULL};
+    *s = (sbn_ctx){.d = a->d, .nb = nb, .c = c, .sp = sp, .count = nb * sp,
+                   .affine = w != NULL, .relu = a->relu};
     int rc = na_dist_all_reduce_i64(a->d, &s->count, 1, NA_DIST_SUM);
     if (rc) return rc;
     if (s->count <= 1)
@@ -70,12 +70,12 @@ static int sbn_forward(na_function_ctx *fc, na_tensor *const *in, na_tensor **ou
     const na_backend *be = na_be(x);
     int world = na_dist_world_size(a->d);
     /* this rank's [mean; var; count] per channel, and every rank's: [world, 3, C] */
-    na_tensor *y = na_empty_like_format(x), *mine = na_empty(pdt, x->device, NA_SHAPE(3, c));
+    na_tensor *mine = na_empty(pdt, x->device, NA_SHAPE(3, c));
     na_tensor *all = na_empty(pdt, x->device, NA_SHAPE(world, 3, c));
     na_tensor *istd = na_empty(pdt, x->device, NA_SHAPE(c)), *row[3];
     for (int k = 0; k < 3 && mine; k++) row[k] = na_reshape(na_slice(mine, k, k + 1), NA_SHAPE(c));
-    if (!y || !all || !istd || !mine || !row[0] || !row[1] || !row[2]) return na_last_status();
-    if ((rc = be->batch_norm_train(&x->view, NULL, NULL, NULL, NULL, &y->view, &row[0]->view,
+    if (!all || !istd || !mine || !row[0] || !row[1] || !row[2]) return na_last_status();
+    if ((rc = be->batch_norm_train(&x->view, NULL, NULL, NULL, NULL, NULL, &row[0]->view,
                                    &istd->view, nb, c, sp, 0.0, 0.0, false)))
         return rc;
     double n = (double)s->count;
@@ -93,9 +93,10 @@ static int sbn_forward(na_function_ctx *fc, na_tensor *const *in, na_tensor **ou
     na_tensor *gvar = na_scale(na_sum_dim(na_mul(rk[2], na_add(rk[1], na_mul(dm, dm))), 0, false),
                                1.0 / n); /* biased */
     na_tensor *ginv = na_rsqrt(na_add_scalar(gvar, a->eps));
-    if (!gvar || !gmean || !ginv) return na_last_status();
+    na_tensor *y = na_empty_like_format(x);
+    if (!gvar || !gmean || !ginv || !y) return na_last_status();
     if ((rc = be->batch_norm_eval(&x->view, NA_VIEW_OF(w), NA_VIEW_OF(b), &gmean->view,
-                                  &gvar->view, &y->view, nb, c, sp, a->eps, false)))
+                                  &gvar->view, &y->view, nb, c, sp, a->eps, a->relu)))
         return rc;
     if (a->running_mean) { /* as na_batch_norm: the unbiased variance, over the whole batch */
         double mo = a->momentum;
@@ -108,8 +109,8 @@ static int sbn_forward(na_function_ctx *fc, na_tensor *const *in, na_tensor **ou
     }
     out[0] = y;
     if ((rc = na_function_save(fc, x)) || (rc = na_function_save(fc, gmean)) ||
-        (rc = na_function_save(fc, gvar)) || (rc = na_function_save(fc, ginv)) ||
-        (w && (rc = na_function_save(fc, w))))
+        (rc = na_function_save(fc, ginv)) || (w && (rc = na_function_save(fc, w))) ||
+        (a->relu && (rc = na_function_save(fc, y))))
         return rc;
     return NA_OK;
 }
@@ -118,17 +119,18 @@ static int sbn_backward(na_function_ctx *fc, na_tensor *const *gout, na_tensor *
     sbn_ctx *s = na_function_data(fc, sizeof *s);
     if (!s) return na_last_status();
     na_tensor *x = na_function_saved(fc, 0), *mean = na_function_saved(fc, 1);
-    na_tensor *var = na_function_saved(fc, 2), *istd = na_function_saved(fc, 3);
-    na_tensor *w = s->affine ? na_function_saved(fc, 4) : NULL;
+    na_tensor *istd = na_function_saved(fc, 2);
+    na_tensor *w = s->affine ? na_function_saved(fc, 3) : NULL;
+    na_tensor *y = s->relu ? na_function_saved(fc, 3 + s->affine) : NULL;
     na_tensor *gy = x ? na_as_format_of(gout[0], x) : NULL;
-    if (!gy || !mean || !var || !istd || (s->affine && !w)) return na_last_status();
+    if (!gy || !mean || !istd || (s->affine && !w) || (s->relu && !y)) return na_last_status();
     int64_t c = s->c;
-    na_tensor *gx = na_empty_like_format(x), *sums = na_empty(mean->dtype, x->device,
-                                                               NA_SHAPE(2 * c)), *sxh, *sg;
-    if (!gx || !sums || halves(sums, c, &sxh, &sg)) return na_last_status();
-    int rc = na_be(x)->batch_norm_backward(&x->view, &gy->view, NA_VIEW_OF(w), &mean->view,
-                                           &istd->view, &gx->view, &sxh->view, &sg->view, s->nb,
-                                           c, s->sp, false, NULL);
+    const na_backend *be = na_be(x);
+    na_tensor *sums = na_empty(mean->dtype, x->device, NA_SHAPE(2 * c)), *sxh, *sg;
+    if (!sums || halves(sums, c, &sxh, &sg)) return na_last_status();
+    int rc = be->batch_norm_backward(&x->view, &gy->view, NA_VIEW_OF(w), &mean->view,
+                                     &istd->view, NULL, &sxh->view, &sg->view, s->nb, c, s->sp,
+                                     false, NA_VIEW_OF(y));
     if (rc) return rc;
     /* this rank's sums are the parameters' gradients: copied before the all-reduce */
     gin[1] = na_function_needs_input_grad(fc, 1) ? copy_of(sxh) : NULL;
@@ -137,18 +139,12 @@ static int sbn_backward(na_function_ctx *fc, na_tensor *const *gout, na_tensor *
         (na_function_needs_input_grad(fc, 2) && !gin[2]))
         return na_last_status();
     if ((rc = na_dist_all_reduce(s->d, sums, NA_DIST_SUM))) return rc;
-    /* gx -= invstd * gamma * (sum(gy) + xhat * sum(gy * xhat)) / N, as batch_norm_eval of x
-     * with scale -invstd*gamma*sum(gy*xhat)/N and shift -invstd*gamma*sum(gy)/N */
-    na_tensor *f = na_scale(w ? na_mul(istd, w) : istd, -1.0 / (double)s->count);
-    na_tensor *scale = f ? na_mul(f, sxh) : NULL, *shift = f ? na_mul(f, sg) : NULL;
-    na_tensor *t = scale && shift ? na_empty_like_format(x) : NULL;
-    if (!t) return na_last_status();
-    if ((rc = na_be(x)->batch_norm_eval(&x->view, &scale->view, &shift->view, &mean->view,
-                                        &var->view, &t->view, s->nb, c, s->sp, s->eps, false)))
-        return rc;
-    gin[0] = na_function_needs_input_grad(fc, 0) ? na_add(gx, t) : NULL;
-    if (na_function_needs_input_grad(fc, 0) && !gin[0]) return na_last_status();
-    return 3;
+    if (!na_function_needs_input_grad(fc, 0)) return 3;
+    if (!(gin[0] = na_empty_like_format(x))) return na_last_status();
+    rc = be->batch_norm_backward_elemt(&x->view, &gy->view, NA_VIEW_OF(w), &mean->view,
+                                       &istd->view, &sg->view, &sxh->view, s->count,
+                                       &gin[0]->view, s->nb, c, s->sp, NA_VIEW_OF(y));
+    return rc ? rc : 3;
 }
 
 static const na_function sync_batch_norm_fn = {.name = "sync_batch_norm", .n_inputs = 3,
@@ -157,11 +153,12 @@ static const na_function sync_batch_norm_fn = {.name = "sync_batch_norm", .n_inp
 
 static na_tensor *sync_batch_norm(void *ctx, na_tensor *x, na_tensor *running_mean,
                                   na_tensor *running_var, na_tensor *weight, na_tensor *bias,
-                                  bool training, double momentum, double eps) {
+                                  bool training, double momentum, double eps, bool relu) {
     na_dist *d = ctx;
     if (!training || !na_dist_collectives(d) || x->ndim < 2 || x->ndim > 4)
-        return na_batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps);
-    sbn_args a = {d, running_mean, running_var, momentum, eps};
+        return (relu ? na_batch_norm_relu : na_batch_norm)(x, running_mean, running_var, weight,
+                                                           bias, training, momentum, eps);
+    sbn_args a = {d, running_mean, running_var, momentum, eps, relu};
     na_tensor *in[3] = {x, weight, bias};
     return na_function_apply1(&sync_batch_norm_fn, in, &a);
 }

@@ -70,9 +70,9 @@ static na_tensor *bn_forward(na_module *m, na_tensor *x) {
     na_tensor *y;
     /* the step first: an offer from an ended step points at freed tensors */
     bool offered = offered_step == na_arena_generation() && offered_y == x;
-    if (m->training && s->impl) { /* the replacement has no fused form: ReLU on its own */
-        y = s->impl(s->impl_ctx, x, rm, rv, s->weight, s->bias, true, momentum, s->cfg.eps);
-        if (y && s->cfg.fuse_relu) y = na_relu(y);
+    if (m->training && s->impl) {
+        y = s->impl(s->impl_ctx, x, rm, rv, s->weight, s->bias, true, momentum, s->cfg.eps,
+                    s->cfg.fuse_relu);
     } else if (offered) { /* the batch statistics from the sums the conv made of x */
         y = na_batch_norm_sums(x, sum, sqsum, rm, rv, s->weight, s->bias, momentum, s->cfg.eps,
                                s->cfg.fuse_relu);

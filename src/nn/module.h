@@ -34,12 +34,13 @@ na_module *na_module_make(na_module_kind kind, na_module_forward_fn forward, siz
 na_tensor *na_module_new_tensor(na_module *m, const char *name, bool buffer, int ndim,
                                 const int64_t *shape);
 /* Who computes a BatchNorm's training-mode forward in place of na_batch_norm (same arguments,
- * same contract; SyncBatchNorm in src/dist reduces the batch statistics over ranks): fn NULL
- * restores na_batch_norm. NA_EINVAL when bn is not a BatchNorm. */
+ * same contract, and relu: the BatchNorm is fused with the ReLU after it, so the result is
+ * na_batch_norm_relu's; SyncBatchNorm in src/dist reduces the batch statistics over ranks):
+ * fn NULL restores na_batch_norm. NA_EINVAL when bn is not a BatchNorm. */
 typedef na_tensor *(*na_batch_norm_fn)(void *ctx, na_tensor *x, na_tensor *running_mean,
                                        na_tensor *running_var, na_tensor *weight,
                                        na_tensor *bias, bool training, double momentum,
-                                       double eps);
+                                       double eps, bool relu);
 int na_batch_norm_set_impl(na_module *bn, na_batch_norm_fn fn, void *ctx);
 
 /* Who computes a Linear's or a Conv2d's forward in place of na_linear / na_conv2d (the same
