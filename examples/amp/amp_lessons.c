@@ -3,6 +3,7 @@
  * lesson_<name>.c. */
 #include <math.h>
 #include <stdarg.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "lesson_internal.h"
@@ -37,6 +38,34 @@ na_tensor *leaf(na_dtype dt, int ndim, const int64_t *shape, double fill) {
 double round_trip(na_dtype dt, double v) {
     na_tensor *t = na_scalar(NA_DTYPE_F32, NA_DEVICE_CPU, v);
     return t ? na_item(na_cast(t, dt)) : NAN;
+}
+
+static const float FASHION_MEAN[1] = {0.2860f}, FASHION_STD[1] = {0.3530f};
+
+int amp_fashion_load(const char *dir, amp_fashion *d) {
+    if (!dir) dir = getenv("NANOAMP_DATA");
+    if (!dir || !*dir) dir = "/usr/share/datasets/fashion-mnist";
+    d->train = na_mnist_load(dir, true);
+    d->test = d->train ? na_mnist_load(dir, false) : NULL;
+    if (!d->test) {
+        na_dataset_free(d->train);
+        return na_set_error(na_last_status(), "Fashion-MNIST in %s (set NANOAMP_DATA): %s", dir,
+                            na_last_error());
+    }
+    if (d->train->n > MLP_TRAIN_N) d->train->n = MLP_TRAIN_N; /* the first images only */
+    if (d->test->n > MLP_TEST_N) d->test->n = MLP_TEST_N;
+    return 0;
+}
+
+void amp_fashion_free(amp_fashion *d) {
+    na_dataset_free(d->train);
+    na_dataset_free(d->test);
+}
+
+na_batcher *amp_fashion_batcher(const na_dataset *ds, int64_t batch, bool shuffled) {
+    return na_batcher_new(ds, &(na_batcher_cfg){.batch_size = batch, .seed = 1,
+                                                .shuffle = shuffled, .drop_last = shuffled,
+                                                .mean = FASHION_MEAN, .std = FASHION_STD});
 }
 
 /* ==== the programs ============================================================================ */

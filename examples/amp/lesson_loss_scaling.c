@@ -9,33 +9,6 @@
 #include "amp_plot.h"
 #include "lesson_internal.h"
 
-static const float FASHION_MEAN[1] = {0.2860f}, FASHION_STD[1] = {0.3530f};
-enum { MLP_TRAIN_N = 8192, MLP_TEST_N = 2000, MLP_BATCH = 128 };
-
-typedef struct {
-    na_dataset *train, *test;
-} mlp_data;
-
-static int mlp_data_load(const char *dir, mlp_data *d) {
-    if (!dir) dir = getenv("NANOAMP_DATA");
-    if (!dir || !*dir) dir = "/usr/share/datasets/fashion-mnist";
-    d->train = na_mnist_load(dir, true);
-    d->test = d->train ? na_mnist_load(dir, false) : NULL;
-    if (!d->test) {
-        na_dataset_free(d->train);
-        return na_set_error(na_last_status(), "Fashion-MNIST in %s (set NANOAMP_DATA): %s", dir,
-                            na_last_error());
-    }
-    if (d->train->n > MLP_TRAIN_N) d->train->n = MLP_TRAIN_N; /* the first images only */
-    if (d->test->n > MLP_TEST_N) d->test->n = MLP_TEST_N;
-    return 0;
-}
-
-static void mlp_data_free(mlp_data *d) {
-    na_dataset_free(d->train);
-    na_dataset_free(d->test);
-}
-
 typedef struct {
     na_dtype amp;           /* autocast around forward and loss: F16, BF16, or F32 (off) */
     bool scaled;            /* a GradScaler (else a plain step) */
@@ -74,8 +47,7 @@ static int weights_to_host(na_module *net, float **out, int64_t *n) {
 }
 
 static double mlp_accuracy(na_module *net, const na_dataset *ds) {
-    na_batcher *b = na_batcher_new(ds, &(na_batcher_cfg){.batch_size = 1000, .mean = FASHION_MEAN,
-                                                          .std = FASHION_STD});
+    na_batcher *b = amp_fashion_batcher(ds, 1000, false);
     float *x = b ? malloc(na_batcher_batch_bytes(b)) : NULL;
     int32_t y[1000], pred[1000];
     int64_t n, correct = 0, seen = 0;
@@ -94,7 +66,7 @@ static double mlp_accuracy(na_module *net, const na_dataset *ds) {
     return seen == ds->n ? (double)correct / (double)seen : NAN;
 }
 
-static int mlp_run(const mlp_data *d, const mlp_run_cfg *c, mlp_run_out *o, bool keep_grads) {
+static int mlp_run(const amp_fashion *d, const mlp_run_cfg *c, mlp_run_out *o, bool keep_grads) {
     *o = (mlp_run_out){.first_skip = -1};
     bool was_reproducible = na_cpu_reproducible();
     na_cpu_set_reproducible(true); /* the same bits on every CPU: the guide quotes them */
@@ -111,9 +83,7 @@ static int mlp_run(const mlp_data *d, const mlp_run_cfg *c, mlp_run_out *o, bool
     gc.enabled = c->scaled;
     if (c->growth_interval) gc.growth_interval = c->growth_interval;
     na_grad_scaler *gs = na_grad_scaler_new(&gc);
-    na_batcher *b = na_batcher_new(d->train, &(na_batcher_cfg){
-        .batch_size = MLP_BATCH, .seed = 1, .shuffle = true, .drop_last = true,
-        .mean = FASHION_MEAN, .std = FASHION_STD});
+    na_batcher *b = amp_fashion_batcher(d->train, MLP_BATCH, true);
     float *x = b ? malloc(na_batcher_batch_bytes(b)) : NULL;
     na_amp_monitor *mon = c->log_csv ? na_amp_monitor_new(NULL) : NULL;
     int rc = opt && gs && x && (!c->log_csv || mon) && (!c->masters || fo) ? 0 : -1;
@@ -221,8 +191,8 @@ static int mlp_run(const mlp_data *d, const mlp_run_cfg *c, mlp_run_out *o, bool
 int amp_lesson_loss_scaling(const char *data_dir, amp_loss_scaling_result *r) {
     *r = (amp_loss_scaling_result){.loss_factor = 1e-5, .steps = 200,
                                    .adam_eps = ((na_adam_cfg)NA_ADAM_DEFAULTS).eps};
-    mlp_data d;
-    if (mlp_data_load(data_dir, &d)) return -1;
+    amp_fashion d;
+    if (amp_fashion_load(data_dir, &d)) return -1;
     static const char *names[AMP_RUNS] = {"f32", "f16", "f16s", "bf16"};
     static const na_dtype amp[AMP_RUNS] = {NA_DTYPE_F32, NA_DTYPE_F16, NA_DTYPE_F16, NA_DTYPE_BF16};
     for (int k = 0; k < AMP_RUNS; k++) {
@@ -230,7 +200,7 @@ int amp_lesson_loss_scaling(const char *data_dir, amp_loss_scaling_result *r) {
                          .loss_factor = r->loss_factor, .steps = r->steps};
         mlp_run_out o;
         if (mlp_run(&d, &c, &o, k == AMP_RUN_F32)) {
-            mlp_data_free(&d);
+            amp_fashion_free(&d);
             return -1;
         }
         r->zero_frac[k] = o.zero_frac;
@@ -239,7 +209,7 @@ int amp_lesson_loss_scaling(const char *data_dir, amp_loss_scaling_result *r) {
         if (k == AMP_RUN_F32) r->grads = o.grads, r->n_grads = o.n_grads;
         if (k == AMP_RUN_F16_SCALED) r->scale = o.first_scale, r->skipped = o.skipped;
     }
-    mlp_data_free(&d);
+    amp_fashion_free(&d);
     amp_hist h = {.n = r->n_grads, .values = r->grads, .scale = 1.0};
     double zero;
     amp_hist_f16_shares(&h, &r->zero_share, &r->subnormal_share, &zero);
@@ -289,8 +259,8 @@ int amp_loss_scaling_svg(const amp_loss_scaling_result *r, FILE *svg) {
 
 int amp_lesson_master_mlp(const char *data_dir, amp_master_mlp_result *r) {
     *r = (amp_master_mlp_result){.steps = 200, .lr = 0.01};
-    mlp_data d;
-    if (mlp_data_load(data_dir, &d)) return -1;
+    amp_fashion d;
+    if (amp_fashion_load(data_dir, &d)) return -1;
     static const char *keys[AMP_MLP_KINDS] = {"f32", "bf16", "bf16m"};
     static const char *what[AMP_MLP_KINDS] = {"f32 weights", "bf16 weights, updated in place",
                                               "bf16 weights + f32 masters"};
@@ -300,7 +270,7 @@ int amp_lesson_master_mlp(const char *data_dir, amp_master_mlp_result *r) {
                          .sgd_lr = r->lr};
         mlp_run_out o;
         if (mlp_run(&d, &c, &o, false)) {
-            mlp_data_free(&d);
+            amp_fashion_free(&d);
             return -1;
         }
         r->unchanged[k] = o.unchanged_frac;
@@ -309,7 +279,7 @@ int amp_lesson_master_mlp(const char *data_dir, amp_master_mlp_result *r) {
         quote(&r->quotes, keys[k], "%-32s %8.1f%% %12.4f %10.1f%%", what[k], 100 * o.unchanged_frac,
               o.final_loss, 100 * o.test_acc);
     }
-    mlp_data_free(&d);
+    amp_fashion_free(&d);
     quote(&r->quotes, "setup", "MLP 784-256-10, SGD lr %g, Fashion-MNIST (%d train / %d test "
           "images), %d steps of batch %d", r->lr, MLP_TRAIN_N, MLP_TEST_N, r->steps, MLP_BATCH);
     return 0;
@@ -319,13 +289,13 @@ int amp_lesson_master_mlp(const char *data_dir, amp_master_mlp_result *r) {
 
 int amp_lesson_sawtooth(const char *data_dir, const char *csv_path, amp_sawtooth_result *r) {
     *r = (amp_sawtooth_result){.steps = AMP_SAWTOOTH_STEPS};
-    mlp_data d;
-    if (mlp_data_load(data_dir, &d)) return -1;
+    amp_fashion d;
+    if (amp_fashion_load(data_dir, &d)) return -1;
     mlp_run_cfg c = {.amp = NA_DTYPE_F16, .scaled = true, .loss_factor = 1.0, .steps = r->steps,
                      .growth_interval = AMP_SAWTOOTH_INTERVAL, .log_csv = csv_path};
     mlp_run_out o;
     int rc = mlp_run(&d, &c, &o, false);
-    mlp_data_free(&d);
+    amp_fashion_free(&d);
     if (rc) return -1;
     r->skipped = o.skipped;
     r->max_scale = o.max_scale;
