@@ -487,6 +487,9 @@ static double share_beyond(const float *v, int64_t n, double scale, double limit
     return (double)hit / (double)nonzero;
 }
 
+static const amp_fp8_result *fp8_drawn;
+static int draw_fp8(FILE *f) { return amp_fp8_svg(fp8_drawn, f); }
+
 Test(amp_lessons, fp8_needs_a_scale_per_tensor_and_delayed_scaling_lags_a_jump) {
     amp_fp8_result r;
     skip_without_data(amp_lesson_fp8(NULL, &r));
@@ -542,5 +545,14 @@ Test(amp_lessons, fp8_needs_a_scale_per_tensor_and_delayed_scaling_lags_a_jump) 
         cr_assert_eq(r.current[t].cast.saturated, 0, "step %d", t);
     }
     expect_quoted(&r.quotes, "amp-fp8");
+    fp8_drawn = &r;
+    char *svg = capture(draw_fp8);
+    cr_assert_eq(count(svg, "class=\"bar\"") > 0, true);
+    cr_assert_eq(count(svg, "class=\"legend\""), 8, "two histograms on each of four lines");
+    /* the legends' shares are the cast's: the gradient vanishes on E4M3's line as it is */
+    cr_assert(strstr(svg, "its output's gradient dL/dy (x 1): of the nonzero values 100.0% round "
+                          "to 0"));
+    expect_doc_picture(svg, "fp8.svg");
+    free(svg);
     amp_fp8_free(&r);
 }

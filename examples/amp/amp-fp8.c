@@ -5,9 +5,11 @@
 
 int main(int argc, char **argv) {
     return amp_lesson_main(argc, argv,
-                           "usage: amp-fp8\n"
+                           "usage: amp-fp8 [--svg FILE]\n"
                            "the MNIST MLP's first layer cast to E4M3 and E5M2 with and without a "
                            "scale, and delayed against current scaling through an amax jump\n"
                            "(reads Fashion-MNIST from $NANOAMP_DATA or "
-                           "/usr/share/datasets/fashion-mnist)\n", NULL, false, amp_fp8_run);
+                           "/usr/share/datasets/fashion-mnist)\n"
+                           "  --svg FILE  also draw the tensors on the FP8 number lines\n",
+                           "--svg", true, amp_fp8_run);
 }

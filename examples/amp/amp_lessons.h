@@ -254,6 +254,9 @@ typedef struct {
 /* data_dir as amp_lesson_loss_scaling's. */
 int amp_lesson_fp8(const char *data_dir, amp_fp8_result *r);
 void amp_fp8_free(amp_fp8_result *r);
+/* The three tensors on the E4M3 line (and the gradient on E5M2's too), as they are and times
+ * their scales (amp-fp8 --svg). */
+int amp_fp8_svg(const amp_fp8_result *r, FILE *svg);
 
 /* ---- the programs ----------------------------------------------------------------------------
  * Each program's main is amp_lesson_main with its usage, its one option and its run function,
@@ -267,7 +270,7 @@ int amp_loss_scaling_run(const char *svg_path); /* amp-loss-scaling [--svg FILE]
 int amp_overflow_run(const char *csv_path);  /* amp-overflow [--log FILE.csv] (then the sawtooth) */
 int amp_master_weights_run(const char *unused); /* amp-master-weights */
 int amp_batchnorm_run(const char *unused);   /* amp-batchnorm */
-int amp_fp8_run(const char *unused);         /* amp-fp8 */
+int amp_fp8_run(const char *svg_path);       /* amp-fp8 [--svg FILE] */
 int amp_lesson_main(int argc, char **argv, const char *usage, const char *opt, bool takes_value,
                     int (*run)(const char *value));
 

@@ -364,6 +364,34 @@ static void nl_bars(FILE *svg, const number_format *f, const double *count, doub
     }
 }
 
+/* h's bars on f's line at line_y: log2 |value * scale|, one bar per power of two, the highest
+ * 70 units tall; values beyond the axis at its ends. 0, or -1 out of memory. */
+static int hist_bars(FILE *svg, const number_format *f, const amp_hist *h, int line_y) {
+    int nb = f->hi - f->lo;
+    double *count = calloc((size_t)nb, sizeof *count);
+    if (!count) return -1;
+    double most = 0;
+    for (int64_t i = 0; i < h->n; i++) {
+        double v = fabs((double)h->values[i]) * h->scale;
+        if (v == 0) continue;
+        int b = (int)fmin(fmax(floor(log2(v)) - f->lo, 0), nb - 1);
+        most = fmax(most, ++count[b]);
+    }
+    if (most > 0) nl_bars(svg, f, count, most, line_y, h->color);
+    free(count);
+    return 0;
+}
+
+/* the bars' axis, left of the line at line_y */
+static void y_label(FILE *svg, int line_y) {
+    fprintf(svg, "<text class=\"y-label\" x=\"%d\" y=\"%d\" font-size=\"9\" "
+                 "text-anchor=\"middle\" transform=\"rotate(-90 %d %d)\">elements "
+                 "per power of 2</text>\n<text x=\"%d\" y=\"%d\" font-size=\"9\" "
+                 "text-anchor=\"middle\" transform=\"rotate(-90 %d %d)\">(each to "
+                 "its peak)</text>\n", 30, line_y - 48, 30, line_y - 48, 42,
+            line_y - 48, 42, line_y - 48);
+}
+
 static void svg_open(FILE *svg, int height, const char *title, int title_size) {
     fprintf(svg, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
                  "viewBox=\"0 0 %d %d\" font-family=\"sans-serif\">\n", NL_W, height, NL_W, height);
@@ -406,25 +434,8 @@ int amp_plot_number_lines(FILE *svg, const char *title, int n_formats, const amp
         if (p != 0) continue;
         /* histograms of log2 |value * scale|, one bar per power of two, on the first line */
         for (int k = 0; k < n_hist; k++) {
-            int nb = f->hi - f->lo;
-            double *count = calloc((size_t)nb, sizeof *count);
-            if (!count) return -1;
-            double most = 0;
-            for (int64_t i = 0; i < h[k].n; i++) {
-                double v = fabs((double)h[k].values[i]) * h[k].scale;
-                if (v == 0) continue;
-                int b = (int)fmin(fmax(floor(log2(v)) - f->lo, 0), nb - 1);
-                most = fmax(most, ++count[b]);
-            }
-            nl_bars(svg, f, count, most, line_y, h[k].color);
-            free(count);
-            if (k == 0) /* the bars' axis */
-                fprintf(svg, "<text class=\"y-label\" x=\"%d\" y=\"%d\" font-size=\"9\" "
-                             "text-anchor=\"middle\" transform=\"rotate(-90 %d %d)\">elements "
-                             "per power of 2</text>\n<text x=\"%d\" y=\"%d\" font-size=\"9\" "
-                             "text-anchor=\"middle\" transform=\"rotate(-90 %d %d)\">(each to "
-                             "its peak)</text>\n", 30, line_y - 48, 30, line_y - 48, 42,
-                        line_y - 48, 42, line_y - 48);
+            if (hist_bars(svg, f, &h[k], line_y)) return -1;
+            if (k == 0) y_label(svg, line_y);
             int ly = NL_TOP + n_formats * panel + k * NL_LEGEND;
             fprintf(svg, "<rect class=\"legend\" x=\"%d\" y=\"%d\" width=\"14\" height=\"10\" "
                          "fill=\"%s\" fill-opacity=\"0.6\"/>\n", NL_LEFT, ly - 9, h[k].color);
@@ -440,11 +451,58 @@ int amp_plot_number_lines(FILE *svg, const char *title, int n_formats, const amp
     return ferror(svg) ? -1 : 0;
 }
 
+static const number_format *format_named(const char *name) {
+    for (int i = 0; i < N_FORMATS; i++)
+        if (name && !strcmp(FORMATS[i].name, name)) return &FORMATS[i];
+    return NULL;
+}
+
+int amp_plot_hist_panels(FILE *svg, const char *title, const amp_hist_panel *p, int n) {
+    if (n < 1 || !p) return -1;
+    int height = NL_TOP + 20;
+    for (int k = 0; k < n; k++) {
+        if (!format_named(p[k].format) || p[k].n_hist < 0 || p[k].n_hist > 2) return -1;
+        height += NL_PANEL + p[k].n_hist * NL_LEGEND;
+    }
+    svg_open(svg, height, title, 15);
+    for (int k = 0, y = NL_TOP; k < n; k++) {
+        const number_format *f = format_named(p[k].format);
+        int line_y = y + NL_PANEL - 60;
+        for (int i = 0; i < p[k].n_hist; i++)
+            if (hist_bars(svg, f, &p[k].h[i], line_y)) return -1;
+        y_label(svg, line_y);
+        nl_line(svg, f, line_y);
+        y += NL_PANEL;
+        for (int i = 0; i < p[k].n_hist; i++, y += NL_LEGEND) {
+            const amp_hist *h = &p[k].h[i];
+            /* what the cast does: at or below half the smallest subnormal rounds to 0 (ties
+             * to the even 0); beyond the largest value's rounding range saturates or is inf */
+            double lo = ldexp(1, f->min_sub - 1), hi = f->max + ldexp(1, ilogb(f->max) - f->mant - 1);
+            int64_t nz = 0, zero = 0, sub = 0, over = 0;
+            for (int64_t j = 0; j < h->n; j++) {
+                double v = fabs((double)h->values[j]) * h->scale;
+                if (v == 0) continue;
+                nz++, zero += v <= lo, over += v > hi;
+                sub += v > lo && v < ldexp(1, f->min_normal);
+            }
+            double d = nz ? (double)nz : 1;
+            fprintf(svg, "<rect class=\"legend\" x=\"%d\" y=\"%d\" width=\"14\" "
+                         "height=\"10\" fill=\"%s\" fill-opacity=\"0.6\"/>\n", NL_LEFT, y - 9,
+                    h->color);
+            fprintf(svg, "<text x=\"%d\" y=\"%d\" font-size=\"11\">", NL_LEFT + 20, y);
+            amp_plot_escape(svg, h->label);
+            fprintf(svg, " (x %.4g): of the nonzero values %.1f%% round to 0, %.1f%% are "
+                         "subnormal, %.1f%% beyond %g</text>\n", h->scale, 100 * zero / d,
+                    100 * sub / d, 100 * over / d, f->max);
+        }
+    }
+    fprintf(svg, "</svg>\n");
+    return ferror(svg) ? -1 : 0;
+}
+
 int amp_plot_hist_line(FILE *svg, const char *title, const char *format, const double *count,
                        int lo, int n, const char *color) {
-    const number_format *f = NULL;
-    for (int i = 0; i < N_FORMATS; i++)
-        if (format && !strcmp(FORMATS[i].name, format)) f = &FORMATS[i];
+    const number_format *f = format_named(format);
     if (!f || n < 0 || (n && !count)) return -1;
     int nb = f->hi - f->lo, height = NL_PANEL + 10, line_y = NL_TOP + NL_PANEL - 70;
     double *c = calloc((size_t)nb, sizeof *c), most = 0;

@@ -52,7 +52,18 @@ int amp_plot_number_lines(FILE *svg, const char *title, int n_formats, const amp
  * caption with the spacing at 1. 0, or -1 on a write error. */
 int amp_plot_formats(FILE *svg, const char *title);
 
-/* A picture of format's line ("f16", "bf16" or "f32"): its zones (rounds to 0, subnormal,
+/* Panels of one format's line each ("f32", "f16", "bf16", "f8e4m3", "f8e5m2") with up to two
+ * histograms drawn on it, each with a legend: of its nonzero values times its scale, the
+ * shares the format rounds to 0, keeps as subnormals and cannot hold (amp-fp8 --svg). 0, or
+ * -1 on an unknown format, bad arguments or a write error. */
+typedef struct {
+    const char *format;
+    int n_hist;
+    amp_hist h[2];
+} amp_hist_panel;
+int amp_plot_hist_panels(FILE *svg, const char *title, const amp_hist_panel *p, int n);
+
+/* A picture of format's line ("f16", "bf16", "f32", "f8e4m3" or "f8e5m2"): its zones (rounds to 0, subnormal,
  * normal, inf) and above them bars of count[b], the values with 2^(lo+b) <= |x| < 2^(lo+b+1),
  * b < n (those beyond the axis drawn at its ends). 0, or -1 on an unknown format, bad
  * arguments or a write error. */

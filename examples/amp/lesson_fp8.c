@@ -8,6 +8,7 @@
 #include <stdlib.h>
 
 #include "../common/models.h"
+#include "amp_plot.h"
 #include "lesson_internal.h"
 
 /* The first batch of the loss-scaling lesson's runs (same seed and batcher), on the host. */
@@ -202,9 +203,29 @@ void amp_fp8_free(amp_fp8_result *r) {
     for (int k = 0; k < AMP_FP8_ROLES; k++) free(r->values[k]), r->values[k] = NULL;
 }
 
-int amp_fp8_run(const char *unused) {
-    (void)unused;
-    amp_fp8_result res, *r = &res;
+int amp_fp8_svg(const amp_fp8_result *r, FILE *svg) {
+    static const char *const what[AMP_FP8_ROLES] = {"the layer's input x", "its weight W",
+                                                    "its output's gradient dL/dy"};
+    static const int role[4] = {0, 1, 2, 2}, fmt[4] = {0, 0, 0, 1};
+    amp_hist_panel p[4];
+    for (int k = 0; k < 4; k++) {
+        int q = role[k];
+        p[k] = (amp_hist_panel){.format = fmt[k] ? "f8e5m2" : "f8e4m3", .n_hist = 2};
+        p[k].h[0] = (amp_hist){.label = what[q], .color = "#d62728", .n = r->n[q],
+                               .values = r->values[q], .scale = 1.0};
+        p[k].h[1] = (amp_hist){.label = "the same times its scale fp8_max / amax",
+                               .color = "#1f77b4", .n = r->n[q], .values = r->values[q],
+                               .scale = r->scaled[q][fmt[k]].scale};
+    }
+    return amp_plot_hist_panels(svg, "the MNIST MLP's first Linear at its first step on the "
+                                "FP8 number lines, as it is and scaled", p, 4);
+}
+
+static amp_fp8_result drawn; /* what draw() draws */
+static int draw(FILE *svg) { return amp_fp8_svg(&drawn, svg); }
+
+int amp_fp8_run(const char *svg_path) {
+    amp_fp8_result *r = &drawn;
     if (amp_lesson_fp8(NULL, r)) {
         fprintf(stderr, "amp-fp8: %s\n", na_last_error());
         amp_fp8_free(r);
@@ -233,6 +254,7 @@ int amp_fp8_run(const char *unused) {
         printf("%s\n", amp_quote_get(q, JUMP_KEYS[i]));
     }
     printf("\n%s\n", amp_quote_get(q, "recovered"));
+    int rc = svg_path ? amp_write_svg(svg_path, draw) : 0;
     amp_fp8_free(r);
-    return 0;
+    return rc;
 }
