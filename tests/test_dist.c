@@ -6,6 +6,7 @@
 #include "nanoamp/dist.h"
 #include "nanoamp/nn.h"
 #include "src/autograd/graph.h" /* the leaf hook */
+#include "src/dist/dist_internal.h" /* the SyncBatchNorm path hook */
 
 static void clear_launcher_env(void) {
     const char *vars[] = {"OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK",
@@ -459,11 +460,23 @@ Test(dist, collectives_switch_runs_sync_batchnorm_relu_as_batchnorm_relu) {
     sync_batchnorm_as_batchnorm(NA_DEVICE_CPU, false, NA_DTYPE_F16);
 }
 
+/* the composition CUDA keeps until NANOAMP_CUDA_SYNCBN_ELEMT=1, through the CPU's kernels */
+Test(dist, sync_batchnorm_composed_as_cuda_keeps_it_runs_as_batchnorm) {
+    na_syncbn_composed_on_cpu = true;
+    sync_batchnorm_as_batchnorm(NA_DEVICE_CPU, false, NA_DTYPE_F32);
+    sync_batchnorm_as_batchnorm(NA_DEVICE_CPU, true, NA_DTYPE_F32);
+    na_syncbn_composed_on_cpu = false;
+}
+
 /* the same through the CUDA kernels and a one-rank NCCL communicator */
 Test(dist, collectives_switch_runs_sync_batchnorm_as_batchnorm_cuda) {
     if (!na_cuda_available() || !na_dist_built_with_nccl())
         cr_skip_test("needs a CUDA device and NCCL");
-    sync_batchnorm_as_batchnorm(NA_DEVICE_CUDA, false, NA_DTYPE_F32);
-    sync_batchnorm_as_batchnorm(NA_DEVICE_CUDA, true, NA_DTYPE_F32);
-    sync_batchnorm_as_batchnorm(NA_DEVICE_CUDA, true, NA_DTYPE_F16);
+    for (int one_pass = 0; one_pass < 2; one_pass++) { /* the default, then the new kernels */
+        if (one_pass) setenv("NANOAMP_CUDA_SYNCBN_ELEMT", "1", 1);
+        sync_batchnorm_as_batchnorm(NA_DEVICE_CUDA, false, NA_DTYPE_F32);
+        sync_batchnorm_as_batchnorm(NA_DEVICE_CUDA, true, NA_DTYPE_F32);
+        sync_batchnorm_as_batchnorm(NA_DEVICE_CUDA, true, NA_DTYPE_F16);
+    }
+    unsetenv("NANOAMP_CUDA_SYNCBN_ELEMT");
 }

@@ -75,4 +75,8 @@ void na_nccl_free(na_dist *d);
 void na_nccl_abort(na_dist *d); /* ncclCommAbort, if a communicator was made */
 int na_nccl_select_device(int local_rank);
 #endif
+/* Test hook: SyncBatchNorm on the CPU takes the composition CUDA keeps until
+ * NANOAMP_CUDA_SYNCBN_ELEMT=1 (src/dist/syncbn.c). */
+extern bool na_syncbn_composed_on_cpu;
+
 #endif

@@ -19,10 +19,27 @@
  *             weight and bias gradients (DDP averages them); one all-reduce of the two sums;
  *             batch_norm_backward_elemt with the global sums and N writes gx.
  * Statistics in f32 (f64 for f64 x), as na_batch_norm's. */
+#include <stdlib.h>
+#include <string.h>
+
 #include "kernels/backend.h"
 #include "src/dist/dist_internal.h"
 #include "src/nn/module.h"
 #include "src/tensor/tensor_internal.h"
+
+/* On CUDA the one-pass kernels (batch_norm_train without y, batch_norm_backward_elemt) are
+ * new and have not run on a GPU yet: NANOAMP_CUDA_SYNCBN_ELEMT=1 takes them; until a GPU run
+ * shows their parity (scripts/gpu-check), CUDA keeps the earlier composition, a y it throws
+ * away forward and gx as the eval-mode gradient plus a correction made of batch_norm_eval
+ * (two more passes) backward. The CPU takes the one-pass kernels (the composition too under
+ * the test hook na_syncbn_composed_on_cpu, so that it is tested here). */
+bool na_syncbn_composed_on_cpu = false;
+
+static bool one_pass(const na_tensor *x) {
+    if (x->device != NA_DEVICE_CUDA) return !na_syncbn_composed_on_cpu;
+    const char *e = getenv("NANOAMP_CUDA_SYNCBN_ELEMT");
+    return e && !strcmp(e, "1");
+}
 
 typedef struct {
     na_dist *d;
@@ -75,9 +92,12 @@ static int sbn_forward(na_function_ctx *fc, na_tensor *const *in, na_tensor **ou
     na_tensor *istd = na_empty(pdt, x->device, NA_SHAPE(c)), *row[3];
     for (int k = 0; k < 3 && mine; k++) row[k] = na_reshape(na_slice(mine, k, k + 1), NA_SHAPE(c));
     if (!all || !istd || !mine || !row[0] || !row[1] || !row[2]) return na_last_status();
-    if ((rc = be->batch_norm_train(&x->view, NULL, NULL, NULL, NULL, NULL, &row[0]->view,
-                                   &istd->view, nb, c, sp, 0.0, 0.0, false)))
-        return rc;
+    na_tensor *unused = one_pass(x) ? NULL : na_empty_like_format(x); /* y, thrown away */
+    if (!one_pass(x) && !unused) return na_last_status();
+    rc = be->batch_norm_train(&x->view, NULL, NULL, NULL, NULL, NA_VIEW_OF(unused),
+                              &row[0]->view, &istd->view, nb, c, sp, 0.0, 0.0, false);
+    na_tensor_free(unused);
+    if (rc) return rc;
     double n = (double)s->count;
     rc = na_copy_(row[1], na_div(na_full(pdt, x->device, NA_SHAPE(c), 1.0), na_mul(istd, istd)));
     if (!rc) rc = na_fill_(row[2], (double)(nb * sp));
@@ -128,9 +148,12 @@ static int sbn_backward(na_function_ctx *fc, na_tensor *const *gout, na_tensor *
     const na_backend *be = na_be(x);
     na_tensor *sums = na_empty(mean->dtype, x->device, NA_SHAPE(2 * c)), *sxh, *sg;
     if (!sums || halves(sums, c, &sxh, &sg)) return na_last_status();
+    /* the earlier CUDA composition: the eval-mode gradient now, the correction below */
+    na_tensor *gx = one_pass(x) ? NULL : na_empty_like_format(x);
+    if (!one_pass(x) && !gx) return na_last_status();
     int rc = be->batch_norm_backward(&x->view, &gy->view, NA_VIEW_OF(w), &mean->view,
-                                     &istd->view, NULL, &sxh->view, &sg->view, s->nb, c, s->sp,
-                                     false, NA_VIEW_OF(y));
+                                     &istd->view, NA_VIEW_OF(gx), &sxh->view, &sg->view, s->nb,
+                                     c, s->sp, false, NA_VIEW_OF(y));
     if (rc) return rc;
     /* this rank's sums are the parameters' gradients: copied before the all-reduce */
     gin[1] = na_function_needs_input_grad(fc, 1) ? copy_of(sxh) : NULL;
@@ -140,6 +163,20 @@ static int sbn_backward(na_function_ctx *fc, na_tensor *const *gout, na_tensor *
         return na_last_status();
     if ((rc = na_dist_all_reduce(s->d, sums, NA_DIST_SUM))) return rc;
     if (!na_function_needs_input_grad(fc, 0)) return 3;
+    if (gx) { /* gx -= invstd * gamma * (sum(gy) + xhat * sum(gy * xhat)) / N, as batch_norm_eval
+               * of x with scale -invstd*gamma*sum(gy*xhat)/N, shift -invstd*gamma*sum(gy)/N and
+               * the variance 1/invstd^2 (eps 0) */
+        na_tensor *f = na_scale(w ? na_mul(istd, w) : istd, -1.0 / (double)s->count);
+        na_tensor *scale = f ? na_mul(f, sxh) : NULL, *shift = f ? na_mul(f, sg) : NULL;
+        na_tensor *var = na_div(na_full(istd->dtype, x->device, NA_SHAPE(c), 1.0),
+                                na_mul(istd, istd));
+        na_tensor *t = scale && shift && var ? na_empty_like_format(x) : NULL;
+        if (!t) return na_last_status();
+        if ((rc = be->batch_norm_eval(&x->view, &scale->view, &shift->view, &mean->view,
+                                      &var->view, &t->view, s->nb, c, s->sp, 0.0, false)))
+            return rc;
+        return (gin[0] = na_add(gx, t)) ? 3 : na_last_status();
+    }
     if (!(gin[0] = na_empty_like_format(x))) return na_last_status();
     rc = be->batch_norm_backward_elemt(&x->view, &gy->view, NA_VIEW_OF(w), &mean->view,
                                        &istd->view, &sg->view, &sxh->view, s->count,
