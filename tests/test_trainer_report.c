@@ -124,15 +124,21 @@ Test(report, epoch_line) {
                           "84.20%, 12.3 s");
 }
 
+/* trainer_json_print's line for o and r, into buf */
+static void json_of(const trainer_opts *o, const trainer_result *r, char *buf, size_t size) {
+    memset(buf, 0, size);
+    FILE *f = fmemopen(buf, size - 1, "w");
+    cr_assert_not_null(f);
+    trainer_json_print(f, o, r);
+    fclose(f);
+}
+
 Test(report, json_names_the_fp8_recipe) {
     trainer_opts o = trainer_defaults("mlp");
     trainer_result r = {.amp_mode = "fp8", .fp8_recipe = "current", .fp8_format = "e4m3",
                         .saturated = 12};
-    char buf[1024] = {0};
-    FILE *f = fmemopen(buf, sizeof buf - 1, "w");
-    cr_assert_not_null(f);
-    trainer_json_print(f, &o, &r);
-    fclose(f);
+    char buf[1024];
+    json_of(&o, &r, buf, sizeof buf);
     cr_assert(strstr(buf, "\"fp8_recipe\": \"current\", \"fp8_format\": \"e4m3\", "
                           "\"saturated\": 12}\n"), "%s", buf);
 }
@@ -143,11 +149,8 @@ Test(report, json_writes_null_for_what_is_not_finite) {
                         .test_acc = NAN, .test_loss = NAN, .final_loss = -NAN,
                         .final_scale = NAN, .diverged_at_step = 7, .lr = NAN,
                         .weight_decay = 0.01};
-    char buf[1024] = {0};
-    FILE *f = fmemopen(buf, sizeof buf - 1, "w");
-    cr_assert_not_null(f);
-    trainer_json_print(f, &o, &r);
-    fclose(f);
+    char buf[1024];
+    json_of(&o, &r, buf, sizeof buf);
     cr_assert(strstr(buf, "\"train_images_per_s\": null, \"train_time_s\": 1.500, \"test_acc\": "
                           "null, \"test_loss\": null, \"final_loss\": null"), "%s", buf);
     cr_assert(strstr(buf, "\"final_scale\": null, \"diverged_at_step\": 7, \"fp8_recipe\": null, "
@@ -163,11 +166,8 @@ Test(parse, channels_last_flag_reaches_the_options_and_the_json) {
     cr_assert_eq(trainer_parse_args(&o, 2, argv, NULL), 0, "%s", na_last_error());
     cr_assert(o.channels_last);
     trainer_result r = {.amp_mode = "off"};
-    char buf[1024] = {0};
-    FILE *f = fmemopen(buf, sizeof buf - 1, "w");
-    cr_assert_not_null(f);
-    trainer_json_print(f, &o, &r);
-    fclose(f);
+    char buf[1024];
+    json_of(&o, &r, buf, sizeof buf);
     cr_assert(strstr(buf, "\"channels_last\": true,"), "%s", buf);
 }
 

@@ -210,38 +210,27 @@ NA_BF16 static void pack_tile_pairs(const dc_shape *s, const uint16_t *x, int64_
         }
 }
 
-/* bf16 planes, for the weight gradient: pack_tile's layout with bf16 elements (16 lanes per
- * row and tap; the product pairs consecutive pixels) */
-NA_BF16 static void pack_tile_bf16(const dc_shape *s, const uint16_t *x, int64_t pt, int64_t c0,
-                                   int64_t c1, uint16_t *restrict dst, int64_t ld) {
+/* 16-bit planes in pack_tile's layout, 16 lanes per row and tap: as bf16 for the bf16 tiles
+ * (the weight gradient; the product pairs consecutive pixels), or, with widen_f16, f16 widened
+ * in registers (vcvtph2ps, exact and as half.h) into f32 for the f32 tiles, so that the input
+ * is read once at half the bytes, not widened into an f32 copy first: the same floats as
+ * pack_tile of the widened planes. */
+NA_BF16 static void pack_tile_16(const dc_shape *s, const uint16_t *x, int64_t pt, int64_t c0,
+                                 int64_t c1, void *restrict dst, int64_t ld, bool widen_f16) {
     const int64_t HW = s->H * s->W, taps = (int64_t)s->KH * s->KW;
     const uintptr_t step = (uintptr_t)HW * sizeof(uint16_t);
+    const size_t esz = widen_f16 ? sizeof(float) : sizeof(uint16_t);
     dc_runs runs;
     for (int ki = 0; ki < s->KH; ki++)
         for (int kj = 0; kj < s->KW; kj++) {
             tile_runs(s, pt, ki, kj, &runs);
-            uint16_t *d = dst + (ki * s->KW + kj) * ld;
+            char *d = (char *)dst + (size_t)((ki * s->KW + kj) * ld) * esz;
             uintptr_t plane = (uintptr_t)(x + c0 * HW);
-            for (int64_t ci = c0; ci < c1; ci++, d += taps * ld, plane += step)
-                _mm256_storeu_si256((__m256i *)d, runs_load_bf16(&runs, plane));
-        }
-}
-
-/* f16 planes, for the f32 tiles: pack_tile's layout, each 16-bit run converted in registers
- * (vcvtph2ps, exact and as half.h) so the input is read once at half the bytes, not widened
- * into an f32 copy first. The same floats as pack_tile of the widened planes. */
-NA_BF16 static void pack_tile_f16(const dc_shape *s, const uint16_t *x, int64_t pt, int64_t c0,
-                                  int64_t c1, float *restrict dst, int64_t ld) {
-    const int64_t HW = s->H * s->W, taps = (int64_t)s->KH * s->KW;
-    const uintptr_t step = (uintptr_t)HW * sizeof(uint16_t);
-    dc_runs runs;
-    for (int ki = 0; ki < s->KH; ki++)
-        for (int kj = 0; kj < s->KW; kj++) {
-            tile_runs(s, pt, ki, kj, &runs);
-            float *d = dst + (ki * s->KW + kj) * ld;
-            uintptr_t plane = (uintptr_t)(x + c0 * HW);
-            for (int64_t ci = c0; ci < c1; ci++, d += taps * ld, plane += step)
-                _mm512_storeu_ps(d, _mm512_cvtph_ps(runs_load_bf16(&runs, plane)));
+            for (int64_t ci = c0; ci < c1; ci++, d += (size_t)(taps * ld) * esz, plane += step) {
+                __m256i v = runs_load_bf16(&runs, plane);
+                if (widen_f16) _mm512_storeu_ps((float *)d, _mm512_cvtph_ps(v));
+                else _mm256_storeu_si256((__m256i *)d, v);
+            }
         }
 }
 
@@ -338,8 +327,8 @@ NA_AVX512 static void conv_images(const dc_shape *s, bool bf, bool xh, int64_t n
                     pack_tile_pairs(s, (const uint16_t *)xt[t], pt[t], c0, c1,
                                     (uint32_t *)panel + t * DC_LANES, DC_CHUNK);
                 else if (xh)
-                    pack_tile_f16(s, (const uint16_t *)xt[t], pt[t], c0, c1,
-                                  (float *)panel + t * DC_LANES, DC_CHUNK);
+                    pack_tile_16(s, (const uint16_t *)xt[t], pt[t], c0, c1,
+                                 (float *)panel + t * DC_LANES, DC_CHUNK, true);
                 else
                     pack_tile(s, (const float *)xt[t], pt[t], c0, c1,
                               (float *)panel + t * DC_LANES, DC_CHUNK);
@@ -454,7 +443,7 @@ static int wgrad_range(const na_conv_geom *g, const na_view *x, const na_view *g
     s.K = cg * taps;
     /* bf16 x and gy: packed and multiplied as bf16, rows padded to whole 32-pixel vectors */
     bool bf = x->dtype == NA_DTYPE_BF16 && gy->dtype == NA_DTYPE_BF16 && na_cpu_bf16_fast();
-    /* f16 x: packed into f32 columns from the halves in place (pack_tile_f16) */
+    /* f16 x: packed into f32 columns from the halves in place (pack_tile_16) */
     bool xh = !bf && x->dtype == NA_DTYPE_F16 && na_cpu_half512();
     size_t esz = bf ? sizeof(uint16_t) : sizeof(float);
     int64_t P = g->oh * g->ow, HW = g->h * g->w, P16 = (P + DC_LANES - 1) / DC_LANES * DC_LANES;
@@ -499,13 +488,13 @@ static int wgrad_range(const na_conv_geom *g, const na_view *x, const na_view *g
                         const uint16_t *xv = (const uint16_t *)x->data + at;
                         uint16_t *cb = (uint16_t *)col + b * P16;
                         for (int64_t pt = 0; pt < P; pt += DC_LANES)
-                            pack_tile_bf16(&s, xv, pt, 0, c1 - c0, cb + pt, L);
+                            pack_tile_16(&s, xv, pt, 0, c1 - c0, cb + pt, L, false);
                         continue;
                     }
                     if (xh) {
                         const uint16_t *xv = (const uint16_t *)x->data + at;
                         for (int64_t pt = 0; pt < P; pt += DC_LANES)
-                            pack_tile_f16(&s, xv, pt, 0, c1 - c0, (float *)col + b * P16 + pt, L);
+                            pack_tile_16(&s, xv, pt, 0, c1 - c0, (float *)col + b * P16 + pt, L, true);
                         continue;
                     }
                     const float *xv = na_cpu_view_f(x->dtype, x->data, at, (c1 - c0) * HW, xb);
