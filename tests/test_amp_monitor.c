@@ -414,6 +414,40 @@ Test(amp_hist, f16_boundaries) {
     cr_assert_eq(total, 10); /* every nonzero finite value once */
 }
 
+Test(amp_hist, fp8_boundaries) {
+    const float e4[] = {
+        ldexpf(1, -10),          /* half the smallest subnormal 2^-9: ties to even, 0 */
+        ldexpf(1.5f, -10),       /* rounds up to 2^-9: subnormal */
+        ldexpf(1, -7),           /* subnormal (normals from 2^-6) */
+        ldexpf(1, -6), 448.0f,   /* the smallest normal, the largest */
+        464.0f,                  /* the tie above 448: to the even 448 */
+        -464.5f, 1e6f,           /* beyond: clipped to 448 by the cast, overflow here */
+    };
+    na_amp_hist h = hist_of(NA_DTYPE_F8E4M3, e4, 8);
+    cr_assert_eq(h.underflow, 1);
+    cr_assert_eq(h.subnormal, 2);
+    cr_assert_eq(h.normal, 3);
+    cr_assert_eq(h.overflow, 2);
+    const float e5[] = {
+        ldexpf(1, -17),          /* half of 2^-16: 0 */
+        ldexpf(1, -16), ldexpf(1, -15), /* subnormals (normals from 2^-14) */
+        ldexpf(1, -14), 57344.0f, 61439.0f, /* normal; the last below the tie rounds to 57344 */
+        61440.0f,                /* the tie: inf, as PyTorch's cast */
+    };
+    h = hist_of(NA_DTYPE_F8E5M2, e5, 7);
+    cr_assert_eq(h.underflow, 1);
+    cr_assert_eq(h.subnormal, 2);
+    cr_assert_eq(h.normal, 3);
+    cr_assert_eq(h.overflow, 1);
+    int sub, norm;
+    double max;
+    cr_assert_eq(na_amp_dtype_range(NA_DTYPE_F8E4M3, &sub, &norm, &max), NA_OK);
+    cr_assert(sub == -9 && norm == -6 && max == 448.0);
+    cr_assert_eq(na_amp_dtype_range(NA_DTYPE_F8E5M2, &sub, &norm, &max), NA_OK);
+    cr_assert(sub == -16 && norm == -14 && max == 57344.0);
+    cr_assert_eq(na_amp_dtype_range(NA_DTYPE_I32, NULL, NULL, NULL), NA_EDTYPE);
+}
+
 Test(amp_hist, bf16_boundaries) {
     const float v[] = {
         ldexpf(1, -134),         /* half the smallest subnormal: 0 */

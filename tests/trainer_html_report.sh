@@ -67,7 +67,15 @@ check "  mode" test "$(stat -c %a "$tmp/r.html")" = "$(umask -S >/dev/null; prin
 check "  no temporary file left" test -z "$(ls "$tmp" | grep '^r\.html\.')"
 # --- 2. bf16 and off: their lines; o2 traces every op
 check "mnist bf16" run 0 "$mnist" "${real[@]}" --epochs 1 --amp bf16 --quiet --report "$tmp/b.html"
-check "  page" page "$tmp/b.html" bf16 complete "['linear', 'f32,f32,f32', 'lower', 'bf16', 'bf16', 'f32'] in trace"
+check "  page" page "$tmp/b.html" bf16 complete "['linear', 'f32,f32,f32', 'lower', 'bf16', 'bf16', 'f32'] in trace" \
+    "'FP8 operands' not in p.heads"
+# fp8: the bf16 line for gradients and activations; each FP8 layer's input and weight on E4M3,
+# times the scale its cast used (1 at the first step, TE's start; then from the history)
+check "mnist fp8" run 0 "$mnist" "${real[@]}" --epochs 2 --amp fp8 --quiet --report "$tmp/f8.html"
+check "  page" page "$tmp/f8.html" bf16 complete "'FP8 operands' in p.heads" \
+    "['1 input', 'f8e4m3'] in [r[:2] for r in p.rows]" \
+    "any(r[0].startswith('1 weight (x ') and r[1] == 'f8e4m3' for r in p.rows)" \
+    "'step 5: FP8 operand 3 input (f8e4m3)' in s"
 check "mnist off" run 0 "$mnist" "${real[@]}" --epochs 1 --quiet --report "$tmp/o.html"
 check "  page" page "$tmp/o.html" f32 complete "['linear', 'f32,f32,f32', 'as_is', 'f32', 'f32', 'f32'] in trace"
 check "mnist o2" run 0 "$mnist" "${real[@]}" --epochs 1 --amp o2 --quiet --report "$tmp/o2.html"

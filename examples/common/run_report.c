@@ -13,13 +13,18 @@
 
 #include "../amp/amp_plot.h"
 
+/* what a sample is: a parameter's gradient, a layer's output, or an FP8 layer's operand (its
+ * input or weight times the scale its cast uses, on its format's line) */
+typedef enum { SAMPLE_GRADIENT, SAMPLE_ACTIVATION, SAMPLE_FP8 } sample_kind;
+
 typedef struct {
     int64_t step;   /* of the run, from 1 */
-    bool gradient;  /* else an activation */
+    sample_kind kind;
     char name[64];  /* "1.weight", "layer 2 (ReLU)" */
     na_dtype dtype; /* the tensor's */
-    double scale;   /* gradients: the loss scale they carry (1: none) */
-    na_amp_hist h;  /* on the run's line */
+    double scale;   /* gradients: the loss scale they carry; FP8 operands: their cast's (1:
+                       none) */
+    na_amp_hist h;  /* on the run's line; an FP8 operand's on its format's */
 } sample;
 
 typedef struct {
@@ -171,14 +176,44 @@ void run_report_trace_end(run_report *rp) {
     na_autocast_trace_callback(NA_AMP_TRACE_OFF, NULL, NULL);
 }
 
-static int add_sample(run_report *rp, bool gradient, const char *name, const na_tensor *t,
-                      double scale) {
+static int add_sample(run_report *rp, sample_kind kind, const char *name, const na_tensor *t,
+                      double scale, na_dtype line) {
     sample *s = APPEND(rp, s, ns, cs);
     if (!s) return na_set_error(NA_ENOMEM, "--report: out of host memory");
-    *s = (sample){.step = rp->at + 1, .gradient = gradient, .dtype = t->dtype, .scale = scale};
+    *s = (sample){.step = rp->at + 1, .kind = kind, .dtype = t->dtype, .scale = scale};
     snprintf(s->name, sizeof s->name, "%s", name);
-    int rc = na_amp_hist_init(&s->h, rp->line);
+    int rc = na_amp_hist_init(&s->h, line);
     return rc ? rc : na_amp_hist_add_tensor(&s->h, t);
+}
+
+/* --amp fp8: the FP8 layer child's input x and its weight, each times the scale its cast uses
+ * this step, on its format's line (no grad mode: these ops record nothing) */
+static int add_fp8_samples(run_report *rp, const trainer_amp *amp, na_module *child,
+                           const char *name, na_tensor *x) {
+    for (int i = 0; amp->fp8 && i < na_fp8_model_layers(amp->fp8); i++) {
+        const char *path;
+        na_fp8_scaling *fs = na_fp8_model_layer(amp->fp8, i, &path);
+        if (strcmp(path, name)) continue;
+        na_named_tensors ps = {0};
+        int rc = na_module_named_tensors(child, NA_MODULE_PARAMS, "", &ps);
+        na_tensor *w = NULL;
+        for (int64_t k = 0; !rc && k < ps.n; k++)
+            if (!strcmp(ps.items[k].name, "weight")) w = ps.items[k].tensor;
+        na_tensor *op[2] = {x, w};
+        const na_fp8_role role[2] = {NA_FP8_INPUT, NA_FP8_WEIGHT};
+        for (int k = 0; !rc && k < 2 && op[k]; k++) {
+            double sc = na_fp8_scaling_scale(fs, role[k]);
+            na_tensor *t = na_scale(na_cast(op[k], NA_DTYPE_F32), sc);
+            char label[64];
+            snprintf(label, sizeof label, "%s %s", name, na_fp8_role_name(role[k]));
+            rc = t ? add_sample(rp, SAMPLE_FP8, label, t, sc,
+                                na_fp8_format_dtype(na_fp8_scaling_format(fs, role[k])))
+                   : na_last_status();
+        }
+        na_named_tensors_free(&ps);
+        return rc;
+    }
+    return NA_OK;
 }
 
 int run_report_activations(run_report *rp, const trainer_amp *amp, na_module *net, na_tensor *x) {
@@ -194,12 +229,13 @@ int run_report_activations(run_report *rp, const trainer_amp *amp, na_module *ne
         const char *name;
         na_module *child = na_module_child_at(net, i, &name);
         char label[64];
+        if (x && (rc = add_fp8_samples(rp, amp, child, name, x))) break;
         if (!x || !(x = na_module_forward(child, x))) {
             rc = na_last_status();
             break;
         }
         snprintf(label, sizeof label, "%s (%s)", name, na_module_type_name(child));
-        rc = add_sample(rp, false, label, x, 1.0);
+        rc = add_sample(rp, SAMPLE_ACTIVATION, label, x, 1.0, rp->line);
     }
     if (amp->autocast) na_autocast_end();
     na_no_grad_end();
@@ -216,7 +252,8 @@ int run_report_grads(run_report *rp, const trainer_amp *amp) {
     int rc = na_module_named_tensors(rp->net, NA_MODULE_PARAMS, "", &params);
     for (int64_t i = 0; !rc && i < params.n; i++)
         if (params.items[i].tensor->grad)
-            rc = add_sample(rp, true, params.items[i].name, params.items[i].tensor->grad, scale);
+            rc = add_sample(rp, SAMPLE_GRADIENT, params.items[i].name,
+                            params.items[i].tensor->grad, scale, rp->line);
     na_named_tensors_free(&params);
     return rc ? na_set_error(rc, "--report: the gradients of step %" PRId64 ": %s", rp->at + 1,
                              na_last_error()) : NA_OK;
@@ -334,7 +371,8 @@ static void hist_row(FILE *f, const sample *s) {
     fputs("<tr><td>", f);
     amp_plot_escape(f, s->name);
     if (s->scale != 1.0) fprintf(f, " (x %g)", s->scale);
-    fprintf(f, "</td><td>%s</td><td class=\"n\">%" PRId64 "</td>", na_dtype_name(s->dtype), h->n);
+    fprintf(f, "</td><td>%s</td>", na_dtype_name(s->kind == SAMPLE_FP8 ? h->dtype : s->dtype));
+    fprintf(f, "<td class=\"n\">%" PRId64 "</td>", h->n);
     pct(f, h->zero, h->n, "zero");
     pct(f, h->underflow, h->n, "bad");
     pct(f, h->subnormal, h->n, "bad");
@@ -344,42 +382,51 @@ static void hist_row(FILE *f, const sample *s) {
     fputs("</tr>\n", f);
 }
 
-static void hist_picture(FILE *f, const sample *s, const char *line) {
+static void hist_picture(FILE *f, const sample *s) {
+    static const char *const what[] = {"gradient of", "output of", "FP8 operand"};
+    static const char *const color[] = {"#1f77b4", "#9467bd", "#2ca02c"};
     double count[NA_AMP_HIST_BINS];
     for (int b = 0; b < NA_AMP_HIST_BINS; b++) count[b] = (double)s->h.bins[b];
     char title[128];
     snprintf(title, sizeof title, "step %" PRId64 ": %s %s (%s), log2 |x|", s->step,
-             s->gradient ? "gradient of" : "output of", s->name, na_dtype_name(s->dtype));
+             what[s->kind], s->name,
+             na_dtype_name(s->kind == SAMPLE_FP8 ? s->h.dtype : s->dtype));
     svg_buffer b;
     if (svg_begin(&b))
-        amp_plot_hist_line(b.m, title, line, count, NA_AMP_HIST_LO, NA_AMP_HIST_BINS,
-                           s->gradient ? "#1f77b4" : "#9467bd");
+        amp_plot_hist_line(b.m, title, na_dtype_name(s->h.dtype), count, NA_AMP_HIST_LO,
+                           NA_AMP_HIST_BINS, color[s->kind]);
     svg_end(f, &b);
 }
 
 /* per sampled step: a table of the shares, one row per tensor, then their pictures */
-static void hist_block(FILE *f, const run_report *rp, bool gradient) {
+static void hist_block(FILE *f, const run_report *rp, sample_kind kind) {
     const char *line = na_dtype_name(rp->line);
     int sub, norm;
     double max;
     na_amp_dtype_range(rp->line, &sub, &norm, &max);
-    fprintf(f, "<p>Number line: %s (subnormals from 2^%d, normals from 2^%d, largest %g). "
-            "Sampled steps:", line, sub, norm, max);
+    if (kind == SAMPLE_FP8)
+        fputs("<p>Number lines: each operand's FP8 format (f8e4m3: subnormals from 2^-9, "
+              "normals from 2^-6, largest 448, beyond it clipped; f8e5m2: from 2^-16, 2^-14, "
+              "57344). Sampled steps:", f);
+    else
+        fprintf(f, "<p>Number line: %s (subnormals from 2^%d, normals from 2^%d, largest %g). "
+                "Sampled steps:", line, sub, norm, max);
     for (int i = 0; i < rp->n_sampled; i++) fprintf(f, " %" PRId64, rp->sampled_steps[i]);
     fprintf(f, " (the first step, then the first of each epoch, at most %d).</p>\n",
             RUN_REPORT_MAX_SAMPLES);
+    static const char *const head[] = {"parameter", "layer", "operand"};
     for (int k = 0; k < rp->n_sampled; k++) {
         int64_t step = rp->sampled_steps[k];
-        fprintf(f, "<h3>step %" PRId64 "</h3>\n<table><tr><th>%s</th><th>dtype</th>"
-                "<th>elements</th><th>zero</th><th>rounds to 0 in %s</th><th>subnormal</th>"
-                "<th>normal</th><th>overflow</th><th>inf/NaN</th></tr>\n", step,
-                gradient ? "parameter" : "layer", line);
+        fprintf(f, "<h3>step %" PRId64 "</h3>\n<table><tr><th>%s</th><th>%s</th>"
+                "<th>elements</th><th>zero</th><th>rounds to 0%s%s</th><th>subnormal</th>"
+                "<th>normal</th><th>overflow</th><th>inf/NaN</th></tr>\n", step, head[kind],
+                kind == SAMPLE_FP8 ? "format" : "dtype", kind == SAMPLE_FP8 ? "" : " in ",
+                kind == SAMPLE_FP8 ? "" : line);
         for (int64_t i = 0; i < rp->ns; i++)
-            if (rp->s[i].gradient == gradient && rp->s[i].step == step) hist_row(f, &rp->s[i]);
+            if (rp->s[i].kind == kind && rp->s[i].step == step) hist_row(f, &rp->s[i]);
         fputs("</table>\n<div class=\"pics\">\n", f);
         for (int64_t i = 0; i < rp->ns; i++)
-            if (rp->s[i].gradient == gradient && rp->s[i].step == step)
-                hist_picture(f, &rp->s[i], line);
+            if (rp->s[i].kind == kind && rp->s[i].step == step) hist_picture(f, &rp->s[i]);
         fputs("</div>\n", f);
     }
 }
@@ -454,10 +501,20 @@ static void write_page(FILE *f, const run_report *rp) {
     fputs("<h2 id=\"gradients\">Gradients</h2>\n<p>Each parameter's gradient as backward left it, "
           "before unscaling (times the loss scale shown), counted as it would be stored in the "
           "dtype in use: what rounds to 0 there is lost before the optimizer sees it.</p>\n", f);
-    hist_block(f, rp, true);
+    hist_block(f, rp, SAMPLE_GRADIENT);
     fputs("<h2 id=\"activations\">Activations</h2>\n<p>Each top-level layer's output on the "
           "sampled batch (a second forward in eval mode, without gradients).</p>\n", f);
-    hist_block(f, rp, false);
+    hist_block(f, rp, SAMPLE_ACTIVATION);
+    bool fp8 = false;
+    for (int64_t i = 0; i < rp->ns; i++) fp8 = fp8 || rp->s[i].kind == SAMPLE_FP8;
+    if (fp8) {
+        fputs("<h2 id=\"fp8\">FP8 operands</h2>\n<p>Each FP8 layer's input and weight on the "
+              "sampled batch, times the scale its cast used in that step, on its format's line: "
+              "what rounds to 0 or overflows (clipped to the format's largest value) there is "
+              "what the scale did not save. The output gradients' amax and scales are in the "
+              "trace and in --log.</p>\n", f);
+        hist_block(f, rp, SAMPLE_FP8);
+    }
     trace_section(f, rp);
     fputs("<h2 id=\"json\">Final JSON</h2>\n", f);
     if (rp->json) {

@@ -407,10 +407,11 @@ struct na_fp8_model;
 int na_amp_monitor_watch_fp8(na_amp_monitor *m, const struct na_fp8_model *fm);
 
 /* ==== magnitudes on a dtype's number line ===================================================
- * Where a tensor's values fall once stored in dtype (f16, bf16, or f32): each value is rounded
- * to dtype as a cast rounds it (to nearest, ties to even: kernels/common/half.h) and counted
- * as already zero, rounded to 0 (underflow: not 0, but 0 in dtype), subnormal, normal,
- * overflow (finite, but inf in dtype) or already inf/NaN; and a histogram of log2 |x| of the
+ * Where a tensor's values fall once stored in dtype (f16, bf16, f32, f8e4m3 or f8e5m2): each
+ * value is rounded to dtype as a cast rounds it (to nearest, ties to even: kernels/common/half.h
+ * and float8.h) and counted as already zero, rounded to 0 (underflow: not 0, but 0 in dtype),
+ * subnormal, normal, overflow (finite, but inf in dtype; for E4M3, which has no inf, beyond 464:
+ * what its cast clips to 448) or already inf/NaN; and a histogram of log2 |x| of the
  * values as given, one bin per power of two. For a gradient that is to live in f16, the
  * underflow share is what dies there (docs/mixed-precision.md, lesson 5). Host only, and
  * na_amp_hist_add_tensor copies its tensor to the host (a sync on CUDA): meant for a few
@@ -423,15 +424,15 @@ int na_amp_monitor_watch_fp8(na_amp_monitor *m, const struct na_fp8_model *fm);
 #define NA_AMP_HIST_LO (-150) /* bins[b] counts 2^(LO + b) <= |x| < 2^(LO + b + 1) */
 #define NA_AMP_HIST_BINS 280  /* up to 2^130: every finite f32 */
 typedef struct {
-    na_dtype dtype;  /* the number line: f16, bf16 or f32 */
+    na_dtype dtype;  /* the number line: f16, bf16, f32, f8e4m3 or f8e5m2 */
     int64_t n;       /* elements counted */
     int64_t zero, underflow, subnormal, normal, overflow, nonfinite; /* they sum to n */
     int64_t bins[NA_AMP_HIST_BINS]; /* nonzero finite values by floor(log2 |x|) */
 } na_amp_hist;
-/* The number line of dt (f16, bf16, f32): log2 of the smallest subnormal and of the smallest
+/* The number line of dt (f16, bf16, f32, f8e4m3, f8e5m2): log2 of the smallest subnormal and of the smallest
  * normal, and the largest finite value. NA_EDTYPE for another dtype. */
 int na_amp_dtype_range(na_dtype dt, int *min_subnormal_log2, int *min_normal_log2, double *max);
-/* An empty histogram on dt's line. NA_EDTYPE unless dt is f16, bf16 or f32. */
+/* An empty histogram on dt's line. NA_EDTYPE for a dtype without one (na_amp_dtype_range). */
 int na_amp_hist_init(na_amp_hist *h, na_dtype dt);
 /* Counts n host floats. */
 int na_amp_hist_add(na_amp_hist *h, const float *x, int64_t n);

@@ -1,9 +1,11 @@
 /* Magnitudes on a dtype's number line (nanoamp/amp.h, na_amp_hist): host code over host copies,
- * rounding as the casts do (kernels/common/half.h), so "rounds to 0 in f16" means what a cast
- * to f16 would make of the value. */
+ * rounding as the casts do (kernels/common/half.h, float8.h), so "rounds to 0 in f16" means what
+ * a cast to f16 would make of the value. E4M3 has no inf: what its cast clips to 448 (beyond
+ * 464, 448's rounding range) counts as overflow, as E5M2's inf does. */
 #include <math.h>
 #include <stdlib.h>
 
+#include "common/float8.h"
 #include "common/half.h"
 #include "nanoamp/amp.h"
 #include "nanoamp/error.h"
@@ -15,9 +17,11 @@ int na_amp_dtype_range(na_dtype dt, int *min_subnormal_log2, int *min_normal_log
     case NA_DTYPE_F16: sub = -24, norm = -14, hi = 65504.0; break;
     case NA_DTYPE_BF16: sub = -133, norm = -126, hi = 3.3895313892515355e38; break;
     case NA_DTYPE_F32: sub = -149, norm = -126, hi = 3.4028234663852886e38; break;
+    case NA_DTYPE_F8E4M3: sub = -9, norm = -6, hi = 448.0; break;
+    case NA_DTYPE_F8E5M2: sub = -16, norm = -14, hi = 57344.0; break;
     default:
         return na_set_error(NA_EDTYPE, "na_amp_dtype_range: %s has no number line here (expected "
-                            "f16, bf16 or f32)", na_dtype_name(dt));
+                            "f16, bf16, f32, f8e4m3 or f8e5m2)", na_dtype_name(dt));
     }
     if (min_subnormal_log2) *min_subnormal_log2 = sub;
     if (min_normal_log2) *min_normal_log2 = norm;
@@ -34,7 +38,14 @@ int na_amp_hist_init(na_amp_hist *h, na_dtype dt) {
 }
 
 static float round_to(na_dtype dt, float v) {
-    return dt == NA_DTYPE_F16 ? na_round_f16(v) : dt == NA_DTYPE_BF16 ? na_round_bf16(v) : v;
+    switch (dt) {
+    case NA_DTYPE_F16: return na_round_f16(v);
+    case NA_DTYPE_BF16: return na_round_bf16(v);
+    case NA_DTYPE_F8E4M3: return fabsf(v) > 464.0f ? v * INFINITY
+                                                   : na_e4m3_bits_to_f32(na_f32_to_e4m3_bits(v));
+    case NA_DTYPE_F8E5M2: return na_e5m2_bits_to_f32(na_f32_to_e5m2_bits(v));
+    default: return v;
+    }
 }
 
 int na_amp_hist_add(na_amp_hist *h, const float *x, int64_t n) {
