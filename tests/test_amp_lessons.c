@@ -455,13 +455,19 @@ Test(amp_lessons, arguments) {
     char *help[] = {"amp-x", "--help", NULL}, *bad[] = {"amp-x", "--nope", NULL};
     char *svg[] = {"amp-x", "--svg", "out.svg", NULL}, *missing[] = {"amp-x", "--svg", NULL};
     char *flag[] = {"amp-x", "--rules", NULL}, *none[] = {"amp-x", NULL};
-    FILE *saved_out = stdout, *saved_err = stderr; /* the usage goes nowhere */
-    stdout = fopen("/dev/null", "w"), stderr = fopen("/dev/null", "w");
+    FILE *saved_out = stdout, *saved_err = stderr; /* the usage goes nowhere, stderr is read */
+    stdout = fopen("/dev/null", "w"), stderr = tmpfile();
     int rc_help = amp_lesson_args(2, help, "usage\n", "--svg", true, &v);
     int rc_bad = amp_lesson_args(2, bad, "usage\n", "--svg", true, &v);
     int rc_missing = amp_lesson_args(2, missing, "usage\n", "--svg", true, &v);
+    char said[256] = {0};
+    rewind(stderr);
+    size_t got = fread(said, 1, sizeof said - 1, stderr);
+    said[got] = '\0';
     fclose(stdout), fclose(stderr);
     stdout = saved_out, stderr = saved_err;
+    cr_assert(strstr(said, "amp-x: unexpected argument '--nope'\nusage\n"), "%s", said);
+    cr_assert(strstr(said, "amp-x: --svg needs a value\nusage\n"), "%s", said);
     cr_assert_eq(rc_help, 0);
     cr_assert_eq(rc_bad, 2);
     cr_assert_eq(rc_missing, 2, "--svg without its value");

@@ -82,7 +82,10 @@ int amp_lesson_args(int argc, char **argv, const char *usage, const char *opt, b
             *value = takes_value ? argv[++i] : "";
             continue;
         }
-        fprintf(stderr, "%s: unexpected argument '%s'\n%s", argv[0], argv[i], usage);
+        if (opt && takes_value && !strcmp(argv[i], opt))
+            fprintf(stderr, "%s: %s needs a value\n%s", argv[0], opt, usage);
+        else
+            fprintf(stderr, "%s: unexpected argument '%s'\n%s", argv[0], argv[i], usage);
         return 2;
     }
     return -1;
