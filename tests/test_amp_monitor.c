@@ -12,6 +12,13 @@
 static void teardown(void) { na_step_end(); }
 TestSuite(amp_monitor, .fini = teardown);
 
+/* An empty file at path (a mkstemp template, filled in). */
+static void temp_file(char *path) {
+    int fd = mkstemp(path);
+    cr_assert(fd >= 0, "mkstemp %s", path);
+    close(fd);
+}
+
 static na_amp_monitor *monitor(na_amp_monitor_cfg c) {
     na_amp_monitor *m = na_amp_monitor_new(&c);
     cr_assert_not_null(m, "%s", na_last_error());
@@ -128,9 +135,7 @@ Test(amp_monitor, csv_write_errors_are_reported_with_the_file_and_reason) {
               na_last_error());
 
     char csv[] = "/tmp/amp_monitor_XXXXXX";
-    int fd = mkstemp(csv);
-    cr_assert(fd >= 0);
-    close(fd);
+    temp_file(csv);
     TH_RC(na_amp_monitor_open_csv(m, csv));
     signal(SIGXFSZ, SIG_IGN); /* the write then fails with EFBIG instead of killing us */
     struct rlimit lim = {.rlim_cur = 4096, .rlim_max = RLIM_INFINITY};
@@ -149,9 +154,7 @@ Test(amp_monitor, csv_write_errors_are_reported_with_the_file_and_reason) {
 
 Test(amp_monitor, csv_from_a_scaler_and_the_svg_plot) {
     char csv[] = "/tmp/amp_monitor_XXXXXX";
-    int fd = mkstemp(csv);
-    cr_assert(fd >= 0);
-    close(fd);
+    temp_file(csv);
     na_amp_monitor *m = monitor((na_amp_monitor_cfg)NA_AMP_MONITOR_DEFAULTS);
     TH_RC(na_amp_monitor_open_csv(m, csv));
     na_grad_scaler_cfg gc = NA_GRAD_SCALER_DEFAULTS;
@@ -196,9 +199,9 @@ Test(amp_monitor, csv_from_a_scaler_and_the_svg_plot) {
     cr_assert_eq(skipped_rows, 1);
     rewind(f);
     char svg_path[] = "/tmp/amp_plot_XXXXXX";
-    fd = mkstemp(svg_path);
-    cr_assert(fd >= 0);
-    FILE *svg = fdopen(fd, "w");
+    temp_file(svg_path);
+    FILE *svg = fopen(svg_path, "w");
+    cr_assert_not_null(svg);
     char err[128];
     cr_assert_eq(amp_plot_svg(f, svg, "test <run>", err, sizeof err), 4, "%s", err);
     fclose(svg);
@@ -270,9 +273,7 @@ static void monitored_free(monitored_run *r) {
  * record: 6 steps with 2 skips, a skip rate of 1/3 over the window instead of 1/4). */
 Test(amp_monitor, resumes_from_its_state) {
     char path[] = "/tmp/amp_monitor_ck_XXXXXX";
-    int fd = mkstemp(path);
-    cr_assert(fd >= 0);
-    close(fd);
+    temp_file(path);
     bool overflow[7] = {0, 1, 0, 1, 0, 0, 0};
     monitored_run a = monitored_new(), b = monitored_new();
     for (int i = 0; i < 6; i++) monitored_step(a.m, a.gs, a.opt, a.w, i, overflow[i]);
@@ -335,9 +336,7 @@ Test(amp_monitor, invalid_config) {
 /* A resumed run's log goes on after the interrupted one's lines: one header, every record. */
 Test(amp_monitor, append_csv_keeps_the_earlier_lines) {
     char csv[] = "/tmp/amp_monitor_XXXXXX";
-    int fd = mkstemp(csv);
-    cr_assert(fd >= 0);
-    close(fd);
+    temp_file(csv);
     for (int run = 0; run < 2; run++) {
         na_amp_monitor *m = monitor((na_amp_monitor_cfg)NA_AMP_MONITOR_DEFAULTS);
         TH_RC(run ? na_amp_monitor_append_csv(m, csv) : na_amp_monitor_open_csv(m, csv));
@@ -523,9 +522,7 @@ Test(amp_hist, hist_line_svg) {
  * scripted amax values make the input's cast saturate in the third step. */
 Test(amp_monitor, fp8_scales_and_saturation_in_the_csv_and_the_plot) {
     char csv[] = "/tmp/amp_monitor_XXXXXX";
-    int fd = mkstemp(csv);
-    cr_assert(fd >= 0);
-    close(fd);
+    temp_file(csv);
     na_module *net = na_linear_new(4, 2, false);
     na_fp8_model *fm = na_fp8_model_new(net, NULL);
     na_amp_monitor *m = monitor((na_amp_monitor_cfg)NA_AMP_MONITOR_DEFAULTS);
