@@ -474,26 +474,12 @@ int amp_plot_hist_panels(FILE *svg, const char *title, const amp_hist_panel *p, 
         nl_line(svg, f, line_y);
         y += NL_PANEL;
         for (int i = 0; i < p[k].n_hist; i++, y += NL_LEGEND) {
-            const amp_hist *h = &p[k].h[i];
-            /* what the cast does: at or below half the smallest subnormal rounds to 0 (ties
-             * to the even 0); beyond the largest value's rounding range saturates or is inf */
-            double lo = ldexp(1, f->min_sub - 1), hi = f->max + ldexp(1, ilogb(f->max) - f->mant - 1);
-            int64_t nz = 0, zero = 0, sub = 0, over = 0;
-            for (int64_t j = 0; j < h->n; j++) {
-                double v = fabs((double)h->values[j]) * h->scale;
-                if (v == 0) continue;
-                nz++, zero += v <= lo, over += v > hi;
-                sub += v > lo && v < ldexp(1, f->min_normal);
-            }
-            double d = nz ? (double)nz : 1;
             fprintf(svg, "<rect class=\"legend\" x=\"%d\" y=\"%d\" width=\"14\" "
                          "height=\"10\" fill=\"%s\" fill-opacity=\"0.6\"/>\n", NL_LEFT, y - 9,
-                    h->color);
+                    p[k].h[i].color);
             fprintf(svg, "<text x=\"%d\" y=\"%d\" font-size=\"11\">", NL_LEFT + 20, y);
-            amp_plot_escape(svg, h->label);
-            fprintf(svg, " (x %.4g): of the nonzero values %.1f%% round to 0, %.1f%% are "
-                         "subnormal, %.1f%% beyond %g</text>\n", h->scale, 100 * zero / d,
-                    100 * sub / d, 100 * over / d, f->max);
+            amp_plot_escape(svg, p[k].legend[i]);
+            fputs("</text>\n", svg);
         }
     }
     fprintf(svg, "</svg>\n");

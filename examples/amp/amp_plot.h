@@ -53,13 +53,14 @@ int amp_plot_number_lines(FILE *svg, const char *title, int n_formats, const amp
 int amp_plot_formats(FILE *svg, const char *title);
 
 /* Panels of one format's line each ("f32", "f16", "bf16", "f8e4m3", "f8e5m2") with up to two
- * histograms drawn on it, each with a legend: of its nonzero values times its scale, the
- * shares the format rounds to 0, keeps as subnormals and cannot hold (amp-fp8 --svg). 0, or
- * -1 on an unknown format, bad arguments or a write error. */
+ * histograms drawn on it, each with its legend line under the panel (the caller's text: the
+ * shares it counted, nanoamp's na_amp_hist where the library is at hand; amp-plot itself links
+ * only libm). 0, or -1 on an unknown format, bad arguments or a write error. */
 typedef struct {
     const char *format;
     int n_hist;
     amp_hist h[2];
+    const char *legend[2];
 } amp_hist_panel;
 int amp_plot_hist_panels(FILE *svg, const char *title, const amp_hist_panel *p, int n);
 

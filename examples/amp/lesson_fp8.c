@@ -203,11 +203,32 @@ void amp_fp8_free(amp_fp8_result *r) {
     for (int k = 0; k < AMP_FP8_ROLES; k++) free(r->values[k]), r->values[k] = NULL;
 }
 
+/* h's legend: its label, its scale, and of its nonzero values times the scale the shares that
+ * round to 0, stay subnormal and overflow on dt's line (na_amp_hist: rounded as the casts
+ * round). */
+static int fp8_legend(const amp_hist *h, na_dtype dt, char *text, size_t size) {
+    float *v = malloc((size_t)h->n * sizeof *v);
+    CHECK(v);
+    for (int64_t i = 0; i < h->n; i++) v[i] = (float)(h->values[i] * (float)h->scale);
+    na_amp_hist c;
+    double max;
+    int rc = na_amp_hist_init(&c, dt) || na_amp_hist_add(&c, v, h->n) ||
+             na_amp_dtype_range(dt, NULL, NULL, &max);
+    free(v);
+    CHECK(rc == 0);
+    double nz = c.n - c.zero > 0 ? (double)(c.n - c.zero) : 1;
+    snprintf(text, size, "%s (x %.4g): of the nonzero values %.1f%% round to 0, %.1f%% are "
+             "subnormal, %.1f%% beyond %g", h->label, h->scale, 100 * c.underflow / nz,
+             100 * c.subnormal / nz, 100 * c.overflow / nz, max);
+    return 0;
+}
+
 int amp_fp8_svg(const amp_fp8_result *r, FILE *svg) {
     static const char *const what[AMP_FP8_ROLES] = {"the layer's input x", "its weight W",
                                                     "its output's gradient dL/dy"};
     static const int role[4] = {0, 1, 2, 2}, fmt[4] = {0, 0, 0, 1};
     amp_hist_panel p[4];
+    char legend[4][2][192];
     for (int k = 0; k < 4; k++) {
         int q = role[k];
         p[k] = (amp_hist_panel){.format = fmt[k] ? "f8e5m2" : "f8e4m3", .n_hist = 2};
@@ -216,6 +237,12 @@ int amp_fp8_svg(const amp_fp8_result *r, FILE *svg) {
         p[k].h[1] = (amp_hist){.label = "the same times its scale fp8_max / amax",
                                .color = "#1f77b4", .n = r->n[q], .values = r->values[q],
                                .scale = r->scaled[q][fmt[k]].scale};
+        for (int i = 0; i < 2; i++) {
+            if (fp8_legend(&p[k].h[i], fmt[k] ? NA_DTYPE_F8E5M2 : NA_DTYPE_F8E4M3,
+                           legend[k][i], sizeof legend[k][i]))
+                return -1;
+            p[k].legend[i] = legend[k][i];
+        }
     }
     return amp_plot_hist_panels(svg, "the MNIST MLP's first Linear at its first step on the "
                                 "FP8 number lines, as it is and scaled", p, 4);
