@@ -92,8 +92,9 @@ static int sbn_forward(na_function_ctx *fc, na_tensor *const *in, na_tensor **ou
     na_tensor *istd = na_empty(pdt, x->device, NA_SHAPE(c)), *row[3];
     for (int k = 0; k < 3 && mine; k++) row[k] = na_reshape(na_slice(mine, k, k + 1), NA_SHAPE(c));
     if (!all || !istd || !mine || !row[0] || !row[1] || !row[2]) return na_last_status();
-    na_tensor *unused = one_pass(x) ? NULL : na_empty_like_format(x); /* y, thrown away */
-    if (!one_pass(x) && !unused) return na_last_status();
+    bool composed = !one_pass(x);
+    na_tensor *unused = composed ? na_empty_like_format(x) : NULL; /* y, thrown away */
+    if (composed && !unused) return na_last_status();
     rc = be->batch_norm_train(&x->view, NULL, NULL, NULL, NULL, NA_VIEW_OF(unused),
                               &row[0]->view, &istd->view, nb, c, sp, 0.0, 0.0, false);
     na_tensor_free(unused);
@@ -149,8 +150,9 @@ static int sbn_backward(na_function_ctx *fc, na_tensor *const *gout, na_tensor *
     na_tensor *sums = na_empty(mean->dtype, x->device, NA_SHAPE(2 * c)), *sxh, *sg;
     if (!sums || halves(sums, c, &sxh, &sg)) return na_last_status();
     /* the earlier CUDA composition: the eval-mode gradient now, the correction below */
-    na_tensor *gx = one_pass(x) ? NULL : na_empty_like_format(x);
-    if (!one_pass(x) && !gx) return na_last_status();
+    bool composed = !one_pass(x);
+    na_tensor *gx = composed ? na_empty_like_format(x) : NULL;
+    if (composed && !gx) return na_last_status();
     int rc = be->batch_norm_backward(&x->view, &gy->view, NA_VIEW_OF(w), &mean->view,
                                      &istd->view, NA_VIEW_OF(gx), &sxh->view, &sg->view, s->nb,
                                      c, s->sp, false, NA_VIEW_OF(y));
