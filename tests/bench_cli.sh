@@ -64,6 +64,8 @@ check "  the JSON names the stage" grep -q '"error": "setup' "$tmp/out"
 check "  nothing leaked" bash -c "! grep -q LeakSanitizer '$tmp/err'"
 check "amp-plot --version" run 0 "$amp_plot" --version
 check "  output" grep -Eq '^amp-plot \(nanoamp [0-9]+\.[0-9]+\.[0-9]+\)$' "$tmp/out"
+check "amp-plot --title without its value" run 2 "$amp_plot" --title
+check "  message" one_line "^amp-plot: --title needs a value \(the picture's title\)$"
 
 # na-kbench's peak probes and the convolutions' rate against them (bench/peak.h)
 check "kbench peak" run 0 "$kbench" peak

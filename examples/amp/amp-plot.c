@@ -17,6 +17,10 @@ int main(int argc, char **argv) {
         return 0;
     }
     const char *title = NULL;
+    if (argc == 2 && !strcmp(argv[1], "--title")) {
+        fprintf(stderr, "amp-plot: --title needs a value (the picture's title)\n");
+        return 2;
+    }
     if (argc >= 3 && !strcmp(argv[1], "--title")) {
         title = argv[2];
         argv[2] = argv[0], argv += 2, argc -= 2; /* the rest as if without it */
