@@ -10,6 +10,7 @@
 
 #include "fp8_layers_reference.h"
 #include "helpers.h"
+#include "nanoamp/cuda.h"
 #include "nanoamp/fp8.h"
 
 /* fp8_layers_reference.py: value */
@@ -23,9 +24,10 @@ static na_tensor *value(int ndim, const int64_t *shape, int seed, double spread)
     return t;
 }
 
-static na_tensor *leaf(na_tensor *t) {
-    na_tensor *p = na_tensor_new(NA_DTYPE_F32, NA_DEVICE_CPU, t->ndim, t->shape);
-    memcpy(p->data, t->data, sizeof(float) * (size_t)t->numel);
+/* A leaf on dev holding t's values, requiring grad */
+static na_tensor *leaf(na_tensor *t, na_device dev) {
+    na_tensor *p = na_tensor_new(NA_DTYPE_F32, dev, t->ndim, t->shape);
+    cr_assert(p && na_copy_from_host(p, t->data) == NA_OK, "%s", na_last_error());
     p->requires_grad = true;
     return p;
 }
@@ -33,7 +35,9 @@ static na_tensor *leaf(na_tensor *t) {
 /* Each element within the f32 bound of a sum in another order: K * 2^-24 * its magnitude. */
 static void expect_close(const char *what, const char *name, const na_tensor *got,
                          const uint32_t *want_bits, const uint32_t *mag_bits, int64_t k) {
-    na_tensor *g = na_contiguous(na_cast((na_tensor *)got, NA_DTYPE_F32));
+    na_tensor *g = na_contiguous(na_to_device(na_cast((na_tensor *)got, NA_DTYPE_F32),
+                                              NA_DEVICE_CPU));
+    cr_assert_not_null(g, "%s %s: %s", name, what, na_last_error());
     const float *v = g->data;
     double worst = 0;
     int bad = 0;
@@ -51,7 +55,9 @@ static void expect_close(const char *what, const char *name, const na_tensor *go
     printf("fp8 layer %s %s: worst |got - torch| / tolerance = %.3g\n", name, what, worst);
 }
 
-Test(fp8_layers, forward_and_backward_match_transformer_engine) {
+/* Every reference case on dev: the same tolerances on CUDA (its casts are kernels/common's,
+ * its products f32 sums in another order). */
+static void match_transformer_engine(na_device dev) {
     for (size_t c = 0; c < sizeof na_ref_layer_cases / sizeof na_ref_layer_cases[0]; c++) {
         __typeof__(na_ref_layer_cases[0]) *r = &na_ref_layer_cases[c];
         const int *s = r->shape;
@@ -76,10 +82,11 @@ Test(fp8_layers, forward_and_backward_match_transformer_engine) {
         rc.formats = r->e4m3 ? NA_FP8_FORMATS_E4M3 : NA_FP8_FORMATS_HYBRID;
         na_fp8_scaling *fs = na_fp8_scaling_new(&rc);
         int ci = r->case_index;
-        na_tensor *x = leaf(value(nd, xs, 4 * ci, r->spread[0]));
-        na_tensor *w = leaf(value(nd, ws, 4 * ci + 1, r->spread[1]));
-        na_tensor *b = leaf(value(1, (int64_t[]){ws[0]}, 4 * ci + 2, 1.0));
+        na_tensor *x = leaf(value(nd, xs, 4 * ci, r->spread[0]), dev);
+        na_tensor *w = leaf(value(nd, ws, 4 * ci + 1, r->spread[1]), dev);
+        na_tensor *b = leaf(value(1, (int64_t[]){ws[0]}, 4 * ci + 2, 1.0), dev);
         na_tensor *dy = value(nd, ys, 4 * ci + 3, r->spread[2]);
+        if (dev != NA_DEVICE_CPU) dy = na_to_device(dy, dev);
         na_tensor *y = r->conv ? na_fp8_conv2d(x, w, b, &o, fs) : na_fp8_linear(x, w, b, fs);
         cr_assert(y, "%s: %s", r->name, na_last_error());
         cr_expect_eq(y->dtype, NA_DTYPE_F32, "%s: outside autocast the output is f32", r->name);
@@ -100,6 +107,15 @@ Test(fp8_layers, forward_and_backward_match_transformer_engine) {
         na_tensor_free(x), na_tensor_free(w), na_tensor_free(b);
         na_step_end();
     }
+}
+
+Test(fp8_layers, forward_and_backward_match_transformer_engine) {
+    match_transformer_engine(NA_DEVICE_CPU);
+}
+
+Test(fp8_layers_cuda, forward_and_backward_match_transformer_engine) {
+    if (!na_cuda_available()) cr_skip_test("no CUDA device");
+    match_transformer_engine(NA_DEVICE_CUDA);
 }
 
 /* The trace's records, kept. */
