@@ -2236,6 +2236,113 @@ Test(cpu_batchnorm, avx2_build_gives_the_baseline_bits) {
             }
 }
 
+/* BatchNorm with f16/bf16 operands read in place and converted in registers (na_cpu_half512)
+ * gives the bits of the f32 loops over the widened copies (na_cpu_half512_off): training
+ * forward (statistics, running statistics, y), eval forward and the backward (sums and gx),
+ * fused with ReLU and not, for rows of odd lengths on both sides of the pairwise split and of
+ * NA_CPU_CHUNK, operands of mixed dtypes (half x with f32 y or gx, f32 x with half gy), and
+ * channels holding a NaN or an Inf in x or gy, and a NaN in the fused y where x is finite
+ * (ReLU's gradient passes it, NA_RELU_GRAD); eval y keeps a NaN through ReLU. */
+static void bn_half_case(int64_t n, int64_t c, int64_t s, na_dtype xd, na_dtype yd, na_dtype gd,
+                         na_dtype gxd, int relu, bool special) {
+    na_view x = MK(xd, n, c, s), gy = MK(gd, n, c, s), gam = MK(NA_DTYPE_F32, c),
+            bet = MK(NA_DTYPE_F32, c), ry = MK(yd, n, c, s);
+    fill_rand(&x, -2, 3);
+    fill_rand(&gy, -1, 1);
+    fill_rand(&gam, 0.5, 1.5);
+    fill_rand(&bet, -1, 1);
+    fill_rand(&ry, -1, 1); /* a given fused y, with NaNs where x is finite */
+    set(&x, 1, 3e-6); /* an f16 subnormal */
+    if (special && c >= 3) {
+        set(&x, (0 * c + 1) * s + s / 2, NAN);              /* channel 1: NaN */
+        set(&x, ((n - 1) * c + 2) * s + s - 1, INFINITY);   /* channel 2: Inf, a tail */
+        set(&gy, ((n - 1) * c + 0) * s, NAN);               /* channel 0's gradient */
+        set(&ry, (0 * c + (c - 1)) * s + s / 3, NAN);
+        set(&ry, (0 * c + (c - 1)) * s, -0.0);
+    }
+    na_view out[2][11]; /* y, sm, si, rm, rv, gx, gg, gb, eval y, gx (given y), eval gx */
+    for (int v = 0; v < 2; v++) {
+        na_view *o = out[v];
+        o[0] = MK(yd, n, c, s), o[5] = MK(gxd, n, c, s), o[8] = MK(yd, n, c, s);
+        o[9] = MK(gxd, n, c, s), o[10] = MK(gxd, n, c, s);
+        for (int k = 1; k <= 4; k++) o[k] = MK(NA_DTYPE_F32, c);
+        o[6] = MK(NA_DTYPE_F32, c), o[7] = MK(NA_DTYPE_F32, c);
+        for (int64_t ch = 0; ch < c; ch++) set(&o[4], ch, 1.0);
+        if (special && c >= 3) set(&o[3], 0, NAN); /* a NaN running mean: eval y NaN */
+        na_cpu_half512_off = v == 1;
+        cr_assert_eq(B->batch_norm_train(&x, &gam, &bet, &o[3], &o[4], &o[0], &o[1], &o[2], n, c,
+                                         s, 0.1, 1e-5, relu), NA_OK);
+        cr_assert_eq(B->batch_norm_backward(&x, &gy, &gam, &o[1], &o[2], &o[5], &o[6], &o[7], n,
+                                            c, s, true, relu ? &o[0] : NULL), NA_OK);
+        cr_assert_eq(B->batch_norm_eval(&x, &gam, &bet, &o[3], &o[4], &o[8], n, c, s, 1e-5,
+                                        relu), NA_OK);
+        cr_assert_eq(B->batch_norm_backward(&x, &gy, &gam, &o[1], &o[2], &o[9], NULL, NULL, n, c,
+                                            s, true, &ry), NA_OK);
+        cr_assert_eq(B->batch_norm_backward(&x, &gy, &gam, &o[3], &o[2], &o[10], &o[6], NULL, n,
+                                            c, s, false, relu ? &ry : NULL), NA_OK);
+        na_cpu_half512_off = false;
+    }
+    const char *what[11] = {"y", "saved mean", "saved invstd", "running mean", "running var",
+                            "gx", "ggamma", "gbeta", "eval y", "gx (given y)", "eval gx"};
+    for (int k = 0; k < 11; k++) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "%s: [%lld, %lld, %lld] x %s y %s gy %s gx %s relu %d", what[k],
+                 (long long)n, (long long)c, (long long)s, na_dtype_name(xd), na_dtype_name(yd),
+                 na_dtype_name(gd), na_dtype_name(gxd), relu);
+        expect_same_bits(&out[0][k], &out[1][k], msg);
+    }
+    for (int v = 0; v < 2; v++)
+        for (int k = 0; k < 11; k++) rm(&out[v][k]);
+    rm(&x); rm(&gy); rm(&gam); rm(&bet); rm(&ry);
+}
+
+Test(cpu_batchnorm, half_read_in_place_same_bits_as_widened) {
+    if (!na_cpu_half512())
+        cr_skip("this CPU has no AVX-512F/BW/VL: BatchNorm widens f16/bf16 operands");
+    const int64_t shapes[][3] = {{3, 4, 37}, {5, 3, 1003}, {2, 3, 1}, {4, 5, 7},
+                                 {2, 3, 196}, {2, 3, 2053}, {1, 3, 129}, {7, 3, 16}};
+    const na_dtype h[2] = {NA_DTYPE_F16, NA_DTYPE_BF16}, F = NA_DTYPE_F32;
+    for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++)
+        for (int t = 0; t < 2; t++)
+            for (int relu = 0; relu < 2; relu++) {
+                const int64_t *d = shapes[sh];
+                na_dtype dt = h[t];
+                bn_half_case(d[0], d[1], d[2], dt, dt, dt, dt, relu, true);
+                bn_half_case(d[0], d[1], d[2], dt, dt, dt, dt, relu, false);
+                bn_half_case(d[0], d[1], d[2], dt, F, dt, F, relu, true);  /* f32 outputs */
+                bn_half_case(d[0], d[1], d[2], F, dt, dt, dt, relu, true);  /* f32 x */
+                bn_half_case(d[0], d[1], d[2], dt, h[1 - t], h[1 - t], dt, relu, true);
+            }
+}
+
+/* na_cpu_sum_any_f over f16/bf16 read in place (na_cpu_half512) gives the bits of the sum over
+ * the widened chunks, at lengths around the 8-lane, 128 (pairwise) and NA_CPU_CHUNK
+ * boundaries, with subnormals, and with an Inf or a NaN in some rows. */
+Test(cpu_sum, half_read_in_place_same_bits_as_widened) {
+    if (!na_cpu_half512()) cr_skip("this CPU has no AVX-512F/BW/VL: sums widen f16/bf16");
+    const int64_t lens[] = {0, 1, 7, 8, 9, 15, 127, 128, 129, 136, 255, 784, 1023, 1024, 1025,
+                            2049, 4100, 9999};
+    const na_dtype h[2] = {NA_DTYPE_F16, NA_DTYPE_BF16};
+    for (int t = 0; t < 2; t++)
+        for (size_t l = 0; l < sizeof lens / sizeof lens[0]; l++)
+            for (int sp = 0; sp < 3; sp++) {
+                int64_t n = lens[l];
+                na_view x = MK(h[t], n + 3);
+                fill_rand(&x, -3, 2);
+                if (n > 2) set(&x, 2, 2e-7); /* subnormal in f16 */
+                if (sp == 1 && n) set(&x, 3 + (n - 1) / 2, INFINITY);
+                if (sp == 2 && n) set(&x, 3 + n - 1, NAN);
+                float got, want;
+                got = na_cpu_sum_any_f(h[t], x.data, 3, n);
+                na_cpu_half512_off = true;
+                want = na_cpu_sum_any_f(h[t], x.data, 3, n);
+                na_cpu_half512_off = false;
+                cr_assert(!memcmp(&got, &want, sizeof got), "%s sum of %lld (case %d): %.9g, "
+                          "want %.9g", na_dtype_name(h[t]), (long long)n, sp, got, want);
+                rm(&x);
+            }
+}
+
 Test(cpu_batchnorm, half_input_f32_params) {
     int64_t n = 4, c = 2, s = 30;
     na_view x = MK(NA_DTYPE_F16, n, c, s), y = MK(NA_DTYPE_F16, n, c, s),

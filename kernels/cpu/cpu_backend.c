@@ -7,6 +7,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 
+#include "cpu/cpu_half_simd.h"
 #include "cpu/cpu_internal.h"
 
 /* ---- memory ----------------------------------------------------------------------------- */
@@ -184,6 +185,54 @@ float na_cpu_sum_f(const float *x, int64_t n) { return pairwise_f(x, n); }
 #endif
 double na_cpu_sum_d(const double *x, int64_t n) { return pairwise_d(x, n); }
 
+#ifdef NA_CPU_HALF_SIMD
+/* pairwise_f over f16/bf16 read in place and converted in registers: the same 8 accumulators,
+ * the same split and the same additions as pairwise_f over the widened copy, so the same bits */
+NA_HALF512 static float pairwise_h512(bool f16, const uint16_t *x, int64_t n) {
+    if (n > 128) {
+        int64_t h = (n / 2 + 7) & ~(int64_t)7;
+        return pairwise_h512(f16, x, h) + pairwise_h512(f16, x + h, n - h);
+    }
+    __m256 acc = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) acc = _mm256_add_ps(acc, na_h256_load(f16, x + i, 0xFF));
+    float a[8];
+    _mm256_storeu_ps(a, acc);
+    float s = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+    if (i < n) {
+        _mm256_storeu_ps(a, na_h256_load(f16, x + i, (__mmask8)((1u << (n - i)) - 1u)));
+        for (int64_t j = 0; j < n - i; j++) s += a[j];
+    }
+    return s;
+}
+#endif
+
+bool na_cpu_sum_half_direct(na_dtype dt) {
+#ifdef NA_CPU_HALF_SIMD
+    return (dt == NA_DTYPE_F16 || dt == NA_DTYPE_BF16) && na_cpu_half512();
+#else
+    (void)dt;
+    return false;
+#endif
+}
+
+/* na_cpu_sum_any_f's order (pairwise within chunks, chunks by a pairwise counter) over halves
+ * read in place; only where na_cpu_sum_half_direct(dt) */
+static float sum_half_direct(na_dtype dt, const uint16_t *x, int64_t n) {
+#ifdef NA_CPU_HALF_SIMD
+    bool f16 = dt == NA_DTYPE_F16;
+    if (n <= NA_CPU_CHUNK) return pairwise_h512(f16, x, n);
+    na_cpu_psum_f acc = {{0}, 0};
+    for (int64_t o = 0; o < n; o += NA_CPU_CHUNK)
+        na_cpu_psum_add_f(&acc, pairwise_h512(f16, x + o, n - o < NA_CPU_CHUNK ? n - o
+                                                                                : NA_CPU_CHUNK));
+    return na_cpu_psum_total_f(&acc);
+#else
+    (void)dt, (void)x, (void)n;
+    return 0;
+#endif
+}
+
 #define NA_CPU_DEFINE_SUMS(T, SFX)                                                          \
     void na_cpu_psum_add_##SFX(na_cpu_psum_##SFX *s, T v) {                                 \
         /* binary counter: level k holds the sum of 2^k values */                           \
@@ -205,6 +254,8 @@ double na_cpu_sum_d(const double *x, int64_t n) { return pairwise_d(x, n); }
     }                                                                                       \
     T na_cpu_sum_any_##SFX(na_dtype dt, const void *p, int64_t off, int64_t n) {            \
         T buf[NA_CPU_CHUNK];                                                                \
+        if (sizeof(T) == 4 && na_cpu_sum_half_direct(dt))                                   \
+            return (T)sum_half_direct(dt, (const uint16_t *)p + off, n);                    \
         if (n <= NA_CPU_CHUNK) return na_cpu_sum_##SFX(na_cpu_view_##SFX(dt, p, off, n, buf), n); \
         if (dt == NA_DTYPE_F32 && sizeof(T) == 4) return na_cpu_sum_##SFX((const T *)p + off, n); \
         if (dt == NA_DTYPE_F64 && sizeof(T) == 8) return na_cpu_sum_##SFX((const T *)p + off, n); \

@@ -28,6 +28,7 @@
  * bits (tests/test_cpu_kernels.c compares them).
  */
 #include "common/bn_stats.h"
+#include "cpu/cpu_half_simd.h"
 #include "cpu/cpu_internal.h"
 #include "cpu/cpu_parallel.h"
 
@@ -344,10 +345,292 @@ static void *widen_buffer(int slot, const na_view *v, bool f64, int64_t n, int64
                           "cpu_batch_norm");
 }
 
+/* ---- f16/bf16 operands read in place (AVX-512F/BW/VL, na_cpu_half512) ---------------------
+ * The f32 loops above widen a half channel into a row buffer (or chunk buffers) and then read
+ * the buffer: a conversion pass, then f32 traffic. These read the halves themselves, 16 (or,
+ * in the sums, 8) at a time, converting in registers (cpu_half_simd.h), and round the outputs
+ * in registers. The same operations in the same order as the f32 loops over the widened
+ * buffer, so the same bits (tests/test_cpu_kernels.c compares them with na_cpu_half512_off):
+ * the sums keep na_cpu_sum_f's 8 accumulators and pairwise split, the chunks and the pairwise
+ * counters; ReLU's gradient is NA_RELU_GRAD as the widened gy buffer applies it (1 where y is
+ * NaN). FMA is available to the compiler here (AVX-512F), so each product that an addition
+ * follows goes through NA_NOFUSE: nothing is contracted, as in the f32 builds. */
+#ifdef NA_CPU_HALF_SIMD
+#define NA_NOFUSE(v) __asm__("" : "+v"(v))
+enum { HK_NONE = -1, HK_F32, HK_F16, HK_BF16 };
+
+/* operand kinds these loops read and write; HK_NONE: not one of f32, f16, bf16 */
+static int hkind(const na_view *v) {
+    if (!v) return HK_F32;
+    switch (v->dtype) {
+    case NA_DTYPE_F32: return HK_F32;
+    case NA_DTYPE_F16: return HK_F16;
+    case NA_DTYPE_BF16: return HK_BF16;
+    default: return HK_NONE;
+    }
+}
+
+NA_HALF512 static inline __m512 hload16(const void *p, int k, int64_t i, __mmask16 m) {
+    if (k == HK_F32) return _mm512_maskz_loadu_ps(m, (const float *)p + i);
+    return na_h512_load(k == HK_F16, (const uint16_t *)p + i, m);
+}
+NA_HALF512 static inline __m256 hload8(const void *p, int k, int64_t i, __mmask8 m) {
+    if (k == HK_F32) return _mm256_maskz_loadu_ps(m, (const float *)p + i);
+    return na_h256_load(k == HK_F16, (const uint16_t *)p + i, m);
+}
+NA_HALF512 static inline void hstore16(void *p, int k, int64_t i, __mmask16 m, __m512 v) {
+    if (k == HK_F32) _mm512_mask_storeu_ps((float *)p + i, m, v);
+    else na_h512_store(k == HK_F16, (uint16_t *)p + i, m, v);
+}
+NA_HALF512 static inline float hsum8(__m256 v) {
+    float a[8];
+    _mm256_storeu_ps(a, v);
+    return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+}
+static inline __mmask8 hmask8(int64_t n) { return (__mmask8)(n >= 8 ? 0xFFu : (1u << n) - 1u); }
+
+/* na_cpu_sum_f of (x - mean)^2 over x[off..off+n), as chan_sqdev sums its chunk buffer */
+NA_HALF512 static float hsum_sqdev(const void *x, int kx, int64_t off, int64_t n, float mean) {
+    if (n > 128) {
+        int64_t h = (n / 2 + 7) & ~(int64_t)7;
+        return hsum_sqdev(x, kx, off, h, mean) + hsum_sqdev(x, kx, off + h, n - h, mean);
+    }
+    __m256 acc = _mm256_setzero_ps(), vm = _mm256_set1_ps(mean);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 d = _mm256_sub_ps(hload8(x, kx, off + i, 0xFF), vm);
+        __m256 t = _mm256_mul_ps(d, d);
+        NA_NOFUSE(t);
+        acc = _mm256_add_ps(acc, t);
+    }
+    float s = hsum8(acc);
+    if (i < n) {
+        float t[8];
+        __m256 d = _mm256_sub_ps(hload8(x, kx, off + i, hmask8(n - i)), vm);
+        __m256 dd = _mm256_mul_ps(d, d);
+        NA_NOFUSE(dd);
+        _mm256_storeu_ps(t, dd);
+        for (int64_t j = 0; j < n - i; j++) s += t[j];
+    }
+    return s;
+}
+
+/* gy * relu'(y) (NA_RELU_GRAD) when y is given, else gy: 8 lanes */
+NA_HALF512 static inline __m256 hmasked8(__m256 g, const void *y, int ky, int64_t i, __mmask8 m) {
+    if (!y) return g;
+    __mmask8 le = _mm256_cmp_ps_mask(hload8(y, ky, i, m), _mm256_setzero_ps(), _CMP_LE_OQ);
+    __m256 r = _mm256_mul_ps(g, _mm256_mask_mov_ps(_mm256_set1_ps(1), le, _mm256_setzero_ps()));
+    NA_NOFUSE(r);
+    return r;
+}
+
+/* dual_sum_f over gm = gy * relu'(y) and gm * xhat at [off, off+n): the same order */
+NA_HALF512 static void hdual_sum(const void *g, int kg, const void *y, int ky, const void *x,
+                                 int kx, int64_t off, int64_t n, float mean, float invstd,
+                                 float *s1, float *s2) {
+    if (n > 128) {
+        int64_t h = (n / 2 + 7) & ~(int64_t)7;
+        float a1, a2, b1, b2;
+        hdual_sum(g, kg, y, ky, x, kx, off, h, mean, invstd, &a1, &a2);
+        hdual_sum(g, kg, y, ky, x, kx, off + h, n - h, mean, invstd, &b1, &b2);
+        *s1 = a1 + b1;
+        *s2 = a2 + b2;
+        return;
+    }
+    __m256 va1 = _mm256_setzero_ps(), va2 = va1, vm = _mm256_set1_ps(mean),
+           vs = _mm256_set1_ps(invstd);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 gm = hmasked8(hload8(g, kg, off + i, 0xFF), y, ky, off + i, 0xFF);
+        __m256 p = _mm256_mul_ps(gm, _mm256_mul_ps(_mm256_sub_ps(hload8(x, kx, off + i, 0xFF), vm),
+                                                   vs));
+        NA_NOFUSE(p);
+        va1 = _mm256_add_ps(va1, gm);
+        va2 = _mm256_add_ps(va2, p);
+    }
+    float t1 = hsum8(va1), t2 = hsum8(va2);
+    if (i < n) {
+        __mmask8 m = hmask8(n - i);
+        float a[8], b[8];
+        __m256 gm = hmasked8(hload8(g, kg, off + i, m), y, ky, off + i, m);
+        _mm256_storeu_ps(a, gm);
+        __m256 p = _mm256_mul_ps(gm, _mm256_mul_ps(_mm256_sub_ps(hload8(x, kx, off + i, m), vm),
+                                                   vs));
+        NA_NOFUSE(p);
+        _mm256_storeu_ps(b, p);
+        for (int64_t j = 0; j < n - i; j++) {
+            t1 += a[j];
+            t2 += b[j];
+        }
+    }
+    *s1 = t1;
+    *s2 = t2;
+}
+
+/* y[off..off+n) = (x - mean) * scale + shift, relu'd when asked (NA_RELU: NaN stays NaN) */
+NA_HALF512 static void haffine(const void *x, int kx, void *y, int ky, int64_t off, int64_t n,
+                               float mean, float scale, float shift, bool relu) {
+    __m512 vm = _mm512_set1_ps(mean), vs = _mm512_set1_ps(scale), vb = _mm512_set1_ps(shift),
+           zero = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 m = na_h512_mask(n - i);
+        __m512 t = _mm512_mul_ps(_mm512_sub_ps(hload16(x, kx, off + i, m), vm), vs);
+        NA_NOFUSE(t);
+        t = _mm512_add_ps(t, vb);
+        if (relu) t = _mm512_mask_mov_ps(t, _mm512_cmp_ps_mask(t, zero, _CMP_LE_OQ), zero);
+        hstore16(y, ky, off + i, m, t);
+    }
+}
+
+/* channels [c0, c1) of bn_train_f with x of f16/bf16 (bn_half_ok) */
+NA_HALF512 static void bn_train_h(const na_view *x, const na_view *gamma, const na_view *beta,
+                                  na_view *rm, na_view *rv, na_view *y, na_view *sm,
+                                  na_view *si, int64_t n, int64_t c, int64_t s, float momentum,
+                                  float eps, bool relu, int64_t c0, int64_t c1) {
+    int kx = hkind(x), ky = hkind(y);
+    int64_t M = n * s;
+    for (int64_t ch = c0; ch < c1; ch++) {
+        /* chan_sum_f over the widened rows: na_cpu_sum_any_f's order per row */
+        na_cpu_psum_f acc = {{0}, 0};
+        for (int64_t ni = 0; ni < n; ni++)
+            na_cpu_psum_add_f(&acc, na_cpu_sum_any_f(x->dtype, x->data, (ni * c + ch) * s, s));
+        float mean = na_cpu_psum_total_f(&acc) / (float)M;
+        na_cpu_psum_f sq = {{0}, 0};
+        for (int64_t ni = 0; ni < n; ni++)
+            for (int64_t o = 0; o < s; o += NA_CPU_CHUNK)
+                na_cpu_psum_add_f(&sq, hsum_sqdev(x->data, kx, (ni * c + ch) * s + o,
+                                                  s - o < NA_CPU_CHUNK ? s - o : NA_CPU_CHUNK,
+                                                  mean));
+        float var = na_cpu_psum_total_f(&sq) / (float)M;
+        float invstd = na_bn_invstd_f(var, eps);
+        float scale = invstd * (float)param(gamma, ch, 1), shift = (float)param(beta, ch, 0);
+        if (y)
+            for (int64_t ni = 0; ni < n; ni++)
+                haffine(x->data, kx, y->data, ky, (ni * c + ch) * s, s, mean, scale, shift, relu);
+        set_param(sm, ch, mean);
+        set_param(si, ch, invstd);
+        float rmean = (float)param(rm, ch, 0), rvar = (float)param(rv, ch, 1);
+        if (rm) set_param(rm, ch, na_bn_running_mean_f(rmean, mean, momentum));
+        if (rv) set_param(rv, ch, na_bn_running_var_f(rvar, var, M, momentum));
+    }
+}
+
+NA_HALF512 static void bn_eval_h(const na_view *x, const na_view *gamma, const na_view *beta,
+                                 const na_view *rm, const na_view *rv, na_view *y, int64_t n,
+                                 int64_t c, int64_t s, float eps, bool relu, int64_t c0,
+                                 int64_t c1) {
+    int kx = hkind(x), ky = hkind(y);
+    for (int64_t ch = c0; ch < c1; ch++) {
+        float invstd = na_bn_invstd_f((float)param(rv, ch, 1), eps);
+        float scale = invstd * (float)param(gamma, ch, 1), shift = (float)param(beta, ch, 0);
+        float mean = (float)param(rm, ch, 0);
+        for (int64_t ni = 0; ni < n; ni++)
+            haffine(x->data, kx, y->data, ky, (ni * c + ch) * s, s, mean, scale, shift, relu);
+    }
+}
+
+/* channels [c0, c1) of bn_backward_f with gy of f16/bf16 and widened (bn_half_ok) */
+NA_HALF512 static void bn_backward_h(const na_view *x, const na_view *gy, const na_view *relu_y,
+                                     const na_view *gamma, const na_view *mean_t,
+                                     const na_view *invstd_t, na_view *gx, na_view *gg,
+                                     na_view *gb, int64_t n, int64_t c, int64_t s, bool train,
+                                     int64_t c0, int64_t c1) {
+    int kx = hkind(x), kg = hkind(gy), ky = hkind(relu_y), kgx = hkind(gx);
+    const void *yp = relu_y ? relu_y->data : NULL;
+    int64_t M = n * s;
+    bool need_sums = train || gg || gb;
+    for (int64_t ch = c0; ch < c1; ch++) {
+        float mean = (float)param(mean_t, ch, 0), invstd = (float)param(invstd_t, ch, 1);
+        float scale = invstd * (float)param(gamma, ch, 1);
+        float sum_gy = 0, sum_gyxh = 0;
+        if (need_sums) {
+            na_cpu_psum_f a1 = {{0}, 0}, a2 = {{0}, 0};
+            for (int64_t ni = 0; ni < n; ni++)
+                for (int64_t o = 0; o < s; o += NA_CPU_CHUNK) {
+                    float s1, s2;
+                    hdual_sum(gy->data, kg, yp, ky, x->data, kx, (ni * c + ch) * s + o,
+                              s - o < NA_CPU_CHUNK ? s - o : NA_CPU_CHUNK, mean, invstd, &s1,
+                              &s2);
+                    na_cpu_psum_add_f(&a1, s1);
+                    na_cpu_psum_add_f(&a2, s2);
+                }
+            sum_gy = na_cpu_psum_total_f(&a1);
+            sum_gyxh = na_cpu_psum_total_f(&a2);
+        }
+        set_param(gg, ch, sum_gyxh);
+        set_param(gb, ch, sum_gy);
+        if (!gx) continue;
+        /* chan_gx_f over the widened gy * relu'(y): na_bn_grad, or gm * scale */
+        __m512 vm = _mm512_set1_ps(mean), vi = _mm512_set1_ps(invstd),
+               vmg = _mm512_set1_ps(sum_gy / (float)M), vmx = _mm512_set1_ps(sum_gyxh / (float)M),
+               vs = _mm512_set1_ps(scale), zero = _mm512_setzero_ps(), one = _mm512_set1_ps(1);
+        for (int64_t ni = 0; ni < n; ni++) {
+            int64_t off = (ni * c + ch) * s;
+            for (int64_t i = 0; i < s; i += 16) {
+                __mmask16 m = na_h512_mask(s - i);
+                __m512 gm = hload16(gy->data, kg, off + i, m);
+                if (yp) {
+                    __mmask16 le = _mm512_cmp_ps_mask(hload16(yp, ky, off + i, m), zero,
+                                                      _CMP_LE_OQ);
+                    gm = _mm512_mul_ps(gm, _mm512_mask_mov_ps(one, le, zero));
+                    NA_NOFUSE(gm);
+                }
+                __m512 out;
+                if (train) {
+                    __m512 xh = _mm512_mul_ps(
+                        _mm512_sub_ps(hload16(x->data, kx, off + i, m), vm), vi);
+                    __m512 q = _mm512_mul_ps(xh, vmx);
+                    NA_NOFUSE(q);
+                    out = _mm512_mul_ps(_mm512_sub_ps(_mm512_sub_ps(gm, vmg), q), vs);
+                } else {
+                    out = _mm512_mul_ps(gm, vs);
+                }
+                hstore16(gx->data, kgx, off + i, m, out);
+            }
+        }
+    }
+}
+
+/* Whether job j's f32 compute takes the half loops: the CPU has AVX-512F/BW/VL, every operand
+ * is f32, f16 or bf16, and the half operand the f32 loops widen is a half (train: x; backward:
+ * gy, within widen_buffer's limit, so that ReLU's mask is the widened buffer's) or is read
+ * once (eval: x or y). */
+static bool bn_half_ok(const bn_job *j) {
+    if (j->f64 || !na_cpu_half512()) return false;
+    bool x_half = hkind(j->x) > HK_F32;
+    switch (j->kind) {
+    case BN_TRAIN: return x_half && hkind(j->y) != HK_NONE;
+    case BN_EVAL: return (x_half || hkind(j->y) > HK_F32) && hkind(j->y) != HK_NONE;
+    case BN_BACKWARD:
+        return hkind(j->gy) > HK_F32 && j->n * j->s <= ((int64_t)1 << 22) &&
+               hkind(j->x) != HK_NONE && hkind(j->relu_y) != HK_NONE && hkind(j->gx) != HK_NONE;
+    default: return false;
+    }
+}
+#endif
+
 static void bn_task(void *ctx, int64_t t) {
     const bn_job *j = ctx;
     int64_t c0, c1;
     na_cpu_task_range(j->c, j->tasks, t, 1, &c0, &c1);
+#ifdef NA_CPU_HALF_SIMD
+    if (bn_half_ok(j)) {
+        switch (j->kind) {
+        case BN_TRAIN:
+            bn_train_h(j->x, j->gamma, j->beta, j->rm, j->rv, j->y, j->sm, j->si, j->n, j->c,
+                       j->s, (float)j->momentum, (float)j->eps, j->relu, c0, c1);
+            return;
+        case BN_EVAL:
+            bn_eval_h(j->x, j->gamma, j->beta, j->eval_rm, j->eval_rv, j->y, j->n, j->c, j->s,
+                      (float)j->eps, j->relu, c0, c1);
+            return;
+        default:
+            bn_backward_h(j->x, j->gy, j->relu_y, j->gamma, j->mean, j->invstd, j->gx, j->gg,
+                          j->gb, j->n, j->c, j->s, j->train, c0, c1);
+            return;
+        }
+    }
+#endif
     bool one_pass = j->kind == BN_EVAL || j->kind == BN_ELEMT; /* nothing worth widening */
     void *xw = one_pass ? NULL : widen_buffer(NA_CPU_SCRATCH_0, j->x, j->f64, j->n, j->s);
     void *gw = j->kind != BN_BACKWARD ? NULL

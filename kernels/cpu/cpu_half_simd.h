@@ -62,6 +62,14 @@ NA_HALF512 static inline __m512 na_h512_load(bool f16, const uint16_t *p, __mmas
     return na_h512_widen(f16, _mm256_maskz_loadu_epi16(m, p));
 }
 
+/* 8 halves at p under mask m (other lanes 0, never read) as f32: the 8-lane form, for the
+ * loops that keep na_cpu_sum_f's 8 accumulators */
+NA_HALF512 static inline __m256 na_h256_load(bool f16, const uint16_t *p, __mmask8 m) {
+    __m128i h = _mm_maskz_loadu_epi16(m, p);
+    if (f16) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
 /* the lanes under m of v, rounded, to the halves at p */
 NA_HALF512 static inline void na_h512_store(bool f16, uint16_t *p, __mmask16 m, __m512 v) {
     _mm256_mask_storeu_epi16(p, m, na_h512_narrow(f16, v));

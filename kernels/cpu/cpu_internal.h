@@ -251,7 +251,10 @@ float na_cpu_psum_total_f(const na_cpu_psum_f *s);
 void na_cpu_psum_add_d(na_cpu_psum_d *s, double v);
 double na_cpu_psum_total_d(const na_cpu_psum_d *s);
 
-/* Sum of n elements of any float dtype starting at p[off] (chunked, pairwise), f32 / f64. */
+/* Sum of n elements of any float dtype starting at p[off] (chunked, pairwise), f32 / f64.
+ * f16/bf16 are read in place and converted in registers where na_cpu_sum_half_direct(dt)
+ * (AVX-512F/BW/VL, na_cpu_half512): the same additions in the same order, so the same bits. */
+bool na_cpu_sum_half_direct(na_dtype dt);
 float na_cpu_sum_any_f(na_dtype dt, const void *p, int64_t off, int64_t n);
 double na_cpu_sum_any_d(na_dtype dt, const void *p, int64_t off, int64_t n);
 
