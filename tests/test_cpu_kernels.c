@@ -1928,6 +1928,59 @@ Test(cpu_pool, max_pool_2x2_same_bits_and_indices_as_generic) {
               nan_windows, later_ties);
 }
 
+/* The 2x2 backward on f16/bf16 gy and gx, which scatters the halves without an f32 plane,
+ * against the generic path (0 + gy in f32, rounded), bit for bit: gradients with signed zeros,
+ * infinities, subnormals and NaNs with payloads of both signs; indices from the forward, and
+ * planes whose indices leave their windows (two outputs on one input, summed by the f32 path)
+ * or the plane (skipped). */
+Test(cpu_pool, max_pool_2x2_backward_half_same_bits_as_generic) {
+    const uint16_t f16_bits[] = {0x8000, 0x0000, 0x7C00, 0xFC00, 0x0001, 0x83FF, 0x7D01, 0xFE37,
+                                 0x7E00, 0x3C00};
+    const uint16_t bf16_bits[] = {0x8000, 0x0000, 0x7F80, 0xFF80, 0x0001, 0x807F, 0x7F81, 0xFFC1,
+                                  0x7FC0, 0x3F80};
+    const int64_t shapes[][4] = {{2, 3, 6, 8}, {1, 2, 7, 9}, {3, 1, 2, 2}, {1, 1, 5, 2},
+                                 {2, 2, 28, 28}, {1, 2, 14, 15}};
+    const na_dtype dts[] = {NA_DTYPE_F16, NA_DTYPE_BF16};
+    for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++)
+        for (int t = 0; t < 2; t++)
+            for (int corrupt = 0; corrupt < 2; corrupt++) {
+                const int64_t *xs = shapes[sh];
+                na_conv_geom g = conv_geom(xs[0], xs[1], xs[2], xs[3], xs[1], 2, 2, 0, 1, 1);
+                na_view x = MK(dts[t], xs[0], xs[1], xs[2], xs[3]);
+                na_view y = MK(dts[t], xs[0], xs[1], g.oh, g.ow);
+                na_view idx = MK(NA_DTYPE_I32, xs[0], xs[1], g.oh, g.ow);
+                na_view gy = MK(dts[t], xs[0], xs[1], g.oh, g.ow), gx[2];
+                fill_rand(&x, -1, 1);
+                fill_rand(&gy, -2, 2);
+                for (int64_t i = 0; i < gy.numel; i++)
+                    if (urand() < 0.3) {
+                        int k = (int)(urand() * 10);
+                        ((uint16_t *)gy.data)[i] = t ? bf16_bits[k] : f16_bits[k];
+                    }
+                cr_assert_eq(B->max_pool2d(&g, &x, &y, &idx), NA_OK);
+                int64_t P = g.oh * g.ow, HW = xs[2] * xs[3];
+                if (corrupt && P > 1) {
+                    int32_t *iv = idx.data;
+                    iv[1] = iv[0];                  /* plane 0: two outputs on one input */
+                    iv[idx.numel - 1] = (int32_t)HW; /* the last plane: outside it, skipped */
+                    if (idx.numel > P) iv[P] = -1;  /* plane 1: skipped */
+                }
+                for (int v = 0; v < 2; v++) {
+                    gx[v] = MK(dts[t], xs[0], xs[1], xs[2], xs[3]);
+                    fill_rand(&gx[v], 5, 6); /* every element is written */
+                    na_cpu_pool_force_generic = v == 1;
+                    cr_assert_eq(B->max_pool2d_backward(&g, &gy, &idx, &gx[v]), NA_OK);
+                    na_cpu_pool_force_generic = false;
+                }
+                char msg[96];
+                snprintf(msg, sizeof msg, "2x2 max_pool backward %s [%lld %lld %lld %lld] %d",
+                         na_dtype_name(dts[t]), (long long)xs[0], (long long)xs[1],
+                         (long long)xs[2], (long long)xs[3], corrupt);
+                expect_same_bits(&gx[0], &gx[1], msg);
+                rm(&x); rm(&y); rm(&idx); rm(&gy); rm(&gx[0]); rm(&gx[1]);
+            }
+}
+
 Test(cpu_pool, avg_pool_count_include_pad) {
     for (int cip = 0; cip < 2; cip++) {
         na_conv_geom g = conv_geom(1, 2, 5, 5, 2, 3, 2, 1, 1, 1);

@@ -419,9 +419,10 @@ static void win_range(int64_t start, int64_t size, int64_t d, int k, int64_t *lo
  * inputs with NaNs and ties): the first maximum in row-major window order wins, and the first
  * NaN wins over any number. f32 rows run 16 windows at a time with AVX-512 where the CPU has
  * it (else 4 with SSE2); f16 and bf16 planes the same 16 windows, converted in registers and
- * never widened into f32 copies, where it has AVX-512BW (na_cpu_half512). The backward needs
- * no such path: its memset and one scatter per output already run at memory speed (a 2x2
- * select version measured 1.5-2x slower). */
+ * never widened into f32 copies, where it has AVX-512BW (na_cpu_half512). The f32 backward
+ * needs no such path: its memset and one scatter per output already run at memory speed (a 2x2
+ * select version measured 1.5-2x slower); f16/bf16 planes scatter their halves directly
+ * (max_pool_bwd_2x2_half), with no f32 plane and no conversions. */
 bool na_cpu_pool_force_generic = false;
 
 static bool is_pool_2x2(const na_conv_geom *g) {
@@ -603,6 +604,36 @@ static bool max_pool_2x2_half(const na_conv_geom *g, const na_view *x, na_view *
 #endif
 }
 
+/* plane pl of a 2x2 pool's backward with gy and gx both f16 or both bf16, written at half the
+ * bytes with no f32 plane: the windows are disjoint, so where each index lies in its own window
+ * every gx element takes at most one gy, and the f32 path's 0 + gy rounded back to the half
+ * is gy itself with -0 made +0 and NaNs made canonical (half.h's store: f16 sign | 0x7E00,
+ * bf16 0x7FC0); done on the bits. Indices outside the plane are skipped, as there. Returns
+ * false (the caller then redoes the plane through f32) at the first index inside the plane but
+ * outside its window, or for other dtypes. MXCSR's DAZ, which the f32 path's add would obey
+ * on a bf16 subnormal, is not read. */
+static bool max_pool_bwd_2x2_half(const na_conv_geom *g, const na_view *gy, const int32_t *iv,
+                                  na_view *gx, int64_t pl) {
+    bool f16 = gy->dtype == NA_DTYPE_F16;
+    if ((!f16 && gy->dtype != NA_DTYPE_BF16) || gx->dtype != gy->dtype) return false;
+    const int64_t W = g->w, HW = g->h * W, OW = g->ow, OH = g->oh;
+    const uint16_t *gyv = (const uint16_t *)gy->data + pl * OH * OW;
+    uint16_t *gxv = (uint16_t *)gx->data + pl * HW;
+    const uint16_t inf = f16 ? 0x7C00 : 0x7F80;
+    memset(gxv, 0, (size_t)HW * sizeof(uint16_t));
+    for (int64_t oy = 0; oy < OH; oy++)
+        for (int64_t ox = 0; ox < OW; ox++) {
+            int64_t p = oy * OW + ox, i = iv[p], d = i - (2 * oy * W + 2 * ox);
+            if (i < 0 || i >= HW) continue;
+            if (d != 0 && d != 1 && d != W && d != W + 1) return false;
+            uint16_t b = gyv[p], a = b & 0x7FFF;
+            if (a > inf) b = f16 ? (uint16_t)((b & 0x8000) | 0x7E00) : 0x7FC0;
+            else if (a == 0) b = 0;
+            gxv[i] = b;
+        }
+    return true;
+}
+
 #define NA_CPU_DEFINE_POOL(T, SFX)                                                          \
     static int max_pool_##SFX(const na_conv_geom *g, int64_t pl0, int64_t pl1,              \
                               const na_view *x, na_view *y, na_view *idx) {                 \
@@ -653,10 +684,12 @@ static bool max_pool_2x2_half(const na_conv_geom *g, const na_view *x, na_view *
         T *gyb = na_cpu_scratch(NA_CPU_SCRATCH_0, (size_t)P * sizeof(T), fn);               \
         T *gxb = na_cpu_scratch(NA_CPU_SCRATCH_1, (size_t)HW * sizeof(T), fn);              \
         if (!gyb || !gxb) return NA_ENOMEM;                                                 \
+        const bool pool_2x2 = is_pool_2x2(g);                                               \
         for (int64_t pl = pl0; pl < pl1; pl++) {                                            \
+            const int32_t *iv = (const int32_t *)idx->data + pl * P;                        \
+            if (pool_2x2 && max_pool_bwd_2x2_half(g, gy, iv, gx, pl)) continue;             \
             const T *gyv = na_cpu_view_##SFX(gy->dtype, gy->data, pl * P, P, gyb);          \
             T *gxv = na_cpu_out_##SFX(gx->dtype, gx->data, pl * HW, gxb);                   \
-            const int32_t *iv = (const int32_t *)idx->data + pl * P;                        \
             memset(gxv, 0, (size_t)HW * sizeof(T));                                         \
             for (int64_t p = 0; p < P; p++) {                                               \
                 int32_t i = iv[p];                                                          \
