@@ -26,8 +26,9 @@
  *          product); "n" is the rate in GFLOP/s.
  * convert: f32 <-> f16 / bf16 of 4.8M elements (one CNN activation set), through the
  *          portable half.h loops, F16C / AVX2 and AVX-512 (16 lanes; cpu_convert.c).
- * maxpool: the MNIST CNN's two 2x2 max pools (batch 128), forward with indices, f32 and f16,
- *          through the generic window loop and the 2x2 path (cpu_conv.c).
+ * maxpool: the MNIST CNN's two 2x2 max pools (batch 128), forward with indices and backward,
+ *          f32, f16 and bf16, through the generic window loop and the 2x2 path (cpu_conv.c;
+ *          for f16/bf16 the 2x2 backward scatters halves directly, generic goes through f32).
  * relu:    ReLU forward and backward over the CNN's first activation (128x32x28x28), f32 and
  *          f16 (the unary kernels of cpu_elementwise.c).
  * bn:      the MNIST CNN's two BatchNorm+ReLU layers (batch 128), training forward and
@@ -127,31 +128,38 @@ static void bench_fill(na_view *v) { /* hashed values in [-1, 1): random signs, 
 
 static int bench_maxpool(void) {
     const int64_t shapes[2][4] = {{128, 32, 28, 28}, {128, 64, 14, 14}};
-    const na_dtype dts[2] = {NA_DTYPE_F32, NA_DTYPE_F16};
+    const na_dtype dts[3] = {NA_DTYPE_F32, NA_DTYPE_F16, NA_DTYPE_BF16};
     int rc = 0;
     for (int s = 0; s < 2; s++)
-        for (int t = 0; t < 2; t++) {
+        for (int t = 0; t < 3; t++) {
             const int64_t *xs = shapes[s];
             int64_t ys[4] = {xs[0], xs[1], xs[2] / 2, xs[3] / 2};
             na_conv_geom g = {.n = xs[0], .c_in = xs[1], .h = xs[2], .w = xs[3], .c_out = xs[1],
                               .oh = ys[2], .ow = ys[3], .kh = 2, .kw = 2, .sh = 2, .sw = 2,
                               .dh = 1, .dw = 1, .groups = 1};
             na_view x = bench_view(dts[t], 4, xs), y = bench_view(dts[t], 4, ys),
-                    idx = bench_view(NA_DTYPE_I32, 4, ys);
-            if (!x.data || !y.data || !idx.data) return 1;
+                    idx = bench_view(NA_DTYPE_I32, 4, ys), gy = bench_view(dts[t], 4, ys),
+                    gx = bench_view(dts[t], 4, xs);
+            if (!x.data || !y.data || !idx.data || !gy.data || !gx.data) return 1;
             bench_fill(&x);
-            char name[64];
-            snprintf(name, sizeof name, "max_pool2d_%s_%lldx%lld",
-                     dts[t] == NA_DTYPE_F32 ? "f32" : "f16", (long long)xs[2], (long long)xs[3]);
+            bench_fill(&gy);
+            char name[64], bname[80];
+            const char *dt = na_dtype_name(dts[t]);
+            snprintf(name, sizeof name, "max_pool2d_%s_%lldx%lld", dt, (long long)xs[2],
+                     (long long)xs[3]);
+            snprintf(bname, sizeof bname, "max_pool2d_backward_%s_%lldx%lld", dt,
+                     (long long)xs[2], (long long)xs[3]);
             for (int generic = 1; generic >= 0; generic--) {
                 na_cpu_pool_force_generic = generic;
                 const char *v = generic ? "generic" : "2x2";
                 double ms;
                 BENCH_MIN_MS(ms, rc |= na_cpu_max_pool2d(&g, &x, &y, &idx));
                 print_row(name, v, x.numel, ms);
+                BENCH_MIN_MS(ms, rc |= na_cpu_max_pool2d_backward(&g, &gy, &idx, &gx));
+                print_row(bname, v, x.numel, ms);
             }
             na_cpu_pool_force_generic = false;
-            free(x.data), free(y.data), free(idx.data);
+            free(x.data), free(y.data), free(idx.data), free(gy.data), free(gx.data);
         }
     return rc != 0;
 }

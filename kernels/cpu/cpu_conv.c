@@ -548,6 +548,49 @@ NA_HALF512 static void max_pool_2x2_avx512_h(bool f16, const uint16_t *r0, const
 }
 #endif
 
+/* a backward output row of 16 windows at a time, f16 (f16) or bf16 gy and gx: each window's
+ * four cells written at once, gy's bits where the index points, 0 elsewhere (branch-free: the
+ * winner is data). gy is made what the f32 path's 0 + gy rounded back gives: -0 is +0, NaNs
+ * canonical (half.h's store: f16 sign | 0x7E00, bf16 0x7FC0). Returns false at an index inside
+ * the plane (at..HW) but outside its window, having written part of the row. */
+NA_HALF512 static bool max_pool_bwd_2x2_avx512_h(bool f16, const uint16_t *gy,
+                                                 const int32_t *iv, int64_t ow, int32_t at,
+                                                 int32_t w, int32_t hw, uint16_t *r0,
+                                                 uint16_t *r1) {
+    const __m512i lane2 = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4,
+                                           2, 0);
+    const __m256i abs = _mm256_set1_epi16(0x7FFF), inf = _mm256_set1_epi16(f16 ? 0x7C00 : 0x7F80);
+    for (int64_t ox = 0; ox < ow; ox += 16) {
+        __mmask16 mo = na_h512_mask(ow - ox);
+        __m512i d = _mm512_sub_epi32(_mm512_maskz_loadu_epi32(mo, iv + ox),
+                                     _mm512_add_epi32(_mm512_set1_epi32(at + 2 * (int32_t)ox),
+                                                      lane2));
+        __mmask16 k0 = _mm512_mask_cmpeq_epi32_mask(mo, d, _mm512_setzero_si512());
+        __mmask16 k1 = _mm512_mask_cmpeq_epi32_mask(mo, d, _mm512_set1_epi32(1));
+        __mmask16 kw = _mm512_mask_cmpeq_epi32_mask(mo, d, _mm512_set1_epi32(w));
+        __mmask16 kw1 = _mm512_mask_cmpeq_epi32_mask(mo, d, _mm512_set1_epi32(w + 1));
+        __mmask16 in_plane = _mm512_mask_cmplt_epu32_mask(
+            mo, _mm512_maskz_loadu_epi32(mo, iv + ox), _mm512_set1_epi32(hw));
+        if (in_plane & ~(k0 | k1 | kw | kw1)) return false;
+        __m256i b = _mm256_maskz_loadu_epi16(mo, gy + ox), a = _mm256_and_si256(b, abs);
+        __m256i nan = f16 ? _mm256_or_si256(_mm256_andnot_si256(abs, b), _mm256_set1_epi16(0x7E00))
+                          : _mm256_set1_epi16(0x7FC0);
+        b = _mm256_mask_mov_epi16(b, _mm256_cmpeq_epi16_mask(a, _mm256_setzero_si256()),
+                                  _mm256_setzero_si256());
+        b = _mm256_mask_mov_epi16(b, _mm256_cmpgt_epi16_mask(a, inf), nan);
+        /* each 32-bit lane: the window's two cells of a row, the left one at the lower address */
+        __m512i top = _mm512_or_si512(
+            _mm512_cvtepu16_epi32(_mm256_maskz_mov_epi16(k0, b)),
+            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_mov_epi16(k1, b)), 16));
+        __m512i bot = _mm512_or_si512(
+            _mm512_cvtepu16_epi32(_mm256_maskz_mov_epi16(kw, b)),
+            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_mov_epi16(kw1, b)), 16));
+        _mm512_mask_storeu_epi32(r0 + 2 * ox, mo, top);
+        _mm512_mask_storeu_epi32(r1 + 2 * ox, mo, bot);
+    }
+    return true;
+}
+
 /* the vector part of a row: AVX-512 where the CPU has it, else SSE2 */
 static int64_t max_pool_2x2_vec_f(const float *r0, const float *r1, int64_t ow, int32_t at,
                                   int32_t w, float *y, int32_t *idx) {
@@ -604,34 +647,36 @@ static bool max_pool_2x2_half(const na_conv_geom *g, const na_view *x, na_view *
 #endif
 }
 
-/* plane pl of a 2x2 pool's backward with gy and gx both f16 or both bf16, written at half the
- * bytes with no f32 plane: the windows are disjoint, so where each index lies in its own window
- * every gx element takes at most one gy, and the f32 path's 0 + gy rounded back to the half
- * is gy itself with -0 made +0 and NaNs made canonical (half.h's store: f16 sign | 0x7E00,
- * bf16 0x7FC0); done on the bits. Indices outside the plane are skipped, as there. Returns
- * false (the caller then redoes the plane through f32) at the first index inside the plane but
- * outside its window, or for other dtypes. MXCSR's DAZ, which the f32 path's add would obey
- * on a bf16 subnormal, is not read. */
+/* plane pl of a 2x2 pool's backward with gy and gx both f16 or both bf16, where the CPU has
+ * AVX-512BW (na_cpu_half512): written at half the bytes, no f32 plane, no conversions. The
+ * windows are disjoint, so where each index lies in its own window every gx cell takes at most
+ * one gy, and the f32 path's 0 + gy rounded back is gy's bits made canonical (as
+ * max_pool_bwd_2x2_avx512_h makes them); cells in no window are 0; indices outside the plane
+ * are skipped, as there. Returns false (the caller then redoes the plane through f32) at an
+ * index inside the plane but outside its window, or for other dtypes. MXCSR's DAZ, which the
+ * f32 path's add would obey on a bf16 subnormal, is not read. */
 static bool max_pool_bwd_2x2_half(const na_conv_geom *g, const na_view *gy, const int32_t *iv,
                                   na_view *gx, int64_t pl) {
+#if defined(__x86_64__) && defined(__GNUC__)
     bool f16 = gy->dtype == NA_DTYPE_F16;
-    if ((!f16 && gy->dtype != NA_DTYPE_BF16) || gx->dtype != gy->dtype) return false;
-    const int64_t W = g->w, HW = g->h * W, OW = g->ow, OH = g->oh;
+    if ((!f16 && gy->dtype != NA_DTYPE_BF16) || gx->dtype != gy->dtype || !na_cpu_half512())
+        return false;
+    const int64_t W = g->w, H = g->h, HW = H * W, OW = g->ow, OH = g->oh;
     const uint16_t *gyv = (const uint16_t *)gy->data + pl * OH * OW;
     uint16_t *gxv = (uint16_t *)gx->data + pl * HW;
-    const uint16_t inf = f16 ? 0x7C00 : 0x7F80;
-    memset(gxv, 0, (size_t)HW * sizeof(uint16_t));
-    for (int64_t oy = 0; oy < OH; oy++)
-        for (int64_t ox = 0; ox < OW; ox++) {
-            int64_t p = oy * OW + ox, i = iv[p], d = i - (2 * oy * W + 2 * ox);
-            if (i < 0 || i >= HW) continue;
-            if (d != 0 && d != 1 && d != W && d != W + 1) return false;
-            uint16_t b = gyv[p], a = b & 0x7FFF;
-            if (a > inf) b = f16 ? (uint16_t)((b & 0x8000) | 0x7E00) : 0x7FC0;
-            else if (a == 0) b = 0;
-            gxv[i] = b;
-        }
+    for (int64_t oy = 0; oy < OH; oy++) {
+        uint16_t *r0 = gxv + 2 * oy * W, *r1 = r0 + W;
+        if (!max_pool_bwd_2x2_avx512_h(f16, gyv + oy * OW, iv + oy * OW, OW,
+                                       (int32_t)(2 * oy * W), (int32_t)W, (int32_t)HW, r0, r1))
+            return false;
+        for (int64_t x = 2 * OW; x < W; x++) r0[x] = r1[x] = 0; /* columns in no window */
+    }
+    if (2 * OH < H) memset(gxv + 2 * OH * W, 0, (size_t)((H - 2 * OH) * W) * sizeof(uint16_t));
     return true;
+#else
+    (void)g, (void)gy, (void)iv, (void)gx, (void)pl;
+    return false;
+#endif
 }
 
 #define NA_CPU_DEFINE_POOL(T, SFX)                                                          \
