@@ -27,6 +27,8 @@
  * last one's table printed; the JSON gets the least wall time of one (profile_step_ms_min)
  * and the least time of the BatchNorm layers' rows, forward and backward together
  * (profile_batchnorm_ms_min: the figure bench/syncbn-cost compares).
+ * --cpu-clock: the blocks are timed in the process's CPU time (CLOCK_PROCESS_CPUTIME_ID), not
+ * wall time: on a loaded shared machine, with --threads 1, the figure descheduling leaves out.
  * --cuda-graph (CUDA only): after the warm-up (at least 2 steps), the step is captured once
  * (trainer_amp_capture, the trainers' --cuda-graph) and the timed steps are replays of it;
  * the key ends in /graph and "cuda_graph" is true. A step that cannot be captured fails the
@@ -49,11 +51,20 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "bench.h"
 #include "bench_util.h"
 #include "../examples/common/models.h"
 #include "../examples/common/trainer.h"
+
+/* the process's CPU time in s (--cpu-clock: what a loaded shared machine does not inflate
+ * by descheduling; all threads' time, so meant for --threads 1) */
+static double process_cpu_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 static const char *const amp_names[] = {"off", "fp16", "bf16", "o2", "fp8"};
 
@@ -115,6 +126,7 @@ int bench_train_main(int argc, char **argv) {
     const char *amp = "off";
     int64_t batch = 128, warmup = 5, repeats = 10, steps = 5;
     bool ddp = false, sync_bn = false, cuda_graph = false, channels_last = false, tf32 = false;
+    bool cpu_clock = false; /* --cpu-clock: blocks timed in the process's CPU time */
     int64_t profile_steps = 0; /* --profile: 1 */
     const char *allreduce = "f32";
     /* bench/run gives both sides its thread count in NANOAMP_BENCH_THREADS */
@@ -166,12 +178,14 @@ int bench_train_main(int argc, char **argv) {
             tf32 = true;
         } else if (!strcmp(a, "--threads")) {
             threads = bench_arg_i64(argc, argv, &i, 1);
+        } else if (!strcmp(a, "--cpu-clock")) {
+            cpu_clock = true;
         } else {
             fprintf(stderr, "na-bench train: unknown option '%s'\n"
                             "usage: na-bench train --model %s [--device cpu|cuda] "
                             "[--amp off|fp16|bf16|o2|fp8] [--batch N] [--warmup N] "
                             "[--repeats N] [--steps N] [--threads N] [--profile] "
-                            "[--profile-steps N] [--cuda-graph] [--channels-last] [--tf32] "
+                            "[--profile-steps N] [--cuda-graph] [--channels-last] [--tf32] [--cpu-clock] "
                             "[--ddp [--allreduce-dtype f32|f16|bf16] [--sync-bn]]\n",
                     a, MODEL_NAMES);
             return 2;
@@ -242,7 +256,7 @@ int bench_train_main(int argc, char **argv) {
     for (int64_t r = 0; r < repeats; r++) {
         bench_sync(dev);
         uint64_t c0 = na_cuda_sync_count();
-        double t0 = bench_now_s();
+        double t0 = cpu_clock ? process_cpu_s() : bench_now_s();
         for (int64_t i = 0; i < steps && graph; i++)
             if (na_step_graph_replay(graph)) FAIL("graph replay");
         for (int64_t i = 0; i < steps && !graph; i++) {
@@ -253,7 +267,7 @@ int bench_train_main(int argc, char **argv) {
         }
         syncs += na_cuda_sync_count() - c0;
         bench_sync(dev);
-        per_step[r] = (bench_now_s() - t0) / (double)steps * 1e3;
+        per_step[r] = ((cpu_clock ? process_cpu_s() : bench_now_s()) - t0) / (double)steps * 1e3;
     }
     double loss = na_item(last_loss);
     /* the profiled steps' minimum wall and BatchNorm layers' time (rows "... (BatchNorm2d)") */
