@@ -185,7 +185,8 @@ int bench_train_main(int argc, char **argv) {
                             "usage: na-bench train --model %s [--device cpu|cuda] "
                             "[--amp off|fp16|bf16|o2|fp8] [--batch N] [--warmup N] "
                             "[--repeats N] [--steps N] [--threads N] [--profile] "
-                            "[--profile-steps N] [--cuda-graph] [--channels-last] [--tf32] [--cpu-clock] "
+                            "[--profile-steps N] [--cuda-graph] [--channels-last] [--tf32] "
+                            "[--cpu-clock] "
                             "[--ddp [--allreduce-dtype f32|f16|bf16] [--sync-bn]]\n",
                     a, MODEL_NAMES);
             return 2;

@@ -17,8 +17,10 @@
  *            common/elementwise_ops.h, written out so the loops vectorize), so fused and
  *            unfused f32 results are bit-identical (tests/test_ops.c checks it).
  * Sums are pairwise within each (n, c) row and pairwise across the N rows. Channels are
- * split over the thread pool, each computed whole by one thread. f16/bf16 operands are
- * widened once per channel (bn_rows) rather than once per pass. gamma/beta NULL
+ * split over the thread pool, each computed whole by one thread. f16/bf16 operands are read
+ * in place and converted in registers where the CPU has AVX-512F/BW/VL (the half loops below,
+ * bn_half_ok); elsewhere, and with na_cpu_half512_off, widened once per channel (bn_rows)
+ * rather than once per pass, the same bits either way. gamma/beta NULL
  * mean 1/0. Parameters and statistics may be of any float dtype (f32 normally, f64 for f64 x).
  *
  * The f32 loops are built twice, for the baseline x86-64 (SSE2) and for AVX2 (chosen at run
@@ -389,6 +391,25 @@ NA_HALF512 static inline float hsum8(__m256 v) {
 }
 static inline __mmask8 hmask8(int64_t n) { return (__mmask8)(n >= 8 ? 0xFFu : (1u << n) - 1u); }
 
+/* the cache lines of elements [off, off+n) of p (kind k), fetched ahead: a channel's rows are
+ * short and far apart (N rows at a stride of C*S), so the hardware prefetchers start each row
+ * cold */
+static inline void hprefetch(const void *p, int k, int64_t off, int64_t n) {
+    if (!p) return;
+    size_t es = k == HK_F32 ? 4 : 2;
+    const char *a = (const char *)p + (size_t)off * es, *e = a + (size_t)n * es;
+    for (; a < e; a += 64) __builtin_prefetch(a);
+    __builtin_prefetch(e - 1);
+}
+/* the same for a row about to be written */
+static inline void hprefetch_w(void *p, int k, int64_t off, int64_t n) {
+    if (!p) return;
+    size_t es = k == HK_F32 ? 4 : 2;
+    char *a = (char *)p + (size_t)off * es, *e = a + (size_t)n * es;
+    for (; a < e; a += 64) __builtin_prefetch(a, 1);
+    __builtin_prefetch(e - 1, 1);
+}
+
 /* na_cpu_sum_f of (x - mean)^2 over x[off..off+n), as chan_sqdev sums its chunk buffer */
 NA_HALF512 static float hsum_sqdev(const void *x, int kx, int64_t off, int64_t n, float mean) {
     if (n > 128) {
@@ -492,8 +513,11 @@ NA_HALF512 static void bn_train_h(const na_view *x, const na_view *gamma, const 
     for (int64_t ch = c0; ch < c1; ch++) {
         /* chan_sum_f over the widened rows: na_cpu_sum_any_f's order per row */
         na_cpu_psum_f acc = {{0}, 0};
-        for (int64_t ni = 0; ni < n; ni++)
+        for (int64_t ni = 0; ni < n; ni++) {
+            if (ni + 1 < n)
+                hprefetch(x->data, kx, ((ni + 1) * c + ch) * s, s < NA_CPU_CHUNK ? s : NA_CPU_CHUNK);
             na_cpu_psum_add_f(&acc, na_cpu_sum_any_f(x->dtype, x->data, (ni * c + ch) * s, s));
+        }
         float mean = na_cpu_psum_total_f(&acc) / (float)M;
         na_cpu_psum_f sq = {{0}, 0};
         for (int64_t ni = 0; ni < n; ni++)
@@ -505,8 +529,11 @@ NA_HALF512 static void bn_train_h(const na_view *x, const na_view *gamma, const 
         float invstd = na_bn_invstd_f(var, eps);
         float scale = invstd * (float)param(gamma, ch, 1), shift = (float)param(beta, ch, 0);
         if (y)
-            for (int64_t ni = 0; ni < n; ni++)
+            for (int64_t ni = 0; ni < n; ni++) {
+                if (ni + 1 < n && s <= NA_CPU_CHUNK)
+                    hprefetch_w(y->data, ky, ((ni + 1) * c + ch) * s, s);
                 haffine(x->data, kx, y->data, ky, (ni * c + ch) * s, s, mean, scale, shift, relu);
+            }
         set_param(sm, ch, mean);
         set_param(si, ch, invstd);
         float rmean = (float)param(rm, ch, 0), rvar = (float)param(rv, ch, 1);
@@ -548,6 +575,13 @@ NA_HALF512 static void bn_backward_h(const na_view *x, const na_view *gy, const 
             for (int64_t ni = 0; ni < n; ni++)
                 for (int64_t o = 0; o < s; o += NA_CPU_CHUNK) {
                     float s1, s2;
+                    if (ni + 1 < n && o == 0) {
+                        int64_t nx = ((ni + 1) * c + ch) * s;
+                        int64_t cnt = s < NA_CPU_CHUNK ? s : NA_CPU_CHUNK;
+                        hprefetch(gy->data, kg, nx, cnt);
+                        hprefetch(x->data, kx, nx, cnt);
+                        hprefetch(yp, ky, nx, cnt);
+                    }
                     hdual_sum(gy->data, kg, yp, ky, x->data, kx, (ni * c + ch) * s + o,
                               s - o < NA_CPU_CHUNK ? s - o : NA_CPU_CHUNK, mean, invstd, &s1,
                               &s2);
@@ -566,6 +600,7 @@ NA_HALF512 static void bn_backward_h(const na_view *x, const na_view *gy, const 
                vs = _mm512_set1_ps(scale), zero = _mm512_setzero_ps(), one = _mm512_set1_ps(1);
         for (int64_t ni = 0; ni < n; ni++) {
             int64_t off = (ni * c + ch) * s;
+            if (ni + 1 < n && s <= NA_CPU_CHUNK) hprefetch_w(gx->data, kgx, off + c * s, s);
             for (int64_t i = 0; i < s; i += 16) {
                 __mmask16 m = na_h512_mask(s - i);
                 __m512 gm = hload16(gy->data, kg, off + i, m);

@@ -1,8 +1,9 @@
 /* kernels/cpu/cpu_half_simd.h — f16 / bf16 <-> f32 for 16 lanes in AVX-512 registers.
  *
  * The kernels that read half tensors convert them here, in registers, inside their own loads
- * (the direct convolution's packing, the 2x2 max pool, the whole-array conversions of
- * cpu_convert.c that every other kernel's chunks go through), so a half tensor is read once
+ * (the direct convolution's packing, the 2x2 max pool, BatchNorm's loops, the sums of
+ * na_cpu_sum_any_f, the whole-array conversions of cpu_convert.c that every other kernel's
+ * chunks go through), so a half tensor is read once
  * at half the bytes instead of widened into an f32 copy first. Bit-identical to common/half.h
  * for every input: tests/test_half.c runs all 2^32 f32 and all 2^16 half patterns through the
  * array conversions built on these, at every tail length.

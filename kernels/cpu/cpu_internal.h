@@ -5,9 +5,9 @@
  * store (common/half.h); f64 computes in double. bf16 GEMMs on AVX512_BF16 are the one
  * exception (below): the same accumulation in another order, denormals flushed. Every kernel
  * works on chunks of at most NA_CPU_CHUNK elements converted into stack buffers (f32 data is
- * used in place; the direct convolution's packing and the 2x2 max pool convert f16/bf16 in
- * registers instead, cpu_half_simd.h), so the per-element loops stay simple and vectorizable
- * and no kernel mallocs per call. Larger
+ * used in place; the direct convolution's packing, the 2x2 max pool and its backward,
+ * BatchNorm and the sums convert f16/bf16 in registers instead, cpu_half_simd.h), so the
+ * per-element loops stay simple and vectorizable and no kernel mallocs per call. Larger
  * temporaries (rows, im2col columns, GEMM packing) come from thread-local scratch buffers that
  * only grow: once a training step has run, later steps allocate nothing.
  */
@@ -119,9 +119,10 @@ void na_cpu_bf16_to_f32(float *dst, const uint16_t *src, int64_t n);
 bool na_cpu_convert_is_fast(void);
 extern bool na_cpu_convert_force_soft;
 /* Whether the CPU has AVX-512F/BW/VL (asked once) and the hook below is off: then the array
- * conversions run 16 lanes at a time (cpu_half_simd.h), and the direct convolution's packing
- * and the 2x2 max pool read f16/bf16 tensors in place, converting in registers, where they
- * otherwise widen them into f32 copies. The same bits either way; test hook:
+ * conversions run 16 lanes at a time (cpu_half_simd.h), and the direct convolution's packing,
+ * the 2x2 max pool (forward and backward), BatchNorm and na_cpu_sum_any_f read f16/bf16
+ * tensors in place, converting in registers, where they otherwise widen them into f32 copies.
+ * The same bits either way; test hook:
  * na_cpu_half512_off keeps the AVX2 conversions and the widening copies. */
 bool na_cpu_half512(void);
 extern bool na_cpu_half512_off;
