@@ -188,11 +188,7 @@ double na_cpu_sum_d(const double *x, int64_t n) { return pairwise_d(x, n); }
 #ifdef NA_CPU_HALF_SIMD
 /* pairwise_f over f16/bf16 read in place and converted in registers: the same 8 accumulators,
  * the same split and the same additions as pairwise_f over the widened copy, so the same bits */
-NA_HALF512 static float pairwise_h512(bool f16, const uint16_t *x, int64_t n) {
-    if (n > 128) {
-        int64_t h = (n / 2 + 7) & ~(int64_t)7;
-        return pairwise_h512(f16, x, h) + pairwise_h512(f16, x + h, n - h);
-    }
+NA_HALF512 static float pairwise_h512_leaf(bool f16, const uint16_t *x, int64_t n) {
     __m256 acc = _mm256_setzero_ps();
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) acc = _mm256_add_ps(acc, na_h256_load(f16, x + i, 0xFF));
@@ -204,6 +200,12 @@ NA_HALF512 static float pairwise_h512(bool f16, const uint16_t *x, int64_t n) {
         for (int64_t j = 0; j < n - i; j++) s += a[j];
     }
     return s;
+}
+/* the split, outside the AVX function (its one exit clears the upper halves) */
+static float pairwise_h512(bool f16, const uint16_t *x, int64_t n) {
+    if (n <= 128) return pairwise_h512_leaf(f16, x, n);
+    int64_t h = (n / 2 + 7) & ~(int64_t)7;
+    return pairwise_h512(f16, x, h) + pairwise_h512(f16, x + h, n - h);
 }
 #endif
 
