@@ -1938,8 +1938,10 @@ Test(cpu_pool, max_pool_2x2_backward_half_same_bits_as_generic) {
                                  0x7E00, 0x3C00};
     const uint16_t bf16_bits[] = {0x8000, 0x0000, 0x7F80, 0xFF80, 0x0001, 0x807F, 0x7F81, 0xFFC1,
                                   0x7FC0, 0x3F80};
+    /* rows of up to 8 windows run two rows a step: 8 (16 lanes), 7, 4, 1; odd rows left */
     const int64_t shapes[][4] = {{2, 3, 6, 8}, {1, 2, 7, 9}, {3, 1, 2, 2}, {1, 1, 5, 2},
-                                 {2, 2, 28, 28}, {1, 2, 14, 15}};
+                                 {2, 2, 28, 28}, {1, 2, 14, 15}, {1, 2, 6, 16}, {2, 1, 5, 17},
+                                 {1, 1, 4, 18}, {1, 2, 9, 66}};
     const na_dtype dts[] = {NA_DTYPE_F16, NA_DTYPE_BF16};
     for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++)
         for (int t = 0; t < 2; t++)

@@ -548,45 +548,79 @@ NA_HALF512 static void max_pool_2x2_avx512_h(bool f16, const uint16_t *r0, const
 }
 #endif
 
-/* a backward output row of 16 windows at a time, f16 (f16) or bf16 gy and gx: each window's
- * four cells written at once, gy's bits where the index points, 0 elsewhere (branch-free: the
- * winner is data). gy is made what the f32 path's 0 + gy rounded back gives: -0 is +0, NaNs
- * canonical (half.h's store: f16 sign | 0x7E00, bf16 0x7FC0). Returns false at an index inside
- * the plane (at..HW) but outside its window, having written part of the row. */
-NA_HALF512 static bool max_pool_bwd_2x2_avx512_h(bool f16, const uint16_t *gy,
-                                                 const int32_t *iv, int64_t ow, int32_t at,
-                                                 int32_t w, int32_t hw, uint16_t *r0,
-                                                 uint16_t *r1) {
-    const __m512i lane2 = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4,
-                                           2, 0);
+/* 16 windows of a 2x2 backward at once, f16 (f16) or bf16 gy and gx, the lanes under mo:
+ * window k's top-left cell is at[k] of the plane (hw cells, rows of w); *top and *bot get,
+ * per 32-bit lane, the window's two cells of its top and bottom row (the left one at the lower
+ * address): gy's bits where the index points, 0 elsewhere (branch-free: the winner is data).
+ * gy is made what the f32 path's 0 + gy rounded back gives: -0 is +0, NaNs canonical (half.h's
+ * store: f16 sign | 0x7E00, bf16 0x7FC0). false: an index inside the plane but outside its
+ * window. */
+NA_HALF512 static inline bool pool_bwd_16_h(bool f16, const uint16_t *gy, const int32_t *iv,
+                                            __mmask16 mo, __m512i at, int32_t w, int32_t hw,
+                                            __m512i *top, __m512i *bot) {
     const __m256i abs = _mm256_set1_epi16(0x7FFF), inf = _mm256_set1_epi16(f16 ? 0x7C00 : 0x7F80);
-    for (int64_t ox = 0; ox < ow; ox += 16) {
-        __mmask16 mo = na_h512_mask(ow - ox);
-        __m512i d = _mm512_sub_epi32(_mm512_maskz_loadu_epi32(mo, iv + ox),
-                                     _mm512_add_epi32(_mm512_set1_epi32(at + 2 * (int32_t)ox),
-                                                      lane2));
-        __mmask16 k0 = _mm512_mask_cmpeq_epi32_mask(mo, d, _mm512_setzero_si512());
-        __mmask16 k1 = _mm512_mask_cmpeq_epi32_mask(mo, d, _mm512_set1_epi32(1));
-        __mmask16 kw = _mm512_mask_cmpeq_epi32_mask(mo, d, _mm512_set1_epi32(w));
-        __mmask16 kw1 = _mm512_mask_cmpeq_epi32_mask(mo, d, _mm512_set1_epi32(w + 1));
-        __mmask16 in_plane = _mm512_mask_cmplt_epu32_mask(
-            mo, _mm512_maskz_loadu_epi32(mo, iv + ox), _mm512_set1_epi32(hw));
-        if (in_plane & ~(k0 | k1 | kw | kw1)) return false;
-        __m256i b = _mm256_maskz_loadu_epi16(mo, gy + ox), a = _mm256_and_si256(b, abs);
-        __m256i nan = f16 ? _mm256_or_si256(_mm256_andnot_si256(abs, b), _mm256_set1_epi16(0x7E00))
-                          : _mm256_set1_epi16(0x7FC0);
-        b = _mm256_mask_mov_epi16(b, _mm256_cmpeq_epi16_mask(a, _mm256_setzero_si256()),
-                                  _mm256_setzero_si256());
-        b = _mm256_mask_mov_epi16(b, _mm256_cmpgt_epi16_mask(a, inf), nan);
-        /* each 32-bit lane: the window's two cells of a row, the left one at the lower address */
-        __m512i top = _mm512_or_si512(
-            _mm512_cvtepu16_epi32(_mm256_maskz_mov_epi16(k0, b)),
-            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_mov_epi16(k1, b)), 16));
-        __m512i bot = _mm512_or_si512(
-            _mm512_cvtepu16_epi32(_mm256_maskz_mov_epi16(kw, b)),
-            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_mov_epi16(kw1, b)), 16));
-        _mm512_mask_storeu_epi32(r0 + 2 * ox, mo, top);
-        _mm512_mask_storeu_epi32(r1 + 2 * ox, mo, bot);
+    __m512i i = _mm512_maskz_loadu_epi32(mo, iv), d = _mm512_sub_epi32(i, at);
+    __mmask16 k0 = _mm512_mask_cmpeq_epi32_mask(mo, d, _mm512_setzero_si512());
+    __mmask16 k1 = _mm512_mask_cmpeq_epi32_mask(mo, d, _mm512_set1_epi32(1));
+    __mmask16 kw = _mm512_mask_cmpeq_epi32_mask(mo, d, _mm512_set1_epi32(w));
+    __mmask16 kw1 = _mm512_mask_cmpeq_epi32_mask(mo, d, _mm512_set1_epi32(w + 1));
+    __mmask16 in_plane = _mm512_mask_cmplt_epu32_mask(mo, i, _mm512_set1_epi32(hw));
+    if (in_plane & ~(k0 | k1 | kw | kw1)) return false;
+    __m256i b = _mm256_maskz_loadu_epi16(mo, gy), a = _mm256_and_si256(b, abs);
+    __m256i nan = f16 ? _mm256_or_si256(_mm256_andnot_si256(abs, b), _mm256_set1_epi16(0x7E00))
+                      : _mm256_set1_epi16(0x7FC0);
+    b = _mm256_mask_mov_epi16(b, _mm256_cmpeq_epi16_mask(a, _mm256_setzero_si256()),
+                              _mm256_setzero_si256());
+    b = _mm256_mask_mov_epi16(b, _mm256_cmpgt_epi16_mask(a, inf), nan);
+    *top = _mm512_or_si512(
+        _mm512_cvtepu16_epi32(_mm256_maskz_mov_epi16(k0, b)),
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_mov_epi16(k1, b)), 16));
+    *bot = _mm512_or_si512(
+        _mm512_cvtepu16_epi32(_mm256_maskz_mov_epi16(kw, b)),
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_mov_epi16(kw1, b)), 16));
+    return true;
+}
+
+/* output rows [oy0, oy1) of a plane's 2x2 backward (ow windows a row, input rows of w, hw
+ * cells) into gx: 16 windows a step along a row, or, where two rows fit in 16 lanes (ow <= 8,
+ * the 14x14 layer's 7), two rows a step. false as pool_bwd_16_h, having written part of it. */
+NA_HALF512 static bool max_pool_bwd_2x2_avx512_h(bool f16, const uint16_t *gy,
+                                                 const int32_t *iv, int64_t oh, int64_t ow,
+                                                 int32_t w, int32_t hw, uint16_t *gx) {
+    const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    __m512i top, bot;
+    int64_t oy = 0;
+    if (2 * ow <= 16) {
+        /* lanes [0, ow): row oy, [ow, 2ow): row oy + 1, whose cells lie 2w further on */
+        __mmask16 lo = na_h512_mask(ow), hi = (__mmask16)(na_h512_mask(2 * ow) & ~lo);
+        __m512i off = _mm512_mask_add_epi32(_mm512_slli_epi32(lane, 1), hi,
+                                            _mm512_slli_epi32(lane, 1),
+                                            _mm512_set1_epi32(2 * w - 2 * (int32_t)ow));
+        for (; oy + 2 <= oh; oy += 2) {
+            uint16_t *r0 = gx + 2 * oy * w, *r1 = r0 + w;
+            if (!pool_bwd_16_h(f16, gy + oy * ow, iv + oy * ow, lo | hi,
+                               _mm512_add_epi32(_mm512_set1_epi32(2 * (int32_t)oy * w), off), w,
+                               hw, &top, &bot))
+                return false;
+            _mm512_mask_storeu_epi32(r0, lo, top);
+            _mm512_mask_storeu_epi32(r1, lo, bot);
+            /* lane k >= ow lands at r0 + 2w + 2(k - ow) */
+            _mm512_mask_storeu_epi32(r0 + 2 * w - 2 * ow, hi, top);
+            _mm512_mask_storeu_epi32(r1 + 2 * w - 2 * ow, hi, bot);
+        }
+    }
+    for (; oy < oh; oy++) {
+        uint16_t *r0 = gx + 2 * oy * w, *r1 = r0 + w;
+        for (int64_t ox = 0; ox < ow; ox += 16) {
+            __mmask16 mo = na_h512_mask(ow - ox);
+            __m512i at = _mm512_add_epi32(_mm512_set1_epi32((int32_t)(2 * oy * w + 2 * ox)),
+                                          _mm512_slli_epi32(lane, 1));
+            if (!pool_bwd_16_h(f16, gy + oy * ow + ox, iv + oy * ow + ox, mo, at, w, hw, &top,
+                               &bot))
+                return false;
+            _mm512_mask_storeu_epi32(r0 + 2 * ox, mo, top);
+            _mm512_mask_storeu_epi32(r1 + 2 * ox, mo, bot);
+        }
     }
     return true;
 }
@@ -664,13 +698,11 @@ static bool max_pool_bwd_2x2_half(const na_conv_geom *g, const na_view *gy, cons
     const int64_t W = g->w, H = g->h, HW = H * W, OW = g->ow, OH = g->oh;
     const uint16_t *gyv = (const uint16_t *)gy->data + pl * OH * OW;
     uint16_t *gxv = (uint16_t *)gx->data + pl * HW;
-    for (int64_t oy = 0; oy < OH; oy++) {
-        uint16_t *r0 = gxv + 2 * oy * W, *r1 = r0 + W;
-        if (!max_pool_bwd_2x2_avx512_h(f16, gyv + oy * OW, iv + oy * OW, OW,
-                                       (int32_t)(2 * oy * W), (int32_t)W, (int32_t)HW, r0, r1))
-            return false;
-        for (int64_t x = 2 * OW; x < W; x++) r0[x] = r1[x] = 0; /* columns in no window */
-    }
+    if (!max_pool_bwd_2x2_avx512_h(f16, gyv, iv, OH, OW, (int32_t)W, (int32_t)HW, gxv))
+        return false;
+    if (2 * OW < W) /* columns in no window */
+        for (int64_t y = 0; y < 2 * OH; y++)
+            for (int64_t x = 2 * OW; x < W; x++) gxv[y * W + x] = 0;
     if (2 * OH < H) memset(gxv + 2 * OH * W, 0, (size_t)((H - 2 * OH) * W) * sizeof(uint16_t));
     return true;
 #else
