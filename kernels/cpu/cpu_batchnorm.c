@@ -515,7 +515,8 @@ NA_HALF512 static void bn_train_h(const na_view *x, const na_view *gamma, const 
         na_cpu_psum_f acc = {{0}, 0};
         for (int64_t ni = 0; ni < n; ni++) {
             if (ni + 1 < n)
-                hprefetch(x->data, kx, ((ni + 1) * c + ch) * s, s < NA_CPU_CHUNK ? s : NA_CPU_CHUNK);
+                hprefetch(x->data, kx, ((ni + 1) * c + ch) * s,
+                          s < NA_CPU_CHUNK ? s : NA_CPU_CHUNK);
             na_cpu_psum_add_f(&acc, na_cpu_sum_any_f(x->dtype, x->data, (ni * c + ch) * s, s));
         }
         float mean = na_cpu_psum_total_f(&acc) / (float)M;
