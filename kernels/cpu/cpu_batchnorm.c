@@ -503,7 +503,7 @@ NA_HALF512 static void haffine(const void *x, int kx, void *y, int ky, int64_t o
     }
 }
 
-/* channels [c0, c1) of bn_train_f with x of f16/bf16 (bn_half_ok) */
+/* channels [c0, c1) of bn_train_f with x of f16/bf16 and a y (bn_half_ok) */
 NA_HALF512 static void bn_train_h(const na_view *x, const na_view *gamma, const na_view *beta,
                                   na_view *rm, na_view *rv, na_view *y, na_view *sm,
                                   na_view *si, int64_t n, int64_t c, int64_t s, float momentum,
@@ -529,12 +529,11 @@ NA_HALF512 static void bn_train_h(const na_view *x, const na_view *gamma, const 
         float var = na_cpu_psum_total_f(&sq) / (float)M;
         float invstd = na_bn_invstd_f(var, eps);
         float scale = invstd * (float)param(gamma, ch, 1), shift = (float)param(beta, ch, 0);
-        if (y)
-            for (int64_t ni = 0; ni < n; ni++) {
-                if (ni + 1 < n && s <= NA_CPU_CHUNK)
-                    hprefetch_w(y->data, ky, ((ni + 1) * c + ch) * s, s);
-                haffine(x->data, kx, y->data, ky, (ni * c + ch) * s, s, mean, scale, shift, relu);
-            }
+        for (int64_t ni = 0; ni < n; ni++) {
+            if (ni + 1 < n && s <= NA_CPU_CHUNK)
+                hprefetch_w(y->data, ky, ((ni + 1) * c + ch) * s, s);
+            haffine(x->data, kx, y->data, ky, (ni * c + ch) * s, s, mean, scale, shift, relu);
+        }
         set_param(sm, ch, mean);
         set_param(si, ch, invstd);
         float rmean = (float)param(rm, ch, 0), rvar = (float)param(rv, ch, 1);
@@ -630,12 +629,13 @@ NA_HALF512 static void bn_backward_h(const na_view *x, const na_view *gy, const 
 /* Whether job j's f32 compute takes the half loops: the CPU has AVX-512F/BW/VL, every operand
  * is f32, f16 or bf16, and the half operand the f32 loops widen is a half (train: x; backward:
  * gy, within widen_buffer's limit, so that ReLU's mask is the widened buffer's) or is read
- * once (eval: x or y). */
+ * once (eval: x or y). Not the statistics-only training call (y NULL, SyncBatchNorm's) nor
+ * batch_norm_backward_elemt: SyncBatchNorm's kernels stay in one place, the f32 loops. */
 static bool bn_half_ok(const bn_job *j) {
     if (j->f64 || !na_cpu_half512()) return false;
     bool x_half = hkind(j->x) > HK_F32;
     switch (j->kind) {
-    case BN_TRAIN: return x_half && hkind(j->y) != HK_NONE;
+    case BN_TRAIN: return x_half && j->y && hkind(j->y) != HK_NONE;
     case BN_EVAL: return (x_half || hkind(j->y) > HK_F32) && hkind(j->y) != HK_NONE;
     case BN_BACKWARD:
         return hkind(j->gy) > HK_F32 && j->n * j->s <= ((int64_t)1 << 22) &&
