@@ -424,6 +424,184 @@ NA_AVX512 static void abt_store(__m512 acc[4][6], int64_t M, int64_t N, int64_t 
 NA_DC_DEFINE_ABT(abt, NA_AVX512, float, __m512, DC_LANES, NA_DC_FMA_AB)
 NA_DC_DEFINE_ABT(abt_bf16, NA_BF16, uint16_t, __m512i, 2 * DC_LANES, NA_DC_DOT)
 
+/* ---- the 3x3 weight gradient with output channels in lanes ---------------------------------
+ * gW[co][c][ki][kj] = sum over images and output pixels (oy, ox) of gy[co][oy][ox] *
+ * xp[c][oy*sh + ki*dh][ox + kj], xp the input with its zero border (ph rows, pw columns) copied
+ * once per image: the 9 taps are 9 shifted addresses into one padded plane, where the
+ * lane-sum kernel above packs 9 column rows. The tile holds 32 output channels (two vectors,
+ * gy transposed to [pixel][32 channels]) x the 9 taps of one input channel in 18 accumulators;
+ * each output pixel loads 2 vectors of gy and broadcasts 9 inputs for 18 FMAs, and the sum over
+ * pixels stays in its lane, so there are no lane sums and no whole-vector pixel padding (a 4x4
+ * map is 16 pixels, not a 16-lane tile of each tap). The accumulators start from the running
+ * sums ct[k][co] (K x 32-channel blocks) and go back there after each block of images, so
+ * every element is one chain of FMAs over the images and pixels in order, however the images
+ * are blocked and the rows split. bf16 (vdpbf16ps): gy as pairs of consecutive pixels of an
+ * output row per channel ([pair][32][2], an odd row's last pair padded with a zero), the input
+ * pair broadcast as 32 bits from the padded row (one spare zero column). */
+enum { WL_CO = 32 }; /* output channels per tile: two f32 vectors */
+
+NA_AVX512 static inline __attribute__((always_inline)) void
+wl_tile_f32_ow(const float *restrict gt, const float *restrict xp, int64_t x_img, int64_t nb,
+               const dc_shape *s, int64_t Wp, float *restrict ct, int64_t ld, int64_t OW) {
+    __m512 acc[9][2];
+    _Pragma("GCC unroll 9") for (int t = 0; t < 9; t++) {
+        acc[t][0] = _mm512_loadu_ps(ct + t * ld);
+        acc[t][1] = _mm512_loadu_ps(ct + t * ld + 16);
+    }
+    const int64_t rs = s->sh * Wp, ks = s->dh * Wp;
+    for (int64_t b = 0; b < nb; b++)
+        for (int64_t oy = 0; oy < s->OH; oy++) {
+            const float *x0 = xp + b * x_img + oy * rs, *x1 = x0 + ks, *x2 = x1 + ks;
+            _Pragma("GCC unroll 8") for (int64_t ox = 0; ox < OW; ox++, gt += WL_CO) {
+                __m512 g0 = _mm512_loadu_ps(gt), g1 = _mm512_loadu_ps(gt + 16);
+                const float *xr[3] = {x0 + ox, x1 + ox, x2 + ox};
+                _Pragma("GCC unroll 3") for (int ki = 0; ki < 3; ki++)
+                    _Pragma("GCC unroll 3") for (int kj = 0; kj < 3; kj++) {
+                        __m512 w = _mm512_set1_ps(xr[ki][kj]);
+                        acc[ki * 3 + kj][0] = _mm512_fmadd_ps(g0, w, acc[ki * 3 + kj][0]);
+                        acc[ki * 3 + kj][1] = _mm512_fmadd_ps(g1, w, acc[ki * 3 + kj][1]);
+                    }
+            }
+        }
+    _Pragma("GCC unroll 9") for (int t = 0; t < 9; t++) {
+        _mm512_storeu_ps(ct + t * ld, acc[t][0]);
+        _mm512_storeu_ps(ct + t * ld + 16, acc[t][1]);
+    }
+}
+
+NA_BF16 static inline __attribute__((always_inline)) void
+wl_tile_bf16_ow(const uint16_t *restrict gt, const uint16_t *restrict xp, int64_t x_img,
+                int64_t nb, const dc_shape *s, int64_t Wp, float *restrict ct, int64_t ld,
+                int64_t OW) {
+    __m512 acc[9][2];
+    _Pragma("GCC unroll 9") for (int t = 0; t < 9; t++) {
+        acc[t][0] = _mm512_loadu_ps(ct + t * ld);
+        acc[t][1] = _mm512_loadu_ps(ct + t * ld + 16);
+    }
+    const int64_t rs = s->sh * Wp, ks = s->dh * Wp;
+    for (int64_t b = 0; b < nb; b++)
+        for (int64_t oy = 0; oy < s->OH; oy++) {
+            const uint16_t *x0 = xp + b * x_img + oy * rs, *x1 = x0 + ks, *x2 = x1 + ks;
+            _Pragma("GCC unroll 4") for (int64_t ox = 0; ox < OW; ox += 2, gt += 2 * WL_CO) {
+                __m512bh g0 = (__m512bh)_mm512_loadu_si512((const void *)gt);
+                __m512bh g1 = (__m512bh)_mm512_loadu_si512((const void *)(gt + WL_CO));
+                const uint16_t *xr[3] = {x0 + ox, x1 + ox, x2 + ox};
+                _Pragma("GCC unroll 3") for (int ki = 0; ki < 3; ki++)
+                    _Pragma("GCC unroll 3") for (int kj = 0; kj < 3; kj++) {
+                        int32_t pair;
+                        memcpy(&pair, xr[ki] + kj, sizeof pair);
+                        __m512bh w = (__m512bh)_mm512_set1_epi32(pair);
+                        acc[ki * 3 + kj][0] = _mm512_dpbf16_ps(acc[ki * 3 + kj][0], g0, w);
+                        acc[ki * 3 + kj][1] = _mm512_dpbf16_ps(acc[ki * 3 + kj][1], g1, w);
+                    }
+            }
+        }
+    _Pragma("GCC unroll 9") for (int t = 0; t < 9; t++) {
+        _mm512_storeu_ps(ct + t * ld, acc[t][0]);
+        _mm512_storeu_ps(ct + t * ld + 16, acc[t][1]);
+    }
+}
+
+/* the tiles with the row widths of ResNet-9's small maps known to the compiler (rows of 4 and
+ * 8 pixels fully unrolled: a 4x4 map's row loop cost a quarter of its time), else any width */
+#define NA_WL_TILE(NAME, TARGET, E)                                                         \
+    TARGET static void NAME(const E *gt, const E *xp, int64_t x_img, int64_t nb,            \
+                            const dc_shape *s, int64_t Wp, float *ct, int64_t ld) {         \
+        if (s->OW == 4) NAME##_ow(gt, xp, x_img, nb, s, Wp, ct, ld, 4);                      \
+        else if (s->OW == 8) NAME##_ow(gt, xp, x_img, nb, s, Wp, ct, ld, 8);                 \
+        else NAME##_ow(gt, xp, x_img, nb, s, Wp, ct, ld, s->OW);                             \
+    }
+NA_WL_TILE(wl_tile_f32, NA_AVX512, float)
+NA_WL_TILE(wl_tile_bf16, NA_BF16, uint16_t)
+
+/* wgrad_range's work for 3x3 kernels (the same arguments) */
+static int wgrad_lanes(const na_conv_geom *g, const na_view *x, const na_view *gy, int64_t lo,
+                       int64_t hi, int64_t r0, int64_t r1, float *gw) {
+    const char *fn = "cpu_conv2d_backward_weight";
+    int64_t G = g->groups, cg = g->c_in / G, cog = g->c_out / G, rows = r1 - r0;
+    dc_shape s = {.cin = cg, .H = g->h, .W = g->w, .cout = cog, .OH = g->oh, .OW = g->ow,
+                  .KH = 3, .KW = 3, .sh = g->sh, .ph = g->ph, .pw = g->pw, .dh = g->dh};
+    bool bf = x->dtype == NA_DTYPE_BF16 && gy->dtype == NA_DTYPE_BF16 && na_cpu_bf16_fast();
+    size_t esz = bf ? sizeof(uint16_t) : sizeof(float);
+    const int64_t K = cg * 9, P = s.OH * s.OW, HW = s.H * s.W;
+    const int64_t blocks = (rows + WL_CO - 1) / WL_CO, RP = blocks * WL_CO;
+    /* the padded planes; bf16: one spare zero column for an odd row's last pair */
+    const int64_t Hp = s.H + 2 * s.ph, Wp = s.W + 2 * s.pw + (bf ? 1 : 0), plane = Hp * Wp;
+    /* gy's pixels per image as the tile reads them: bf16 pairs of each row */
+    const int64_t OWq = bf ? (s.OW + 1) / 2 * 2 : s.OW, PQ = s.OH * OWq;
+    /* images per block: transposed gy and padded planes within half the block budget */
+    int64_t per = PQ * RP + cg * plane, NB = na_cpu_conv_block_budget / 2 / per;
+    NB = NB < 1 ? 1 : NB > hi - lo ? hi - lo : NB;
+    float *ct = na_cpu_scratch(NA_CPU_SCRATCH_0, (size_t)(K * RP) * sizeof(float), fn);
+    char *gt = na_cpu_scratch(NA_CPU_SCRATCH_1, (size_t)(NB * PQ * RP) * esz, fn);
+    char *xp = na_cpu_scratch(NA_CPU_SCRATCH_2, (size_t)(NB * cg * plane) * esz, fn);
+    float *row = bf ? NULL : na_cpu_scratch(NA_CPU_SCRATCH_4, (size_t)(P > s.W ? P : s.W) *
+                                                                  sizeof(float), fn);
+    if (!ct || !gt || !xp || (!bf && !row)) return NA_ENOMEM;
+    for (int64_t gi = 0; gi < G; gi++) {
+        memset(ct, 0, (size_t)(K * RP) * sizeof(float));
+        for (int64_t n0 = lo; n0 < hi; n0 += NB) {
+            int64_t nb = hi - n0 < NB ? hi - n0 : NB;
+            /* gt[blk][b][pixel][32]: gy rows r0 + blk*32 + j of image n0 + b, zero past r1 */
+            memset(gt, 0, (size_t)(nb * PQ * RP) * esz);
+            for (int64_t b = 0; b < nb; b++)
+                for (int64_t r = 0; r < rows; r++) {
+                    int64_t at = ((n0 + b) * g->c_out + gi * cog + r0 + r) * P;
+                    int64_t blk = r / WL_CO, j = r % WL_CO;
+                    int64_t base = (blk * nb + b) * PQ * WL_CO;
+                    if (bf) {
+                        const uint16_t *src = (const uint16_t *)gy->data + at;
+                        uint16_t *d = (uint16_t *)gt + base;
+                        for (int64_t oy = 0; oy < s.OH; oy++)
+                            for (int64_t ox = 0; ox < s.OW; ox++) {
+                                int64_t q = oy * OWq + ox; /* pair q/2, its half q%2 */
+                                d[(q / 2 * WL_CO + j) * 2 + q % 2] = src[oy * s.OW + ox];
+                            }
+                    } else {
+                        const float *src = na_cpu_view_f(gy->dtype, gy->data, at, P, row);
+                        float *d = (float *)gt + base + j;
+                        for (int64_t p = 0; p < P; p++) d[p * WL_CO] = src[p];
+                    }
+                }
+            /* xp[c][b]: the padded planes of image n0 + b, a channel's images in a row */
+            memset(xp, 0, (size_t)(nb * cg * plane) * esz);
+            for (int64_t b = 0; b < nb; b++)
+                for (int64_t c = 0; c < cg; c++) {
+                    int64_t at = ((n0 + b) * g->c_in + gi * cg + c) * HW;
+                    char *d = xp + (size_t)((c * nb + b) * plane + s.ph * Wp + s.pw) * esz;
+                    for (int64_t iy = 0; iy < s.H; iy++, d += (size_t)Wp * esz) {
+                        if (bf)
+                            memcpy(d, (const uint16_t *)x->data + at + iy * s.W,
+                                   (size_t)s.W * esz);
+                        else
+                            na_cpu_load_f(x->dtype, x->data, at + iy * s.W, s.W, (float *)d);
+                    }
+                }
+            for (int64_t blk = 0; blk < blocks; blk++)
+                for (int64_t c = 0; c < cg; c++) {
+                    const char *gb = gt + (size_t)(blk * nb * PQ * WL_CO) * esz;
+                    const char *xc = xp + (size_t)(c * nb * plane) * esz;
+                    float *cc = ct + c * 9 * RP + blk * WL_CO;
+                    if (bf)
+                        wl_tile_bf16((const uint16_t *)gb, (const uint16_t *)xc, plane, nb, &s,
+                                     Wp, cc, RP);
+                    else
+                        wl_tile_f32((const float *)gb, (const float *)xc, plane, nb, &s, Wp,
+                                    cc, RP);
+                }
+        }
+        /* ct[k][r] into gW's rows, in 16 x 16 blocks (a whole column at a time read ct with
+         * a stride of RP floats) */
+        for (int64_t k0 = 0; k0 < K; k0 += 16)
+            for (int64_t q0 = 0; q0 < rows; q0 += 16)
+                for (int64_t r = q0; r < rows && r < q0 + 16; r++) {
+                    float *d = gw + (gi * cog + r0 + r) * K;
+                    for (int64_t k = k0; k < K && k < k0 + 16; k++) d[k] = ct[k * RP + r];
+                }
+    }
+    return NA_OK;
+}
+
 /* Rows [r0, r1) of every group's weight gradient (at gw + (gi*cog + r)*K, f32) over images
  * [lo, hi): per block of about 1024 pixels, gy's rows copied with zero tails to whole 16-pixel
  * tiles, then per slice of whole input channels the block's im2col columns packed the same
@@ -435,6 +613,7 @@ NA_DC_DEFINE_ABT(abt_bf16, NA_BF16, uint16_t, __m512i, 2 * DC_LANES, NA_DC_DOT)
  * would cost more than the product for few channels, as in a first layer). */
 static int wgrad_range(const na_conv_geom *g, const na_view *x, const na_view *gy, int64_t lo,
                        int64_t hi, int64_t r0, int64_t r1, float *gw) {
+    if (g->kh == 3 && g->kw == 3) return wgrad_lanes(g, x, gy, lo, hi, r0, r1, gw);
     const char *fn = "cpu_conv2d_backward_weight";
     int64_t G = g->groups, cg = g->c_in / G, cog = g->c_out / G, rows = r1 - r0;
     dc_shape s = {.cin = cg, .H = g->h, .W = g->w, .cout = cog, .OH = g->oh, .OW = g->ow,
