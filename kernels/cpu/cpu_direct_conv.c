@@ -514,6 +514,34 @@ wl_tile_bf16_ow(const uint16_t *restrict gt, const uint16_t *restrict xp, int64_
 NA_WL_TILE(wl_tile_f32, NA_AVX512, float)
 NA_WL_TILE(wl_tile_bf16, NA_BF16, uint16_t)
 
+/* dst[c*ldd + r] = src[r*lds + c] for a 16 x 16 block of 32-bit words */
+NA_AVX512 static void transpose16(const uint32_t *src, int64_t lds, uint32_t *dst, int64_t ldd) {
+    __m512 r[16], t[16];
+    for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_ps((const float *)(src + i * lds));
+    for (int i = 0; i < 8; i++) { /* per 128-bit lane L: elements 4L, 4L+1 / 4L+2, 4L+3 */
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; i++) { /* r[4i + k], lane L: column 4L + k of rows 4i .. 4i+3 */
+        __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 1]);
+        __m512d c = _mm512_castps_pd(t[4 * i + 2]), d = _mm512_castps_pd(t[4 * i + 3]);
+        r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+        r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+        r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+        r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+    }
+    for (int k = 0; k < 4; k++) { /* lanes of the four row groups gathered per column */
+        __m512 a = _mm512_shuffle_f32x4(r[k], r[4 + k], 0x88);
+        __m512 b = _mm512_shuffle_f32x4(r[k], r[4 + k], 0xDD);
+        __m512 c = _mm512_shuffle_f32x4(r[8 + k], r[12 + k], 0x88);
+        __m512 d = _mm512_shuffle_f32x4(r[8 + k], r[12 + k], 0xDD);
+        _mm512_storeu_ps((float *)(dst + k * ldd), _mm512_shuffle_f32x4(a, c, 0x88));
+        _mm512_storeu_ps((float *)(dst + (8 + k) * ldd), _mm512_shuffle_f32x4(a, c, 0xDD));
+        _mm512_storeu_ps((float *)(dst + (4 + k) * ldd), _mm512_shuffle_f32x4(b, d, 0x88));
+        _mm512_storeu_ps((float *)(dst + (12 + k) * ldd), _mm512_shuffle_f32x4(b, d, 0xDD));
+    }
+}
+
 /* wgrad_range's work for 3x3 kernels (the same arguments) */
 static int wgrad_lanes(const na_conv_geom *g, const na_view *x, const na_view *gy, int64_t lo,
                        int64_t hi, int64_t r0, int64_t r1, float *gw) {
@@ -542,13 +570,30 @@ static int wgrad_lanes(const na_conv_geom *g, const na_view *x, const na_view *g
         memset(ct, 0, (size_t)(K * RP) * sizeof(float));
         for (int64_t n0 = lo; n0 < hi; n0 += NB) {
             int64_t nb = hi - n0 < NB ? hi - n0 : NB;
-            /* gt[blk][b][pixel][32]: gy rows r0 + blk*32 + j of image n0 + b, zero past r1 */
+            /* gt[blk][b][pixel][32]: gy rows r0 + blk*32 + j of image n0 + b, zero past r1;
+             * 16 rows at a time by 16 x 16 transposes of 32-bit words (f32 gy, or bf16 pairs
+             * when the rows hold whole pairs), the rest one element at a time */
             memset(gt, 0, (size_t)(nb * PQ * RP) * esz);
+            bool words = bf ? s.OW % 2 == 0 : gy->dtype == NA_DTYPE_F32;
+            int64_t nw = bf ? P / 2 : P; /* 32-bit words per row */
             for (int64_t b = 0; b < nb; b++)
                 for (int64_t r = 0; r < rows; r++) {
                     int64_t at = ((n0 + b) * g->c_out + gi * cog + r0 + r) * P;
                     int64_t blk = r / WL_CO, j = r % WL_CO;
                     int64_t base = (blk * nb + b) * PQ * WL_CO;
+                    if (words && j % 16 == 0 && rows - r >= 16) {
+                        const uint32_t *src = (const uint32_t *)((const char *)gy->data +
+                                                                 (size_t)at * esz);
+                        uint32_t *d = (uint32_t *)((char *)gt + (size_t)base * esz) + j;
+                        int64_t q = 0;
+                        for (; q + 16 <= nw; q += 16)
+                            transpose16(src + q, nw, d + q * WL_CO, WL_CO);
+                        for (int64_t i = 0; i < 16; i++)
+                            for (int64_t t = q; t < nw; t++)
+                                d[t * WL_CO + i] = src[i * nw + t];
+                        r += 15;
+                        continue;
+                    }
                     if (bf) {
                         const uint16_t *src = (const uint16_t *)gy->data + at;
                         uint16_t *d = (uint16_t *)gt + base;
