@@ -21,9 +21,12 @@
  * differs from the GEMM path's, so the two agree to rounding, not bit for bit (tests in
  * tests/test_cpu_kernels.c hold both to the specification's error bound).
  *
- * The weight gradient gW = gy . col^T reduces along both operands' rows, so it runs as dot
- * products over 16-pixel lanes: the columns packed per block of images in whole 16-pixel
- * tiles by the same packer, gy's rows copied beside them, and no OpenBLAS packing.
+ * The weight gradient gW = gy . col^T reduces along pixels. For 3x3 kernels output channels
+ * run in the lanes (wgrad_lanes): gy transposed per block of images, x copied once into padded
+ * planes whose shifted addresses are the 9 taps, an FMA chain per element over the pixels. Other
+ * shapes run dot products over 16-pixel lanes (abt): the columns packed per block of images in
+ * whole 16-pixel tiles by the same packer, gy's rows copied beside them, and no OpenBLAS
+ * packing. (bf16: the pairs are consecutive pixels on both.)
  *
  * Used for f32 compute (f32, f16 and bf16 tensors, widened per image as the GEMM path does;
  * f16 input on a CPU with AVX-512BW is read in place instead, its 16-bit runs converted by the
