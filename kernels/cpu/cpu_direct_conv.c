@@ -638,14 +638,20 @@ static int wgrad_lanes(const na_conv_geom *g, const na_view *x, const na_view *g
                                     cc, RP);
                 }
         }
-        /* ct[k][r] into gW's rows, in 16 x 16 blocks (a whole column at a time read ct with
-         * a stride of RP floats) */
+        /* ct[k][r] into gW's rows by 16 x 16 transposes (a whole column at a time read ct
+         * with a stride of RP floats: a fifth of the 4x4 layer's time), the edges one by one */
+        float *gr = gw + (gi * cog + r0) * K;
         for (int64_t k0 = 0; k0 < K; k0 += 16)
-            for (int64_t q0 = 0; q0 < rows; q0 += 16)
-                for (int64_t r = q0; r < rows && r < q0 + 16; r++) {
-                    float *d = gw + (gi * cog + r0 + r) * K;
-                    for (int64_t k = k0; k < K && k < k0 + 16; k++) d[k] = ct[k * RP + r];
+            for (int64_t q0 = 0; q0 < rows; q0 += 16) {
+                if (k0 + 16 <= K && q0 + 16 <= rows) {
+                    transpose16((const uint32_t *)(ct + k0 * RP + q0), RP,
+                                (uint32_t *)(gr + q0 * K + k0), K);
+                    continue;
                 }
+                for (int64_t r = q0; r < rows && r < q0 + 16; r++)
+                    for (int64_t k = k0; k < K && k < k0 + 16; k++)
+                        gr[r * K + k] = ct[k * RP + r];
+            }
     }
     return NA_OK;
 }
