@@ -667,7 +667,10 @@ static int wgrad_lanes(const na_conv_geom *g, const na_view *x, const na_view *g
  * would cost more than the product for few channels, as in a first layer). */
 static int wgrad_range(const na_conv_geom *g, const na_view *x, const na_view *gy, int64_t lo,
                        int64_t hi, int64_t r0, int64_t r1, float *gw) {
-    if (g->kh == 3 && g->kw == 3) return wgrad_lanes(g, x, gy, lo, hi, r0, r1, gw);
+    /* the padded planes hold every tap of an output map no larger than the geometry's */
+    if (g->kh == 3 && g->kw == 3 && g->oh > 0 &&
+        (g->oh - 1) * g->sh + 2 * g->dh < g->h + 2 * g->ph && g->ow + 2 <= g->w + 2 * g->pw)
+        return wgrad_lanes(g, x, gy, lo, hi, r0, r1, gw);
     const char *fn = "cpu_conv2d_backward_weight";
     int64_t G = g->groups, cg = g->c_in / G, cog = g->c_out / G, rows = r1 - r0;
     dc_shape s = {.cin = cg, .H = g->h, .W = g->w, .cout = cog, .OH = g->oh, .OW = g->ow,
