@@ -667,9 +667,11 @@ static int wgrad_lanes(const na_conv_geom *g, const na_view *x, const na_view *g
  * would cost more than the product for few channels, as in a first layer). */
 static int wgrad_range(const na_conv_geom *g, const na_view *x, const na_view *gy, int64_t lo,
                        int64_t hi, int64_t r0, int64_t r1, float *gw) {
-    /* the padded planes hold every tap of an output map no larger than the geometry's */
-    if (g->kh == 3 && g->kw == 3 && g->oh > 0 &&
-        (g->oh - 1) * g->sh + 2 * g->dh < g->h + 2 * g->ph && g->ow + 2 <= g->w + 2 * g->pw)
+    /* the padded planes hold every tap of an output map no larger than the geometry's; empty
+     * problems (no scratch to ask for) stay with abt */
+    if (g->kh == 3 && g->kw == 3 && g->oh > 0 && g->ow > 0 && g->c_in > 0 && r1 > r0 &&
+        hi > lo && (g->oh - 1) * g->sh + 2 * g->dh < g->h + 2 * g->ph &&
+        g->ow + 2 <= g->w + 2 * g->pw)
         return wgrad_lanes(g, x, gy, lo, hi, r0, r1, gw);
     const char *fn = "cpu_conv2d_backward_weight";
     int64_t G = g->groups, cg = g->c_in / G, cog = g->c_out / G, rows = r1 - r0;
