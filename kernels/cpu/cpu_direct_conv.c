@@ -434,13 +434,14 @@ NA_DC_DEFINE_ABT(abt_bf16, NA_BF16, uint16_t, __m512i, 2 * DC_LANES, NA_DC_DOT)
  * lane-sum kernel above packs 9 column rows. The tile holds 32 output channels (two vectors,
  * gy transposed to [pixel][32 channels]) x the 9 taps of one input channel in 18 accumulators;
  * each output pixel loads 2 vectors of gy and broadcasts 9 inputs for 18 FMAs, and the sum over
- * pixels stays in its lane, so there are no lane sums and no whole-vector pixel padding (a 4x4
- * map is 16 pixels, not a 16-lane tile of each tap). The accumulators start from the running
- * sums ct[k][co] (K x 32-channel blocks) and go back there after each block of images, so
- * every element is one chain of FMAs over the images and pixels in order, however the images
- * are blocked and the rows split. bf16 (vdpbf16ps): gy as pairs of consecutive pixels of an
- * output row per channel ([pair][32][2], an odd row's last pair padded with a zero), the input
- * pair broadcast as 32 bits from the padded row (one spare zero column). */
+ * pixels stays in its lane, so there are no lane sums and no pixels padded to whole vectors
+ * (abt_bf16's rows are 32-pixel vectors: a 4x4 map's 16 pixels fill half of one). The
+ * accumulators start from the running sums ct[k][co] (K x 32-channel blocks) and go back there
+ * after each block of images, so every element is one chain of FMAs over the images and pixels
+ * in order, however the images are blocked and the rows split. bf16 (vdpbf16ps): gy as pairs
+ * of consecutive pixels of an output row per channel ([pair][32][2], an odd row's last pair
+ * padded with a zero), the input pair broadcast as 32 bits from the padded row (one spare zero
+ * column). */
 enum { WL_CO = 32 }; /* output channels per tile: two f32 vectors */
 
 NA_AVX512 static inline __attribute__((always_inline)) void
