@@ -1356,7 +1356,8 @@ static void bf16_env_off(void) { setenv("NANOAMP_CPU_BF16", "off", 1); }
 /* ---- the direct convolution's border (cpu_direct_conv.c) ------------------------------------
  * Small maps, where most output pixels have taps over the padding: 1x1 to 8x8, vertical stride
  * 1 and 2 (the direct path's; horizontal stride 2 takes the GEMM path), padding 0 and 1, odd
- * channel counts (37 outputs: several 8-channel blocks and a short one), batch 1 and 3; the
+ * channel counts (37 outputs: several 8-channel blocks and a short one; 70: the weight gradient
+ * split by output channels too), batch 1 and 3, f32, bf16 and f16; the
  * forward, data gradient and weight gradient as shipped against the specification
  * (cpu_reference.c). f32: the direct path sums in f32, so each output is within
  * expect_within_sum_bound's 2.1 K 2^-24 S + 2.1 2^-24 |y| of the specification (S the sum of
@@ -1402,6 +1403,13 @@ static void direct_border_case(na_dtype dt, int64_t n, int64_t ci, int64_t co, i
     expect_within_sum_bound(&y[0], &y[1], &y[2], ci * 9 + 1, what);
     expect_within_sum_bound(&gx[0], &gx[1], &gx[2], co * 9, what);
     expect_within_sum_bound(&gw[0], &gw[1], &gw[2], n * g.oh * g.ow, what);
+    if (co >= 64) { /* the split by output channels, which wide layers take */
+        fill_rand(&gw[0], 9, 10);
+        cr_assert_eq(na_cpu_direct_conv2d_wgrad_rows(&g, &x, &gy, &gw[0]), NA_OK, "%s",
+                     na_last_error());
+        strncat(what, ", by rows", sizeof what - strlen(what) - 1);
+        expect_within_sum_bound(&gw[0], &gw[1], &gw[2], n * g.oh * g.ow, what);
+    }
     for (int v = 0; v < 3; v++) rm(&y[v]), rm(&gx[v]), rm(&gw[v]);
     rm(&x); rm(&w); rm(&b); rm(&gy); rm(&ax); rm(&aw); rm(&ab); rm(&agy);
 }
@@ -1410,16 +1418,20 @@ Test(cpu_conv, direct_border_taps_against_specification, .timeout = 120) {
     na_conv_geom g = conv_geom(1, 3, 4, 4, 37, 3, 1, 1, 1, 1);
     if (!na_cpu_direct_conv_usable(&g, false))
         cr_skip("this CPU has no AVX-512F (or NANOAMP_CPU_CONV=gemm): no direct convolution");
-    static const int64_t maps[] = {1, 2, 3, 4, 5, 8}, batches[] = {1, 3};
-    static const int64_t chans[][2] = {{3, 37}, {33, 37}}; /* odd; 33: one bf16 pair short */
-    for (int d = 0; d < 2; d++)
+    static const int64_t maps[] = {1, 2, 3, 4, 5, 6, 7, 8}, batches[] = {1, 3};
+    /* odd; 33: one bf16 pair short; 70 outputs: also the weight gradient split by output
+     * channels (direct_border_case), its tasks' rows not whole 32-channel tiles */
+    static const int64_t chans[][2] = {{3, 37}, {33, 37}, {5, 70}};
+    static const na_dtype dts[] = {NA_DTYPE_F32, NA_DTYPE_BF16, NA_DTYPE_F16};
+    for (int d = 0; d < 3; d++)
         for (size_t m = 0; m < sizeof maps / sizeof maps[0]; m++)
             for (int bi = 0; bi < 2; bi++)
-                for (int c = 0; c < 2; c++)
+                for (int c = 0; c < 3; c++)
                     for (int sh = 1; sh <= 2; sh++)
-                        for (int p = 0; p <= 1; p++)
-                            direct_border_case(d ? NA_DTYPE_BF16 : NA_DTYPE_F32, batches[bi],
-                                               chans[c][0], chans[c][1], maps[m], sh, p);
+                        for (int p = 0; p <= 1; p++) {
+                            direct_border_case(dts[d], batches[bi], chans[c][0], chans[c][1],
+                                               maps[m], sh, p);
+                        }
 }
 
 /* NANOAMP_CPU_BF16=off (read once, here in this test's own process) selects the widening

@@ -21,9 +21,12 @@
  * differs from the GEMM path's, so the two agree to rounding, not bit for bit (tests in
  * tests/test_cpu_kernels.c hold both to the specification's error bound).
  *
- * The weight gradient gW = gy . col^T reduces along both operands' rows, so it runs as dot
- * products over 16-pixel lanes: the columns packed per block of images in whole 16-pixel
- * tiles by the same packer, gy's rows copied beside them, and no OpenBLAS packing.
+ * The weight gradient gW = gy . col^T reduces along pixels. For 3x3 kernels output channels
+ * run in the lanes (wgrad_lanes): gy transposed per block of images, x copied once into padded
+ * planes whose shifted addresses are the 9 taps, an FMA chain per element over the pixels. Other
+ * shapes run dot products over 16-pixel lanes (abt): the columns packed per block of images in
+ * whole 16-pixel tiles by the same packer, gy's rows copied beside them, and no OpenBLAS
+ * packing. (bf16: the pairs are consecutive pixels on both.)
  *
  * Used for f32 compute (f32, f16 and bf16 tensors, widened per image as the GEMM path does;
  * f16 input on a CPU with AVX-512BW is read in place instead, its 16-bit runs converted by the
@@ -424,6 +427,236 @@ NA_AVX512 static void abt_store(__m512 acc[4][6], int64_t M, int64_t N, int64_t 
 NA_DC_DEFINE_ABT(abt, NA_AVX512, float, __m512, DC_LANES, NA_DC_FMA_AB)
 NA_DC_DEFINE_ABT(abt_bf16, NA_BF16, uint16_t, __m512i, 2 * DC_LANES, NA_DC_DOT)
 
+/* ---- the 3x3 weight gradient with output channels in lanes ---------------------------------
+ * gW[co][c][ki][kj] = sum over images and output pixels (oy, ox) of gy[co][oy][ox] *
+ * xp[c][oy*sh + ki*dh][ox + kj], xp the input with its zero border (ph rows, pw columns) copied
+ * once per image: the 9 taps are 9 shifted addresses into one padded plane, where the
+ * lane-sum kernel above packs 9 column rows. The tile holds 32 output channels (two vectors,
+ * gy transposed to [pixel][32 channels]) x the 9 taps of one input channel in 18 accumulators;
+ * each output pixel loads 2 vectors of gy and broadcasts 9 inputs for 18 FMAs, and the sum over
+ * pixels stays in its lane, so there are no lane sums and no pixels padded to whole vectors
+ * (abt_bf16's rows are 32-pixel vectors: a 4x4 map's 16 pixels fill half of one). The
+ * accumulators start from the running sums ct[k][co] (K x 32-channel blocks) and go back there
+ * after each block of images, so every element is one chain of FMAs over the images and pixels
+ * in order, however the images are blocked and the rows split. bf16 (vdpbf16ps): gy as pairs
+ * of consecutive pixels of an output row per channel ([pair][32][2], an odd row's last pair
+ * padded with a zero), the input pair broadcast as 32 bits from the padded row (one spare zero
+ * column). */
+enum { WL_CO = 32 }; /* output channels per tile: two f32 vectors */
+
+NA_AVX512 static inline __attribute__((always_inline)) void
+wl_tile_f32_ow(const float *restrict gt, const float *restrict xp, int64_t x_img, int64_t nb,
+               const dc_shape *s, int64_t Wp, float *restrict ct, int64_t ld, int64_t OW) {
+    __m512 acc[9][2];
+    _Pragma("GCC unroll 9") for (int t = 0; t < 9; t++) {
+        acc[t][0] = _mm512_loadu_ps(ct + t * ld);
+        acc[t][1] = _mm512_loadu_ps(ct + t * ld + 16);
+    }
+    const int64_t rs = s->sh * Wp, ks = s->dh * Wp;
+    for (int64_t b = 0; b < nb; b++)
+        for (int64_t oy = 0; oy < s->OH; oy++) {
+            const float *x0 = xp + b * x_img + oy * rs, *x1 = x0 + ks, *x2 = x1 + ks;
+            _Pragma("GCC unroll 8") for (int64_t ox = 0; ox < OW; ox++, gt += WL_CO) {
+                __m512 g0 = _mm512_loadu_ps(gt), g1 = _mm512_loadu_ps(gt + 16);
+                const float *xr[3] = {x0 + ox, x1 + ox, x2 + ox};
+                _Pragma("GCC unroll 3") for (int ki = 0; ki < 3; ki++)
+                    _Pragma("GCC unroll 3") for (int kj = 0; kj < 3; kj++) {
+                        __m512 w = _mm512_set1_ps(xr[ki][kj]);
+                        acc[ki * 3 + kj][0] = _mm512_fmadd_ps(g0, w, acc[ki * 3 + kj][0]);
+                        acc[ki * 3 + kj][1] = _mm512_fmadd_ps(g1, w, acc[ki * 3 + kj][1]);
+                    }
+            }
+        }
+    _Pragma("GCC unroll 9") for (int t = 0; t < 9; t++) {
+        _mm512_storeu_ps(ct + t * ld, acc[t][0]);
+        _mm512_storeu_ps(ct + t * ld + 16, acc[t][1]);
+    }
+}
+
+NA_BF16 static inline __attribute__((always_inline)) void
+wl_tile_bf16_ow(const uint16_t *restrict gt, const uint16_t *restrict xp, int64_t x_img,
+                int64_t nb, const dc_shape *s, int64_t Wp, float *restrict ct, int64_t ld,
+                int64_t OW) {
+    __m512 acc[9][2];
+    _Pragma("GCC unroll 9") for (int t = 0; t < 9; t++) {
+        acc[t][0] = _mm512_loadu_ps(ct + t * ld);
+        acc[t][1] = _mm512_loadu_ps(ct + t * ld + 16);
+    }
+    const int64_t rs = s->sh * Wp, ks = s->dh * Wp;
+    for (int64_t b = 0; b < nb; b++)
+        for (int64_t oy = 0; oy < s->OH; oy++) {
+            const uint16_t *x0 = xp + b * x_img + oy * rs, *x1 = x0 + ks, *x2 = x1 + ks;
+            _Pragma("GCC unroll 4") for (int64_t ox = 0; ox < OW; ox += 2, gt += 2 * WL_CO) {
+                __m512bh g0 = (__m512bh)_mm512_loadu_si512((const void *)gt);
+                __m512bh g1 = (__m512bh)_mm512_loadu_si512((const void *)(gt + WL_CO));
+                const uint16_t *xr[3] = {x0 + ox, x1 + ox, x2 + ox};
+                _Pragma("GCC unroll 3") for (int ki = 0; ki < 3; ki++)
+                    _Pragma("GCC unroll 3") for (int kj = 0; kj < 3; kj++) {
+                        int32_t pair;
+                        memcpy(&pair, xr[ki] + kj, sizeof pair);
+                        __m512bh w = (__m512bh)_mm512_set1_epi32(pair);
+                        acc[ki * 3 + kj][0] = _mm512_dpbf16_ps(acc[ki * 3 + kj][0], g0, w);
+                        acc[ki * 3 + kj][1] = _mm512_dpbf16_ps(acc[ki * 3 + kj][1], g1, w);
+                    }
+            }
+        }
+    _Pragma("GCC unroll 9") for (int t = 0; t < 9; t++) {
+        _mm512_storeu_ps(ct + t * ld, acc[t][0]);
+        _mm512_storeu_ps(ct + t * ld + 16, acc[t][1]);
+    }
+}
+
+/* the tiles with the row widths of ResNet-9's small maps known to the compiler (rows of 4 and
+ * 8 pixels fully unrolled: a 4x4 map's row loop cost a quarter of its time), else any width */
+#define NA_WL_TILE(NAME, TARGET, E)                                                         \
+    TARGET static void NAME(const E *gt, const E *xp, int64_t x_img, int64_t nb,            \
+                            const dc_shape *s, int64_t Wp, float *ct, int64_t ld) {         \
+        if (s->OW == 4) NAME##_ow(gt, xp, x_img, nb, s, Wp, ct, ld, 4);                      \
+        else if (s->OW == 8) NAME##_ow(gt, xp, x_img, nb, s, Wp, ct, ld, 8);                 \
+        else NAME##_ow(gt, xp, x_img, nb, s, Wp, ct, ld, s->OW);                             \
+    }
+NA_WL_TILE(wl_tile_f32, NA_AVX512, float)
+NA_WL_TILE(wl_tile_bf16, NA_BF16, uint16_t)
+
+/* dst[c*ldd + r] = src[r*lds + c] for a 16 x 16 block of 32-bit words */
+NA_AVX512 static void transpose16(const uint32_t *src, int64_t lds, uint32_t *dst, int64_t ldd) {
+    __m512 r[16], t[16];
+    for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_ps((const float *)(src + i * lds));
+    for (int i = 0; i < 8; i++) { /* per 128-bit lane L: elements 4L, 4L+1 / 4L+2, 4L+3 */
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; i++) { /* r[4i + k], lane L: column 4L + k of rows 4i .. 4i+3 */
+        __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 1]);
+        __m512d c = _mm512_castps_pd(t[4 * i + 2]), d = _mm512_castps_pd(t[4 * i + 3]);
+        r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+        r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+        r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+        r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+    }
+    for (int k = 0; k < 4; k++) { /* lanes of the four row groups gathered per column */
+        __m512 a = _mm512_shuffle_f32x4(r[k], r[4 + k], 0x88);
+        __m512 b = _mm512_shuffle_f32x4(r[k], r[4 + k], 0xDD);
+        __m512 c = _mm512_shuffle_f32x4(r[8 + k], r[12 + k], 0x88);
+        __m512 d = _mm512_shuffle_f32x4(r[8 + k], r[12 + k], 0xDD);
+        _mm512_storeu_ps((float *)(dst + k * ldd), _mm512_shuffle_f32x4(a, c, 0x88));
+        _mm512_storeu_ps((float *)(dst + (8 + k) * ldd), _mm512_shuffle_f32x4(a, c, 0xDD));
+        _mm512_storeu_ps((float *)(dst + (4 + k) * ldd), _mm512_shuffle_f32x4(b, d, 0x88));
+        _mm512_storeu_ps((float *)(dst + (12 + k) * ldd), _mm512_shuffle_f32x4(b, d, 0xDD));
+    }
+}
+
+/* wgrad_range's work for 3x3 kernels (the same arguments) */
+static int wgrad_lanes(const na_conv_geom *g, const na_view *x, const na_view *gy, int64_t lo,
+                       int64_t hi, int64_t r0, int64_t r1, float *gw) {
+    const char *fn = "cpu_conv2d_backward_weight";
+    int64_t G = g->groups, cg = g->c_in / G, cog = g->c_out / G, rows = r1 - r0;
+    dc_shape s = {.cin = cg, .H = g->h, .W = g->w, .cout = cog, .OH = g->oh, .OW = g->ow,
+                  .KH = 3, .KW = 3, .sh = g->sh, .ph = g->ph, .pw = g->pw, .dh = g->dh};
+    bool bf = x->dtype == NA_DTYPE_BF16 && gy->dtype == NA_DTYPE_BF16 && na_cpu_bf16_fast();
+    size_t esz = bf ? sizeof(uint16_t) : sizeof(float);
+    const int64_t K = cg * 9, P = s.OH * s.OW, HW = s.H * s.W;
+    const int64_t blocks = (rows + WL_CO - 1) / WL_CO, RP = blocks * WL_CO;
+    /* the padded planes; bf16: one spare zero column for an odd row's last pair */
+    const int64_t Hp = s.H + 2 * s.ph, Wp = s.W + 2 * s.pw + (bf ? 1 : 0), plane = Hp * Wp;
+    /* gy's pixels per image as the tile reads them: bf16 pairs of each row */
+    const int64_t OWq = bf ? (s.OW + 1) / 2 * 2 : s.OW, PQ = s.OH * OWq;
+    /* images per block: transposed gy and padded planes within half the block budget */
+    int64_t per = PQ * RP + cg * plane, NB = na_cpu_conv_block_budget / 2 / per;
+    NB = NB < 1 ? 1 : NB > hi - lo ? hi - lo : NB;
+    float *ct = na_cpu_scratch(NA_CPU_SCRATCH_0, (size_t)(K * RP) * sizeof(float), fn);
+    char *gt = na_cpu_scratch(NA_CPU_SCRATCH_1, (size_t)(NB * PQ * RP) * esz, fn);
+    char *xp = na_cpu_scratch(NA_CPU_SCRATCH_2, (size_t)(NB * cg * plane) * esz, fn);
+    float *row = bf ? NULL : na_cpu_scratch(NA_CPU_SCRATCH_4, (size_t)(P > s.W ? P : s.W) *
+                                                                  sizeof(float), fn);
+    if (!ct || !gt || !xp || (!bf && !row)) return NA_ENOMEM;
+    for (int64_t gi = 0; gi < G; gi++) {
+        memset(ct, 0, (size_t)(K * RP) * sizeof(float));
+        for (int64_t n0 = lo; n0 < hi; n0 += NB) {
+            int64_t nb = hi - n0 < NB ? hi - n0 : NB;
+            /* gt[blk][b][pixel][32]: gy rows r0 + blk*32 + j of image n0 + b, zero past r1;
+             * 16 rows at a time by 16 x 16 transposes of 32-bit words (f32 gy, or bf16 pairs
+             * when the rows hold whole pairs), the rest one element at a time */
+            memset(gt, 0, (size_t)(nb * PQ * RP) * esz);
+            bool words = bf ? s.OW % 2 == 0 : gy->dtype == NA_DTYPE_F32;
+            int64_t nw = bf ? P / 2 : P; /* 32-bit words per row */
+            for (int64_t b = 0; b < nb; b++)
+                for (int64_t r = 0; r < rows; r++) {
+                    int64_t at = ((n0 + b) * g->c_out + gi * cog + r0 + r) * P;
+                    int64_t blk = r / WL_CO, j = r % WL_CO;
+                    int64_t base = (blk * nb + b) * PQ * WL_CO;
+                    if (words && j % 16 == 0 && rows - r >= 16) {
+                        const uint32_t *src = (const uint32_t *)((const char *)gy->data +
+                                                                 (size_t)at * esz);
+                        uint32_t *d = (uint32_t *)((char *)gt + (size_t)base * esz) + j;
+                        int64_t q = 0;
+                        for (; q + 16 <= nw; q += 16)
+                            transpose16(src + q, nw, d + q * WL_CO, WL_CO);
+                        for (int64_t i = 0; i < 16; i++)
+                            for (int64_t t = q; t < nw; t++)
+                                d[t * WL_CO + i] = src[i * nw + t];
+                        r += 15;
+                        continue;
+                    }
+                    if (bf) {
+                        const uint16_t *src = (const uint16_t *)gy->data + at;
+                        uint16_t *d = (uint16_t *)gt + base;
+                        for (int64_t oy = 0; oy < s.OH; oy++)
+                            for (int64_t ox = 0; ox < s.OW; ox++) {
+                                int64_t q = oy * OWq + ox; /* pair q/2, its half q%2 */
+                                d[(q / 2 * WL_CO + j) * 2 + q % 2] = src[oy * s.OW + ox];
+                            }
+                    } else {
+                        const float *src = na_cpu_view_f(gy->dtype, gy->data, at, P, row);
+                        float *d = (float *)gt + base + j;
+                        for (int64_t p = 0; p < P; p++) d[p * WL_CO] = src[p];
+                    }
+                }
+            /* xp[c][b]: the padded planes of image n0 + b, a channel's images in a row */
+            memset(xp, 0, (size_t)(nb * cg * plane) * esz);
+            for (int64_t b = 0; b < nb; b++)
+                for (int64_t c = 0; c < cg; c++) {
+                    int64_t at = ((n0 + b) * g->c_in + gi * cg + c) * HW;
+                    char *d = xp + (size_t)((c * nb + b) * plane + s.ph * Wp + s.pw) * esz;
+                    for (int64_t iy = 0; iy < s.H; iy++, d += (size_t)Wp * esz) {
+                        if (bf)
+                            memcpy(d, (const uint16_t *)x->data + at + iy * s.W,
+                                   (size_t)s.W * esz);
+                        else
+                            na_cpu_load_f(x->dtype, x->data, at + iy * s.W, s.W, (float *)d);
+                    }
+                }
+            for (int64_t blk = 0; blk < blocks; blk++)
+                for (int64_t c = 0; c < cg; c++) {
+                    const char *gb = gt + (size_t)(blk * nb * PQ * WL_CO) * esz;
+                    const char *xc = xp + (size_t)(c * nb * plane) * esz;
+                    float *cc = ct + c * 9 * RP + blk * WL_CO;
+                    if (bf)
+                        wl_tile_bf16((const uint16_t *)gb, (const uint16_t *)xc, plane, nb, &s,
+                                     Wp, cc, RP);
+                    else
+                        wl_tile_f32((const float *)gb, (const float *)xc, plane, nb, &s, Wp,
+                                    cc, RP);
+                }
+        }
+        /* ct[k][r] into gW's rows by 16 x 16 transposes (a whole column at a time read ct
+         * with a stride of RP floats: a fifth of the 4x4 layer's time), the edges one by one */
+        float *gr = gw + (gi * cog + r0) * K;
+        for (int64_t k0 = 0; k0 < K; k0 += 16)
+            for (int64_t q0 = 0; q0 < rows; q0 += 16) {
+                if (k0 + 16 <= K && q0 + 16 <= rows) {
+                    transpose16((const uint32_t *)(ct + k0 * RP + q0), RP,
+                                (uint32_t *)(gr + q0 * K + k0), K);
+                    continue;
+                }
+                for (int64_t r = q0; r < rows && r < q0 + 16; r++)
+                    for (int64_t k = k0; k < K && k < k0 + 16; k++)
+                        gr[r * K + k] = ct[k * RP + r];
+            }
+    }
+    return NA_OK;
+}
+
 /* Rows [r0, r1) of every group's weight gradient (at gw + (gi*cog + r)*K, f32) over images
  * [lo, hi): per block of about 1024 pixels, gy's rows copied with zero tails to whole 16-pixel
  * tiles, then per slice of whole input channels the block's im2col columns packed the same
@@ -435,6 +668,12 @@ NA_DC_DEFINE_ABT(abt_bf16, NA_BF16, uint16_t, __m512i, 2 * DC_LANES, NA_DC_DOT)
  * would cost more than the product for few channels, as in a first layer). */
 static int wgrad_range(const na_conv_geom *g, const na_view *x, const na_view *gy, int64_t lo,
                        int64_t hi, int64_t r0, int64_t r1, float *gw) {
+    /* the padded planes hold every tap of an output map no larger than the geometry's; empty
+     * problems (no scratch to ask for) stay with abt */
+    if (g->kh == 3 && g->kw == 3 && g->oh > 0 && g->ow > 0 && g->c_in > 0 && r1 > r0 &&
+        hi > lo && (g->oh - 1) * g->sh + 2 * g->dh < g->h + 2 * g->ph &&
+        g->ow + 2 <= g->w + 2 * g->pw)
+        return wgrad_lanes(g, x, gy, lo, hi, r0, r1, gw);
     const char *fn = "cpu_conv2d_backward_weight";
     int64_t G = g->groups, cg = g->c_in / G, cog = g->c_out / G, rows = r1 - r0;
     dc_shape s = {.cin = cg, .H = g->h, .W = g->w, .cout = cog, .OH = g->oh, .OW = g->ow,
@@ -521,9 +760,10 @@ static int wgrad_range(const na_conv_geom *g, const na_view *x, const na_view *g
 
 /* ---- the weight gradient split by output channels -------------------------------------------
  * Where one partial gradient per image range would not fit the block budget (ResNet-9's wide
- * layers), task t computes rows [r0, r1) of gW (multiples of 4 rows, at least 32) over the
- * whole batch, packing every image's columns itself, and needs no partials. Each element is
- * one task's sum over the same blocks in the same order wherever the row cuts fall, so the
+ * layers), task t computes rows [r0, r1) of gW (multiples of 32 rows for 3x3 kernels, else of
+ * 4; at least 32) over the whole batch, packing every image's columns (3x3: padded planes)
+ * itself, and needs no partials. Each element is one task's sum over the same blocks in the
+ * same order wherever the row cuts fall, so the
  * number of tasks may follow the thread count (two per thread, for balance) without changing
  * a bit: with 8 tasks on 2 threads the repeated packing took 28% of ResNet-9's 128->256
  * weight gradient. */
@@ -538,7 +778,10 @@ typedef struct {
 static void wrows_task(void *ctx, int64_t t) {
     wrows_job *j = ctx;
     int64_t r0, r1;
-    na_cpu_task_range(j->g->c_out, j->tasks, t, 4, &r0, &r1);
+    /* whole 32-channel tiles for the 3x3 kernel (3 threads cut 256 rows into 44s, tiles of
+     * which run a quarter empty), whole 4-row tiles for abt */
+    int64_t align = j->g->kh == 3 && j->g->kw == 3 ? WL_CO : 4;
+    na_cpu_task_range(j->g->c_out, j->tasks, t, align, &r0, &r1);
     if (r0 < r1 && wgrad_range(j->g, j->x, j->gy, 0, j->g->n, r0, r1, j->gw))
         na_cpu_task_fail(&j->status);
 }
