@@ -209,6 +209,28 @@ static int bench_bn(void) {
             snprintf(name, sizeof name, "bn_relu_%s_%lldx%lld_backward", dt, (long long)c,
                      (long long)xs[2]);
             print_row(name, "", x.numel, ms);
+            /* SyncBatchNorm's kernels (src/dist/syncbn.c), the collectives left out: the
+             * statistics without y, then y from them (eval with the variance); the sums
+             * without gx, then gx from them (elemt) */
+            na_view var = bench_view(NA_DTYPE_F32, 1, cs);
+            if (!var.data) return 1;
+            for (int64_t k = 0; k < c; k++) ((float *)var.data)[k] = 1.0f;
+            BENCH_MIN_MS(ms, rc |= na_cpu_batch_norm_train(&x, NULL, NULL, NULL, NULL, NULL,
+                                                           &p[4], &p[5], n, c, s, 0, 0, false);
+                         rc |= na_cpu_batch_norm_eval(&x, &p[0], &p[1], &p[4], &var, &y, n, c,
+                                                      s, 1e-5, true));
+            snprintf(name, sizeof name, "syncbn_relu_%s_%lldx%lld_forward", dt, (long long)c,
+                     (long long)xs[2]);
+            print_row(name, "", x.numel, ms);
+            BENCH_MIN_MS(ms, rc |= na_cpu_batch_norm_backward(&x, &gy, &p[0], &p[4], &p[5], NULL,
+                                                              &gg, &gb, n, c, s, false, &y);
+                         rc |= na_cpu_batch_norm_backward_elemt(&x, &gy, &p[0], &p[4], &p[5],
+                                                                &gb, &gg, n * s, &gx, n, c, s,
+                                                                &y));
+            snprintf(name, sizeof name, "syncbn_relu_%s_%lldx%lld_backward", dt, (long long)c,
+                     (long long)xs[2]);
+            print_row(name, "", x.numel, ms);
+            free(var.data);
             free(x.data), free(y.data), free(gy.data), free(gx.data), free(gg.data), free(gb.data);
             for (int k = 0; k < 6; k++) free(p[k].data);
         }
