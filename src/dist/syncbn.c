@@ -17,7 +17,13 @@
  *   backward  batch_norm_backward without gx: this rank's sum(gy), sum(gy * xhat) (gy times
  *             relu'(y) when fused: y is saved, the next layer keeps it anyway), which are the
  *             weight and bias gradients (DDP averages them); one all-reduce of the two sums;
- *             batch_norm_backward_elemt with the global sums and N writes gx.
+ *             batch_norm_backward_elemt with the global sums and N writes gx. Fused with the
+ *             ReLU, where the backend has batch_norm_relu_backward_x (the CPU, f32/f64 x),
+ *             both passes are that kernel instead, which recomputes relu'(y) from x (the
+ *             forward's y, from the saved global variance and beta, bit for bit): each pass
+ *             then reads x and gy, not y, the passes being split by the all-reduce so that
+ *             every operand comes from memory twice (perf: the gx pass reading y took 1.9x
+ *             plain BatchNorm's, whose second pass finds the channel in the cache).
  * Statistics in f32 (f64 for f64 x), as na_batch_norm's. */
 #include <stdlib.h>
 #include <string.h>
