@@ -33,7 +33,7 @@
  * bn:      the MNIST CNN's two BatchNorm+ReLU layers (batch 128), training forward and
  *          backward, f32, f16 and bf16 activations with f32 parameters (cpu_batchnorm.c);
  *          syncbn_*: SyncBatchNorm's kernels for the same layers, without the collectives
- *          (src/dist/syncbn.c, cpu_syncbn.c); *_backward_y: f32 with relu'(y) read from y. */
+ *          (src/dist/syncbn.c, cpu_syncbn.c); *_backward_y: f32 and f16 with relu'(y) read from y. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -213,7 +213,7 @@ static int bench_bn(void) {
             print_row(name, "", x.numel, ms);
             /* SyncBatchNorm's kernels (src/dist/syncbn.c), the collectives left out: the
              * statistics without y, then y from them (eval with the variance); the sums, then
-             * gx from them, relu'(y) recomputed from x (f32; f16/bf16 read y: backward
+             * gx from them, relu'(y) recomputed from x (f32, f16; bf16 reads y: backward
              * without gx, then elemt) */
             na_view var = bench_view(NA_DTYPE_F32, 1, cs);
             if (!var.data) return 1;
@@ -230,7 +230,7 @@ static int bench_bn(void) {
                                                                  &var, 1e-5, &p[5], NULL, NULL,
                                                                  0, NULL, &gg, &gb, n, c, s,
                                                                  &done);
-                         if (!done) /* f16/bf16: relu'(y) from y */
+                         if (!done) /* bf16: relu'(y) from y */
                              rc |= na_cpu_batch_norm_backward(&x, &gy, &p[0], &p[4], &p[5],
                                                               NULL, &gg, &gb, n, c, s, false, &y);
                          if (done)
@@ -243,7 +243,7 @@ static int bench_bn(void) {
             snprintf(name, sizeof name, "syncbn_relu_%s_%lldx%lld_backward", dt, (long long)c,
                      (long long)xs[2]);
             print_row(name, "", x.numel, ms);
-            if (dts[t] == NA_DTYPE_F32) { /* the same reading relu'(y) from y, as f16 does */
+            if (dts[t] != NA_DTYPE_BF16) { /* the same reading relu'(y) from y, as bf16 does */
                 BENCH_MIN_MS(ms, rc |= na_cpu_batch_norm_backward(&x, &gy, &p[0], &p[4], &p[5],
                                                                   NULL, &gg, &gb, n, c, s, false,
                                                                   &y);

@@ -257,7 +257,7 @@ typedef struct {
      * the forward's y = relu((x - mean) * invstd(var, eps) * gamma + beta) as              \
      * batch_norm_eval computes it, its sign recomputed from x instead of read: each pass   \
      * reads x and gy only. invstd is xhat's, as in those two. *done = false: not computed  \
-     * for these operands (the caller passes y to those two kernels). */                    \
+     * for these operands (the CPU: bf16 x; CUDA: none), the caller passes y to those two. */\
     OPT(batch_norm_relu_backward_x, (const na_view *x, const na_view *gy,                   \
                                      const na_view *gamma, const na_view *beta,             \
                                      const na_view *mean, const na_view *var, double eps,   \

@@ -18,7 +18,7 @@
  *             relu'(y) when fused: y is saved, the next layer keeps it anyway), which are the
  *             weight and bias gradients (DDP averages them); one all-reduce of the two sums;
  *             batch_norm_backward_elemt with the global sums and N writes gx. Fused with the
- *             ReLU, where the backend has batch_norm_relu_backward_x (the CPU, f32/f64 x),
+ *             ReLU, where the backend has batch_norm_relu_backward_x (CPU, f32/f64/f16 x),
  *             both passes are that kernel instead, which recomputes relu'(y) from x (the
  *             forward's y, from the saved global variance and beta, bit for bit): each pass
  *             then reads x and gy, not y, the passes being split by the all-reduce so that
