@@ -171,6 +171,8 @@ int na_cpu_batch_norm_relu_backward_x(const na_view *x, const na_view *gy, const
     NA_CPU_CHECK_FLOAT(fn, mean);
     NA_CPU_CHECK_FLOAT(fn, var);
     NA_CPU_CHECK_FLOAT(fn, invstd);
+    NA_CPU_CHECK_FLOAT(fn, sum_gy);
+    NA_CPU_CHECK_FLOAT(fn, sum_gyxhat);
     NA_CPU_CHECK_FLOAT(fn, ggamma);
     NA_CPU_CHECK_FLOAT(fn, gbeta);
     if (n < 0 || c < 0 || s < 0 || n * c * s != x->numel || gy->numel != x->numel ||
