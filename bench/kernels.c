@@ -32,7 +32,9 @@
  * relu:    ReLU forward and backward over the CNN's first activation (128x32x28x28), f32 and
  *          f16 (the unary kernels of cpu_elementwise.c).
  * bn:      the MNIST CNN's two BatchNorm+ReLU layers (batch 128), training forward and
- *          backward, f32, f16 and bf16 activations with f32 parameters (cpu_batchnorm.c). */
+ *          backward, f32, f16 and bf16 activations with f32 parameters (cpu_batchnorm.c);
+ *          syncbn_*: SyncBatchNorm's kernels for the same layers, without the collectives
+ *          (src/dist/syncbn.c, cpu_syncbn.c); *_backward_y: f32 and f16 with relu'(y) read from y. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -217,6 +219,50 @@ static int bench_bn(void) {
             snprintf(name, sizeof name, "bn_relu_%s_%lldx%lld_backward", dt, (long long)c,
                      (long long)xs[2]);
             print_row(name, "", x.numel, ms);
+            /* SyncBatchNorm's kernels (src/dist/syncbn.c), the collectives left out: the
+             * statistics without y, then y from them (eval with the variance); the sums, then
+             * gx from them, relu'(y) recomputed from x (f32, f16; bf16 reads y: backward
+             * without gx, then elemt) */
+            na_view var = bench_view(NA_DTYPE_F32, 1, cs);
+            if (!var.data) return 1;
+            for (int64_t k = 0; k < c; k++) ((float *)var.data)[k] = 1.0f;
+            BENCH_MIN_MS(ms, rc |= na_cpu_batch_norm_train(&x, NULL, NULL, NULL, NULL, NULL,
+                                                           &p[4], &p[5], n, c, s, 0, 0, false);
+                         rc |= na_cpu_batch_norm_eval(&x, &p[0], &p[1], &p[4], &var, &y, n, c,
+                                                      s, 1e-5, true));
+            snprintf(name, sizeof name, "syncbn_relu_%s_%lldx%lld_forward", dt, (long long)c,
+                     (long long)xs[2]);
+            print_row(name, "", x.numel, ms);
+            BENCH_MIN_MS(ms, bool done = false;
+                         rc |= na_cpu_batch_norm_relu_backward_x(&x, &gy, &p[0], &p[1], &p[4],
+                                                                 &var, 1e-5, &p[5], NULL, NULL,
+                                                                 0, NULL, &gg, &gb, n, c, s,
+                                                                 &done);
+                         if (!done) /* bf16: relu'(y) from y */
+                             rc |= na_cpu_batch_norm_backward(&x, &gy, &p[0], &p[4], &p[5],
+                                                              NULL, &gg, &gb, n, c, s, false, &y);
+                         if (done)
+                             rc |= na_cpu_batch_norm_relu_backward_x(
+                                 &x, &gy, &p[0], &p[1], &p[4], &var, 1e-5, &p[5], &gb, &gg,
+                                 n * s, &gx, NULL, NULL, n, c, s, &done);
+                         else rc |= na_cpu_batch_norm_backward_elemt(&x, &gy, &p[0], &p[4],
+                                                                     &p[5], &gb, &gg, n * s,
+                                                                     &gx, n, c, s, &y));
+            snprintf(name, sizeof name, "syncbn_relu_%s_%lldx%lld_backward", dt, (long long)c,
+                     (long long)xs[2]);
+            print_row(name, "", x.numel, ms);
+            if (dts[t] != NA_DTYPE_BF16) { /* the same reading relu'(y) from y, as bf16 does */
+                BENCH_MIN_MS(ms, rc |= na_cpu_batch_norm_backward(&x, &gy, &p[0], &p[4], &p[5],
+                                                                  NULL, &gg, &gb, n, c, s, false,
+                                                                  &y);
+                             rc |= na_cpu_batch_norm_backward_elemt(&x, &gy, &p[0], &p[4], &p[5],
+                                                                    &gb, &gg, n * s, &gx, n, c,
+                                                                    s, &y));
+                snprintf(name, sizeof name, "syncbn_relu_%s_%lldx%lld_backward_y", dt,
+                         (long long)c, (long long)xs[2]);
+                print_row(name, "", x.numel, ms);
+            }
+            free(var.data);
             free(x.data), free(y.data), free(gy.data), free(gx.data), free(gg.data), free(gb.data);
             for (int k = 0; k < 6; k++) free(p[k].data);
         }

@@ -252,6 +252,19 @@ typedef struct {
                                   const na_view *sum_gy, const na_view *sum_gyxhat,         \
                                   int64_t count, na_view *gx, int64_t n, int64_t c,         \
                                   int64_t s, const na_view *relu_y))                        \
+    /* SyncBatchNorm fused with its ReLU: batch_norm_backward (gx NULL: ggamma, gbeta) and \
+     * batch_norm_backward_elemt (gx given: from sum_gy, sum_gyxhat over count) with relu_y \
+     * the forward's y = relu((x - mean) * invstd(var, eps) * gamma + beta) as              \
+     * batch_norm_eval computes it, its sign recomputed from x instead of read: each pass   \
+     * reads x and gy only. invstd is xhat's, as in those two. *done = false: not computed  \
+     * for these operands (the CPU: bf16 x; CUDA: none), the caller passes y to those two. */\
+    OPT(batch_norm_relu_backward_x, (const na_view *x, const na_view *gy,                   \
+                                     const na_view *gamma, const na_view *beta,             \
+                                     const na_view *mean, const na_view *var, double eps,   \
+                                     const na_view *invstd, const na_view *sum_gy,          \
+                                     const na_view *sum_gyxhat, int64_t count, na_view *gx, \
+                                     na_view *ggamma, na_view *gbeta, int64_t n, int64_t c, \
+                                     int64_t s, bool *done))                                \
     /* a training BatchNorm's statistics from per-channel sums over `count` values (sum,    \
      * sqsum as conv2d_stats gives them): mean = sum/count, var = max(sqsum/count - mean^2, \
      * 0) (biased), invstd = 1/sqrt(var + eps) into save_mean, save_var, save_invstd (f32   \

@@ -2201,6 +2201,87 @@ Test(cpu_batchnorm, statistics_only_and_backward_elemt_with_given_sums) {
     }
 }
 
+/* batch_norm_relu_backward_x (SyncBatchNorm + ReLU): relu'(y) recomputed from x gives
+ * batch_norm_backward's sums (gx NULL) and batch_norm_backward_elemt's gx from given sums bit
+ * for bit, against the y that batch_norm_eval writes with the same mean, variance, eps, gamma
+ * and beta; where that y is exactly 0 (x at the mean, beta 0) and where x is NaN too (both
+ * masks: the sums' lets NaN through, the gx pass's does not, as cpu_batchnorm.c's). gamma and
+ * beta NULL (affine off) too. f16 x: the same, with the y that rounded to 0 (at most 2^-25);
+ * bf16: not done. */
+static void check_bn_relu_from_x(na_dtype dt, int64_t n, int64_t c, int64_t s, bool affine) {
+    na_dtype pdt = dt == NA_DTYPE_F64 ? NA_DTYPE_F64 : NA_DTYPE_F32;
+    na_view x = MK(dt, n, c, s), y = MK(dt, n, c, s), gy = MK(dt, n, c, s), gx = MK(dt, n, c, s),
+            gx2 = MK(dt, n, c, s), gam = MK(pdt, c), bet = MK(pdt, c), sm = MK(pdt, c),
+            var = MK(pdt, c), si = MK(pdt, c), gg = MK(pdt, c), gb = MK(pdt, c),
+            gg2 = MK(pdt, c), gb2 = MK(pdt, c);
+    fill_rand(&x, -2, 3);
+    fill_rand(&gy, -1, 1);
+    fill_rand(&gam, 0.5, 1.5);
+    fill_rand(&bet, -1, 1);
+    fill_rand(&sm, 0, 1);
+    fill_rand(&var, 0.5, 2);
+    /* channel 0: mean 0, beta 0 and the scale 0.3 (about), some x at the mean (y exactly 0)
+     * and some 1 to 4 times 2^-24, whose y (0.3 to 1.2 times 2^-24) rounds to 0 in f16 at
+     * 1 and not above */
+    set(&bet, 0, 0);
+    set(&sm, 0, 0);
+    set(&gam, 0, 0.3 * sqrt(get(&var, 0) + 1e-5));
+    for (int64_t k = 0; k < n * s; k += 3)
+        set(&x, (k / s * c) * s + k % s, k % 2 ? 0 : ldexp(1 + (double)(k % 4), -24));
+    if (c > 1) set(&x, (n - 1) * c * s + s + s / 2, NAN);
+    for (int64_t ch = 0; ch < c; ch++) set(&si, ch, 1 / sqrt(get(&var, ch) + 1e-5));
+    const na_view *g = affine ? &gam : NULL, *b = affine ? &bet : NULL;
+    cr_assert_eq(B->batch_norm_eval(&x, g, b, &sm, &var, &y, n, c, s, 1e-5, true), NA_OK);
+    int64_t zeros = 0;
+    for (int64_t k = 0; k < x.numel; k++) zeros += get(&y, k) == 0;
+    cr_assert(zeros > x.numel / 4, "%lld of y's %lld are 0", (long long)zeros, (long long)x.numel);
+    cr_assert_eq(B->batch_norm_backward(&x, &gy, g, &sm, &si, NULL, &gg, &gb, n, c, s, false, &y),
+                 NA_OK);
+    bool done = false;
+    cr_assert_eq(B->batch_norm_relu_backward_x(&x, &gy, g, b, &sm, &var, 1e-5, &si, NULL, NULL, 0,
+                                               NULL, &gg2, &gb2, n, c, s, &done), NA_OK);
+    cr_assert(done, "f32/f64 x: done");
+    expect_same_bits(&gg, &gg2, "sum(gy * xhat), relu' from x");
+    expect_same_bits(&gb, &gb2, "sum(gy), relu' from x");
+    for (int64_t ch = 0; ch < c; ch++) { /* the sums over two ranks */
+        set(&gb, ch, 2 * get(&gb, ch) + 0.25);
+        set(&gg, ch, 2 * get(&gg, ch) - 0.5);
+    }
+    cr_assert_eq(B->batch_norm_backward_elemt(&x, &gy, g, &sm, &si, &gb, &gg, 2 * n * s, &gx, n,
+                                              c, s, &y), NA_OK);
+    done = false;
+    cr_assert_eq(B->batch_norm_relu_backward_x(&x, &gy, g, b, &sm, &var, 1e-5, &si, &gb, &gg,
+                                               2 * n * s, &gx2, NULL, NULL, n, c, s, &done),
+                 NA_OK);
+    cr_assert(done, "f32/f64 x: done");
+    expect_same_bits(&gx, &gx2, "gx, relu' from x");
+    cr_assert_eq(B->batch_norm_relu_backward_x(&x, &gy, g, b, &sm, &var, 1e-5, &si, NULL, &gg,
+                                               2 * n * s, &gx2, NULL, NULL, n, c, s, &done),
+                 NA_EINVAL);
+    cr_assert(strstr(na_last_error(), "cpu_batch_norm_relu_backward_x"), "%s", na_last_error());
+    rm(&x); rm(&y); rm(&gy); rm(&gx); rm(&gx2); rm(&gam); rm(&bet); rm(&sm); rm(&var); rm(&si);
+    rm(&gg); rm(&gb); rm(&gg2); rm(&gb2);
+}
+
+Test(cpu_batchnorm, relu_backward_from_x_is_backward_and_elemt_with_y) {
+    for (int affine = 0; affine < 2; affine++) {
+        check_bn_relu_from_x(NA_DTYPE_F64, 4, 3, 50, affine);
+        check_bn_relu_from_x(NA_DTYPE_F32, 8, 5, 1100, affine); /* S > one chunk */
+        check_bn_relu_from_x(NA_DTYPE_F32, 5, 3, 131, affine);  /* halves, an 8-lane tail */
+        check_bn_relu_from_x(NA_DTYPE_F32, 16, 3, 1, affine);   /* BatchNorm1d, channels-last */
+    }
+    check_bn_relu_from_x(NA_DTYPE_F16, 4, 3, 300, true); /* y 0 below 2^-25 */
+    check_bn_relu_from_x(NA_DTYPE_F16, 2, 2, 1100, false);
+    na_view x = MK(NA_DTYPE_BF16, 2, 2, 4), p = MK(NA_DTYPE_F32, 2), gg = MK(NA_DTYPE_F32, 2);
+    fill_rand(&x, -1, 1);
+    fill_rand(&p, 1, 2);
+    bool done = true;
+    cr_assert_eq(B->batch_norm_relu_backward_x(&x, &x, &p, &p, &p, &p, 1e-5, &p, NULL, NULL, 0,
+                                               NULL, &gg, &gg, 2, 2, 4, &done), NA_OK);
+    cr_assert(!done, "bf16 x: not done");
+    rm(&x); rm(&p); rm(&gg);
+}
+
 Test(cpu_batchnorm, train_eval_backward_vs_hand_loops) {
     check_bn(NA_DTYPE_F64, 4, 3, 50, 1e-12);
     check_bn(NA_DTYPE_F32, 8, 5, 1100, 2e-6); /* S > one chunk */

@@ -341,6 +341,17 @@ int na_cuda_batch_norm_backward_elemt(const na_view *x, const na_view *gy, const
     return NA_OK;
 }
 
+/* batch_norm_relu_backward_x: not on CUDA (SyncBatchNorm passes the saved y to
+ * batch_norm_backward and batch_norm_backward_elemt instead) */
+int na_cuda_batch_norm_relu_backward_x(const na_view *, const na_view *, const na_view *,
+                                       const na_view *, const na_view *, const na_view *, double,
+                                       const na_view *, const na_view *, const na_view *, int64_t,
+                                       na_view *, na_view *, na_view *, int64_t, int64_t, int64_t,
+                                       bool *done) {
+    *done = false;
+    return NA_OK;
+}
+
 /* ==== v2 (NANOAMP_CUDA_BN=v2): many blocks per channel ===================================
  *
  * A channel (N rows of S contiguous elements) is cut into tiles of NA_BN_THREADS threads x

@@ -17,7 +17,13 @@
  *   backward  batch_norm_backward without gx: this rank's sum(gy), sum(gy * xhat) (gy times
  *             relu'(y) when fused: y is saved, the next layer keeps it anyway), which are the
  *             weight and bias gradients (DDP averages them); one all-reduce of the two sums;
- *             batch_norm_backward_elemt with the global sums and N writes gx.
+ *             batch_norm_backward_elemt with the global sums and N writes gx. Fused with the
+ *             ReLU, where the backend has batch_norm_relu_backward_x (CPU, f32/f64/f16 x),
+ *             both passes are that kernel instead, which recomputes relu'(y) from x (the
+ *             forward's y, from the saved global variance and beta, bit for bit): each pass
+ *             then reads x and gy, not y, the passes being split by the all-reduce so that
+ *             every operand comes from memory twice (perf: the gx pass reading y took 1.9x
+ *             plain BatchNorm's, whose second pass finds the channel in the cache).
  * Statistics in f32 (f64 for f64 x), as na_batch_norm's. */
 #include <stdlib.h>
 #include <string.h>
@@ -53,7 +59,9 @@ typedef struct {
     int64_t nb, c, sp; /* x as the kernels see it: [nb, c, sp] ([N*H*W, C, 1] channels-last) */
     int64_t count;     /* values per channel over all ranks */
     bool affine;       /* the weight was saved (after x, mean, invstd) */
-    bool relu;         /* the output was saved (last) */
+    bool relu;         /* the output, the variance and the bias were saved (after them) */
+    bool bias;         /* with relu: the bias was saved (last) */
+    double eps;
 } sbn_ctx;
 
 /* A copy of t (the step arena). */
@@ -77,7 +85,7 @@ static int sbn_forward(na_function_ctx *fc, na_tensor *const *in, na_tensor **ou
     int64_t c = x->shape[1], nb = x->shape[0], sp = x->numel / (nb * c != 0 ? nb * c : 1);
     if (na_memory_format_of(x) == NA_FORMAT_CHANNELS_LAST) nb *= sp, sp = 1;
     *s = (sbn_ctx){.d = a->d, .nb = nb, .c = c, .sp = sp, .count = nb * sp,
-                   .affine = w != NULL, .relu = a->relu};
+                   .affine = w != NULL, .relu = a->relu, .bias = b != NULL, .eps = a->eps};
     int rc = na_dist_all_reduce_i64(a->d, &s->count, 1, NA_DIST_SUM);
     if (rc) return rc;
     if (s->count <= 1)
@@ -131,7 +139,8 @@ static int sbn_forward(na_function_ctx *fc, na_tensor *const *in, na_tensor **ou
     out[0] = y;
     if ((rc = na_function_save(fc, x)) || (rc = na_function_save(fc, gmean)) ||
         (rc = na_function_save(fc, ginv)) || (w && (rc = na_function_save(fc, w))) ||
-        (a->relu && (rc = na_function_save(fc, y))))
+        (a->relu && ((rc = na_function_save(fc, y)) || (rc = na_function_save(fc, gvar)) ||
+                     (b && (rc = na_function_save(fc, b))))))
         return rc;
     return NA_OK;
 }
@@ -143,8 +152,12 @@ static int sbn_backward(na_function_ctx *fc, na_tensor *const *gout, na_tensor *
     na_tensor *istd = na_function_saved(fc, 2);
     na_tensor *w = s->affine ? na_function_saved(fc, 3) : NULL;
     na_tensor *y = s->relu ? na_function_saved(fc, 3 + s->affine) : NULL;
+    na_tensor *fvar = s->relu ? na_function_saved(fc, 4 + s->affine) : NULL;
+    na_tensor *b = s->relu && s->bias ? na_function_saved(fc, 5 + s->affine) : NULL;
     na_tensor *gy = x ? na_as_format_of(gout[0], x) : NULL;
-    if (!gy || !mean || !istd || (s->affine && !w) || (s->relu && !y)) return na_last_status();
+    if (!gy || !mean || !istd || (s->affine && !w) || (s->relu && (!y || !fvar)) ||
+        (s->relu && s->bias && !b))
+        return na_last_status();
     int64_t c = s->c;
     const na_backend *be = na_be(x);
     na_tensor *sums = na_empty(mean->dtype, x->device, NA_SHAPE(2 * c)), *sxh, *sg;
@@ -153,7 +166,18 @@ static int sbn_backward(na_function_ctx *fc, na_tensor *const *gout, na_tensor *
     bool composed = !one_pass(x);
     na_tensor *gx = composed ? na_empty_like_format(x) : NULL;
     if (composed && !gx) return na_last_status();
-    int rc = be->batch_norm_backward(&x->view, &gy->view, NA_VIEW_OF(w), &mean->view,
+    /* fused with the ReLU: where the backend can, relu'(y) is recomputed from x (the
+     * forward's y = relu((x - mean) * invstd(var) * gamma + beta), bit for bit), so that
+     * neither pass reads y; else the kernels read y */
+    bool from_x = false;
+    int rc = NA_OK;
+    if (y && !composed && be->batch_norm_relu_backward_x)
+        rc = be->batch_norm_relu_backward_x(&x->view, &gy->view, NA_VIEW_OF(w), NA_VIEW_OF(b),
+                                            &mean->view, &fvar->view, s->eps, &istd->view, NULL,
+                                            NULL, 0, NULL, &sxh->view, &sg->view, s->nb, c,
+                                            s->sp, &from_x);
+    if (!rc && !from_x)
+        rc = be->batch_norm_backward(&x->view, &gy->view, NA_VIEW_OF(w), &mean->view,
                                      &istd->view, NA_VIEW_OF(gx), &sxh->view, &sg->view, s->nb,
                                      c, s->sp, false, NA_VIEW_OF(y));
     if (rc) return rc;
@@ -180,6 +204,17 @@ static int sbn_backward(na_function_ctx *fc, na_tensor *const *gout, na_tensor *
         return (gin[0] = na_add(gx, t)) ? 3 : na_last_status();
     }
     if (!(gin[0] = na_empty_like_format(x))) return na_last_status();
+    if (from_x) {
+        bool done = false;
+        rc = be->batch_norm_relu_backward_x(&x->view, &gy->view, NA_VIEW_OF(w), NA_VIEW_OF(b),
+                                            &mean->view, &fvar->view, s->eps, &istd->view,
+                                            &sg->view, &sxh->view, s->count, &gin[0]->view,
+                                            NULL, NULL, s->nb, c, s->sp, &done);
+        if (!rc && !done)
+            rc = na_set_error(NA_ESTATE, "SyncBatchNorm: batch_norm_relu_backward_x took "
+                              "the sums but not gx");
+        return rc ? rc : 3;
+    }
     rc = be->batch_norm_backward_elemt(&x->view, &gy->view, NA_VIEW_OF(w), &mean->view,
                                        &istd->view, &sg->view, &sxh->view, s->count,
                                        &gin[0]->view, s->nb, c, s->sp, NA_VIEW_OF(y));
