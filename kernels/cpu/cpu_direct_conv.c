@@ -10,7 +10,9 @@
  *   zero outside the input (masked unaligned loads, one per output row the tile touches);
  *   then per block of 8 output channels an 8 x 48 register tile
  *       acc[i][t] = bias[co] + sum over k of w[co][k] * panel[k][16t ..]
- *   (24 accumulators, one FMA per accumulator per k), stored straight into y's rows.
+ *   (24 accumulators, one FMA per accumulator per k), stored straight into y's rows; an
+ *   f16/bf16 y (autocast) is rounded from the registers into its half rows (RNE, NaN as
+ *   half.h), with no f32 copy of y and no conversion pass.
  *
  * The data gradient of a stride-1, dilation-1 convolution is itself such a convolution: gy
  * convolved with the weights flipped in space and transposed in channels, padded by k-1-p. So
@@ -733,54 +735,63 @@ typedef struct {
     void *wp;
 } dc_pack_job;
 
+/* Weight (o, c, tap) of block gb's group as the layout reads it (o, c its output and input
+ * here): at e + o*so + c*sc + tap*st, e the group's block's first output, c = 0, tap = 0. The
+ * data gradient reads the forward's w[c][o] flipped in space. */
+typedef struct {
+    const void *e;
+    int64_t so, sc, st;
+} dc_wsrc;
+
+static dc_wsrc weight_source(const dc_pack_job *p, int64_t gb, size_t esz) {
+    const dc_shape *s = p->s;
+    const int64_t taps = (int64_t)s->KH * s->KW, gi = gb / s->blocks, o0 = gb % s->blocks * DC_MR;
+    const int64_t group = gi * p->cog * p->cg * taps; /* the group's first weight */
+    if (!p->backward_data) /* w[gi*cog + o][c][tap] */
+        return (dc_wsrc){(const char *)p->w + (size_t)(group + o0 * p->cg * taps) * esz,
+                         p->cg * taps, taps, 1};
+    /* w[gi*cog + c][o][taps - 1 - tap] */
+    return (dc_wsrc){(const char *)p->w + (size_t)(group + o0 * taps + taps - 1) * esz, taps,
+                     p->cg * taps, -1};
+}
+
+/* Each block's panel is written in order, row k (or pair kp) of its 8 outputs at a time, from
+ * reads of 8 rows of w, with no fill first: the former loop per output (a memset, then every
+ * 8th element) was 2.7% of ResNet-9's bf16 step on one thread (perf), this 1.5%. */
 static void pack_weights_f32(const dc_pack_job *p, int64_t lo, int64_t hi) {
     const dc_shape *s = p->s;
-    const float *wf = p->w;
-    const int64_t taps = (int64_t)s->KH * s->KW, cog = p->cog, cg = p->cg;
+    const int64_t taps = (int64_t)s->KH * s->KW;
     for (int64_t gb = lo; gb < hi; gb++) {
-        int64_t gi = gb / s->blocks;
-        for (int64_t o = gb % s->blocks * DC_MR; o < (gb % s->blocks + 1) * DC_MR; o++) {
-            /* one output at a time, read in its source order with no division per element */
-            float *d = (float *)p->wp + (gb * s->K) * DC_MR + o % DC_MR;
-            if (o >= s->cout) { /* the last block's rows past the group's outputs */
-                for (int64_t k = 0; k < s->K; k++) d[k * DC_MR] = 0.0f;
-            } else if (!p->backward_data) { /* w[o][c][tap] is k's order already */
-                const float *src = wf + (gi * cog + o) * s->K;
-                for (int64_t k = 0; k < s->K; k++) d[k * DC_MR] = src[k];
-            } else {
-                for (int64_t c = 0; c < s->cin; c++) {
-                    const float *src = wf + ((gi * cog + c) * cg + o) * taps;
-                    for (int64_t tap = 0; tap < taps; tap++)
-                        d[(c * taps + tap) * DC_MR] = src[taps - 1 - tap];
-                }
+        int64_t o0 = gb % s->blocks * DC_MR, rows = s->cout - o0 < DC_MR ? s->cout - o0 : DC_MR;
+        dc_wsrc src = weight_source(p, gb, sizeof(float));
+        float *d = (float *)p->wp + gb * s->K * DC_MR;
+        for (int64_t c = 0; c < s->cin; c++)
+            for (int64_t tap = 0; tap < taps; tap++, d += DC_MR) {
+                const float *e = (const float *)src.e + c * src.sc + tap * src.st;
+                for (int64_t i = 0; i < DC_MR; i++) d[i] = i < rows ? e[i * src.so] : 0.0f;
             }
-        }
     }
 }
 
 static void pack_weights_bf16(const dc_pack_job *p, int64_t lo, int64_t hi) {
     const dc_shape *s = p->s;
-    const uint16_t *w = p->w;
     const int64_t taps = (int64_t)s->KH * s->KW, bc = block_channels(s, true);
-    const int64_t cog = p->cog, cg = p->cg;
-    uint16_t *wp = p->wp;
-    memset(wp + lo * s->KP * DC_MR * 2, 0, (size_t)((hi - lo) * s->KP * DC_MR) * 2 * sizeof *wp);
     for (int64_t gb = lo; gb < hi; gb++) {
-        int64_t gi = gb / s->blocks, o0 = gb % s->blocks * DC_MR;
-        int64_t o1 = o0 + DC_MR < s->cout ? o0 + DC_MR : s->cout;
+        int64_t o0 = gb % s->blocks * DC_MR, rows = s->cout - o0 < DC_MR ? s->cout - o0 : DC_MR;
+        dc_wsrc src = weight_source(p, gb, sizeof(uint16_t));
+        uint32_t *d = (uint32_t *)p->wp + gb * s->KP * DC_MR;
         for (int64_t c0 = 0; c0 < s->cin; c0 += bc) {
             int64_t c1 = c0 + bc < s->cin ? c0 + bc : s->cin, np = (c1 - c0 + 1) / 2;
-            for (int64_t o = o0; o < o1; o++) {
-                uint16_t *d = wp + (gb * s->KP + c0 / 2 * taps) * DC_MR * 2 + o % DC_MR * 2;
-                for (int64_t c = c0; c < c1; c++)
-                    for (int64_t tap = 0; tap < taps; tap++) {
-                        int64_t kp = tap * np + (c - c0) / 2;
-                        d[kp * DC_MR * 2 + (c - c0) % 2] =
-                            p->backward_data
-                                ? w[((gi * cog + c) * cg + o) * taps + taps - 1 - tap]
-                                : w[((gi * cog + o) * cg + c) * taps + tap];
-                    }
-            }
+            for (int64_t tap = 0; tap < taps; tap++)
+                for (int64_t q = 0; q < np; q++, d += DC_MR) {
+                    int64_t c = c0 + 2 * q;
+                    const uint16_t *e = (const uint16_t *)src.e + c * src.sc + tap * src.st;
+                    int64_t hs = c + 1 < c1 ? src.sc : -1; /* the pair's high half, or zero */
+                    for (int64_t i = 0; i < DC_MR; i++)
+                        d[i] = i >= rows ? 0
+                                         : e[i * src.so] |
+                                               (hs < 0 ? 0u : (uint32_t)e[i * src.so + hs] << 16);
+                }
         }
     }
 }
