@@ -673,8 +673,9 @@ static void dc_task(void *ctx, int64_t t) {
     na_cpu_task_range(j->g->n, j->tasks, t, 1, &lo, &hi);
     bool x_direct = j->x->dtype == NA_DTYPE_F32 || j->bf || j->xh;
     bool y_direct = j->y->dtype == NA_DTYPE_F32 || j->yh;
-    int64_t fit = ((int64_t)1 << 20) / ((x_direct ? 0 : in_n) + (y_direct ? 0 : out_n));
-    int64_t NB = x_direct && y_direct ? hi - lo : fit < 1 ? 1 : fit > hi - lo ? hi - lo : fit;
+    int64_t copied = (x_direct ? 0 : in_n) + (y_direct ? 0 : out_n); /* floats per image */
+    int64_t fit = copied ? ((int64_t)1 << 20) / copied : hi - lo;
+    int64_t NB = fit < 1 ? 1 : fit > hi - lo ? hi - lo : fit;
     size_t esz = j->bf || j->xh ? sizeof(uint16_t) : sizeof(float);
     size_t oesz = j->yh ? sizeof(uint16_t) : sizeof(float);
     void *panel = na_cpu_scratch(NA_CPU_SCRATCH_1,
