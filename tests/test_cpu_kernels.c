@@ -1628,6 +1628,99 @@ Test(cpu_conv, f16_read_by_the_packer_same_bits_as_widened) {
     }
 }
 
+/* ---- the half output's epilogue (cpu_direct_conv.c) -----------------------------------------
+ * An f16/bf16 output of the direct forward and data gradient is rounded from the f32 register
+ * tiles straight into the half planes. The sums are the f32 output's: so (1) the half output
+ * has exactly the bits of the same kernel's f32 output rounded by half.h (RNE, NaN as half.h,
+ * overflow to inf), and (2) the bits of the former path, f32 planes converted after the fact
+ * (na_cpu_conv_half_out_off). Inputs of dtype `in` (f32; f16 read by the packer; bf16 on
+ * vdpbf16ps, or widened with `spec`), outputs f16 and bf16; a few large inputs overflow f16
+ * and a NaN reaches its neighbours. */
+static void half_out_case(na_conv_geom g, na_dtype in, bool spec) {
+    int64_t cg = g.c_in / g.groups;
+    na_view x = MK(in, g.n, g.c_in, g.h, g.w), w = MK(in, g.c_out, cg, g.kh, g.kw),
+            b = MK(in, g.c_out), gy = MK(in, g.n, g.c_out, g.oh, g.ow);
+    fill_rand(&x, -1, 1);
+    fill_rand(&w, -1, 1);
+    fill_rand(&b, -1, 1);
+    fill_rand(&gy, -1, 1);
+    /* f16 overflow (|y| > 65504): a large input under each group's first output's weights */
+    int64_t K = cg * g.kh * g.kw;
+    for (int64_t gi = 0; gi < g.groups; gi++)
+        for (int64_t k = 0; k < K; k++) set(&w, gi * (g.c_out / g.groups) * K + k, 100);
+    set(&x, x.numel / 3, 3e4);
+    set(&x, x.numel / 2, -3e4);
+    set(&gy, gy.numel / 3, 3e4);
+    set(&x, 2 * x.numel / 3, NAN);
+    set(&gy, 2 * gy.numel / 3, NAN);
+    bool data = na_cpu_direct_conv_usable(&g, true);
+    na_cpu_bf16_force_spec = spec;
+    na_view y32 = MK(NA_DTYPE_F32, g.n, g.c_out, g.oh, g.ow), gx32 = MK(NA_DTYPE_F32, g.n, g.c_in, g.h, g.w);
+    cr_assert_eq(B->conv2d(&g, &x, &w, &b, &y32), NA_OK, "%s", na_last_error());
+    cr_assert_eq(B->conv2d_backward_data(&g, &gy, &w, &gx32), NA_OK, "%s", na_last_error());
+    char what[200];
+    int64_t overflow = 0, nans = 0;
+    for (int o = 0; o < 2; o++) {
+        na_dtype out = o ? NA_DTYPE_BF16 : NA_DTYPE_F16;
+        na_view y[2], gx[2];
+        for (int v = 0; v < 2; v++) {
+            y[v] = MK(out, g.n, g.c_out, g.oh, g.ow);
+            gx[v] = MK(out, g.n, g.c_in, g.h, g.w);
+            na_cpu_conv_half_out_off = v == 1;
+            int rc = B->conv2d(&g, &x, &w, &b, &y[v]);
+            if (!rc) rc = B->conv2d_backward_data(&g, &gy, &w, &gx[v]);
+            na_cpu_conv_half_out_off = false;
+            cr_assert_eq(rc, NA_OK, "%s", na_last_error());
+        }
+        snprintf(what, sizeof what, "half epilogue %s -> %s%s: n%lld c%lld->%lld %lldx%lld k%d s%d p%d g%d",
+                 na_dtype_name(in), na_dtype_name(out), spec ? " (widening)" : "", (long long)g.n,
+                 (long long)g.c_in, (long long)g.c_out, (long long)g.h, (long long)g.w, g.kh,
+                 g.sh, g.ph, g.groups);
+        expect_same_bits(&y[0], &y[1], what);
+        if (data) expect_same_bits(&gx[0], &gx[1], what);
+        const na_view *h[2] = {&y[0], &gx[0]}, *f[2] = {&y32, &gx32};
+        for (int q = 0; q < 2; q++)
+            for (int64_t i = 0; i < f[q]->numel && (q == 0 || data); i++) {
+                float s = ((const float *)f[q]->data)[i];
+                uint16_t want = o ? na_f32_to_bf16_bits(s) : na_f32_to_f16_bits(s);
+                uint16_t got = ((const uint16_t *)h[q]->data)[i];
+                cr_assert_eq(got, want, "%s: %s[%lld] = 0x%04x, the f32 sum %.9g rounds to 0x%04x",
+                             what, q ? "gx" : "y", (long long)i, got, s, want);
+                overflow += !o && isinf(get(h[q], i)) && isfinite(s);
+                nans += isnan(s);
+            }
+        for (int v = 0; v < 2; v++) rm(&y[v]), rm(&gx[v]);
+    }
+    na_cpu_bf16_force_spec = false;
+    cr_assert(overflow > 0 && nans > 0, "%s: the case reaches f16 overflow and NaN", what);
+    rm(&x); rm(&w); rm(&b); rm(&gy); rm(&y32); rm(&gx32);
+}
+
+Test(cpu_conv, half_output_rounded_in_registers_same_bits, .timeout = 120) {
+    na_conv_geom g = conv_geom(3, 7, 9, 11, 13, 3, 1, 1, 1, 1);
+    if (!na_cpu_direct_conv_usable(&g, false) || !na_cpu_half512())
+        cr_skip("this CPU has no AVX-512F/BW/VL: half outputs go through f32 planes");
+    na_conv_geom s2 = conv_geom(2, 5, 9, 8, 6, 3, 1, 1, 1, 1);
+    s2.sh = 2, s2.oh = (s2.h + 2 - 3) / 2 + 1; /* vertical stride 2: no direct data gradient */
+    na_conv_geom shapes[] = {
+        g,                                           /* odd sizes, a 9-row last block */
+        s2,
+        conv_geom(2, 5, 12, 10, 3, 3, 1, 0, 1, 1),   /* no padding, 3 outputs */
+        conv_geom(2, 6, 13, 9, 10, 5, 1, 2, 1, 2),   /* 5x5, groups of 3 */
+        conv_geom(2, 3, 9, 7, 5, 3, 1, 2, 1, 1),     /* padding past the reach */
+        conv_geom(3, 1, 28, 28, 32, 3, 1, 1, 1, 1),  /* first layer: 784 px */
+        conv_geom(3, 320, 5, 6, 12, 3, 1, 1, 1, 1),  /* K 2880: several K blocks (partials) */
+        conv_geom(2, 301, 4, 5, 17, 3, 1, 1, 1, 1),  /* K blocks, odd channels, 17 outputs */
+        conv_geom(5, 24, 3, 4, 20, 3, 1, 1, 1, 2),   /* 12-px images across chunks, groups */
+    };
+    na_dtype ins[3] = {NA_DTYPE_F32, NA_DTYPE_F16, NA_DTYPE_BF16};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        for (int d = 0; d < 3; d++) {
+            half_out_case(shapes[i], ins[d], false);
+            if (ins[d] == NA_DTYPE_BF16 && na_cpu_bf16_fast()) half_out_case(shapes[i], ins[d], true);
+        }
+}
+
 /* ---- bf16 products on AVX512_BF16 (cpu_direct_conv.c, na_cpu_bf16_fast) --------------------
  * One geometry with bf16 x, w, bias and gy, outputs of dtype `out` (f32: the sums themselves,
  * bf16: as autocast stores them): forward, data gradient and weight gradient on the vdpbf16ps

@@ -345,6 +345,10 @@ int na_cpu_direct_conv2d_wgrad_rows(const na_conv_geom *g, const na_view *x, con
                                     na_view *gw);
 /* Test hook: when true, convolutions always take the im2col + GEMM path. */
 extern bool na_cpu_conv_force_gemm;
+/* Test hook: when true, the direct convolution writes an f16/bf16 output as f32 planes and
+ * converts them (na_cpu_store_f), as before its tiles rounded to the half output in registers;
+ * the bits must not change. */
+extern bool na_cpu_conv_half_out_off;
 
 /* ---- the specification (cpu_reference.c) ------------------------------------------------
  * Plain loops that define what the gemm and conv2d kernels compute (same arguments, same
