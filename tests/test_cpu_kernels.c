@@ -2454,6 +2454,7 @@ Test(cpu_batchnorm, avx2_build_gives_the_baseline_bits) {
                     o[6] = MK(NA_DTYPE_F32, c), o[7] = MK(NA_DTYPE_F32, c);
                     for (int64_t ch = 0; ch < c; ch++) set(&o[4], ch, 1.0);
                     na_cpu_force_baseline = base;
+                    na_cpu_half512_off = true; /* f32 operands take the AVX-512 loops else */
                     cr_assert_eq(B->batch_norm_train(&x, &gam, &bet, &o[3], &o[4], &o[0], &o[1],
                                                      &o[2], n, c, s, 0.1, 1e-5, relu), NA_OK);
                     cr_assert_eq(B->batch_norm_backward(&x, &gy, &gam, &o[1], &o[2], &o[5], &o[6],
@@ -2463,6 +2464,7 @@ Test(cpu_batchnorm, avx2_build_gives_the_baseline_bits) {
                                                     1e-5, relu), NA_OK);
                 }
                 na_cpu_force_baseline = false;
+                na_cpu_half512_off = false;
                 const char *what[9] = {"y", "saved mean", "saved invstd", "running mean",
                                        "running var", "gx", "ggamma", "gbeta", "eval y"};
                 for (int k = 0; k < 9; k++) {
@@ -2483,7 +2485,9 @@ Test(cpu_batchnorm, avx2_build_gives_the_baseline_bits) {
  * fused with ReLU and not, for rows of odd lengths on both sides of the pairwise split and of
  * NA_CPU_CHUNK, operands of mixed dtypes (half x with f32 y or gx, f32 x with half gy), and
  * channels holding a NaN or an Inf in x or gy, and a NaN in the fused y where x is finite
- * (ReLU's gradient passes it, NA_RELU_GRAD); eval y keeps a NaN through ReLU. */
+ * (ReLU's gradient passes it, NA_RELU_GRAD, in the sums and in a widened gy; an f32 gy's gx
+ * masks it, y > 0); eval y keeps a NaN through ReLU. All-f32 operands take the same loops
+ * and are compared with the f32 loops too. */
 static void bn_half_case(int64_t n, int64_t c, int64_t s, na_dtype xd, na_dtype yd, na_dtype gd,
                          na_dtype gxd, int relu, bool special) {
     na_view x = MK(xd, n, c, s), gy = MK(gd, n, c, s), gam = MK(NA_DTYPE_F32, c),
@@ -2553,6 +2557,11 @@ Test(cpu_batchnorm, half_read_in_place_same_bits_as_widened) {
                 bn_half_case(d[0], d[1], d[2], dt, F, dt, F, relu, true);  /* f32 outputs */
                 bn_half_case(d[0], d[1], d[2], F, dt, dt, dt, relu, true);  /* f32 x */
                 bn_half_case(d[0], d[1], d[2], dt, h[1 - t], h[1 - t], dt, relu, true);
+                if (t == 0) { /* all f32: the same loops, against the AVX2 (or baseline) build */
+                    bn_half_case(d[0], d[1], d[2], F, F, F, F, relu, true);
+                    bn_half_case(d[0], d[1], d[2], F, F, F, F, relu, false);
+                    bn_half_case(d[0], d[1], d[2], F, F, F, dt, relu, true);
+                }
             }
 }
 

@@ -20,7 +20,8 @@
  * split over the thread pool, each computed whole by one thread. f16/bf16 operands are read
  * in place and converted in registers where the CPU has AVX-512F/BW/VL (the half loops below,
  * bn_half_ok); elsewhere, and with na_cpu_half512_off, widened once per channel (bn_rows)
- * rather than once per pass, the same bits either way. gamma/beta NULL
+ * rather than once per pass, the same bits either way. The forward of all-f32 operands takes
+ * the same AVX-512 loops, the same bits as the f32 loops. gamma/beta NULL
  * mean 1/0. Parameters and statistics may be of any float dtype (f32 normally, f64 for f64 x).
  *
  * The f32 loops are built twice, for the baseline x86-64 (SSE2) and for AVX2 (chosen at run
@@ -49,6 +50,17 @@ typedef struct {
     na_view v;
     int64_t base, stride;
 } bn_rows;
+
+/* the cache lines of row ni's first n elements, fetched ahead: a channel's rows are short and
+ * C*S apart, so the hardware prefetchers start each row cold (prefetches change no result) */
+static inline void row_prefetch(const bn_rows *r, int64_t ni, int64_t n) {
+    if (!r->v.data) return;
+    size_t es = na_dtype_size(r->v.dtype);
+    const char *a = (const char *)r->v.data + (size_t)(r->base + ni * r->stride) * es;
+    const char *e = a + (size_t)n * es;
+    for (; a < e; a += 64) __builtin_prefetch(a);
+    __builtin_prefetch(e - 1);
+}
 
 #define NA_CPU_DEFINE_BN(T, SFX, NAME, DT)                                                  \
     /* channel ch of v [n, c, s] as rows: widened into buf (n*s of T) when v is not of T    \
@@ -266,6 +278,12 @@ typedef struct {
                 for (int64_t ni = 0; ni < n; ni++)                                          \
                     for (int64_t o = 0; o < s; o += NA_CPU_CHUNK) {                         \
                         int64_t cnt = s - o < NA_CPU_CHUNK ? s - o : NA_CPU_CHUNK;          \
+                        if (ni + 1 < n && o == 0) {                                         \
+                            int64_t pn = s < NA_CPU_CHUNK ? s : NA_CPU_CHUNK;               \
+                            row_prefetch(&xr, ni + 1, pn);                                  \
+                            row_prefetch(&gr, ni + 1, pn);                                  \
+                            row_prefetch(&yr, ni + 1, pn);                                  \
+                        }                                                                   \
                         const T *xv = row_##NAME(&xr, ni, o, cnt, xb);                      \
                         const T *gv = row_##NAME(&gr, ni, o, cnt, gb_);                     \
                         const T *yv = row_##NAME(&yr, ni, o, cnt, yb);                      \
@@ -627,19 +645,21 @@ NA_HALF512 static void bn_backward_h(const na_view *x, const na_view *gy, const 
 }
 
 /* Whether job j's f32 compute takes the half loops: the CPU has AVX-512F/BW/VL, every operand
- * is f32, f16 or bf16, and the half operand the f32 loops widen is a half (train: x; backward:
- * gy, within widen_buffer's limit, so that ReLU's mask is the widened buffer's) or is read
- * once (eval: x or y). Not the statistics-only training call (y NULL, SyncBatchNorm's) nor
- * batch_norm_backward_elemt: SyncBatchNorm's kernels stay in one place, the f32 loops. */
+ * is f32, f16 or bf16, and in the backward gy is a half within widen_buffer's limit, so that
+ * ReLU's mask is the widened buffer's. The forward takes them for all-f32 operands too: their
+ * 16-wide rows and next-row prefetch took the f32 CNN's first BatchNorm+ReLU forward from
+ * 1.75 to 1.0 ms (docs/benchmarks.md); an f32 backward stays in the f32 loops (AVX2, with
+ * the same prefetch), which the 64x14 layer ran faster than these. Not the statistics-only
+ * training call (y NULL, SyncBatchNorm's) nor batch_norm_backward_elemt: SyncBatchNorm's kernels stay in one place, the f32 loops. */
 static bool bn_half_ok(const bn_job *j) {
     if (j->f64 || !na_cpu_half512()) return false;
-    bool x_half = hkind(j->x) > HK_F32;
+    bool x_ok = hkind(j->x) != HK_NONE;
     switch (j->kind) {
-    case BN_TRAIN: return x_half && j->y && hkind(j->y) != HK_NONE;
-    case BN_EVAL: return (x_half || hkind(j->y) > HK_F32) && hkind(j->y) != HK_NONE;
+    case BN_TRAIN: return x_ok && j->y && hkind(j->y) != HK_NONE;
+    case BN_EVAL: return x_ok && hkind(j->y) != HK_NONE;
     case BN_BACKWARD:
-        return hkind(j->gy) > HK_F32 && j->n * j->s <= ((int64_t)1 << 22) &&
-               hkind(j->x) != HK_NONE && hkind(j->relu_y) != HK_NONE && hkind(j->gx) != HK_NONE;
+        return hkind(j->gy) > HK_F32 && j->n * j->s <= ((int64_t)1 << 22) && x_ok &&
+               hkind(j->relu_y) != HK_NONE && hkind(j->gx) != HK_NONE;
     default: return false;
     }
 }
