@@ -116,6 +116,15 @@ for amp in ("off", "bf16"):
 gain = [t for t in j["table"] if t["row"] == "mlp cpu b128 bf16: speed-up over f32"][0]
 assert abs(float(gain["ours"]) / (med["off"] / med["bf16"]) - 1) < 0.01, (gain, med)
 assert gain["pytorch"] == "" and gain["ratio"] == "", gain' "$tmp/r.json"
+# the overhead configuration has no amp: bench/run once failed on it (KeyError) before any
+# training row ran
+check "bench/run, the overhead rows" run 0 brun --no-torch --no-kernels --only overhead \
+    --rounds 1 --json "$tmp/o.json"
+check "  the fwd+bwd row measured" python3 -c '
+import json, sys
+j = json.load(open(sys.argv[1]))
+row = [t for t in j["table"] if t["row"].startswith("overhead cpu") and "fwd+bwd" in t["row"]][0]
+assert float(row["ours"].split()[0]) > 0, row' "$tmp/o.json"
 check "bench/run with a stand-in torch" run 0 env FAKE_TORCH_LOG="$tmp/torch.log" \
     "$runner" --no-build --build-dir "$build_dir" --device cpu --quick --no-dist --no-kernels \
     --no-compile --python "$(dirname "$0")/bench_fake_torch.sh" --only train/cpu/cnn/off \
