@@ -2505,13 +2505,15 @@ static void bn_half_case(int64_t n, int64_t c, int64_t s, na_dtype xd, na_dtype 
         set(&ry, (0 * c + (c - 1)) * s + s / 3, NAN);
         set(&ry, (0 * c + (c - 1)) * s, -0.0);
     }
-    na_view out[2][11]; /* y, sm, si, rm, rv, gx, gg, gb, eval y, gx (given y), eval gx */
+    na_view out[2][13]; /* y, sm, si, rm, rv, gx, gg, gb, eval y, gx (given y), eval gx, and
+                         * the statistics-only call's (SyncBatchNorm's: eps 0) mean and invstd */
     for (int v = 0; v < 2; v++) {
         na_view *o = out[v];
         o[0] = MK(yd, n, c, s), o[5] = MK(gxd, n, c, s), o[8] = MK(yd, n, c, s);
         o[9] = MK(gxd, n, c, s), o[10] = MK(gxd, n, c, s);
         for (int k = 1; k <= 4; k++) o[k] = MK(NA_DTYPE_F32, c);
         o[6] = MK(NA_DTYPE_F32, c), o[7] = MK(NA_DTYPE_F32, c);
+        o[11] = MK(NA_DTYPE_F32, c), o[12] = MK(NA_DTYPE_F32, c);
         for (int64_t ch = 0; ch < c; ch++) set(&o[4], ch, 1.0);
         if (special && c >= 3) set(&o[3], 0, NAN); /* a NaN running mean: eval y NaN */
         na_cpu_half512_off = v == 1;
@@ -2525,11 +2527,14 @@ static void bn_half_case(int64_t n, int64_t c, int64_t s, na_dtype xd, na_dtype 
                                             s, true, &ry), NA_OK);
         cr_assert_eq(B->batch_norm_backward(&x, &gy, &gam, &o[3], &o[2], &o[10], &o[6], NULL, n,
                                             c, s, false, relu ? &ry : NULL), NA_OK);
+        cr_assert_eq(B->batch_norm_train(&x, NULL, NULL, NULL, NULL, NULL, &o[11], &o[12], n, c,
+                                         s, 0.0, 0.0, false), NA_OK);
         na_cpu_half512_off = false;
     }
-    const char *what[11] = {"y", "saved mean", "saved invstd", "running mean", "running var",
-                            "gx", "ggamma", "gbeta", "eval y", "gx (given y)", "eval gx"};
-    for (int k = 0; k < 11; k++) {
+    const char *what[13] = {"y", "saved mean", "saved invstd", "running mean", "running var",
+                            "gx", "ggamma", "gbeta", "eval y", "gx (given y)", "eval gx",
+                            "statistics-only mean", "statistics-only invstd"};
+    for (int k = 0; k < 13; k++) {
         char msg[160];
         snprintf(msg, sizeof msg, "%s: [%lld, %lld, %lld] x %s y %s gy %s gx %s relu %d", what[k],
                  (long long)n, (long long)c, (long long)s, na_dtype_name(xd), na_dtype_name(yd),
@@ -2537,7 +2542,7 @@ static void bn_half_case(int64_t n, int64_t c, int64_t s, na_dtype xd, na_dtype 
         expect_same_bits(&out[0][k], &out[1][k], msg);
     }
     for (int v = 0; v < 2; v++)
-        for (int k = 0; k < 11; k++) rm(&out[v][k]);
+        for (int k = 0; k < 13; k++) rm(&out[v][k]);
     rm(&x); rm(&gy); rm(&gam); rm(&bet); rm(&ry);
 }
 

@@ -521,7 +521,8 @@ NA_HALF512 static void haffine(const void *x, int kx, void *y, int ky, int64_t o
     }
 }
 
-/* channels [c0, c1) of bn_train_f with x of f16/bf16 and a y (bn_half_ok) */
+/* channels [c0, c1) of bn_train_f with x of f32/f16/bf16 (bn_half_ok); y NULL: the statistics
+ * only */
 NA_HALF512 static void bn_train_h(const na_view *x, const na_view *gamma, const na_view *beta,
                                   na_view *rm, na_view *rv, na_view *y, na_view *sm,
                                   na_view *si, int64_t n, int64_t c, int64_t s, float momentum,
@@ -547,7 +548,7 @@ NA_HALF512 static void bn_train_h(const na_view *x, const na_view *gamma, const 
         float var = na_cpu_psum_total_f(&sq) / (float)M;
         float invstd = na_bn_invstd_f(var, eps);
         float scale = invstd * (float)param(gamma, ch, 1), shift = (float)param(beta, ch, 0);
-        for (int64_t ni = 0; ni < n; ni++) {
+        for (int64_t ni = 0; y && ni < n; ni++) {
             if (ni + 1 < n && s <= NA_CPU_CHUNK)
                 hprefetch_w(y->data, ky, ((ni + 1) * c + ch) * s, s);
             haffine(x->data, kx, y->data, ky, (ni * c + ch) * s, s, mean, scale, shift, relu);
@@ -649,13 +650,14 @@ NA_HALF512 static void bn_backward_h(const na_view *x, const na_view *gy, const 
  * ReLU's mask is the widened buffer's. The forward takes them for all-f32 operands too: their
  * 16-wide rows and next-row prefetch took the f32 CNN's first BatchNorm+ReLU forward from
  * 1.75 to 1.0 ms (docs/benchmarks.md); an f32 backward stays in the f32 loops (AVX2, with
- * the same prefetch), which the 64x14 layer ran faster than these. Not the statistics-only
- * training call (y NULL, SyncBatchNorm's) nor batch_norm_backward_elemt: SyncBatchNorm's kernels stay in one place, the f32 loops. */
+ * the same prefetch), which the 64x14 layer ran faster than these. The statistics-only
+ * training call (y NULL, SyncBatchNorm's forward) takes them too; batch_norm_backward_elemt
+ * stays in the f32 loops. */
 static bool bn_half_ok(const bn_job *j) {
     if (j->f64 || !na_cpu_half512()) return false;
     bool x_ok = hkind(j->x) != HK_NONE;
     switch (j->kind) {
-    case BN_TRAIN: return x_ok && j->y && hkind(j->y) != HK_NONE;
+    case BN_TRAIN: return x_ok && hkind(j->y) != HK_NONE; /* y NULL: statistics only */
     case BN_EVAL: return x_ok && hkind(j->y) != HK_NONE;
     case BN_BACKWARD:
         return hkind(j->gy) > HK_F32 && j->n * j->s <= ((int64_t)1 << 22) && x_ok &&
