@@ -194,7 +194,7 @@ NA_HALF512 static float pairwise_h512_leaf(bool f16, const uint16_t *x, int64_t 
     for (; i + 8 <= n; i += 8) acc = _mm256_add_ps(acc, na_h256_load(f16, x + i, 0xFF));
     float a[8];
     _mm256_storeu_ps(a, acc);
-    float s = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+    float s = NA_CPU_LANES8_TOTAL(a);
     if (i < n) {
         _mm256_storeu_ps(a, na_h256_load(f16, x + i, (__mmask8)((1u << (n - i)) - 1u)));
         for (int64_t j = 0; j < n - i; j++) s += a[j];

@@ -197,10 +197,8 @@ static inline void row_prefetch(const bn_rows *r, int64_t ni, int64_t n) {
         T acc1[8], acc2[8];                                                                 \
         memcpy(acc1, &va1, sizeof acc1);                                                    \
         memcpy(acc2, &va2, sizeof acc2);                                                    \
-        T t1 = ((acc1[0] + acc1[1]) + (acc1[2] + acc1[3])) +                                \
-               ((acc1[4] + acc1[5]) + (acc1[6] + acc1[7]));                                 \
-        T t2 = ((acc2[0] + acc2[1]) + (acc2[2] + acc2[3])) +                                \
-               ((acc2[4] + acc2[5]) + (acc2[6] + acc2[7]));                                 \
+        T t1 = NA_CPU_LANES8_TOTAL(acc1);                                                   \
+        T t2 = NA_CPU_LANES8_TOTAL(acc2);                                                   \
         for (; i < n; i++) {                                                                \
             T gm = masked_gy_##NAME(g, y, i);                                               \
             t1 += gm;                                                                       \
@@ -405,7 +403,7 @@ NA_HALF512 static inline void hstore16(void *p, int k, int64_t i, __mmask16 m, _
 NA_HALF512 static inline float hsum8(__m256 v) {
     float a[8];
     _mm256_storeu_ps(a, v);
-    return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+    return NA_CPU_LANES8_TOTAL(a);
 }
 static inline __mmask8 hmask8(int64_t n) { return (__mmask8)(n >= 8 ? 0xFFu : (1u << n) - 1u); }
 

@@ -27,6 +27,10 @@
 #include "nanoamp/threads.h" /* na_cpu_reproducible */
 
 #define NA_CPU_CHUNK 1024
+/* The total of 8 lanes a[0..7] in the order every vectorized sum of the backend uses (pairs,
+ * then pairs of pairs): the order is part of the numerics, written once. */
+#define NA_CPU_LANES8_TOTAL(a) \
+    ((((a)[0] + (a)[1]) + ((a)[2] + (a)[3])) + (((a)[4] + (a)[5]) + ((a)[6] + (a)[7])))
 
 /* ---- scratch ---------------------------------------------------------------------------- */
 

@@ -57,10 +57,8 @@ static double sbn_param(const na_view *t, int64_t i, double dflt) {
         T acc1[8], acc2[8];                                                                 \
         memcpy(acc1, &va1, sizeof acc1);                                                    \
         memcpy(acc2, &va2, sizeof acc2);                                                    \
-        T t1 = ((acc1[0] + acc1[1]) + (acc1[2] + acc1[3])) +                                \
-               ((acc1[4] + acc1[5]) + (acc1[6] + acc1[7]));                                 \
-        T t2 = ((acc2[0] + acc2[1]) + (acc2[2] + acc2[3])) +                                \
-               ((acc2[4] + acc2[5]) + (acc2[6] + acc2[7]));                                 \
+        T t1 = NA_CPU_LANES8_TOTAL(acc1);                                                   \
+        T t2 = NA_CPU_LANES8_TOTAL(acc2);                                                   \
         for (; i < n; i++) {                                                                \
             T yv = (x[i] - mean) * fsc + fsh;                                               \
             T gm = g[i] * (yv <= thr ? (T)0 : (T)1);                                        \
