@@ -204,6 +204,11 @@ int bench_train_main(int argc, char **argv) {
         na_set_error(NA_EINVAL, "--tf32 is CUDA's f32 tensor-core math: it needs --device cuda");
         return bench_fail(key, "setup");
     }
+    if (cpu_clock && dev != NA_DEVICE_CPU) {
+        na_set_error(NA_EINVAL, "--cpu-clock times the host's CPU time, not the device's: it "
+                     "needs --device cpu");
+        return bench_fail(key, "setup");
+    }
     if (sync_bn && !ddp) {
         na_set_error(NA_EINVAL, "--sync-bn reduces BatchNorm statistics over the ranks: it needs "
                      "--ddp");

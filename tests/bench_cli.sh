@@ -40,6 +40,10 @@ check "bench --help" run 0 "$bench" --help
 check "  usage on stdout" grep -q '^usage:' "$tmp/out"
 check "bench --tf32 on the CPU" run 1 "$bench" train --model mlp --tf32 --warmup 0 --repeats 1 --steps 1
 check "  the JSON says it needs CUDA" grep -q '"error": ".*--tf32 .*needs --device cuda' "$tmp/out"
+check "bench --cpu-clock on CUDA" run 1 "$bench" train --model mlp --device cuda --cpu-clock \
+    --warmup 0 --repeats 1 --steps 1
+check "  the JSON says it needs the CPU" grep -q '"error": ".*--cpu-clock .*needs --device cpu' \
+    "$tmp/out"
 check "bench --sync-bn without --ddp" run 1 "$bench" train --model cnn --sync-bn --warmup 0 --repeats 1 --steps 1
 check "  the JSON says it needs --ddp" grep -q '"error": ".*--sync-bn .*needs --ddp' "$tmp/out"
 check "bench --sync-bn --profile-steps 2 in a world of one with collectives" run 0 env NANOAMP_DIST_COLLECTIVES=1 \
