@@ -10,11 +10,15 @@
 #include <time.h>
 #include <unistd.h>
 
-double bench_now_s(void) {
+static double clock_s(clockid_t id) {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(id, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
+
+double bench_now_s(void) { return clock_s(CLOCK_MONOTONIC); }
+
+double bench_cpu_s(void) { return clock_s(CLOCK_PROCESS_CPUTIME_ID); }
 
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;

@@ -12,6 +12,9 @@
 #include <stdio.h>
 
 double bench_now_s(void); /* CLOCK_MONOTONIC in seconds */
+/* the process's CPU time in seconds, all threads' (--cpu-clock: the figure a loaded shared
+ * machine's descheduling does not inflate; meant for one thread) */
+double bench_cpu_s(void);
 
 typedef struct {
     double median, min, max, q1, q3;

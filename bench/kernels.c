@@ -39,7 +39,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "bench_util.h"
 #include "peak.h"
@@ -49,12 +48,7 @@
 static int repeats = 20;
 static bool cpu_clock; /* --cpu-clock: the process's CPU time instead of wall time */
 
-static double now_s(void) {
-    if (!cpu_clock) return bench_now_s();
-    struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+static double now_s(void) { return cpu_clock ? bench_cpu_s() : bench_now_s(); }
 
 /* min over `repeats` runs of body, in ms */
 #define BENCH_MIN_MS(result, body)                                                          \

@@ -51,20 +51,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "bench.h"
 #include "bench_util.h"
 #include "../examples/common/models.h"
 #include "../examples/common/trainer.h"
-
-/* the process's CPU time in s (--cpu-clock: what a loaded shared machine does not inflate
- * by descheduling; all threads' time, so meant for --threads 1) */
-static double process_cpu_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static const char *const amp_names[] = {"off", "fp16", "bf16", "o2", "fp8"};
 
@@ -262,7 +253,7 @@ int bench_train_main(int argc, char **argv) {
     for (int64_t r = 0; r < repeats; r++) {
         bench_sync(dev);
         uint64_t c0 = na_cuda_sync_count();
-        double t0 = cpu_clock ? process_cpu_s() : bench_now_s();
+        double t0 = cpu_clock ? bench_cpu_s() : bench_now_s();
         for (int64_t i = 0; i < steps && graph; i++)
             if (na_step_graph_replay(graph)) FAIL("graph replay");
         for (int64_t i = 0; i < steps && !graph; i++) {
@@ -273,7 +264,7 @@ int bench_train_main(int argc, char **argv) {
         }
         syncs += na_cuda_sync_count() - c0;
         bench_sync(dev);
-        per_step[r] = ((cpu_clock ? process_cpu_s() : bench_now_s()) - t0) / (double)steps * 1e3;
+        per_step[r] = ((cpu_clock ? bench_cpu_s() : bench_now_s()) - t0) / (double)steps * 1e3;
     }
     double loss = na_item(last_loss);
     /* the profiled steps' minimum wall and BatchNorm layers' time (rows "... (BatchNorm2d)") */
