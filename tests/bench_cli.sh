@@ -103,6 +103,9 @@ runner="$(dirname "$0")/../bench/run" build_dir="$(dirname "$(dirname "$bench")"
 brun() { "$runner" --no-build --build-dir "$build_dir" --device cpu --quick --no-dist "$@"; }
 check "bench/run --rounds 0" run 2 brun --rounds 0
 check "  message" grep -q -- "--rounds expects an integer >= 1" "$tmp/err"
+check "bench/run --json into a missing directory, refused before it runs" run 2 brun --no-torch \
+    --json "$tmp/no/such/dir/r.json"
+check "  message" grep -q -- "--json .*cannot be written (its directory .* does not exist)" "$tmp/err"
 check "bench/run --no-torch, default rounds" run 0 brun --no-torch --no-kernels \
     --only train/cpu/mlp/off --only train/cpu/mlp/bf16 --json "$tmp/r.json"
 check "  three rounds of ours, the table without PyTorch, the bf16 speed-up" python3 -c '
