@@ -307,12 +307,12 @@ static bool cpu_has_avx512_halves(void) {
 
 Test(half_cpu, fast_path_in_use_where_the_cpu_has_it) {
     cr_assert_eq(na_cpu_convert_is_fast(), cpu_has_fast_conversions());
-    if (!na_cpu_convert_is_fast()) cr_log_warn("no AVX2+F16C: only the portable loops checked");
+    if (!na_cpu_convert_is_fast()) cr_log_info("no AVX2+F16C: only the portable loops checked");
     na_cpu_convert_force_soft = true;
     cr_assert(!na_cpu_convert_is_fast());
     na_cpu_convert_force_soft = false;
     cr_assert_eq(na_cpu_half512(), cpu_has_avx512_halves());
-    if (!na_cpu_half512()) cr_log_warn("no AVX-512F/BW/VL: the 16-lane conversions not checked");
+    if (!na_cpu_half512()) cr_log_info("no AVX-512F/BW/VL: the 16-lane conversions not checked");
     na_cpu_half512_off = true;
     cr_assert(!na_cpu_half512());
     na_cpu_half512_off = false;
