@@ -267,7 +267,7 @@ static int bench_bn(void) {
 static void print_conv_row(const char *kernel, const char *variant, na_dtype dt, double gflop,
                            double ms) {
     /* f16 computes in f32 (no f16 arithmetic on the CPUs this targets) */
-    bench_peak_kind pk = dt == NA_DTYPE_BF16 ? BENCH_PEAK_BF16_DP : BENCH_PEAK_F32_FMA;
+    bench_peak_kind pk = dt == NA_DTYPE_BF16 ? bench_peak_bf16() : bench_peak_f32();
     double rate = gflop * 1e3 / ms, peak = bench_peak_gflops(pk);
     bench_json j;
     bench_json_begin(&j, stdout);
@@ -292,6 +292,7 @@ static const char *conv_dtype_suffix(na_dtype dt) {
 /* Convolutions 3x3, padding 1: forward, data gradient (not for a first layer: its input needs
  * none) and weight gradient; f32 through the direct convolution (where this CPU has it) and
  * the im2col + GEMM path, then bf16 through the backend's own choice, then f16 (f32 compute).
+ * A variant this CPU lacks (no direct convolution, no vdpbf16ps) has no rows and no total.
  * One row per layer: {batch, c_in, c_out, h = w}; then one total row per variant. */
 static int bench_conv_layers(const char *net, const int64_t (*layers)[4], int count) {
     static const struct {
@@ -303,6 +304,7 @@ static int bench_conv_layers(const char *net, const int64_t (*layers)[4], int co
     enum { NRUNS = sizeof runs / sizeof runs[0] };
     double total_gflop[NRUNS] = {0}, total_ms[NRUNS] = {0};
     const char *variant[NRUNS] = {0};
+    int layers_run[NRUNS] = {0};
     int rc = 0;
     for (int l = 0; l < count; l++) {
         const int64_t *L = layers[l];
@@ -316,6 +318,9 @@ static int bench_conv_layers(const char *net, const int64_t (*layers)[4], int co
             na_dtype dt = runs[k].dt;
             na_cpu_bf16_force_spec = false;
             if (dt == NA_DTYPE_BF16 && !runs[k].spec && !na_cpu_bf16_fast()) continue;
+            /* f32 direct where this CPU has no direct convolution: the im2col row again */
+            if (dt == NA_DTYPE_F32 && !runs[k].gemm && !na_cpu_direct_conv_usable(&g, false))
+                continue;
             na_view x = bench_view(dt, 4, xs), y = bench_view(dt, 4, ys),
                     w = bench_view(dt, 4, ws), b = bench_view(dt, 1, bs),
                     gx = bench_view(dt, 4, xs), gw = bench_view(dt, 4, ws);
@@ -328,7 +333,7 @@ static int bench_conv_layers(const char *net, const int64_t (*layers)[4], int co
                             : dt == NA_DTYPE_BF16 ? (runs[k].spec ? "bf16_widening" : "bf16_dpbf16")
                             : na_cpu_direct_conv_usable(&g, false) ? "direct_avx512"
                                                                    : "im2col_gemm";
-            variant[k] = v;
+            variant[k] = v, layers_run[k]++;
             char name[96];
             const char *dts = conv_dtype_suffix(dt);
             double ms;
@@ -354,7 +359,7 @@ static int bench_conv_layers(const char *net, const int64_t (*layers)[4], int co
         }
     }
     for (int k = 0; k < NRUNS; k++) { /* each layer once, as ResNet-9 has its layers */
-        if (!variant[k]) continue; /* (no vdpbf16ps here) */
+        if (layers_run[k] < count) continue; /* (no vdpbf16ps or direct convolution here) */
         char name[64];
         snprintf(name, sizeof name, "%s_conv_total%s", net, conv_dtype_suffix(runs[k].dt));
         print_conv_row(name, variant[k], runs[k].dt, total_gflop[k], total_ms[k]);

@@ -1,7 +1,7 @@
 /* bench/peak.c — the peak-FLOP probes of bench/peak.h.
  *
  * Each task runs ACC independent accumulator chains (enough to cover the FMA latency times the
- * FMA ports: 4 cycles x 2 on Zen 4 and Skylake-X) for PEAK_ITERS rounds; the work is cut into
+ * FMA ports: 4 cycles x 2 on Zen 3/4 and Skylake-X; 5 x 2 on Haswell) for PEAK_ITERS rounds; the work is cut into
  * many tasks so that the pool balances it over its threads, and the best of PEAK_ROUNDS timed
  * rounds (after one untimed round that starts the workers) is the peak. */
 #include "peak.h"
@@ -34,6 +34,20 @@ __attribute__((target("avx512f"))) static void probe_f32_fma(void *ctx, int64_t 
     peak_sink = _mm512_reduce_add_ps(s);
 }
 
+__attribute__((target("avx2,fma"))) static void probe_f32_fma_avx2(void *ctx, int64_t t) {
+    (void)ctx;
+    __m256 acc[ACC];
+    for (int i = 0; i < ACC; i++) acc[i] = _mm256_set1_ps((float)(i + t));
+    const __m256 a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
+    for (int k = 0; k < PEAK_ITERS; k++)
+        for (int i = 0; i < ACC; i++) acc[i] = _mm256_fmadd_ps(acc[i], a, b);
+    __m256 s = acc[0];
+    for (int i = 1; i < ACC; i++) s = _mm256_add_ps(s, acc[i]);
+    float lanes[8];
+    _mm256_storeu_ps(lanes, s);
+    peak_sink = lanes[0] + lanes[7];
+}
+
 __attribute__((target("avx512f,avx512bf16"))) static void probe_bf16_dp(void *ctx, int64_t t) {
     (void)ctx;
     __m512 acc[ACC];
@@ -59,9 +73,11 @@ static const struct {
 #ifdef PEAK_X86
     [BENCH_PEAK_F32_FMA] = {"f32_fma_avx512", 32, probe_f32_fma},
     [BENCH_PEAK_BF16_DP] = {"bf16_dp_avx512", 64, probe_bf16_dp},
+    [BENCH_PEAK_F32_FMA_AVX2] = {"f32_fma_avx2", 16, probe_f32_fma_avx2},
 #else
     [BENCH_PEAK_F32_FMA] = {"f32_fma_avx512", 32},
     [BENCH_PEAK_BF16_DP] = {"bf16_dp_avx512", 64},
+    [BENCH_PEAK_F32_FMA_AVX2] = {"f32_fma_avx2", 16},
 #endif
 };
 
@@ -71,11 +87,21 @@ static bool cpu_has(bench_peak_kind kind) {
 #ifdef PEAK_X86
     __builtin_cpu_init();
     if (kind == BENCH_PEAK_F32_FMA) return __builtin_cpu_supports("avx512f");
+    if (kind == BENCH_PEAK_F32_FMA_AVX2)
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16");
 #else
     (void)kind;
     return false;
 #endif
+}
+
+bench_peak_kind bench_peak_f32(void) {
+    return cpu_has(BENCH_PEAK_F32_FMA) ? BENCH_PEAK_F32_FMA : BENCH_PEAK_F32_FMA_AVX2;
+}
+
+bench_peak_kind bench_peak_bf16(void) {
+    return cpu_has(BENCH_PEAK_BF16_DP) ? BENCH_PEAK_BF16_DP : bench_peak_f32();
 }
 
 double bench_peak_gflops(bench_peak_kind kind) {

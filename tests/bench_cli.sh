@@ -76,10 +76,10 @@ check "kbench peak" run 0 "$kbench" peak
 check "  one row per probe, GFLOP/s > 0 where the CPU has it" python3 -c '
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
-assert [r["kernel"] for r in rows] == ["f32_fma_avx512", "bf16_dp_avx512"], rows
+assert [r["kernel"] for r in rows] == ["f32_fma_avx512", "bf16_dp_avx512", "f32_fma_avx2"], rows
 flags = open("/proc/cpuinfo").read().split()
-for r, flag in zip(rows, ("avx512f", "avx512_bf16")):
-    assert (r["gflops"] > 0) == (flag in flags and "avx512f" in flags), r
+for r, need in zip(rows, (("avx512f",), ("avx512f", "avx512_bf16"), ("avx2", "fma"))):
+    assert (r["gflops"] > 0) == all(f in flags for f in need), r
     assert r["threads"] >= 1' "$tmp/out"
 check "kbench conv: GFLOP/s and % of peak" run 0 "$kbench" --repeats 1 conv
 check "  every row has them; totals per variant" python3 -c '
@@ -87,14 +87,22 @@ import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 for r in rows:
     assert abs(r["gflops"] - r["gflop"] * 1e3 / r["min_ms"]) < 1e-3 * r["gflops"], r
-    assert r["peak"] == ("bf16_dp_avx512" if r["dtype"] == "bf16" else "f32_fma_avx512"), r
-    assert "pct_peak" in r and (r["pct_peak"] is None or r["pct_peak"] > 0), r
-totals = [r for r in rows if "_conv_total" in r["kernel"]]
-# im2col, direct, bf16 widened, bf16 on vdpbf16ps where the CPU has it, and f16 (f32 compute)
 flags = open("/proc/cpuinfo").read().split()
-assert len(totals) == 4 + ("avx512_bf16" in flags), totals
+# the yardsticks: the widest f32 FMA; for bf16 vdpbf16ps where the CPU has it, else that FMA
+f32_peak = "f32_fma_avx512" if "avx512f" in flags else "f32_fma_avx2"
+bf16_peak = "bf16_dp_avx512" if "avx512_bf16" in flags else f32_peak
+for r in rows:
+    assert r["peak"] == (bf16_peak if r["dtype"] == "bf16" else f32_peak), r
+    assert "pct_peak" in r and r["pct_peak"] > 0, r
+totals = [r for r in rows if "_conv_total" in r["kernel"]]
+# im2col, bf16 widened and f16 (f32 compute); the direct convolution and bf16 on vdpbf16ps
+# where the CPU has them
+direct = "avx512f" in flags
+assert len(totals) == 3 + direct + ("avx512_bf16" in flags), totals
+assert any(r["variant"].startswith("direct") for r in rows) == direct, rows
 assert {r["dtype"] for r in rows} == {"f32", "bf16", "f16"}, totals
-flop = sum(r["gflop"] for r in rows if r["variant"] == "im2col_gemm" and "total" not in r["kernel"])
+flop = sum(r["gflop"] for r in rows
+           if r["variant"] == "im2col_gemm" and r["dtype"] == "f32" and "total" not in r["kernel"])
 assert abs(flop - totals[0]["gflop"]) < 1e-4 * flop, (flop, totals[0])' "$tmp/out"
 
 # bench/run: its own argument errors, then its rounds and PyTorch variants with a stand-in for

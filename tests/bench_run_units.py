@@ -22,7 +22,10 @@ OURS = [{"bench": "peak", "kernel": "f32_fma_avx512", "threads": 2, "gflops": 20
         {"bench": "kernel", "kernel": "cnn_conv2_32x64_forward", "variant": "direct_avx512",
          "dtype": "f32", "gflops": 150.0, "peak": "f32_fma_avx512"},
         {"bench": "kernel", "kernel": "cnn_conv2_32x64_bf16_forward", "variant": "default",
-         "dtype": "bf16", "gflops": 100.0, "peak": "bf16_dp_avx512"}]
+         "dtype": "bf16", "gflops": 100.0, "peak": "bf16_dp_avx512"},
+        # a kernel with no direct row (a CPU without the direct convolution): im2col is shown
+        {"bench": "kernel", "kernel": "cnn_conv2_32x64_f16_forward", "variant": "im2col_gemm",
+         "dtype": "f16", "gflops": 40.0, "peak": "f32_fma_avx512"}]
 THEIRS = [{"bench": "kernel", "kernel": "cnn_conv2_32x64_forward", "impl": "pytorch",
            "variant": "channels_last", "gflops": 120.0},
           {"bench": "kernel", "kernel": "cnn_conv2_32x64_bf16_forward", "impl": "pytorch",
@@ -50,8 +53,10 @@ assert rows[0] == ("peak cpu: f32_fma_avx512, 2 threads", "GFLOP/s", "200.0", ""
 want = [("kernel cpu: cnn_conv2_32x64_forward (direct_avx512), % of f32_fma_avx512", "GFLOP/s",
          "150.0 (75%)", "120.0 (60%) (channels_last)", "1.25", ""),
         ("kernel cpu: cnn_conv2_32x64_bf16_forward (default), % of bf16_dp_avx512", "GFLOP/s",
-         "100.0 (20%)", "300.0 (60%)", "0.33", "")]
-assert rows[2:] == want, rows  # the im2col row stays in the JSON only
+         "100.0 (20%)", "300.0 (60%)", "0.33", ""),
+        ("kernel cpu: cnn_conv2_32x64_f16_forward (im2col_gemm), % of f32_fma_avx512", "GFLOP/s",
+         "40.00 (20%)", "", "", "")]
+assert rows[2:] == want, rows  # the f32 im2col row beside a direct one stays in the JSON only
 assert len(raw) == len(OURS) + len(THEIRS) + len(AGAIN)
 
 
