@@ -326,8 +326,8 @@ static int bench_conv_layers(const char *net, const int64_t (*layers)[4], int co
             /* bf16: widened to f32 (the specification), then on vdpbf16ps where the CPU has it */
             const char *v = runs[k].gemm ? "im2col_gemm"
                             : dt == NA_DTYPE_BF16 ? (runs[k].spec ? "bf16_widening" : "bf16_dpbf16")
-                            : na_cpu_direct_conv_usable(&g, false) ? "direct_avx512"
-                                                                   : "im2col_gemm";
+                            : !na_cpu_direct_conv_usable(&g, false) ? "im2col_gemm"
+                            : na_cpu_direct_avx2() ? "direct_avx2" : "direct_avx512";
             variant[k] = v;
             char name[96];
             const char *dts = conv_dtype_suffix(dt);
@@ -347,7 +347,8 @@ static int bench_conv_layers(const char *net, const int64_t (*layers)[4], int co
             BENCH_MIN_MS(ms, rc |= na_cpu_conv2d_backward_weight(&g, &x, &y, &gw));
             snprintf(name, sizeof name, "%s_conv%d_%lldx%lld%s_backward_weight", net, l + 1,
                      (long long)L[1], (long long)L[2], dts);
-            print_conv_row(name, v, dt, gflop, ms);
+            /* the AVX2 path's weight gradient is im2col + GEMM */
+            print_conv_row(name, strcmp(v, "direct_avx2") ? v : "im2col_gemm", dt, gflop, ms);
             total_gflop[k] += gflop, total_ms[k] += ms;
             na_cpu_conv_force_gemm = false, na_cpu_bf16_force_spec = false;
             free(x.data), free(y.data), free(w.data), free(b.data), free(gx.data), free(gw.data);
