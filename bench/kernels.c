@@ -347,8 +347,7 @@ static int bench_conv_layers(const char *net, const int64_t (*layers)[4], int co
             BENCH_MIN_MS(ms, rc |= na_cpu_conv2d_backward_weight(&g, &x, &y, &gw));
             snprintf(name, sizeof name, "%s_conv%d_%lldx%lld%s_backward_weight", net, l + 1,
                      (long long)L[1], (long long)L[2], dts);
-            /* the AVX2 path's weight gradient is im2col + GEMM */
-            print_conv_row(name, strcmp(v, "direct_avx2") ? v : "im2col_gemm", dt, gflop, ms);
+            print_conv_row(name, v, dt, gflop, ms);
             total_gflop[k] += gflop, total_ms[k] += ms;
             na_cpu_conv_force_gemm = false, na_cpu_bf16_force_spec = false;
             free(x.data), free(y.data), free(w.data), free(b.data), free(gx.data), free(gw.data);

@@ -18,10 +18,9 @@
  * sums. Each output is one f32 sum in a fixed order (k ascending), tasks are the AVX-512
  * path's image ranges, so results do not depend on the thread count.
  *
- * AVX2 has no 16-bit masked loads: a run of halves whose 8-lane window lies inside its plane
- * is loaded whole and its lanes outside the run cleared; the few runs at a plane's first or
- * last pixels are gathered lane by lane. f32 runs take vmaskmovps (masked-off lanes are
- * neither read nor faulted).
+ * AVX2 has no 16-bit masked loads: a run of halves loads the 8 halves of its window moved
+ * inside the plane and shuffles its lanes into place (pshufb, the other lanes zero). f32 runs
+ * take vmaskmovps (masked-off lanes are neither read nor faulted).
  */
 #include "cpu/cpu_direct_conv.h"
 #include "cpu/cpu_internal.h"
@@ -52,18 +51,20 @@ static void prefetch_l2(const void *p, int64_t bytes) {
     for (int64_t i = 0; i < bytes; i += 64) __builtin_prefetch((const char *)p + i, 0, 2);
 }
 
-/* The input runs of one 8-lane tile for one tap: lanes [a[q], b[q]) read x[off[q] + l] (a
- * tile touches at most 8 output rows). */
+/* The input runs of one 8-lane tile (first pixel pt, in output row oy0 = pt / OW: divided
+ * once per tile, not per tap, for the first layer's one channel) for one tap: lanes
+ * [a[q], b[q]) read x[off[q] + l] (a tile touches at most 8 output rows). */
 typedef struct {
     int n;
     int64_t off[L];
     int a[L], b[L];
 } dc2_runs;
 
-static void tile_runs(const dc_shape *s, int64_t pt, int ki, int kj, dc2_runs *r) {
+static void tile_runs(const dc_shape *s, int64_t pt, int64_t oy0, int ki, int kj,
+                      dc2_runs *r) {
     int64_t P = s->OH * s->OW, last = pt + L < P ? pt + L : P;
     r->n = 0;
-    for (int64_t oy = pt / s->OW; oy * s->OW < last; oy++) {
+    for (int64_t oy = oy0; oy * s->OW < last; oy++) {
         int64_t iy = oy * s->sh - s->ph + (int64_t)ki * s->dh;
         if (iy < 0 || iy >= s->H) continue;
         int64_t row0 = oy * s->OW - pt;                 /* lane of this row's ox = 0 */
@@ -101,10 +102,11 @@ NA_AVX2_FMA static void pack_f32(const dc_shape *s, const float *x, int64_t pt, 
                                  int64_t c1, float *restrict dst) {
     const int64_t HW = s->H * s->W, taps = (int64_t)s->KH * s->KW;
     const uintptr_t step = (uintptr_t)HW * sizeof(float);
+    const int64_t oy0 = pt / s->OW;
     dc2_runs r;
     for (int ki = 0; ki < s->KH; ki++)
         for (int kj = 0; kj < s->KW; kj++) {
-            tile_runs(s, pt, ki, kj, &r);
+            tile_runs(s, pt, oy0, ki, kj, &r);
             float *d = dst + (ki * s->KW + kj) * CHUNK;
             uintptr_t plane = (uintptr_t)(x + c0 * HW);
             if (r.n <= 2) { /* the usual case: runs in registers */
@@ -139,42 +141,69 @@ NA_AVX2_FMA static inline __m256 widen8(bool f16, __m128i h) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
-/* pack_f32's floats from f16 (f16) or bf16 planes, widened in registers: a run whose window
- * [off, off + 8) lies inside the plane is loaded whole and masked; the others (a plane's
- * first or last pixels) are gathered lane by lane */
+/* The shuffle that takes lanes [a, b) of a run from the 8 halves at base (the run's
+ * window [off, off + 8) moved inside the plane): lane l gets element l + off - base, the
+ * others zero (pshufb's 0x80). */
+NA_AVX2_FMA static inline __m128i run_shuffle(int64_t off, int64_t base, int a, int b) {
+    __m128i e = _mm_add_epi16(_mm_setr_epi16(0, 1, 2, 3, 4, 5, 6, 7),
+                              _mm_set1_epi16((short)(off - base)));
+    __m128i lo = _mm_slli_epi16(e, 1); /* the element's bytes 2e, 2e + 1 */
+    __m128i c = _mm_or_si128(lo, _mm_slli_epi16(_mm_add_epi16(lo, _mm_set1_epi16(1)), 8));
+    __m128i in = lanes16(a, b);
+    return _mm_or_si128(_mm_and_si128(c, in),
+                        _mm_andnot_si128(in, _mm_set1_epi16((short)0x8080)));
+}
+
+/* pack_f32's floats from f16 (f16) or bf16 planes, widened in registers. AVX2 has no 16-bit
+ * masked load: each run loads the 8 halves of its window moved inside the plane (a plane's
+ * first and last pixels) and shuffles its lanes into place; planes of fewer than 8 pixels
+ * are gathered lane by lane. */
 NA_AVX2_FMA static void pack_16(const dc_shape *s, const uint16_t *x, int64_t pt, int64_t c0,
                                 int64_t c1, float *restrict dst, bool f16) {
     const int64_t HW = s->H * s->W, taps = (int64_t)s->KH * s->KW;
+    const int64_t oy0 = pt / s->OW;
     dc2_runs r;
     for (int ki = 0; ki < s->KH; ki++)
         for (int kj = 0; kj < s->KW; kj++) {
-            tile_runs(s, pt, ki, kj, &r);
+            tile_runs(s, pt, oy0, ki, kj, &r);
             float *d = dst + (ki * s->KW + kj) * CHUNK;
-            bool inside = true;
-            __m128i m[L];
-            for (int q = 0; q < r.n; q++) {
-                m[q] = lanes16(r.a[q], r.b[q]);
-                inside = inside && r.off[q] >= 0 && r.off[q] + L <= HW;
+            if (HW < L) {
+                for (int64_t ci = c0; ci < c1; ci++, d += taps * CHUNK) {
+                    const uint16_t *plane = x + ci * HW;
+                    uint16_t h[L] = {0};
+                    for (int q = 0; q < r.n; q++)
+                        for (int l = r.a[q]; l < r.b[q]; l++) h[l] = plane[r.off[q] + l];
+                    _mm256_store_ps(d, widen8(f16, _mm_loadu_si128((const __m128i *)h)));
+                }
+                continue;
             }
-            if (inside && r.n <= 2) {
-                __m128i m0 = r.n > 0 ? m[0] : _mm_setzero_si128();
-                __m128i m1 = r.n > 1 ? m[1] : _mm_setzero_si128();
-                int64_t o0 = r.n > 0 ? r.off[0] : 0, o1 = r.n > 1 ? r.off[1] : 0;
-                const uint16_t *plane = x + c0 * HW;
+            __m128i sh[L];
+            int64_t base[L];
+            for (int q = 0; q < r.n; q++) {
+                int64_t o = r.off[q];
+                base[q] = o < 0 ? 0 : o + L > HW ? HW - L : o;
+                sh[q] = run_shuffle(o, base[q], r.a[q], r.b[q]);
+            }
+            const uint16_t *plane = x + c0 * HW;
+            if (r.n <= 2) { /* the usual case: runs in registers */
+                const __m128i z = _mm_set1_epi16((short)0x8080);
+                __m128i s0 = r.n > 0 ? sh[0] : z, s1 = r.n > 1 ? sh[1] : z;
+                int64_t b0 = r.n > 0 ? base[0] : 0, b1 = r.n > 1 ? base[1] : 0;
                 for (int64_t ci = c0; ci < c1; ci++, d += taps * CHUNK, plane += HW) {
-                    __m128i v = _mm_and_si128(_mm_loadu_si128((const __m128i *)(plane + o0)), m0);
-                    v = _mm_or_si128(
-                        v, _mm_and_si128(_mm_loadu_si128((const __m128i *)(plane + o1)), m1));
+                    __m128i v = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(plane + b0)), s0);
+                    v = _mm_or_si128(v, _mm_shuffle_epi8(
+                                            _mm_loadu_si128((const __m128i *)(plane + b1)), s1));
                     _mm256_store_ps(d, widen8(f16, v));
                 }
                 continue;
             }
-            for (int64_t ci = c0; ci < c1; ci++, d += taps * CHUNK) {
-                const uint16_t *plane = x + ci * HW;
-                uint16_t h[L] = {0};
+            for (int64_t ci = c0; ci < c1; ci++, d += taps * CHUNK, plane += HW) {
+                __m128i v = _mm_setzero_si128();
                 for (int q = 0; q < r.n; q++)
-                    for (int l = r.a[q]; l < r.b[q]; l++) h[l] = plane[r.off[q] + l];
-                _mm256_store_ps(d, widen8(f16, _mm_loadu_si128((const __m128i *)h)));
+                    v = _mm_or_si128(v, _mm_shuffle_epi8(
+                                            _mm_loadu_si128((const __m128i *)(plane + base[q])),
+                                            sh[q]));
+                _mm256_store_ps(d, widen8(f16, v));
             }
         }
 }
