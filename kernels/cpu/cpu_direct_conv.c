@@ -37,6 +37,11 @@
  * horizontal stride and dilation are 1 (the panel's rows are then contiguous input runs), and
  * NANOAMP_CPU_CONV is not "gemm". Measured in docs/benchmarks.md.
  *
+ * A CPU with AVX2 + FMA + F16C but no AVX-512F runs the forward and the data gradient on the
+ * 8-lane tiles of cpu_direct_conv_avx2.c (4 outputs x 24 pixels), through this file's job,
+ * passes and weight packing (blocks of NA_DC2_MR outputs); its weight gradient stays
+ * im2col + GEMM (na_cpu_direct_wgrad_usable).
+ *
  * bf16 x bf16 (autocast bf16) on AVX512_BF16 (na_cpu_bf16_fast): the same kernels read the bf16
  * tensors in place and multiply with vdpbf16ps, which adds a pair of bf16 products into each
  * f32 lane. The forward's panel holds 32-bit pairs of input channels per tap, the weights the
@@ -850,6 +855,9 @@ static void wrows_task(void *ctx, int64_t t) {
 int na_cpu_direct_conv2d_wgrad_range(const na_conv_geom *g, const na_view *x, const na_view *gy,
                                      int64_t lo, int64_t hi, float *gw) {
 #ifdef NA_DC_X86
+    if (!na_cpu_has_avx512f()) /* only through na_cpu_direct_wgrad_usable */
+        return na_set_error(NA_EINVAL, "cpu_conv2d_backward_weight: no direct weight gradient "
+                                       "on this CPU");
     return wgrad_range(g, x, gy, lo, hi, 0, g->c_out / g->groups, gw);
 #else
     (void)g, (void)x, (void)gy, (void)lo, (void)hi, (void)gw;
@@ -861,6 +869,8 @@ int na_cpu_direct_conv2d_wgrad_rows(const na_conv_geom *g, const na_view *x, con
                                     na_view *gw) {
 #ifdef NA_DC_X86
     const char *fn = "cpu_conv2d_backward_weight";
+    if (!na_cpu_has_avx512f()) /* only through na_cpu_direct_wgrad_usable */
+        return na_set_error(NA_EINVAL, "%s: no direct weight gradient on this CPU", fn);
     int64_t wsize = g->c_out * (g->c_in / g->groups) * g->kh * g->kw;
     float *gwb = gw->dtype == NA_DTYPE_F32
                      ? gw->data
@@ -1068,6 +1078,8 @@ int na_cpu_direct_conv2d(const na_conv_geom *g, const na_view *x, const na_view 
     dc_shape *s = &j.s;
     /* the AVX2 tiles where there is no AVX-512F (na_cpu_direct_conv_usable said yes) */
     j.avx2 = !na_cpu_has_avx512f();
+    if (j.avx2 && !na_cpu_dc_avx2_cpu()) /* only through na_cpu_direct_conv_usable */
+        return na_set_error(NA_EINVAL, "%s: no direct convolution on this CPU", fn);
     j.mr = j.avx2 ? NA_DC2_MR : DC_MR;
     j.chunk = j.avx2 ? NA_DC2_CHUNK : DC_CHUNK;
     s->K = s->cin * taps;

@@ -127,7 +127,8 @@ extern bool na_cpu_convert_force_soft;
  * the 2x2 max pool (forward and backward), BatchNorm and na_cpu_sum_any_f read f16/bf16
  * tensors in place, converting in registers, where they otherwise widen them into f32 copies.
  * The same bits either way; test hook:
- * na_cpu_half512_off keeps the AVX2 conversions and the widening copies. */
+ * na_cpu_half512_off keeps the AVX2 conversions and the widening copies (on the AVX2 direct
+ * convolution too, whose packer otherwise reads f16/bf16 in place). */
 bool na_cpu_half512(void);
 extern bool na_cpu_half512_off;
 
