@@ -1713,6 +1713,37 @@ Test(cpu_conv, direct_avx2_against_specification, .timeout = 120) {
               (long long)(cases - differ), (long long)cases);
 }
 
+/* The AVX2 tiles' image ranges are fixed by the problem: the same bits at 1, 2 and 3 threads
+ * (forward and data gradient, f32 and a bf16 output). */
+Test(cpu_conv, direct_avx2_same_bits_at_any_thread_count) {
+    na_conv_geom g = conv_geom(12, 20, 11, 13, 18, 3, 1, 1, 1, 1);
+    if (!na_cpu_direct_avx2())
+        cr_skip("not an AVX2+FMA+F16C CPU without AVX-512F: the AVX2 tiles do not run");
+    for (int o = 0; o < 2; o++) {
+        na_dtype dt = o ? NA_DTYPE_BF16 : NA_DTYPE_F32;
+        na_view x = MK(dt, g.n, g.c_in, g.h, g.w), w = MK(dt, g.c_out, g.c_in, 3, 3),
+                gy = MK(dt, g.n, g.c_out, g.oh, g.ow), y[3], gx[3];
+        fill_rand(&x, -1, 1);
+        fill_rand(&w, -1, 1);
+        fill_rand(&gy, -1, 1);
+        for (int t = 0; t < 3; t++) {
+            y[t] = MK(dt, g.n, g.c_out, g.oh, g.ow);
+            gx[t] = MK(dt, g.n, g.c_in, g.h, g.w);
+            cr_assert_eq(na_set_num_threads(t + 1), NA_OK);
+            cr_assert_eq(B->conv2d(&g, &x, &w, NULL, &y[t]), NA_OK, "%s", na_last_error());
+            cr_assert_eq(B->conv2d_backward_data(&g, &gy, &w, &gx[t]), NA_OK, "%s",
+                         na_last_error());
+        }
+        na_set_num_threads(1);
+        for (int t = 1; t < 3; t++) {
+            expect_same_bits(&y[t], &y[0], "AVX2 direct forward at 2-3 threads against 1");
+            expect_same_bits(&gx[t], &gx[0], "AVX2 direct data gradient at 2-3 threads against 1");
+        }
+        for (int t = 0; t < 3; t++) rm(&y[t]), rm(&gx[t]);
+        rm(&x); rm(&w); rm(&gy);
+    }
+}
+
 /* f16 x, w, bias and gy on the direct convolution, outputs f16 (autocast) and f32: the packer
  * reads the halves in place and converts them in registers (na_cpu_half512), the other path
  * widens them into f32 copies first (na_cpu_half512_off). The same floats reach the same f32
