@@ -331,8 +331,8 @@ static int bench_conv_layers(const char *net, const int64_t (*layers)[4], int co
             /* bf16: widened to f32 (the specification), then on vdpbf16ps where the CPU has it */
             const char *v = runs[k].gemm ? "im2col_gemm"
                             : dt == NA_DTYPE_BF16 ? (runs[k].spec ? "bf16_widening" : "bf16_dpbf16")
-                            : na_cpu_direct_conv_usable(&g, false) ? "direct_avx512"
-                                                                   : "im2col_gemm";
+                            : !na_cpu_direct_conv_usable(&g, false) ? "im2col_gemm"
+                            : na_cpu_direct_avx2() ? "direct_avx2" : "direct_avx512";
             variant[k] = v, layers_run[k]++;
             char name[96];
             const char *dts = conv_dtype_suffix(dt);

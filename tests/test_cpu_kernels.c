@@ -1403,7 +1403,7 @@ static void direct_border_case(na_dtype dt, int64_t n, int64_t ci, int64_t co, i
     expect_within_sum_bound(&y[0], &y[1], &y[2], ci * 9 + 1, what);
     expect_within_sum_bound(&gx[0], &gx[1], &gx[2], co * 9, what);
     expect_within_sum_bound(&gw[0], &gw[1], &gw[2], n * g.oh * g.ow, what);
-    if (co >= 64) { /* the split by output channels, which wide layers take */
+    if (co >= 64 && na_cpu_direct_wgrad_usable(&g)) { /* the split by output channels */
         fill_rand(&gw[0], 9, 10);
         cr_assert_eq(na_cpu_direct_conv2d_wgrad_rows(&g, &x, &gy, &gw[0]), NA_OK, "%s",
                      na_last_error());
@@ -1417,7 +1417,8 @@ static void direct_border_case(na_dtype dt, int64_t n, int64_t ci, int64_t co, i
 Test(cpu_conv, direct_border_taps_against_specification, .timeout = 120) {
     na_conv_geom g = conv_geom(1, 3, 4, 4, 37, 3, 1, 1, 1, 1);
     if (!na_cpu_direct_conv_usable(&g, false))
-        cr_skip("this CPU has no AVX-512F (or NANOAMP_CPU_CONV=gemm): no direct convolution");
+        cr_skip("this CPU has neither AVX-512F nor AVX2+FMA+F16C (or NANOAMP_CPU_CONV=gemm): "
+                "no direct convolution");
     static const int64_t maps[] = {1, 2, 3, 4, 5, 6, 7, 8}, batches[] = {1, 3};
     /* odd; 33: one bf16 pair short; 70 outputs: also the weight gradient split by output
      * channels (direct_border_case), its tasks' rows not whole 32-channel tiles */
@@ -1531,7 +1532,7 @@ static void direct_against_gemm(na_conv_geom g) {
     fill_rand(&w, -1, 1);
     fill_rand(&b, -1, 1);
     fill_rand(&gy, -1, 1);
-    bool data = na_cpu_direct_conv_usable(&g, true);
+    bool data = na_cpu_direct_conv_usable(&g, true), wgrad = na_cpu_direct_wgrad_usable(&g);
     for (int v = 0; v < 2; v++) {
         y[v] = MK(NA_DTYPE_F32, g.n, g.c_out, g.oh, g.ow);
         gx[v] = MK(NA_DTYPE_F32, g.n, g.c_in, g.h, g.w);
@@ -1554,7 +1555,9 @@ static void direct_against_gemm(na_conv_geom g) {
         bool differs = false;
         for (int64_t i = 0; i < got[q]->numel && !differs; i++)
             differs = get(got[q], i) != get(want[q], i);
-        cr_assert(differs || (q == 1 && !data), "%s: output %d has the GEMM path's bits", what, q);
+        /* the weight gradient is im2col + GEMM on the AVX2 path */
+        cr_assert(differs || (q == 1 && !data) || (q == 2 && !wgrad),
+                  "%s: output %d has the GEMM path's bits", what, q);
         rm(&w64);
     }
     rm(&x); rm(&w); rm(&b); rm(&gy);
@@ -1568,7 +1571,8 @@ static void direct_against_gemm(na_conv_geom g) {
 Test(cpu_conv, direct_path_against_gemm_path) {
     na_conv_geom g = conv_geom(4, 32, 14, 14, 64, 3, 1, 1, 1, 1);
     if (!na_cpu_direct_conv_usable(&g, false))
-        cr_skip("this CPU has no AVX-512F (or NANOAMP_CPU_CONV=gemm): no direct convolution");
+        cr_skip("this CPU has neither AVX-512F nor AVX2+FMA+F16C (or NANOAMP_CPU_CONV=gemm): "
+                "no direct convolution");
     cr_assert(na_cpu_direct_conv_usable(&g, true));
     na_conv_geom s2 = conv_geom(4, 32, 14, 14, 64, 3, 2, 1, 1, 1);
     cr_assert(!na_cpu_direct_conv_usable(&s2, false), "horizontal stride 2: the GEMM path");
@@ -1581,21 +1585,180 @@ Test(cpu_conv, direct_path_against_gemm_path) {
     direct_against_gemm(conv_geom(2, 256, 2, 3, 520, 3, 1, 1, 1, 1));
 }
 
+/* ---- the AVX2 direct convolution (cpu_direct_conv_avx2.c) ----------------------------------
+ * Forward and data gradient on the AVX2 + FMA tiles (as shipped on a CPU without AVX-512F)
+ * against the specification within expect_within_sum_bound, and against the same call with
+ * na_cpu_direct_avx2_off (im2col + GEMM): inputs f32, f16, bf16 (read in place by the
+ * packer), outputs f32 or the input's half dtype (rounded by the tiles), random geometries
+ * with odd sizes, padding up to the kernel's reach, vertical stride and dilation 2, groups,
+ * batch 1, 1 or 3 input channels, output counts not a multiple of the 4-channel tile; a NaN
+ * and infinities in x and gy must reach the outputs they touch as the specification has them.
+ * Returns whether some output differs in bits from the GEMM path's (the sums' orders differ,
+ * so identical bits everywhere would mean the AVX2 tiles did not run). */
+static void expect_within_sum_bound_nonfinite(const na_view *fast, const na_view *ref,
+                                              const na_view *mag, int64_t terms,
+                                              const char *what) {
+    double u_out = unit_roundoff(fast->dtype);
+    double tiny = fast->dtype == NA_DTYPE_F16 ? 0x1p-24 : 0;
+    for (int64_t i = 0; i < ref->numel; i++) {
+        double f = get(fast, i), r = get(ref, i);
+        if (isnan(r) || isinf(r)) {
+            cr_assert(isnan(r) ? isnan(f) : f == r, "%s [%lld]: fast %g, specification %g",
+                      what, (long long)i, f, r);
+            continue;
+        }
+        double tol = 2.1 * (double)terms * 0x1p-24 * get(mag, i) + 2.1 * u_out * fabs(r) + tiny;
+        cr_assert(fabs(f - r) <= tol, "%s [%lld]: fast %.10g, specification %.10g (bound %.3g)",
+                  what, (long long)i, f, r, tol);
+    }
+}
+
+static bool avx2_direct_case(na_conv_geom g, na_dtype in, na_dtype out, bool nonfinite) {
+    int64_t cg = g.c_in / g.groups, cog = g.c_out / g.groups, taps = (int64_t)g.kh * g.kw;
+    na_view x = MK(in, g.n, g.c_in, g.h, g.w), w = MK(in, g.c_out, cg, g.kh, g.kw),
+            b = MK(in, g.c_out), gy = MK(in, g.n, g.c_out, g.oh, g.ow);
+    fill_rand(&x, -1, 1);
+    fill_rand(&w, -1, 1);
+    fill_rand(&b, -1, 1);
+    fill_rand(&gy, -1, 1);
+    if (nonfinite) {
+        set(&x, x.numel / 3, NAN);
+        set(&x, 2 * x.numel / 3, INFINITY);
+        set(&gy, gy.numel / 4, NAN);
+        set(&gy, gy.numel / 2, -INFINITY);
+    }
+    na_view ax = absolute(&x), aw = absolute(&w), ab = absolute(&b), agy = absolute(&gy);
+    bool bias = urand() < 0.7, data = na_cpu_direct_conv_usable(&g, true);
+    cr_assert(na_cpu_direct_conv_usable(&g, false), "the AVX2 tiles take this forward");
+    na_view y[4], gx[4]; /* as shipped, the GEMM path, the specification, its magnitudes */
+    for (int v = 0; v < 4; v++) {
+        y[v] = MK(out, g.n, g.c_out, g.oh, g.ow);
+        gx[v] = MK(out, g.n, g.c_in, g.h, g.w);
+    }
+    for (int v = 0; v < 2; v++) {
+        fill_rand(&y[v], 9, 10); /* every output is overwritten */
+        fill_rand(&gx[v], 9, 10);
+        na_cpu_direct_avx2_off = v == 1;
+        int rc = B->conv2d(&g, &x, &w, bias ? &b : NULL, &y[v]);
+        if (!rc) rc = B->conv2d_backward_data(&g, &gy, &w, &gx[v]);
+        na_cpu_direct_avx2_off = false;
+        cr_assert_eq(rc, NA_OK, "%s", na_last_error());
+    }
+    cr_assert_eq(na_cpu_ref_conv2d(&g, &x, &w, bias ? &b : NULL, &y[2]), NA_OK);
+    cr_assert_eq(na_cpu_ref_conv2d_backward_data(&g, &gy, &w, &gx[2]), NA_OK);
+    cr_assert_eq(na_cpu_ref_conv2d(&g, &ax, &aw, bias ? &ab : NULL, &y[3]), NA_OK);
+    cr_assert_eq(na_cpu_ref_conv2d_backward_data(&g, &agy, &aw, &gx[3]), NA_OK);
+    char what[200];
+    snprintf(what, sizeof what, "avx2 direct %s -> %s%s: n%lld c%lld->%lld %lldx%lld k%dx%d "
+             "s%d p%dx%d d%d g%d bias%d", na_dtype_name(in), na_dtype_name(out),
+             nonfinite ? " nonfinite" : "", (long long)g.n, (long long)g.c_in,
+             (long long)g.c_out, (long long)g.h, (long long)g.w, g.kh, g.kw, g.sh, g.ph, g.pw,
+             g.dh, g.groups, bias);
+    expect_within_sum_bound_nonfinite(&y[0], &y[2], &y[3], cg * taps + 1, what);
+    expect_within_sum_bound_nonfinite(&gx[0], &gx[2], &gx[3], cog * taps, what);
+    bool differs = false;
+    size_t es = esize(out);
+    for (int64_t i = 0; i < y[0].numel && !differs; i++)
+        differs = memcmp((char *)y[0].data + i * es, (char *)y[1].data + i * es, es) != 0;
+    for (int64_t i = 0; i < gx[0].numel && !differs && data; i++)
+        differs = memcmp((char *)gx[0].data + i * es, (char *)gx[1].data + i * es, es) != 0;
+    for (int v = 0; v < 4; v++) rm(&y[v]), rm(&gx[v]);
+    rm(&x); rm(&w); rm(&b); rm(&gy); rm(&ax); rm(&aw); rm(&ab); rm(&agy);
+    return differs;
+}
+
+Test(cpu_conv, direct_avx2_against_specification, .timeout = 120) {
+    na_conv_geom g = conv_geom(2, 32, 14, 14, 64, 3, 1, 1, 1, 1);
+    if (!na_cpu_direct_avx2())
+        cr_skip("not an AVX2+FMA+F16C CPU without AVX-512F: the AVX2 tiles do not run");
+    cr_assert(na_cpu_direct_conv_usable(&g, false) && na_cpu_direct_conv_usable(&g, true));
+    cr_assert(!na_cpu_direct_wgrad_usable(&g), "the weight gradient stays im2col + GEMM");
+    na_cpu_direct_avx2_off = true;
+    bool off = na_cpu_direct_conv_usable(&g, false);
+    na_cpu_direct_avx2_off = false;
+    cr_assert(!off, "na_cpu_direct_avx2_off: im2col + GEMM");
+    static const na_dtype ins[3] = {NA_DTYPE_F32, NA_DTYPE_F16, NA_DTYPE_BF16};
+    int64_t differ = 0, cases = 0;
+    /* the MNIST CNN's layers, several K blocks (partial sums; a half output's in scratch),
+     * 12-pixel images across chunks, one-pixel rows and columns */
+    na_conv_geom fixed[] = {
+        conv_geom(3, 1, 28, 28, 32, 3, 1, 1, 1, 1), g,
+        conv_geom(2, 320, 5, 6, 13, 3, 1, 1, 1, 1), conv_geom(5, 24, 3, 4, 20, 3, 1, 1, 1, 2),
+        conv_geom(2, 3, 1, 9, 6, 1, 1, 0, 1, 1), conv_geom(2, 3, 9, 1, 6, 1, 1, 0, 1, 1),
+        conv_geom(1, 1, 1, 1, 5, 1, 1, 0, 1, 1),
+    };
+    for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)
+        for (int d = 0; d < 3; d++)
+            for (int o = 0; o < 2; o++, cases++)
+                differ += avx2_direct_case(fixed[i], ins[d], o ? ins[d] : NA_DTYPE_F32, i == 1);
+    for (int t = 0; t < 240; t++) {
+        int64_t chans[3] = {1, 3, irand(1, 12)};
+        na_conv_geom r = {.n = irand(1, 3), .groups = (int)irand(1, 3), .kh = (int)irand(1, 5),
+                          .kw = (int)irand(1, 5), .sh = (int)irand(1, 2), .sw = 1,
+                          .dh = urand() < 0.2 ? 2 : 1, .dw = 1};
+        r.ph = (int)irand(0, r.kh - 1 + (urand() < 0.1)); /* sometimes past the data grad's */
+        r.pw = (int)irand(0, r.kw - 1);
+        r.c_in = r.groups * chans[irand(0, 2)];
+        r.c_out = r.groups * irand(1, 13);
+        r.h = irand(1, 20);
+        r.w = irand(1, 20);
+        r.oh = (r.h + 2 * r.ph - r.dh * (r.kh - 1) - 1) / r.sh + 1;
+        r.ow = (r.w + 2 * r.pw - (r.kw - 1) - 1) + 1;
+        if (r.h + 2 * r.ph < r.dh * (r.kh - 1) + 1 || r.w + 2 * r.pw < r.kw) continue;
+        na_dtype in = ins[t % 3], out = t / 3 % 2 ? in : NA_DTYPE_F32;
+        differ += avx2_direct_case(r, in, out, t % 7 == 0);
+        cases++;
+    }
+    cr_assert(differ > cases / 2, "%lld of %lld cases have the GEMM path's bits everywhere",
+              (long long)(cases - differ), (long long)cases);
+}
+
+/* The AVX2 tiles' image ranges are fixed by the problem: the same bits at 1, 2 and 3 threads
+ * (forward and data gradient, f32 and a bf16 output). */
+Test(cpu_conv, direct_avx2_same_bits_at_any_thread_count) {
+    na_conv_geom g = conv_geom(12, 20, 11, 13, 18, 3, 1, 1, 1, 1);
+    if (!na_cpu_direct_avx2())
+        cr_skip("not an AVX2+FMA+F16C CPU without AVX-512F: the AVX2 tiles do not run");
+    for (int o = 0; o < 2; o++) {
+        na_dtype dt = o ? NA_DTYPE_BF16 : NA_DTYPE_F32;
+        na_view x = MK(dt, g.n, g.c_in, g.h, g.w), w = MK(dt, g.c_out, g.c_in, 3, 3),
+                gy = MK(dt, g.n, g.c_out, g.oh, g.ow), y[3], gx[3];
+        fill_rand(&x, -1, 1);
+        fill_rand(&w, -1, 1);
+        fill_rand(&gy, -1, 1);
+        for (int t = 0; t < 3; t++) {
+            y[t] = MK(dt, g.n, g.c_out, g.oh, g.ow);
+            gx[t] = MK(dt, g.n, g.c_in, g.h, g.w);
+            cr_assert_eq(na_set_num_threads(t + 1), NA_OK);
+            cr_assert_eq(B->conv2d(&g, &x, &w, NULL, &y[t]), NA_OK, "%s", na_last_error());
+            cr_assert_eq(B->conv2d_backward_data(&g, &gy, &w, &gx[t]), NA_OK, "%s",
+                         na_last_error());
+        }
+        na_set_num_threads(1);
+        for (int t = 1; t < 3; t++) {
+            expect_same_bits(&y[t], &y[0], "AVX2 direct forward at 2-3 threads against 1");
+            expect_same_bits(&gx[t], &gx[0], "AVX2 direct data gradient at 2-3 threads against 1");
+        }
+        for (int t = 0; t < 3; t++) rm(&y[t]), rm(&gx[t]);
+        rm(&x); rm(&w); rm(&gy);
+    }
+}
+
 /* f16 x, w, bias and gy on the direct convolution, outputs f16 (autocast) and f32: the packer
  * reads the halves in place and converts them in registers (na_cpu_half512), the other path
  * widens them into f32 copies first (na_cpu_half512_off). The same floats reach the same f32
  * tiles in the same order, so forward, data gradient and weight gradient must have the same
  * bits. */
-static void f16_packer_case(na_conv_geom g, na_dtype out) {
+static void f16_packer_case(na_conv_geom g, na_dtype in, na_dtype out) {
     int64_t cg = g.c_in / g.groups;
-    na_view x = MK(NA_DTYPE_F16, g.n, g.c_in, g.h, g.w),
-            w = MK(NA_DTYPE_F16, g.c_out, cg, g.kh, g.kw), b = MK(NA_DTYPE_F16, g.c_out),
-            gy = MK(NA_DTYPE_F16, g.n, g.c_out, g.oh, g.ow), y[2], gx[2], gw[2];
+    na_view x = MK(in, g.n, g.c_in, g.h, g.w), w = MK(in, g.c_out, cg, g.kh, g.kw),
+            b = MK(in, g.c_out), gy = MK(in, g.n, g.c_out, g.oh, g.ow), y[2], gx[2], gw[2];
     fill_rand(&x, -1, 1);
     fill_rand(&w, -1, 1);
     fill_rand(&b, -1, 1);
     fill_rand(&gy, -1, 1);
     set(&x, 1, 3e-6); /* an f16 subnormal: widened exactly on both paths */
+    set(&x, x.numel - 1, in == NA_DTYPE_F16 ? -2e-7 : -1e-39); /* the last pixel's */
     for (int v = 0; v < 2; v++) {
         y[v] = MK(out, g.n, g.c_out, g.oh, g.ow);
         gx[v] = MK(out, g.n, g.c_in, g.h, g.w);
@@ -1606,26 +1769,41 @@ static void f16_packer_case(na_conv_geom g, na_dtype out) {
         cr_assert_eq(B->conv2d_backward_weight(&g, &x, &gy, &gw[v]), NA_OK);
         na_cpu_half512_off = false;
     }
-    expect_same_bits(&y[0], &y[1], "f16 packer: forward");
-    expect_same_bits(&gx[0], &gx[1], "f16 packer: data gradient");
-    expect_same_bits(&gw[0], &gw[1], "f16 packer: weight gradient");
+    char what[3][96];
+    const char *names[3] = {"forward", "data gradient", "weight gradient"};
+    for (int q = 0; q < 3; q++)
+        snprintf(what[q], sizeof what[q], "%s packer -> %s: n%lld c%lld->%lld %lldx%lld: %s",
+                 na_dtype_name(in), na_dtype_name(out), (long long)g.n, (long long)g.c_in,
+                 (long long)g.c_out, (long long)g.h, (long long)g.w, names[q]);
+    expect_same_bits(&y[0], &y[1], what[0]);
+    expect_same_bits(&gx[0], &gx[1], what[1]);
+    expect_same_bits(&gw[0], &gw[1], what[2]);
     rm(&x); rm(&w); rm(&b); rm(&gy);
     for (int v = 0; v < 2; v++) rm(&y[v]), rm(&gx[v]), rm(&gw[v]);
 }
 
+/* On the AVX2 path (na_cpu_direct_avx2) the packer reads bf16 in place too, and
+ * na_cpu_half512_off widens both first: f16 and bf16 there. */
 Test(cpu_conv, f16_read_by_the_packer_same_bits_as_widened) {
     na_conv_geom g = conv_geom(4, 32, 14, 14, 64, 3, 1, 1, 1, 1);
-    if (!na_cpu_direct_conv_usable(&g, false) || !na_cpu_half512())
-        cr_skip("this CPU has no AVX-512F/BW/VL: f16 is widened before the direct convolution");
-    for (int o = 0; o < 2; o++) {
-        na_dtype out = o ? NA_DTYPE_F32 : NA_DTYPE_F16;
-        f16_packer_case(g, out);
-        f16_packer_case(conv_geom(3, 1, 28, 28, 32, 3, 1, 1, 1, 1), out);  /* first layer */
-        f16_packer_case(conv_geom(3, 320, 5, 6, 12, 3, 1, 1, 1, 1), out);  /* 3 K blocks */
-        f16_packer_case(conv_geom(5, 24, 3, 4, 20, 3, 1, 1, 1, 2), out);   /* groups, 12 px */
-        f16_packer_case(conv_geom(2, 3, 9, 7, 5, 3, 1, 2, 1, 1), out);     /* wide padding */
-        f16_packer_case(conv_geom(2, 256, 2, 3, 520, 3, 1, 1, 1, 1), out); /* rows split */
-    }
+    if (!na_cpu_direct_conv_usable(&g, false) || (!na_cpu_half512() && !na_cpu_direct_avx2()))
+        cr_skip("this CPU has neither AVX-512F/BW/VL nor AVX2+FMA+F16C: f16 is widened before "
+                "the direct convolution");
+    na_conv_geom s2 = conv_geom(2, 5, 9, 8, 6, 3, 1, 1, 1, 1);
+    s2.sh = 2, s2.oh = (s2.h + 2 - 3) / 2 + 1; /* vertical stride 2 */
+    for (int i = 0; i < (na_cpu_direct_avx2() ? 2 : 1); i++)
+        for (int o = 0; o < 2; o++) {
+            na_dtype in = i ? NA_DTYPE_BF16 : NA_DTYPE_F16;
+            na_dtype out = o ? NA_DTYPE_F32 : in;
+            f16_packer_case(g, in, out);
+            f16_packer_case(conv_geom(3, 1, 28, 28, 32, 3, 1, 1, 1, 1), in, out); /* layer 1 */
+            f16_packer_case(conv_geom(3, 320, 5, 6, 12, 3, 1, 1, 1, 1), in, out); /* K blocks */
+            f16_packer_case(conv_geom(5, 24, 3, 4, 20, 3, 1, 1, 1, 2), in, out); /* groups */
+            f16_packer_case(conv_geom(2, 3, 9, 7, 5, 3, 1, 2, 1, 1), in, out); /* padding */
+            f16_packer_case(conv_geom(2, 256, 2, 3, 520, 3, 1, 1, 1, 1), in, out); /* rows */
+            f16_packer_case(conv_geom(1, 3, 1, 13, 7, 1, 1, 0, 1, 1), in, out); /* 1 x 13 */
+            f16_packer_case(s2, in, out);
+        }
 }
 
 /* ---- the half output's epilogue (cpu_direct_conv.c) -----------------------------------------
@@ -1698,8 +1876,9 @@ static void half_out_case(na_conv_geom g, na_dtype in, bool spec) {
 
 Test(cpu_conv, half_output_rounded_in_registers_same_bits, .timeout = 120) {
     na_conv_geom g = conv_geom(3, 7, 9, 11, 13, 3, 1, 1, 1, 1);
-    if (!na_cpu_direct_conv_usable(&g, false) || !na_cpu_half512())
-        cr_skip("this CPU has no AVX-512F/BW/VL: half outputs go through f32 planes");
+    if (!na_cpu_direct_conv_usable(&g, false) || (!na_cpu_half512() && !na_cpu_direct_avx2()))
+        cr_skip("this CPU has neither AVX-512F/BW/VL nor AVX2+FMA+F16C: half outputs go "
+                "through f32 planes");
     na_conv_geom s2 = conv_geom(2, 5, 9, 8, 6, 3, 1, 1, 1, 1);
     s2.sh = 2, s2.oh = (s2.h + 2 - 3) / 2 + 1; /* vertical stride 2: no direct data gradient */
     na_conv_geom shapes[] = {
@@ -1905,8 +2084,8 @@ static void wgrad_rows_same_bits(na_dtype dt) {
 
 Test(cpu_conv, weight_gradient_by_rows_same_bits_at_any_thread_count) {
     na_conv_geom g = conv_geom(6, 32, 16, 16, 256, 3, 1, 1, 1, 1);
-    if (!na_cpu_direct_conv_usable(&g, false))
-        cr_skip("this CPU has no AVX-512F (or NANOAMP_CPU_CONV=gemm): no direct convolution");
+    if (!na_cpu_direct_wgrad_usable(&g))
+        cr_skip("this CPU has no AVX-512F (or NANOAMP_CPU_CONV=gemm): no direct weight gradient");
     wgrad_rows_same_bits(NA_DTYPE_F32);
     wgrad_rows_same_bits(NA_DTYPE_BF16);
 }

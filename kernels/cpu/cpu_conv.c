@@ -316,7 +316,7 @@ static int conv_run(conv_job *j) {
         if (g->n == 0) memset(gwv, 0, (size_t)wsize * sizeof(T));                           \
         conv_job j = {.g = g, .x = x, .gy = gy, .gw = gwv, .tasks = tasks,                  \
                       .range = sizeof(T) == sizeof(float) &&                                \
-                                       na_cpu_direct_conv_usable(g, false)                  \
+                                       na_cpu_direct_wgrad_usable(g)                        \
                                    ? conv2d_bwd_weight_direct_range                         \
                                    : conv2d_bwd_weight_range_##SFX};                        \
         int st = conv_run(&j);                                                              \
@@ -372,7 +372,7 @@ static bool wgrad_by_rows(const na_conv_geom *g) {
     int64_t wsize = g->c_out * (g->c_in / g->groups) * g->kh * g->kw;
     return g->groups == 1 && g->c_out >= 64 &&
            weight_grad_tasks(g, wsize) < na_cpu_conv_tasks(g) &&
-           na_cpu_direct_conv_usable(g, false);
+           na_cpu_direct_wgrad_usable(g);
 }
 
 static int conv2d_backward_weight_c(const na_conv_geom *g, const na_view *x, const na_view *gy,

@@ -37,6 +37,11 @@
  * horizontal stride and dilation are 1 (the panel's rows are then contiguous input runs), and
  * NANOAMP_CPU_CONV is not "gemm". Measured in docs/benchmarks.md.
  *
+ * A CPU with AVX2 + FMA + F16C but no AVX-512F runs the forward and the data gradient on the
+ * 8-lane tiles of cpu_direct_conv_avx2.c (4 outputs x 24 pixels), through this file's job,
+ * passes and weight packing (blocks of NA_DC2_MR outputs); its weight gradient stays
+ * im2col + GEMM (na_cpu_direct_wgrad_usable).
+ *
  * bf16 x bf16 (autocast bf16) on AVX512_BF16 (na_cpu_bf16_fast): the same kernels read the bf16
  * tensors in place and multiply with vdpbf16ps, which adds a pair of bf16 products into each
  * f32 lane. The forward's panel holds 32-bit pairs of input channels per tap, the weights the
@@ -48,6 +53,7 @@
  */
 #include <stdlib.h>
 
+#include "cpu/cpu_direct_conv.h"
 #include "cpu/cpu_half_simd.h"
 #include "cpu/cpu_internal.h"
 #include "cpu/cpu_parallel.h"
@@ -69,14 +75,6 @@ bool na_cpu_conv_half_out_off = false;
 enum { DC_MR = 8, DC_LANES = 16, DC_NT = 3, DC_CHUNK = DC_LANES * DC_NT };
 enum { NA_CPU_DIRECT_ROW_TASKS = 8 }; /* most tasks of a weight gradient split by rows */
 
-/* One group's convolution as the kernel runs it: cin planes of H x W in, cout planes of
- * OH x OW out, horizontal stride and dilation 1. */
-typedef struct {
-    int64_t cin, H, W, cout, OH, OW, K, blocks; /* K = cin*KH*KW; blocks of DC_MR outputs */
-    int64_t KP; /* bf16 products: K in pairs of channels, KH*KW*ceil(cin/2) */
-    int KH, KW, sh, ph, pw, dh;
-} dc_shape;
-
 static bool env_forces_gemm(void) {
     static _Atomic int gemm = -1;
     if (gemm < 0) {
@@ -86,8 +84,17 @@ static bool env_forces_gemm(void) {
     return gemm;
 }
 
+bool na_cpu_direct_avx2_off = false;
+
+/* AVX2 + FMA + F16C and no AVX-512F (which takes the AVX-512 tiles), the hook off */
+bool na_cpu_direct_avx2(void) {
+    return !na_cpu_direct_avx2_off && !na_cpu_has_avx512f() && na_cpu_dc_avx2_cpu();
+}
+
 bool na_cpu_direct_conv_usable(const na_conv_geom *g, bool backward_data) {
-    if (na_cpu_conv_force_gemm || na_cpu_reproducible() || env_forces_gemm() || !na_cpu_has_avx512f()) return false;
+    if (na_cpu_conv_force_gemm || na_cpu_reproducible() || env_forces_gemm() ||
+        (!na_cpu_has_avx512f() && !na_cpu_direct_avx2()))
+        return false;
     if (g->sw != 1 || g->dw != 1 || g->h * g->w > INT32_MAX || g->oh * g->ow > INT32_MAX)
         return false;
     /* the data gradient as a convolution of gy needs padding k-1-p >= 0 */
@@ -95,9 +102,11 @@ bool na_cpu_direct_conv_usable(const na_conv_geom *g, bool backward_data) {
            (g->sh == 1 && g->dh == 1 && g->ph <= g->kh - 1 && g->pw <= g->kw - 1);
 }
 
-/* Input channels per K block: the panel (K x 48 floats, or K/2 x 48 bf16 pairs) stays within
- * about 256 KiB of L2; bf16 blocks but the last hold whole pairs. */
-static int64_t block_channels(const dc_shape *s, bool bf) {
+bool na_cpu_direct_wgrad_usable(const na_conv_geom *g) {
+    return na_cpu_has_avx512f() && na_cpu_direct_conv_usable(g, false);
+}
+
+int64_t na_cpu_dc_block_channels(const dc_shape *s, bool bf) {
     int64_t taps = (int64_t)s->KH * s->KW, most = 1344 / taps < 1 ? 1 : 1344 / taps;
     if (bf) most *= 2;
     int64_t blocks = (s->cin + most - 1) / most, bc = (s->cin + blocks - 1) / blocks;
@@ -106,7 +115,7 @@ static int64_t block_channels(const dc_shape *s, bool bf) {
 
 /* rows of one K block's panel: floats, or bf16 pairs */
 static int64_t panel_rows(const dc_shape *s, bool bf) {
-    int64_t bc = block_channels(s, bf), taps = (int64_t)s->KH * s->KW;
+    int64_t bc = na_cpu_dc_block_channels(s, bf), taps = (int64_t)s->KH * s->KW;
     return (bf ? (bc + 1) / 2 : bc) * taps;
 }
 
@@ -335,15 +344,7 @@ static dc_tile_fn *const dc_tiles[2][2][DC_NT + 1] = {
     {{NULL, tile_bf16_1, tile_bf16_2, tile_bf16_3},
      {NULL, tile_bf16_1_h, tile_bf16_2_h, tile_bf16_3_h}}};
 
-/* Where conv_images writes: image b's output planes at y + b*y_img elements, f32, or f16/bf16
- * with `half` (rounded by the _h tiles' epilogue); a half output with several K blocks keeps
- * each chunk's partial sums in `part` (the group's cout x DC_CHUNK floats), else part is NULL. */
-typedef struct {
-    void *y;
-    int64_t y_img;
-    bool half, f16;
-    float *part;
-} dc_dst;
+/* Where conv_images writes: dc_dst (cpu_direct_conv.h), partial sums of cout x DC_CHUNK. */
 
 /* the convolution of nb images of one group: image b's input planes at x + b*x_img elements
  * (f32, bf16 with `bf`, or f16 with `xh`, packed as floats), its output as d says.
@@ -353,7 +354,7 @@ NA_AVX512 static void conv_images(const dc_shape *s, bool bf, bool xh, int64_t n
                                   int64_t x_img, const void *wp, const float *bias,
                                   const dc_dst *d, void *panel) {
     const int64_t P = s->OH * s->OW, tiles = (P + DC_LANES - 1) / DC_LANES, total = nb * tiles;
-    const int64_t taps = (int64_t)s->KH * s->KW, bc = block_channels(s, bf);
+    const int64_t taps = (int64_t)s->KH * s->KW, bc = na_cpu_dc_block_channels(s, bf);
     const int64_t esz = bf || xh ? (int64_t)sizeof(uint16_t) : (int64_t)sizeof(float);
     const int64_t oesz = d->half ? (int64_t)sizeof(uint16_t) : (int64_t)sizeof(float);
     const char *xc = x;
@@ -854,6 +855,9 @@ static void wrows_task(void *ctx, int64_t t) {
 int na_cpu_direct_conv2d_wgrad_range(const na_conv_geom *g, const na_view *x, const na_view *gy,
                                      int64_t lo, int64_t hi, float *gw) {
 #ifdef NA_DC_X86
+    if (!na_cpu_has_avx512f()) /* only through na_cpu_direct_wgrad_usable */
+        return na_set_error(NA_EINVAL, "cpu_conv2d_backward_weight: no direct weight gradient "
+                                       "on this CPU");
     return wgrad_range(g, x, gy, lo, hi, 0, g->c_out / g->groups, gw);
 #else
     (void)g, (void)x, (void)gy, (void)lo, (void)hi, (void)gw;
@@ -865,6 +869,8 @@ int na_cpu_direct_conv2d_wgrad_rows(const na_conv_geom *g, const na_view *x, con
                                     na_view *gw) {
 #ifdef NA_DC_X86
     const char *fn = "cpu_conv2d_backward_weight";
+    if (!na_cpu_has_avx512f()) /* only through na_cpu_direct_wgrad_usable */
+        return na_set_error(NA_EINVAL, "%s: no direct weight gradient on this CPU", fn);
     int64_t wsize = g->c_out * (g->c_in / g->groups) * g->kh * g->kw;
     float *gwb = gw->dtype == NA_DTYPE_F32
                      ? gw->data
@@ -894,7 +900,9 @@ typedef struct {
     na_view *y;       /* forward: y; data gradient: gx */
     int64_t x_ch, y_ch; /* channels per image of x and y (all groups) */
     bool bf;            /* bf16 x and weights multiplied as bf16 (wp holds pairs) */
-    bool xh;            /* f16 x read in place, converted by the packer (f32 tiles) */
+    bool xh;            /* f16 x (AVX2: f16 or bf16) read in place, converted by the packer */
+    bool avx2;          /* the AVX2 tiles (cpu_direct_conv_avx2.c), blocks of NA_DC2_MR */
+    int64_t mr, chunk;  /* outputs per weight block, pixels per chunk of the tiles */
     bool yh;            /* f16/bf16 y rounded by the tiles' epilogue (no f32 copy) */
     const void *wp;
     const float *bias;
@@ -922,11 +930,11 @@ static void dc_task(void *ctx, int64_t t) {
     size_t esz = j->bf || j->xh ? sizeof(uint16_t) : sizeof(float);
     size_t oesz = j->yh ? sizeof(uint16_t) : sizeof(float);
     void *panel = na_cpu_scratch(NA_CPU_SCRATCH_1,
-                                 (size_t)(panel_rows(s, j->bf) * DC_CHUNK) * sizeof(float), fn);
+                                 (size_t)(panel_rows(s, j->bf) * j->chunk) * sizeof(float), fn);
     size_t xbytes = (size_t)(NB * in_n) * sizeof(float);
     /* f32 output planes to convert, or a half output's partial sums of one chunk */
-    bool parts = j->yh && block_channels(s, j->bf) < s->cin;
-    size_t ybytes = (size_t)(y_direct ? s->cout * DC_CHUNK : NB * out_n) * sizeof(float);
+    bool parts = j->yh && na_cpu_dc_block_channels(s, j->bf) < s->cin;
+    size_t ybytes = (size_t)(y_direct ? s->cout * j->chunk : NB * out_n) * sizeof(float);
     float *xb = x_direct ? NULL : na_cpu_scratch(NA_CPU_SCRATCH_0, xbytes, fn);
     float *yb = y_direct && !parts ? NULL : na_cpu_scratch(NA_CPU_SCRATCH_2, ybytes, fn);
     if (!panel || (!x_direct && !xb) || ((!y_direct || parts) && !yb)) {
@@ -948,10 +956,14 @@ static void dc_task(void *ctx, int64_t t) {
                 x = xb, x_img = in_n;
             }
             if (!y_direct) d.y = yb, d.y_img = out_n;
-            const char *wp = (const char *)j->wp + (size_t)(gi * s->blocks * DC_MR) *
+            const char *wp = (const char *)j->wp + (size_t)(gi * s->blocks * j->mr) *
                                                        (size_t)(j->bf ? s->KP : s->K) * 4;
-            conv_images(s, j->bf, j->xh, nb, x, x_img, wp,
-                        j->bias ? j->bias + gi * s->cout : NULL, &d, panel);
+            const float *bias = j->bias ? j->bias + gi * s->cout : NULL;
+            if (j->avx2)
+                na_cpu_dc_images_avx2(s, x_direct ? j->x->dtype : NA_DTYPE_F32, nb, x, x_img,
+                                      (const float *)wp, bias, &d, panel);
+            else
+                conv_images(s, j->bf, j->xh, nb, x, x_img, wp, bias, &d, panel);
             for (int64_t b = 0; b < nb && !y_direct; b++)
                 na_cpu_store_f(j->y->dtype, j->y->data, yo + b * j->y_ch * P, out_n,
                                yb + b * out_n);
@@ -973,7 +985,7 @@ static void dc_task(void *ctx, int64_t t) {
  * are flipped in space and transposed (input c of the forward is output o here). */
 typedef struct {
     const dc_shape *s;
-    int64_t groups, cog, cg, tasks;
+    int64_t groups, cog, cg, tasks, mr; /* mr: outputs per block (DC_MR, AVX2 NA_DC2_MR) */
     bool backward_data, bf;
     const void *w; /* f32 (read in place or widened) or bf16 */
     void *wp;
@@ -989,7 +1001,7 @@ typedef struct {
 
 static dc_wsrc weight_source(const dc_pack_job *p, int64_t gb, size_t esz) {
     const dc_shape *s = p->s;
-    const int64_t taps = (int64_t)s->KH * s->KW, gi = gb / s->blocks, o0 = gb % s->blocks * DC_MR;
+    const int64_t taps = (int64_t)s->KH * s->KW, gi = gb / s->blocks, o0 = gb % s->blocks * p->mr;
     const int64_t group = gi * p->cog * p->cg * taps; /* the group's first weight */
     if (!p->backward_data) /* w[gi*cog + o][c][tap] */
         return (dc_wsrc){(const char *)p->w + (size_t)(group + o0 * p->cg * taps) * esz,
@@ -1005,21 +1017,22 @@ static dc_wsrc weight_source(const dc_pack_job *p, int64_t gb, size_t esz) {
 static void pack_weights_f32(const dc_pack_job *p, int64_t lo, int64_t hi) {
     const dc_shape *s = p->s;
     const int64_t taps = (int64_t)s->KH * s->KW;
+    const int64_t mr = p->mr;
     for (int64_t gb = lo; gb < hi; gb++) {
-        int64_t o0 = gb % s->blocks * DC_MR, rows = s->cout - o0 < DC_MR ? s->cout - o0 : DC_MR;
+        int64_t o0 = gb % s->blocks * mr, rows = s->cout - o0 < mr ? s->cout - o0 : mr;
         dc_wsrc src = weight_source(p, gb, sizeof(float));
-        float *d = (float *)p->wp + gb * s->K * DC_MR;
+        float *d = (float *)p->wp + gb * s->K * mr;
         for (int64_t c = 0; c < s->cin; c++)
-            for (int64_t tap = 0; tap < taps; tap++, d += DC_MR) {
+            for (int64_t tap = 0; tap < taps; tap++, d += mr) {
                 const float *e = (const float *)src.e + c * src.sc + tap * src.st;
-                for (int64_t i = 0; i < DC_MR; i++) d[i] = i < rows ? e[i * src.so] : 0.0f;
+                for (int64_t i = 0; i < mr; i++) d[i] = i < rows ? e[i * src.so] : 0.0f;
             }
     }
 }
 
 static void pack_weights_bf16(const dc_pack_job *p, int64_t lo, int64_t hi) {
     const dc_shape *s = p->s;
-    const int64_t taps = (int64_t)s->KH * s->KW, bc = block_channels(s, true);
+    const int64_t taps = (int64_t)s->KH * s->KW, bc = na_cpu_dc_block_channels(s, true);
     for (int64_t gb = lo; gb < hi; gb++) {
         int64_t o0 = gb % s->blocks * DC_MR, rows = s->cout - o0 < DC_MR ? s->cout - o0 : DC_MR;
         dc_wsrc src = weight_source(p, gb, sizeof(uint16_t));
@@ -1063,18 +1076,29 @@ int na_cpu_direct_conv2d(const na_conv_geom *g, const na_view *x, const na_view 
                          .KH = g->kh, .KW = g->kw, .sh = 1, .ph = g->kh - 1 - g->ph,
                          .pw = g->kw - 1 - g->pw, .dh = 1};
     dc_shape *s = &j.s;
+    /* the AVX2 tiles where there is no AVX-512F (na_cpu_direct_conv_usable said yes) */
+    j.avx2 = !na_cpu_has_avx512f();
+    if (j.avx2 && !na_cpu_dc_avx2_cpu()) /* only through na_cpu_direct_conv_usable */
+        return na_set_error(NA_EINVAL, "%s: no direct convolution on this CPU", fn);
+    j.mr = j.avx2 ? NA_DC2_MR : DC_MR;
+    j.chunk = j.avx2 ? NA_DC2_CHUNK : DC_CHUNK;
     s->K = s->cin * taps;
-    s->blocks = (s->cout + DC_MR - 1) / DC_MR;
+    s->blocks = (s->cout + j.mr - 1) / j.mr;
     j.x_ch = backward_data ? g->c_out : g->c_in;
     j.y_ch = backward_data ? g->c_in : g->c_out;
 
     s->KP = ((s->cin + 1) / 2) * taps;
-    j.bf = x->dtype == NA_DTYPE_BF16 && w->dtype == NA_DTYPE_BF16 && na_cpu_bf16_fast();
-    j.xh = !j.bf && x->dtype == NA_DTYPE_F16 && na_cpu_half512();
-    j.yh = (y->dtype == NA_DTYPE_F16 || y->dtype == NA_DTYPE_BF16) && na_cpu_half512() &&
-           !na_cpu_conv_half_out_off;
+    bool x16 = x->dtype == NA_DTYPE_F16 || x->dtype == NA_DTYPE_BF16;
+    bool y16 = y->dtype == NA_DTYPE_F16 || y->dtype == NA_DTYPE_BF16;
+    j.bf = !j.avx2 && x->dtype == NA_DTYPE_BF16 && w->dtype == NA_DTYPE_BF16 &&
+           na_cpu_bf16_fast();
+    /* the AVX2 packer reads f16 (F16C) and bf16 in place; na_cpu_half512_off widens them
+     * first there too (the same floats: the tests compare the bits) */
+    j.xh = j.avx2 ? x16 && !na_cpu_half512_off
+                  : !j.bf && x->dtype == NA_DTYPE_F16 && na_cpu_half512();
+    j.yh = y16 && (j.avx2 || na_cpu_half512()) && !na_cpu_conv_half_out_off;
 
-    int64_t wsize = g->c_out * cg * taps, psize = G * s->blocks * s->K * DC_MR;
+    int64_t wsize = g->c_out * cg * taps, psize = G * s->blocks * s->K * j.mr;
     /* the packed weights, the bias, and f32 copies of half weights for the f32 path (f32 ones
      * are read in place: ResNet-9's widest layer has 9 MiB of them) */
     int64_t wcopy = w->dtype == NA_DTYPE_F32 || j.bf ? 0 : wsize;
@@ -1087,8 +1111,8 @@ int na_cpu_direct_conv2d(const na_conv_geom *g, const na_view *x, const na_view 
     /* at least 64 KiB of weights per task: ResNet-9's 512 -> 512 layer (64 blocks of 144 KiB)
      * packs in 8 tasks, the MNIST CNN's first (one block of 288 floats) inline */
     dc_pack_job pj = {.s = s, .groups = G, .cog = cog, .cg = cg, .backward_data = backward_data,
-                      .bf = j.bf, .w = wsrc, .wp = wp,
-                      .tasks = na_cpu_split(G * s->blocks, 1 + (1 << 14) / (s->K * DC_MR), 8)};
+                      .bf = j.bf, .w = wsrc, .wp = wp, .mr = j.mr,
+                      .tasks = na_cpu_split(G * s->blocks, 1 + (1 << 14) / (s->K * j.mr), 8)};
     na_cpu_parallel_for(pj.tasks, pack_task, &pj);
     j.wp = wp;
     if (bias) {

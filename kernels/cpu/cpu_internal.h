@@ -127,7 +127,8 @@ extern bool na_cpu_convert_force_soft;
  * the 2x2 max pool (forward and backward), BatchNorm and na_cpu_sum_any_f read f16/bf16
  * tensors in place, converting in registers, where they otherwise widen them into f32 copies.
  * The same bits either way; test hook:
- * na_cpu_half512_off keeps the AVX2 conversions and the widening copies. */
+ * na_cpu_half512_off keeps the AVX2 conversions and the widening copies (on the AVX2 direct
+ * convolution too, whose packer otherwise reads f16/bf16 in place). */
 bool na_cpu_half512(void);
 extern bool na_cpu_half512_off;
 
@@ -329,21 +330,29 @@ extern int64_t na_cpu_conv_block_budget;
 bool na_cpu_has_avx512f(void);
 /* Image-range tasks of a convolution: fixed by its size, never by the thread count. */
 int64_t na_cpu_conv_tasks(const na_conv_geom *g);
-/* Whether the direct AVX-512 convolution runs this forward (or, with backward_data, its data
- * gradient) in f32 compute: the CPU has AVX-512F, horizontal stride and dilation are 1 (and
- * for the data gradient stride 1, dilation 1, padding < kernel), NANOAMP_CPU_CONV is not
- * "gemm" and the test hook below is off. */
+/* Whether the direct convolution runs this forward (or, with backward_data, its data
+ * gradient) in f32 compute: the CPU has AVX-512F, or AVX2 + FMA + F16C (na_cpu_direct_avx2),
+ * horizontal stride and dilation are 1 (and for the data gradient stride 1, dilation 1,
+ * padding < kernel), NANOAMP_CPU_CONV is not "gemm", reproducible mode is off and the test
+ * hook below is off. */
 bool na_cpu_direct_conv_usable(const na_conv_geom *g, bool backward_data);
+/* Whether the direct weight gradient (AVX-512 only: on AVX2 it stays im2col + GEMM) runs. */
+bool na_cpu_direct_wgrad_usable(const na_conv_geom *g);
+/* Whether the direct forward and data gradient take the AVX2 + FMA tiles
+ * (cpu_direct_conv_avx2.c): the CPU has AVX2, FMA and F16C but no AVX-512F, and the test hook
+ * na_cpu_direct_avx2_off (which sends those CPUs' convolutions to im2col + GEMM) is off. */
+bool na_cpu_direct_avx2(void);
+extern bool na_cpu_direct_avx2_off;
 /* y = conv(x, w) + bias, or with backward_data gx (as y) from gy (as x), bias NULL. Checked
  * arguments; NA_OK or NA_ENOMEM. */
 int na_cpu_direct_conv2d(const na_conv_geom *g, const na_view *x, const na_view *w,
                          const na_view *bias, na_view *y, bool backward_data);
 /* gw (c_out x K, f32) = the weight gradient of images [lo, hi) (lo < hi), on the direct path
- * (where na_cpu_direct_conv_usable(g, false) said yes). NA_OK or NA_ENOMEM. */
+ * (where na_cpu_direct_wgrad_usable(g) said yes). NA_OK or NA_ENOMEM. */
 int na_cpu_direct_conv2d_wgrad_range(const na_conv_geom *g, const na_view *x, const na_view *gy,
                                      int64_t lo, int64_t hi, float *gw);
 /* gw = the whole weight gradient, split over the pool by output channels (groups == 1, where
- * na_cpu_direct_conv_usable(g, false)); the GEMM path's image split needs one partial gradient
+ * na_cpu_direct_wgrad_usable(g)); the GEMM path's image split needs one partial gradient
  * per task, which wide layers cannot afford. NA_OK or NA_ENOMEM. */
 int na_cpu_direct_conv2d_wgrad_rows(const na_conv_geom *g, const na_view *x, const na_view *gy,
                                     na_view *gw);
