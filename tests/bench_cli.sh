@@ -97,7 +97,7 @@ for r in rows:
 totals = [r for r in rows if "_conv_total" in r["kernel"]]
 # im2col, bf16 widened and f16 (f32 compute); the direct convolution and bf16 on vdpbf16ps
 # where the CPU has them
-direct = "avx512f" in flags
+direct = "avx512f" in flags or all(f in flags for f in ("avx2", "fma", "f16c"))
 assert len(totals) == 3 + direct + ("avx512_bf16" in flags), totals
 assert any(r["variant"].startswith("direct") for r in rows) == direct, rows
 assert {r["dtype"] for r in rows} == {"f32", "bf16", "f16"}, totals
