@@ -548,6 +548,77 @@ NA_HALF512 static void max_pool_2x2_avx512_h(bool f16, const uint16_t *r0, const
 }
 #endif
 
+/* NA_CPU_POOL_TAKE on eight windows at once (AVX2) */
+NA_HALF_AVX2 static inline void pool_take_avx2(__m256 v, int32_t off, __m256 *best,
+                                                __m256i *bi) {
+    __m256 take = _mm256_or_ps(_mm256_cmp_ps(v, *best, _CMP_GT_OQ),
+                               _mm256_and_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q),
+                                             _mm256_cmp_ps(*best, *best, _CMP_ORD_Q)));
+    *best = _mm256_blendv_ps(*best, v, take);
+    *bi = _mm256_blendv_epi8(*bi, _mm256_set1_epi32(off), _mm256_castps_si256(take));
+}
+
+/* max_pool_2x2_avx512_h eight windows at a time in AVX2 + F16C (na_cpu_half_avx2): the 16
+ * halves of a row pair's 8 windows widened into two vectors of 8, their even and odd columns
+ * by in-lane shuffles (windows in the order 0 1 4 5 2 3 6 7, put back in order by one
+ * cross-lane permute of the maxima and of their offsets); a row's last < 8 windows through
+ * zeroed buffers (na_h8_load / na_h8_store) */
+NA_HALF_AVX2 static void max_pool_2x2_avx2_h(bool f16, const uint16_t *r0, const uint16_t *r1,
+                                             int64_t ow, int32_t at, int32_t w, uint16_t *y,
+                                             int32_t *idx) {
+    const __m256i lane2 = _mm256_set_epi32(14, 12, 10, 8, 6, 4, 2, 0);
+    for (int64_t ox = 0; ox < ow; ox += 8) {
+        int64_t n = ow - ox < 8 ? ow - ox : 8, cols = 2 * n;
+        int64_t c0 = cols < 8 ? cols : 8, c1 = cols - c0;
+        __m256 a0 = na_h8_load(f16, r0 + 2 * ox, c0), a1 = na_h8_load(f16, r0 + 2 * ox + 8, c1);
+        __m256 b0 = na_h8_load(f16, r1 + 2 * ox, c0), b1 = na_h8_load(f16, r1 + 2 * ox + 8, c1);
+        __m256 best = _mm256_shuffle_ps(a0, a1, _MM_SHUFFLE(2, 0, 2, 0));
+        __m256i bi = _mm256_setzero_si256();
+        pool_take_avx2(_mm256_shuffle_ps(a0, a1, _MM_SHUFFLE(3, 1, 3, 1)), 1, &best, &bi);
+        pool_take_avx2(_mm256_shuffle_ps(b0, b1, _MM_SHUFFLE(2, 0, 2, 0)), w, &best, &bi);
+        pool_take_avx2(_mm256_shuffle_ps(b0, b1, _MM_SHUFFLE(3, 1, 3, 1)), w + 1, &best, &bi);
+        best = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(best), _MM_SHUFFLE(3, 1, 2, 0)));
+        bi = _mm256_permute4x64_epi64(bi, _MM_SHUFFLE(3, 1, 2, 0));
+        __m256i ix = _mm256_add_epi32(_mm256_set1_epi32(at + 2 * (int32_t)ox),
+                                      _mm256_add_epi32(lane2, bi));
+        if (n == 8) {
+            _mm256_storeu_si256((__m256i *)(idx + ox), ix);
+        } else {
+            int32_t t[8];
+            _mm256_storeu_si256((__m256i *)t, ix);
+            for (int64_t j = 0; j < n; j++) idx[ox + j] = t[j];
+        }
+        na_h8_store(f16, y + ox, n, best);
+    }
+}
+
+/* max_pool_bwd_2x2_avx512_h's scatter for the CPUs without AVX-512BW (na_cpu_half_avx2), one
+ * window at a time: each window's four cells written whole (gy's canonical bits where the
+ * index points, 0 elsewhere), so no memset and no f32 plane. false as pool_bwd_16_h. */
+static bool max_pool_bwd_2x2_scalar_h(bool f16, const uint16_t *gy, const int32_t *iv,
+                                      int64_t oh, int64_t ow, int32_t w, int32_t hw,
+                                      uint16_t *gx) {
+    const uint16_t inf = f16 ? 0x7C00 : 0x7F80;
+    for (int64_t oy = 0; oy < oh; oy++) {
+        uint16_t *r0 = gx + 2 * oy * w, *r1 = r0 + w;
+        int32_t at = (int32_t)(2 * oy * w);
+        for (int64_t ox = 0; ox < ow; ox++, at += 2) {
+            uint16_t b = gy[oy * ow + ox], a = b & 0x7FFF;
+            int32_t i = iv[oy * ow + ox], d = i - at;
+            /* what the f32 path's 0 + gy rounded back gives: -0 is +0, NaNs canonical */
+            b = a == 0 ? 0 : a > inf ? (f16 ? (uint16_t)((b & 0x8000) | 0x7E00) : 0x7FC0) : b;
+            uint16_t t0 = 0, t1 = 0, u0 = 0, u1 = 0;
+            if (d == 0) t0 = b;
+            else if (d == 1) t1 = b;
+            else if (d == w) u0 = b;
+            else if (d == w + 1) u1 = b;
+            else if ((uint32_t)i < (uint32_t)hw) return false;
+            r0[2 * ox] = t0, r0[2 * ox + 1] = t1, r1[2 * ox] = u0, r1[2 * ox + 1] = u1;
+        }
+    }
+    return true;
+}
+
 /* 16 windows of a 2x2 backward at once, f16 (f16) or bf16 gy and gx, the lanes under mo:
  * window k's top-left cell is at[k] of the plane (hw cells, rows of w); *top and *bot get,
  * per 32-bit lane, the window's two cells of its top and bottom row (the left one at the lower
@@ -665,15 +736,16 @@ static bool max_pool_2x2_half(const na_conv_geom *g, const na_view *x, na_view *
                               int32_t *iv, int32_t *ib) {
 #if defined(__x86_64__) && defined(__GNUC__)
     bool f16 = x->dtype == NA_DTYPE_F16;
-    if ((!f16 && x->dtype != NA_DTYPE_BF16) || y->dtype != x->dtype || !na_cpu_half512())
-        return false;
+    if ((!f16 && x->dtype != NA_DTYPE_BF16) || y->dtype != x->dtype) return false;
+    bool avx2 = na_cpu_half_avx2();
+    if (!avx2 && !na_cpu_half512()) return false;
     const int64_t W = g->w, HW = g->h * W, OW = g->ow, P = g->oh * OW;
     const uint16_t *xv = (const uint16_t *)x->data + pl * HW;
     uint16_t *yv = (uint16_t *)y->data + pl * P;
     for (int64_t oy = 0; oy < g->oh; oy++)
-        max_pool_2x2_avx512_h(f16, xv + 2 * oy * W, xv + (2 * oy + 1) * W, OW,
-                              (int32_t)(2 * oy * W), (int32_t)W, yv + oy * OW,
-                              iv ? iv + oy * OW : ib);
+        (avx2 ? max_pool_2x2_avx2_h : max_pool_2x2_avx512_h)(
+            f16, xv + 2 * oy * W, xv + (2 * oy + 1) * W, OW, (int32_t)(2 * oy * W), (int32_t)W,
+            yv + oy * OW, iv ? iv + oy * OW : ib);
     return true;
 #else
     (void)g, (void)x, (void)y, (void)pl, (void)iv, (void)ib;
@@ -693,12 +765,14 @@ static bool max_pool_bwd_2x2_half(const na_conv_geom *g, const na_view *gy, cons
                                   na_view *gx, int64_t pl) {
 #if defined(__x86_64__) && defined(__GNUC__)
     bool f16 = gy->dtype == NA_DTYPE_F16;
-    if ((!f16 && gy->dtype != NA_DTYPE_BF16) || gx->dtype != gy->dtype || !na_cpu_half512())
-        return false;
+    if ((!f16 && gy->dtype != NA_DTYPE_BF16) || gx->dtype != gy->dtype) return false;
+    bool avx2 = na_cpu_half_avx2();
+    if (!avx2 && !na_cpu_half512()) return false;
     const int64_t W = g->w, H = g->h, HW = H * W, OW = g->ow, OH = g->oh;
     const uint16_t *gyv = (const uint16_t *)gy->data + pl * OH * OW;
     uint16_t *gxv = (uint16_t *)gx->data + pl * HW;
-    if (!max_pool_bwd_2x2_avx512_h(f16, gyv, iv, OH, OW, (int32_t)W, (int32_t)HW, gxv))
+    if (!(avx2 ? max_pool_bwd_2x2_scalar_h : max_pool_bwd_2x2_avx512_h)(
+            f16, gyv, iv, OH, OW, (int32_t)W, (int32_t)HW, gxv))
         return false;
     if (2 * OW < W) /* columns in no window */
         for (int64_t y = 0; y < 2 * OH; y++)
