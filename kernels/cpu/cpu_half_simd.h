@@ -86,9 +86,10 @@ NA_HALF512 static inline void na_h512_store(bool f16, uint16_t *p, __mmask16 m, 
 
 /* ---- the same conversions 8 lanes at a time in AVX2 + F16C (na_cpu_half_avx2) -------------
  * For the CPUs without AVX-512BW (Zen 3, most laptops): the kernels that read halves in place
- * on AVX-512 run these 8-lane forms there, with the same bits. AVX2 has no masked 16-bit loads
- * and stores, so a tail of n < 8 goes through a zeroed stack buffer (lanes past n are 0 and
- * nothing past p + n is read or written). Built without FMA: nothing can be contracted. The
+ * on AVX-512 run these 8-lane forms there, with the same bits. AVX2 has masked loads and
+ * stores of 32-bit lanes only, so a tail of n < 8 halves is loaded as words plus one half and
+ * stored through a stack buffer (lanes past n are 0 and nothing past p + n is read or
+ * written). Built without FMA: nothing can be contracted. The
  * compiler clears the upper register halves at every return of a caller built with this
  * target (tests/avx_upper_state.py checks the library). */
 #define NA_HALF_AVX2 __attribute__((target("avx2,f16c")))
@@ -119,12 +120,20 @@ NA_HALF_AVX2 static inline __m128i na_h8_narrow(bool f16, __m256 v) {
     return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
 }
 
-/* the n (<= 8) halves at p, lanes past n 0; na_h8_load: as f32 */
+/* the n (<= 8) halves at p, lanes past n 0; na_h8_load: as f32. A tail is n/2 whole 32-bit
+ * words by a masked load and an odd last half blended in: halves stored one by one into a
+ * buffer that one wide load then reads cannot be forwarded from the store queue (a stall of
+ * some 20 cycles a tail, measured in the max pool's backward) */
 NA_HALF_AVX2 static inline __m128i na_h8_bits(const uint16_t *p, int64_t n) {
     if (n >= 8) return _mm_loadu_si128((const __m128i *)p);
-    uint16_t t[8] = {0};
-    for (int64_t j = 0; j < n; j++) t[j] = p[j];
-    return _mm_loadu_si128((const __m128i *)t);
+    __m128i words = _mm_cmpgt_epi32(_mm_set1_epi32((int)(n >> 1)), _mm_set_epi32(3, 2, 1, 0));
+    __m128i v = _mm_maskload_epi32((const int *)(const void *)p, words);
+    if (n & 1) {
+        __m128i last = _mm_cmpeq_epi16(_mm_set_epi16(7, 6, 5, 4, 3, 2, 1, 0),
+                                       _mm_set1_epi16((short)(n - 1)));
+        v = _mm_blendv_epi8(v, _mm_set1_epi16((short)p[n - 1]), last);
+    }
+    return v;
 }
 NA_HALF_AVX2 static inline __m256 na_h8_load(bool f16, const uint16_t *p, int64_t n) {
     return na_h8_widen(f16, na_h8_bits(p, n));
@@ -142,21 +151,18 @@ NA_HALF_AVX2 static inline void na_h8_store(bool f16, uint16_t *p, int64_t n, __
     for (int64_t j = 0; j < n; j++) p[j] = t[j];
 }
 
+/* lanes [0, n) of 8 set: the mask of AVX2's 32-bit masked loads and stores */
+NA_HALF_AVX2 static inline __m256i na_lanes8(int64_t n) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_set_epi32(7, 6, 5, 4, 3, 2, 1, 0));
+}
 /* the n (<= 8) floats at p, lanes past n 0; and the first n lanes of v stored to p */
 NA_HALF_AVX2 static inline __m256 na_f8_load(const float *p, int64_t n) {
     if (n >= 8) return _mm256_loadu_ps(p);
-    float t[8] = {0};
-    for (int64_t j = 0; j < n; j++) t[j] = p[j];
-    return _mm256_loadu_ps(t);
+    return _mm256_maskload_ps(p, na_lanes8(n));
 }
 NA_HALF_AVX2 static inline void na_f8_store(float *p, int64_t n, __m256 v) {
-    if (n >= 8) {
-        _mm256_storeu_ps(p, v);
-        return;
-    }
-    float t[8];
-    _mm256_storeu_ps(t, v);
-    for (int64_t j = 0; j < n; j++) p[j] = t[j];
+    if (n >= 8) _mm256_storeu_ps(p, v);
+    else _mm256_maskstore_ps(p, na_lanes8(n), v);
 }
 #endif
 
