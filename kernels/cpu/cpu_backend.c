@@ -224,6 +224,7 @@ NA_HALF_AVX2 static float pairwise_h8_leaf(bool f16, const uint16_t *x, int64_t 
         _mm256_storeu_ps(a, na_h8_load(f16, x + i, n - i));
         for (int64_t j = 0; j < n - i; j++) s += a[j];
     }
+    _mm256_zeroupper(); /* on every path to the return, n == 0 too (avx_upper_state) */
     return s;
 }
 /* the split, outside the AVX function (its one exit clears the upper halves) */

@@ -19,8 +19,9 @@
  * Sums are pairwise within each (n, c) row and pairwise across the N rows. Channels are
  * split over the thread pool, each computed whole by one thread. f16/bf16 operands are read
  * in place and converted in registers where the CPU has AVX-512F/BW/VL (the half loops below,
- * bn_half_ok); elsewhere, and with na_cpu_half512_off, widened once per channel (bn_rows)
- * rather than once per pass, the same bits either way. The forward of all-f32 operands takes
+ * bn_half_ok), or 8 lanes at a time where it has AVX2 + F16C (bn_half_avx2_ok,
+ * na_cpu_half_avx2); elsewhere, and with na_cpu_half512_off, widened once per channel
+ * (bn_rows) rather than once per pass, the same bits either way. The forward of all-f32 operands takes
  * the same AVX-512 loops, the same bits as the f32 loops. gamma/beta NULL
  * mean 1/0. Parameters and statistics may be of any float dtype (f32 normally, f64 for f64 x).
  *
@@ -649,15 +650,17 @@ NA_HALF512 static void bn_backward_h(const na_view *x, const na_view *gy, const 
  * (cpu_half_simd.h's na_h8_*); the same operations in the same order, so the same bits as
  * the f32 loops over the widened buffers. Built without FMA: nothing is contracted. Taken
  * where some operand is f16/bf16; all-f32 operands stay in the f32 loops' AVX2 build. */
-NA_HALF_AVX2 static inline __m256 aload8(const void *p, int k, int64_t i, int64_t n) {
+/* always inlined: an out-of-line copy returns a vector with the upper halves dirty */
+#define NA_AINLINE __attribute__((always_inline))
+NA_HALF_AVX2 NA_AINLINE static inline __m256 aload8(const void *p, int k, int64_t i, int64_t n) {
     if (k == HK_F32) return na_f8_load((const float *)p + i, n);
     return na_h8_load(k == HK_F16, (const uint16_t *)p + i, n);
 }
-NA_HALF_AVX2 static inline void astore8(void *p, int k, int64_t i, int64_t n, __m256 v) {
+NA_HALF_AVX2 NA_AINLINE static inline void astore8(void *p, int k, int64_t i, int64_t n, __m256 v) {
     if (k == HK_F32) na_f8_store((float *)p + i, n, v);
     else na_h8_store(k == HK_F16, (uint16_t *)p + i, n, v);
 }
-NA_HALF_AVX2 static inline float asum8(__m256 v) {
+NA_HALF_AVX2 NA_AINLINE static inline float asum8(__m256 v) {
     float a[8];
     _mm256_storeu_ps(a, v);
     return NA_CPU_LANES8_TOTAL(a);
@@ -686,7 +689,7 @@ NA_HALF_AVX2 static float asum_sqdev(const void *x, int kx, int64_t off, int64_t
 }
 
 /* hmasked8: gy * relu'(y) (NA_RELU_GRAD: 0 where y <= 0, 1 where y is NaN) when y is given */
-NA_HALF_AVX2 static inline __m256 amasked8(__m256 g, const void *y, int ky, int64_t i, int64_t n) {
+NA_HALF_AVX2 NA_AINLINE static inline __m256 amasked8(__m256 g, const void *y, int ky, int64_t i, int64_t n) {
     if (!y) return g;
     __m256 le = _mm256_cmp_ps(aload8(y, ky, i, n), _mm256_setzero_ps(), _CMP_LE_OQ);
     return _mm256_mul_ps(g, _mm256_andnot_ps(le, _mm256_set1_ps(1)));
@@ -782,6 +785,7 @@ NA_HALF_AVX2 static void bn_train_a(const na_view *x, const na_view *gamma, cons
         if (rm) set_param(rm, ch, na_bn_running_mean_f(rmean, mean, momentum));
         if (rv) set_param(rv, ch, na_bn_running_var_f(rvar, var, M, momentum));
     }
+    _mm256_zeroupper(); /* on every path to the return, c0 == c1 too (avx_upper_state) */
 }
 
 NA_HALF_AVX2 static void bn_eval_a(const na_view *x, const na_view *gamma, const na_view *beta,

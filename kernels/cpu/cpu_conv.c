@@ -419,7 +419,8 @@ static void win_range(int64_t start, int64_t size, int64_t d, int k, int64_t *lo
  * inputs with NaNs and ties): the first maximum in row-major window order wins, and the first
  * NaN wins over any number. f32 rows run 16 windows at a time with AVX-512 where the CPU has
  * it (else 4 with SSE2); f16 and bf16 planes the same 16 windows, converted in registers and
- * never widened into f32 copies, where it has AVX-512BW (na_cpu_half512). The f32 backward
+ * never widened into f32 copies, where it has AVX-512BW (na_cpu_half512), or 8 windows where
+ * it has AVX2 + F16C (na_cpu_half_avx2). The f32 backward
  * needs no such path: its memset and one scatter per output already run at memory speed (a 2x2
  * select version measured 1.5-2x slower); f16/bf16 planes scatter their halves directly
  * (max_pool_bwd_2x2_half), with no f32 plane and no conversions. */
@@ -591,6 +592,7 @@ NA_HALF_AVX2 static void max_pool_2x2_avx2_h(bool f16, const uint16_t *r0, const
         else _mm256_maskstore_epi32(idx + ox, lanes, ix);
         na_h8_store(f16, y + ox, n, best);
     }
+    _mm256_zeroupper(); /* on every path to the return, ow == 0 too (avx_upper_state) */
 }
 
 /* 8 windows of a 2x2 backward in AVX2, the first n of them real (pool_bwd_16_h's rule, 8

@@ -89,9 +89,9 @@ NA_HALF512 static inline void na_h512_store(bool f16, uint16_t *p, __mmask16 m, 
  * on AVX-512 run these 8-lane forms there, with the same bits. AVX2 has masked loads and
  * stores of 32-bit lanes only, so a tail of n < 8 halves is loaded as words plus one half and
  * stored through a stack buffer (lanes past n are 0 and nothing past p + n is read or
- * written). Built without FMA: nothing can be contracted. The
- * compiler clears the upper register halves at every return of a caller built with this
- * target (tests/avx_upper_state.py checks the library). */
+ * written). Built without FMA: nothing can be contracted. The callers must leave with the
+ * upper register halves clear (tests/avx_upper_state.py checks the library; an early return
+ * laid out after AVX code needs an explicit _mm256_zeroupper). */
 #define NA_HALF_AVX2 __attribute__((target("avx2,f16c")))
 
 /* 8 halves (f16 when f16, else bf16) as f32 */
