@@ -2175,9 +2175,10 @@ Test(cpu_pool, max_pool_forward_backward) {
  * signs (the first NaN in window order wins, so its sign shows which one did). */
 Test(cpu_pool, max_pool_2x2_same_bits_and_indices_as_generic) {
     const double vals[] = {-1, 0, -0.0, 1, 2, 2, INFINITY, -INFINITY, NAN, -NAN};
-    /* vector blocks of 4 (SSE2) and 16 (AVX-512) windows, and their tails */
+    /* vector blocks of 4 (SSE2), 8 (AVX2 halves) and 16 (AVX-512) windows, and their tails */
     const int64_t shapes[][4] = {{2, 3, 6, 8}, {1, 2, 7, 9}, {3, 1, 2, 2}, {1, 1, 5, 2},
-                                 {2, 2, 4, 15}, {1, 2, 4, 33}, {1, 1, 2, 34}, {2, 1, 4, 70}};
+                                 {2, 2, 4, 15}, {1, 2, 4, 33}, {1, 1, 2, 34}, {2, 1, 4, 70},
+                                 {1, 2, 4, 12}, {2, 1, 3, 26}, {1, 1, 2, 28}};
     const na_dtype dts[] = {NA_DTYPE_F32, NA_DTYPE_F64, NA_DTYPE_F16, NA_DTYPE_BF16};
     int nan_windows = 0, later_ties = 0;
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
@@ -2193,11 +2194,16 @@ Test(cpu_pool, max_pool_2x2_same_bits_and_indices_as_generic) {
             na_cpu_pool_force_generic = true;
             cr_assert_eq(B->max_pool2d(&g, &x, &y[0], &idx[0]), NA_OK);
             na_cpu_pool_force_generic = false;
-            cr_assert_eq(B->max_pool2d(&g, &x, &y[1], &idx[1]), NA_OK);
-            cr_assert_eq(B->max_pool2d(&g, &x, &y[2], NULL), NA_OK);
-            expect_same_bits(&y[1], &y[0], "2x2 max_pool y");
-            expect_same_bits(&idx[1], &idx[0], "2x2 max_pool idx");
-            expect_same_bits(&y[2], &y[0], "2x2 max_pool y without idx");
+            /* halves: AVX-512 or AVX2 where the CPU has them, then AVX2 preferred */
+            for (int pref = 0; pref < 2; pref++) {
+                na_cpu_half_avx2_prefer = pref;
+                cr_assert_eq(B->max_pool2d(&g, &x, &y[1], &idx[1]), NA_OK);
+                cr_assert_eq(B->max_pool2d(&g, &x, &y[2], NULL), NA_OK);
+                na_cpu_half_avx2_prefer = false;
+                expect_same_bits(&y[1], &y[0], "2x2 max_pool y");
+                expect_same_bits(&idx[1], &idx[0], "2x2 max_pool idx");
+                expect_same_bits(&y[2], &y[0], "2x2 max_pool y without idx");
+            }
             int64_t HW = xs[2] * xs[3], P = g.oh * g.ow;
             for (int64_t o = 0; o < y[0].numel; o++) { /* what the inputs exercised */
                 int64_t pl = o / P, p = o % P, at = pl * HW + (p / g.ow) * 2 * xs[3] + p % g.ow * 2;
@@ -2225,7 +2231,7 @@ Test(cpu_pool, max_pool_2x2_backward_half_same_bits_as_generic) {
     /* rows of up to 8 windows run two rows a step: 8 (16 lanes), 7, 4, 1; odd rows left */
     const int64_t shapes[][4] = {{2, 3, 6, 8}, {1, 2, 7, 9}, {3, 1, 2, 2}, {1, 1, 5, 2},
                                  {2, 2, 28, 28}, {1, 2, 14, 15}, {1, 2, 6, 16}, {2, 1, 5, 17},
-                                 {1, 1, 4, 18}, {1, 2, 9, 66}};
+                                 {1, 1, 4, 18}, {1, 2, 9, 66}, {2, 2, 14, 14}};
     const na_dtype dts[] = {NA_DTYPE_F16, NA_DTYPE_BF16};
     for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++)
         for (int t = 0; t < 2; t++)
@@ -2235,7 +2241,7 @@ Test(cpu_pool, max_pool_2x2_backward_half_same_bits_as_generic) {
                 na_view x = MK(dts[t], xs[0], xs[1], xs[2], xs[3]);
                 na_view y = MK(dts[t], xs[0], xs[1], g.oh, g.ow);
                 na_view idx = MK(NA_DTYPE_I32, xs[0], xs[1], g.oh, g.ow);
-                na_view gy = MK(dts[t], xs[0], xs[1], g.oh, g.ow), gx[2];
+                na_view gy = MK(dts[t], xs[0], xs[1], g.oh, g.ow), gx[3];
                 fill_rand(&x, -1, 1);
                 fill_rand(&gy, -2, 2);
                 for (int64_t i = 0; i < gy.numel; i++)
@@ -2251,19 +2257,24 @@ Test(cpu_pool, max_pool_2x2_backward_half_same_bits_as_generic) {
                     iv[idx.numel - 1] = (int32_t)HW; /* the last plane: outside it, skipped */
                     if (idx.numel > P) iv[P] = -1;  /* plane 1: skipped */
                 }
-                for (int v = 0; v < 2; v++) {
+                /* v 0: the CPU's half path (AVX-512 or AVX2), 1: the generic one, 2: AVX2
+                 * preferred (the AVX2 path on an AVX-512 machine) */
+                for (int v = 0; v < 3; v++) {
                     gx[v] = MK(dts[t], xs[0], xs[1], xs[2], xs[3]);
                     fill_rand(&gx[v], 5, 6); /* every element is written */
                     na_cpu_pool_force_generic = v == 1;
+                    na_cpu_half_avx2_prefer = v == 2;
                     cr_assert_eq(B->max_pool2d_backward(&g, &gy, &idx, &gx[v]), NA_OK);
                     na_cpu_pool_force_generic = false;
+                    na_cpu_half_avx2_prefer = false;
                 }
                 char msg[96];
                 snprintf(msg, sizeof msg, "2x2 max_pool backward %s [%lld %lld %lld %lld] %d",
                          na_dtype_name(dts[t]), (long long)xs[0], (long long)xs[1],
                          (long long)xs[2], (long long)xs[3], corrupt);
                 expect_same_bits(&gx[0], &gx[1], msg);
-                rm(&x); rm(&y); rm(&idx); rm(&gy); rm(&gx[0]); rm(&gx[1]);
+                expect_same_bits(&gx[2], &gx[1], msg);
+                rm(&x); rm(&y); rm(&idx); rm(&gy); rm(&gx[0]); rm(&gx[1]); rm(&gx[2]);
             }
 }
 
@@ -2658,8 +2669,8 @@ Test(cpu_batchnorm, avx2_build_gives_the_baseline_bits) {
             }
 }
 
-/* BatchNorm with f16/bf16 operands read in place and converted in registers (na_cpu_half512)
- * gives the bits of the f32 loops over the widened copies (na_cpu_half512_off): training
+/* BatchNorm with f16/bf16 operands read in place and converted in registers (na_cpu_half512,
+ * or 8 lanes of AVX2 + F16C, na_cpu_half_avx2: FOR_EACH_HALF_PATH below) gives the bits of the f32 loops over the widened copies (na_cpu_half512_off): training
  * forward (statistics, running statistics, y), eval forward and the backward (sums and gx),
  * fused with ReLU and not, for rows of odd lengths on both sides of the pairwise split and of
  * NA_CPU_CHUNK, operands of mixed dtypes (half x with f32 y or gx, f32 x with half gy), and
@@ -2725,11 +2736,28 @@ static void bn_half_case(int64_t n, int64_t c, int64_t s, na_dtype xd, na_dtype 
     rm(&x); rm(&gy); rm(&gam); rm(&bet); rm(&ry);
 }
 
-Test(cpu_batchnorm, half_read_in_place_same_bits_as_widened) {
-    if (!na_cpu_half512())
-        cr_skip("this CPU has no AVX-512F/BW/VL: BatchNorm widens f16/bf16 operands");
+/* Each in-register path the CPU has: AVX-512 (na_cpu_half512), then the 8-lane AVX2 + F16C
+ * loops (na_cpu_half_avx2; on an AVX-512 machine through na_cpu_half_avx2_prefer); `body`
+ * compares the default path with the widening one (na_cpu_half512_off). */
+#define FOR_EACH_HALF_PATH(body)                                                            \
+    do {                                                                                    \
+        int paths_ = 0;                                                                     \
+        for (int pref_ = 0; pref_ < 2; pref_++) {                                           \
+            na_cpu_half_avx2_prefer = pref_ == 1;                                           \
+            if (pref_ == 0 ? !na_cpu_half512() && !na_cpu_half_avx2() : !na_cpu_half_avx2() || \
+                                                                        !na_cpu_half512())  \
+                continue;                                                                   \
+            paths_++;                                                                       \
+            body;                                                                           \
+        }                                                                                   \
+        na_cpu_half_avx2_prefer = false;                                                    \
+        if (!paths_) cr_skip("this CPU has neither AVX-512F/BW/VL nor AVX2+F16C: halves widen"); \
+    } while (0)
+
+static void bn_half_shapes(void) {
     const int64_t shapes[][3] = {{3, 4, 37}, {5, 3, 1003}, {2, 3, 1}, {4, 5, 7},
-                                 {2, 3, 196}, {2, 3, 2053}, {1, 3, 129}, {7, 3, 16}};
+                                 {2, 3, 196}, {2, 3, 2053}, {1, 3, 129}, {7, 3, 16},
+                                 {3, 5, 2}, {2, 3, 3}, {2, 4, 14}, {3, 3, 49}};
     const na_dtype h[2] = {NA_DTYPE_F16, NA_DTYPE_BF16}, F = NA_DTYPE_F32;
     for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++)
         for (int t = 0; t < 2; t++)
@@ -2749,11 +2777,14 @@ Test(cpu_batchnorm, half_read_in_place_same_bits_as_widened) {
             }
 }
 
+Test(cpu_batchnorm, half_read_in_place_same_bits_as_widened, .timeout = 120) {
+    FOR_EACH_HALF_PATH(bn_half_shapes());
+}
+
 /* na_cpu_sum_any_f over f16/bf16 read in place (na_cpu_half512) gives the bits of the sum over
  * the widened chunks, at lengths around the 8-lane, 128 (pairwise) and NA_CPU_CHUNK
  * boundaries, with subnormals, and with an Inf or a NaN in some rows. */
-Test(cpu_sum, half_read_in_place_same_bits_as_widened) {
-    if (!na_cpu_half512()) cr_skip("this CPU has no AVX-512F/BW/VL: sums widen f16/bf16");
+static void sum_half_lengths(void) {
     const int64_t lens[] = {0, 1, 7, 8, 9, 15, 127, 128, 129, 136, 255, 784, 1023, 1024, 1025,
                             2049, 4100, 9999};
     const na_dtype h[2] = {NA_DTYPE_F16, NA_DTYPE_BF16};
@@ -2776,6 +2807,8 @@ Test(cpu_sum, half_read_in_place_same_bits_as_widened) {
                 rm(&x);
             }
 }
+
+Test(cpu_sum, half_read_in_place_same_bits_as_widened) { FOR_EACH_HALF_PATH(sum_half_lengths()); }
 
 Test(cpu_batchnorm, half_input_f32_params) {
     int64_t n = 4, c = 2, s = 30;

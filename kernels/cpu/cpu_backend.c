@@ -168,6 +168,17 @@ bool na_cpu_half512(void) {
 bool na_cpu_force_baseline = false;
 bool na_cpu_use_avx2(void) { return has_avx2() && !na_cpu_force_baseline; }
 
+bool na_cpu_half_avx2_off = false, na_cpu_half_avx2_prefer = false;
+bool na_cpu_half_avx2(void) {
+    static _Atomic int env_off = -1; /* NANOAMP_CPU_HALF_AVX2=off, read once */
+    if (env_off < 0) {
+        const char *e = getenv("NANOAMP_CPU_HALF_AVX2");
+        env_off = e && strcmp(e, "off") == 0;
+    }
+    return !na_cpu_half_avx2_off && !env_off && !na_cpu_half512_off && na_cpu_use_avx2() &&
+           na_cpu_convert_is_fast() && (na_cpu_half_avx2_prefer || !na_cpu_half512());
+}
+
 /* The same sum built for AVX2 (GCC on x86-64; the AVX2 builds use GCC's pragma): twice the
  * lanes per instruction, the same order of additions, so the same bits
  * (tests/test_cpu_kernels.c compares the builds). */
@@ -201,17 +212,32 @@ NA_HALF512 static float pairwise_h512_leaf(bool f16, const uint16_t *x, int64_t 
     }
     return s;
 }
+/* the same leaf in AVX2 + F16C (na_cpu_half_avx2), the tail through a zeroed buffer */
+NA_HALF_AVX2 static float pairwise_h8_leaf(bool f16, const uint16_t *x, int64_t n) {
+    __m256 acc = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) acc = _mm256_add_ps(acc, na_h8_load(f16, x + i, 8));
+    float a[8];
+    _mm256_storeu_ps(a, acc);
+    float s = NA_CPU_LANES8_TOTAL(a);
+    if (i < n) {
+        _mm256_storeu_ps(a, na_h8_load(f16, x + i, n - i));
+        for (int64_t j = 0; j < n - i; j++) s += a[j];
+    }
+    _mm256_zeroupper(); /* on every path to the return, n == 0 too (avx_upper_state) */
+    return s;
+}
 /* the split, outside the AVX function (its one exit clears the upper halves) */
-static float pairwise_h512(bool f16, const uint16_t *x, int64_t n) {
-    if (n <= 128) return pairwise_h512_leaf(f16, x, n);
+static float pairwise_h512(bool f16, bool avx2, const uint16_t *x, int64_t n) {
+    if (n <= 128) return avx2 ? pairwise_h8_leaf(f16, x, n) : pairwise_h512_leaf(f16, x, n);
     int64_t h = (n / 2 + 7) & ~(int64_t)7;
-    return pairwise_h512(f16, x, h) + pairwise_h512(f16, x + h, n - h);
+    return pairwise_h512(f16, avx2, x, h) + pairwise_h512(f16, avx2, x + h, n - h);
 }
 #endif
 
 bool na_cpu_sum_half_direct(na_dtype dt) {
 #ifdef NA_CPU_HALF_SIMD
-    return (dt == NA_DTYPE_F16 || dt == NA_DTYPE_BF16) && na_cpu_half512();
+    return (dt == NA_DTYPE_F16 || dt == NA_DTYPE_BF16) && (na_cpu_half512() || na_cpu_half_avx2());
 #else
     (void)dt;
     return false;
@@ -222,12 +248,12 @@ bool na_cpu_sum_half_direct(na_dtype dt) {
  * read in place; only where na_cpu_sum_half_direct(dt) */
 static float sum_half_direct(na_dtype dt, const uint16_t *x, int64_t n) {
 #ifdef NA_CPU_HALF_SIMD
-    bool f16 = dt == NA_DTYPE_F16;
-    if (n <= NA_CPU_CHUNK) return pairwise_h512(f16, x, n);
+    bool f16 = dt == NA_DTYPE_F16, avx2 = na_cpu_half_avx2();
+    if (n <= NA_CPU_CHUNK) return pairwise_h512(f16, avx2, x, n);
     na_cpu_psum_f acc = {{0}, 0};
     for (int64_t o = 0; o < n; o += NA_CPU_CHUNK)
-        na_cpu_psum_add_f(&acc, pairwise_h512(f16, x + o, n - o < NA_CPU_CHUNK ? n - o
-                                                                                : NA_CPU_CHUNK));
+        na_cpu_psum_add_f(&acc, pairwise_h512(f16, avx2, x + o,
+                                              n - o < NA_CPU_CHUNK ? n - o : NA_CPU_CHUNK));
     return na_cpu_psum_total_f(&acc);
 #else
     (void)dt, (void)x, (void)n;

@@ -19,8 +19,9 @@
  * Sums are pairwise within each (n, c) row and pairwise across the N rows. Channels are
  * split over the thread pool, each computed whole by one thread. f16/bf16 operands are read
  * in place and converted in registers where the CPU has AVX-512F/BW/VL (the half loops below,
- * bn_half_ok); elsewhere, and with na_cpu_half512_off, widened once per channel (bn_rows)
- * rather than once per pass, the same bits either way. The forward of all-f32 operands takes
+ * bn_half_ok), or 8 lanes at a time where it has AVX2 + F16C (bn_half_avx2_ok,
+ * na_cpu_half_avx2); elsewhere, and with na_cpu_half512_off, widened once per channel
+ * (bn_rows) rather than once per pass, the same bits either way. The forward of all-f32 operands takes
  * the same AVX-512 loops, the same bits as the f32 loops. gamma/beta NULL
  * mean 1/0. Parameters and statistics may be of any float dtype (f32 normally, f64 for f64 x).
  *
@@ -643,6 +644,227 @@ NA_HALF512 static void bn_backward_h(const na_view *x, const na_view *gy, const 
     }
 }
 
+/* ---- the same loops 8 lanes at a time in AVX2 + F16C (na_cpu_half_avx2) --------------------
+ * For CPUs without AVX-512BW: each function below is its AVX-512 namesake above with 8-lane
+ * vectors, a row's tail of fewer than 8 loaded and stored through a zeroed buffer
+ * (cpu_half_simd.h's na_h8_*); the same operations in the same order, so the same bits as
+ * the f32 loops over the widened buffers. Built without FMA: nothing is contracted. Taken
+ * where some operand is f16/bf16; all-f32 operands stay in the f32 loops' AVX2 build. */
+/* always inlined: an out-of-line copy returns a vector with the upper halves dirty */
+#define NA_AINLINE __attribute__((always_inline))
+NA_HALF_AVX2 NA_AINLINE static inline __m256 aload8(const void *p, int k, int64_t i, int64_t n) {
+    if (k == HK_F32) return na_f8_load((const float *)p + i, n);
+    return na_h8_load(k == HK_F16, (const uint16_t *)p + i, n);
+}
+NA_HALF_AVX2 NA_AINLINE static inline void astore8(void *p, int k, int64_t i, int64_t n, __m256 v) {
+    if (k == HK_F32) na_f8_store((float *)p + i, n, v);
+    else na_h8_store(k == HK_F16, (uint16_t *)p + i, n, v);
+}
+NA_HALF_AVX2 NA_AINLINE static inline float asum8(__m256 v) {
+    float a[8];
+    _mm256_storeu_ps(a, v);
+    return NA_CPU_LANES8_TOTAL(a);
+}
+
+/* hsum_sqdev: na_cpu_sum_f of (x - mean)^2 over x[off..off+n) */
+NA_HALF_AVX2 static float asum_sqdev(const void *x, int kx, int64_t off, int64_t n, float mean) {
+    if (n > 128) {
+        int64_t h = (n / 2 + 7) & ~(int64_t)7;
+        return asum_sqdev(x, kx, off, h, mean) + asum_sqdev(x, kx, off + h, n - h, mean);
+    }
+    __m256 acc = _mm256_setzero_ps(), vm = _mm256_set1_ps(mean);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 d = _mm256_sub_ps(aload8(x, kx, off + i, 8), vm);
+        acc = _mm256_add_ps(acc, _mm256_mul_ps(d, d));
+    }
+    float s = asum8(acc);
+    if (i < n) {
+        float t[8];
+        __m256 d = _mm256_sub_ps(aload8(x, kx, off + i, n - i), vm);
+        _mm256_storeu_ps(t, _mm256_mul_ps(d, d));
+        for (int64_t j = 0; j < n - i; j++) s += t[j];
+    }
+    return s;
+}
+
+/* hmasked8: gy * relu'(y) (NA_RELU_GRAD: 0 where y <= 0, 1 where y is NaN) when y is given */
+NA_HALF_AVX2 NA_AINLINE static inline __m256 amasked8(__m256 g, const void *y, int ky, int64_t i, int64_t n) {
+    if (!y) return g;
+    __m256 le = _mm256_cmp_ps(aload8(y, ky, i, n), _mm256_setzero_ps(), _CMP_LE_OQ);
+    return _mm256_mul_ps(g, _mm256_andnot_ps(le, _mm256_set1_ps(1)));
+}
+
+/* hdual_sum: dual_sum_f over gm = gy * relu'(y) and gm * xhat at [off, off+n) */
+NA_HALF_AVX2 static void adual_sum(const void *g, int kg, const void *y, int ky, const void *x,
+                                   int kx, int64_t off, int64_t n, float mean, float invstd,
+                                   float *s1, float *s2) {
+    if (n > 128) {
+        int64_t h = (n / 2 + 7) & ~(int64_t)7;
+        float a1, a2, b1, b2;
+        adual_sum(g, kg, y, ky, x, kx, off, h, mean, invstd, &a1, &a2);
+        adual_sum(g, kg, y, ky, x, kx, off + h, n - h, mean, invstd, &b1, &b2);
+        *s1 = a1 + b1;
+        *s2 = a2 + b2;
+        return;
+    }
+    __m256 va1 = _mm256_setzero_ps(), va2 = va1, vm = _mm256_set1_ps(mean),
+           vs = _mm256_set1_ps(invstd);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 gm = amasked8(aload8(g, kg, off + i, 8), y, ky, off + i, 8);
+        __m256 xh = _mm256_mul_ps(_mm256_sub_ps(aload8(x, kx, off + i, 8), vm), vs);
+        va1 = _mm256_add_ps(va1, gm);
+        va2 = _mm256_add_ps(va2, _mm256_mul_ps(gm, xh));
+    }
+    float t1 = asum8(va1), t2 = asum8(va2);
+    if (i < n) {
+        float a[8], b[8];
+        __m256 gm = amasked8(aload8(g, kg, off + i, n - i), y, ky, off + i, n - i);
+        __m256 xh = _mm256_mul_ps(_mm256_sub_ps(aload8(x, kx, off + i, n - i), vm), vs);
+        _mm256_storeu_ps(a, gm);
+        _mm256_storeu_ps(b, _mm256_mul_ps(gm, xh));
+        for (int64_t j = 0; j < n - i; j++) {
+            t1 += a[j];
+            t2 += b[j];
+        }
+    }
+    *s1 = t1;
+    *s2 = t2;
+}
+
+/* haffine: y[off..off+n) = (x - mean) * scale + shift, relu'd when asked (NaN stays NaN) */
+NA_HALF_AVX2 static void aaffine(const void *x, int kx, void *y, int ky, int64_t off, int64_t n,
+                                 float mean, float scale, float shift, bool relu) {
+    __m256 vm = _mm256_set1_ps(mean), vs = _mm256_set1_ps(scale), vb = _mm256_set1_ps(shift),
+           zero = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n; i += 8) {
+        int64_t m = n - i < 8 ? n - i : 8;
+        __m256 t = _mm256_mul_ps(_mm256_sub_ps(aload8(x, kx, off + i, m), vm), vs);
+        t = _mm256_add_ps(t, vb);
+        if (relu) t = _mm256_andnot_ps(_mm256_cmp_ps(t, zero, _CMP_LE_OQ), t);
+        astore8(y, ky, off + i, m, t);
+    }
+}
+
+/* bn_train_h in 8 lanes: channels [c0, c1); y NULL: the statistics only */
+NA_HALF_AVX2 static void bn_train_a(const na_view *x, const na_view *gamma, const na_view *beta,
+                                    na_view *rm, na_view *rv, na_view *y, na_view *sm,
+                                    na_view *si, int64_t n, int64_t c, int64_t s, float momentum,
+                                    float eps, bool relu, int64_t c0, int64_t c1) {
+    int kx = hkind(x), ky = hkind(y);
+    int64_t M = n * s;
+    for (int64_t ch = c0; ch < c1; ch++) {
+        /* chan_sum_f over the widened rows: na_cpu_sum_any_f's order per row (it reads the
+         * halves in place too, na_cpu_sum_half_direct) */
+        na_cpu_psum_f acc = {{0}, 0};
+        for (int64_t ni = 0; ni < n; ni++) {
+            if (ni + 1 < n)
+                hprefetch(x->data, kx, ((ni + 1) * c + ch) * s,
+                          s < NA_CPU_CHUNK ? s : NA_CPU_CHUNK);
+            na_cpu_psum_add_f(&acc, na_cpu_sum_any_f(x->dtype, x->data, (ni * c + ch) * s, s));
+        }
+        float mean = na_cpu_psum_total_f(&acc) / (float)M;
+        na_cpu_psum_f sq = {{0}, 0};
+        for (int64_t ni = 0; ni < n; ni++)
+            for (int64_t o = 0; o < s; o += NA_CPU_CHUNK)
+                na_cpu_psum_add_f(&sq, asum_sqdev(x->data, kx, (ni * c + ch) * s + o,
+                                                  s - o < NA_CPU_CHUNK ? s - o : NA_CPU_CHUNK,
+                                                  mean));
+        float var = na_cpu_psum_total_f(&sq) / (float)M;
+        float invstd = na_bn_invstd_f(var, eps);
+        float scale = invstd * (float)param(gamma, ch, 1), shift = (float)param(beta, ch, 0);
+        for (int64_t ni = 0; y && ni < n; ni++) {
+            if (ni + 1 < n && s <= NA_CPU_CHUNK)
+                hprefetch_w(y->data, ky, ((ni + 1) * c + ch) * s, s);
+            aaffine(x->data, kx, y->data, ky, (ni * c + ch) * s, s, mean, scale, shift, relu);
+        }
+        set_param(sm, ch, mean);
+        set_param(si, ch, invstd);
+        float rmean = (float)param(rm, ch, 0), rvar = (float)param(rv, ch, 1);
+        if (rm) set_param(rm, ch, na_bn_running_mean_f(rmean, mean, momentum));
+        if (rv) set_param(rv, ch, na_bn_running_var_f(rvar, var, M, momentum));
+    }
+    _mm256_zeroupper(); /* on every path to the return, c0 == c1 too (avx_upper_state) */
+}
+
+NA_HALF_AVX2 static void bn_eval_a(const na_view *x, const na_view *gamma, const na_view *beta,
+                                   const na_view *rm, const na_view *rv, na_view *y, int64_t n,
+                                   int64_t c, int64_t s, float eps, bool relu, int64_t c0,
+                                   int64_t c1) {
+    int kx = hkind(x), ky = hkind(y);
+    for (int64_t ch = c0; ch < c1; ch++) {
+        float invstd = na_bn_invstd_f((float)param(rv, ch, 1), eps);
+        float scale = invstd * (float)param(gamma, ch, 1), shift = (float)param(beta, ch, 0);
+        float mean = (float)param(rm, ch, 0);
+        for (int64_t ni = 0; ni < n; ni++)
+            aaffine(x->data, kx, y->data, ky, (ni * c + ch) * s, s, mean, scale, shift, relu);
+    }
+}
+
+/* bn_backward_h in 8 lanes: channels [c0, c1) with gy of f16/bf16 */
+NA_HALF_AVX2 static void bn_backward_a(const na_view *x, const na_view *gy, const na_view *relu_y,
+                                       const na_view *gamma, const na_view *mean_t,
+                                       const na_view *invstd_t, na_view *gx, na_view *gg,
+                                       na_view *gb, int64_t n, int64_t c, int64_t s, bool train,
+                                       int64_t c0, int64_t c1) {
+    int kx = hkind(x), kg = hkind(gy), ky = hkind(relu_y), kgx = hkind(gx);
+    const void *yp = relu_y ? relu_y->data : NULL;
+    int64_t M = n * s;
+    bool need_sums = train || gg || gb;
+    for (int64_t ch = c0; ch < c1; ch++) {
+        float mean = (float)param(mean_t, ch, 0), invstd = (float)param(invstd_t, ch, 1);
+        float scale = invstd * (float)param(gamma, ch, 1);
+        float sum_gy = 0, sum_gyxh = 0;
+        if (need_sums) {
+            na_cpu_psum_f a1 = {{0}, 0}, a2 = {{0}, 0};
+            for (int64_t ni = 0; ni < n; ni++)
+                for (int64_t o = 0; o < s; o += NA_CPU_CHUNK) {
+                    float s1, s2;
+                    if (ni + 1 < n && o == 0) {
+                        int64_t nx = ((ni + 1) * c + ch) * s;
+                        int64_t cnt = s < NA_CPU_CHUNK ? s : NA_CPU_CHUNK;
+                        hprefetch(gy->data, kg, nx, cnt);
+                        hprefetch(x->data, kx, nx, cnt);
+                        hprefetch(yp, ky, nx, cnt);
+                    }
+                    adual_sum(gy->data, kg, yp, ky, x->data, kx, (ni * c + ch) * s + o,
+                              s - o < NA_CPU_CHUNK ? s - o : NA_CPU_CHUNK, mean, invstd, &s1,
+                              &s2);
+                    na_cpu_psum_add_f(&a1, s1);
+                    na_cpu_psum_add_f(&a2, s2);
+                }
+            sum_gy = na_cpu_psum_total_f(&a1);
+            sum_gyxh = na_cpu_psum_total_f(&a2);
+        }
+        set_param(gg, ch, sum_gyxh);
+        set_param(gb, ch, sum_gy);
+        if (!gx) continue;
+        /* chan_gx_f over the widened gy * relu'(y): na_bn_grad, or gm * scale */
+        __m256 vm = _mm256_set1_ps(mean), vi = _mm256_set1_ps(invstd),
+               vmg = _mm256_set1_ps(sum_gy / (float)M), vmx = _mm256_set1_ps(sum_gyxh / (float)M),
+               vs = _mm256_set1_ps(scale);
+        for (int64_t ni = 0; ni < n; ni++) {
+            int64_t off = (ni * c + ch) * s;
+            if (ni + 1 < n && s <= NA_CPU_CHUNK) hprefetch_w(gx->data, kgx, off + c * s, s);
+            for (int64_t i = 0; i < s; i += 8) {
+                int64_t m = s - i < 8 ? s - i : 8;
+                __m256 gm = amasked8(aload8(gy->data, kg, off + i, m), yp, ky, off + i, m);
+                __m256 out;
+                if (train) {
+                    __m256 xh = _mm256_mul_ps(
+                        _mm256_sub_ps(aload8(x->data, kx, off + i, m), vm), vi);
+                    out = _mm256_mul_ps(
+                        _mm256_sub_ps(_mm256_sub_ps(gm, vmg), _mm256_mul_ps(xh, vmx)), vs);
+                } else {
+                    out = _mm256_mul_ps(gm, vs);
+                }
+                astore8(gx->data, kgx, off + i, m, out);
+            }
+        }
+    }
+}
+
 /* Whether job j's f32 compute takes the half loops: the CPU has AVX-512F/BW/VL, every operand
  * is f32, f16 or bf16, and in the backward gy is a half within widen_buffer's limit, so that
  * ReLU's mask is the widened buffer's. The forward takes them for all-f32 operands too: their
@@ -663,6 +885,23 @@ static bool bn_half_ok(const bn_job *j) {
     default: return false;
     }
 }
+
+/* Whether job j takes the 8-lane AVX2 loops (na_cpu_half_avx2: no AVX-512BW): bn_half_ok's
+ * conditions, and in the forward some operand f16/bf16 (all-f32 ones keep the f32 loops,
+ * already AVX2) */
+static bool bn_half_avx2_ok(const bn_job *j) {
+    if (j->f64 || !na_cpu_half_avx2()) return false;
+    int kx = hkind(j->x), ky = hkind(j->y);
+    bool x_ok = kx != HK_NONE;
+    switch (j->kind) {
+    case BN_TRAIN:
+    case BN_EVAL: return x_ok && ky != HK_NONE && (kx > HK_F32 || ky > HK_F32);
+    case BN_BACKWARD:
+        return hkind(j->gy) > HK_F32 && j->n * j->s <= ((int64_t)1 << 22) && x_ok &&
+               hkind(j->relu_y) != HK_NONE && hkind(j->gx) != HK_NONE;
+    default: return false;
+    }
+}
 #endif
 
 static void bn_task(void *ctx, int64_t t) {
@@ -670,6 +909,22 @@ static void bn_task(void *ctx, int64_t t) {
     int64_t c0, c1;
     na_cpu_task_range(j->c, j->tasks, t, 1, &c0, &c1);
 #ifdef NA_CPU_HALF_SIMD
+    if (bn_half_avx2_ok(j)) {
+        switch (j->kind) {
+        case BN_TRAIN:
+            bn_train_a(j->x, j->gamma, j->beta, j->rm, j->rv, j->y, j->sm, j->si, j->n, j->c,
+                       j->s, (float)j->momentum, (float)j->eps, j->relu, c0, c1);
+            return;
+        case BN_EVAL:
+            bn_eval_a(j->x, j->gamma, j->beta, j->eval_rm, j->eval_rv, j->y, j->n, j->c, j->s,
+                      (float)j->eps, j->relu, c0, c1);
+            return;
+        default:
+            bn_backward_a(j->x, j->gy, j->relu_y, j->gamma, j->mean, j->invstd, j->gx, j->gg,
+                          j->gb, j->n, j->c, j->s, j->train, c0, c1);
+            return;
+        }
+    }
     if (bn_half_ok(j)) {
         switch (j->kind) {
         case BN_TRAIN:

@@ -419,7 +419,8 @@ static void win_range(int64_t start, int64_t size, int64_t d, int k, int64_t *lo
  * inputs with NaNs and ties): the first maximum in row-major window order wins, and the first
  * NaN wins over any number. f32 rows run 16 windows at a time with AVX-512 where the CPU has
  * it (else 4 with SSE2); f16 and bf16 planes the same 16 windows, converted in registers and
- * never widened into f32 copies, where it has AVX-512BW (na_cpu_half512). The f32 backward
+ * never widened into f32 copies, where it has AVX-512BW (na_cpu_half512), or 8 windows where
+ * it has AVX2 + F16C (na_cpu_half_avx2). The f32 backward
  * needs no such path: its memset and one scatter per output already run at memory speed (a 2x2
  * select version measured 1.5-2x slower); f16/bf16 planes scatter their halves directly
  * (max_pool_bwd_2x2_half), with no f32 plane and no conversions. */
@@ -548,6 +549,131 @@ NA_HALF512 static void max_pool_2x2_avx512_h(bool f16, const uint16_t *r0, const
 }
 #endif
 
+/* NA_CPU_POOL_TAKE on eight windows at once (AVX2) */
+NA_HALF_AVX2 static inline void pool_take_avx2(__m256 v, int32_t off, __m256 *best,
+                                                __m256i *bi) {
+    __m256 take = _mm256_or_ps(_mm256_cmp_ps(v, *best, _CMP_GT_OQ),
+                               _mm256_and_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q),
+                                             _mm256_cmp_ps(*best, *best, _CMP_ORD_Q)));
+    *best = _mm256_blendv_ps(*best, v, take);
+    *bi = _mm256_blendv_epi8(*bi, _mm256_set1_epi32(off), _mm256_castps_si256(take));
+}
+
+/* max_pool_2x2_avx512_h eight windows at a time in AVX2 + F16C (na_cpu_half_avx2): the 16
+ * halves of a row pair's 8 windows widened into two vectors of 8, their even and odd columns
+ * by in-lane shuffles (windows in the order 0 1 4 5 2 3 6 7, put back in order by one
+ * cross-lane permute of the maxima and of their offsets); a row's last < 8 windows by
+ * AVX2's 32-bit masked loads and stores (a window's two columns are one lane), y's halves
+ * through a buffer (na_h8_store) */
+NA_HALF_AVX2 static void max_pool_2x2_avx2_h(bool f16, const uint16_t *r0, const uint16_t *r1,
+                                             int64_t ow, int32_t at, int32_t w, uint16_t *y,
+                                             int32_t *idx) {
+    const __m256i lane2 = _mm256_set_epi32(14, 12, 10, 8, 6, 4, 2, 0);
+    for (int64_t ox = 0; ox < ow; ox += 8) {
+        int64_t n = ow - ox < 8 ? ow - ox : 8;
+        __m256i lanes = na_lanes8(n);
+        /* window k's two columns are 32-bit lane k of the row: masked 32-bit loads, lanes
+         * past n zero; a0, b0 windows 0-3, a1, b1 windows 4-7 */
+        __m128i l0 = _mm256_castsi256_si128(lanes), l1 = _mm256_extracti128_si256(lanes, 1);
+        __m256 a0 = na_h8_widen(f16, _mm_maskload_epi32((const int *)(const void *)(r0 + 2 * ox), l0));
+        __m256 a1 = na_h8_widen(f16, _mm_maskload_epi32((const int *)(const void *)(r0 + 2 * ox + 8), l1));
+        __m256 b0 = na_h8_widen(f16, _mm_maskload_epi32((const int *)(const void *)(r1 + 2 * ox), l0));
+        __m256 b1 = na_h8_widen(f16, _mm_maskload_epi32((const int *)(const void *)(r1 + 2 * ox + 8), l1));
+        __m256 best = _mm256_shuffle_ps(a0, a1, _MM_SHUFFLE(2, 0, 2, 0));
+        __m256i bi = _mm256_setzero_si256();
+        pool_take_avx2(_mm256_shuffle_ps(a0, a1, _MM_SHUFFLE(3, 1, 3, 1)), 1, &best, &bi);
+        pool_take_avx2(_mm256_shuffle_ps(b0, b1, _MM_SHUFFLE(2, 0, 2, 0)), w, &best, &bi);
+        pool_take_avx2(_mm256_shuffle_ps(b0, b1, _MM_SHUFFLE(3, 1, 3, 1)), w + 1, &best, &bi);
+        best = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(best), _MM_SHUFFLE(3, 1, 2, 0)));
+        bi = _mm256_permute4x64_epi64(bi, _MM_SHUFFLE(3, 1, 2, 0));
+        __m256i ix = _mm256_add_epi32(_mm256_set1_epi32(at + 2 * (int32_t)ox),
+                                      _mm256_add_epi32(lane2, bi));
+        if (n == 8) _mm256_storeu_si256((__m256i *)(idx + ox), ix);
+        else _mm256_maskstore_epi32(idx + ox, lanes, ix);
+        na_h8_store(f16, y + ox, n, best);
+    }
+    _mm256_zeroupper(); /* on every path to the return, ow == 0 too (avx_upper_state) */
+}
+
+/* 8 windows of a 2x2 backward in AVX2, the first n of them real (pool_bwd_16_h's rule, 8
+ * lanes): window k's index iv[k], gradient gy[k], top-left cell at[k] of the plane; its two
+ * cells of the top row to r0 + 2k, of the bottom row to r1 + 2k as one 32-bit lane each. Full
+ * 8-lane loads where `avail` elements of gy and iv lie ahead, full stores where the plane
+ * (hw cells, r0 and r1 `room0`, `room1` cells from its end) has 16 cells ahead: the caller
+ * orders the windows so that what lanes past n write there (zeros) is rewritten later
+ * (max_pool_bwd_2x2_avx2_h). false: an index inside the plane but outside its window. */
+NA_HALF_AVX2 static inline bool pool_bwd_8_h(bool f16, const uint16_t *gy, const int32_t *iv,
+                                             int64_t n, int64_t avail, __m256i at, int32_t w,
+                                             int32_t hw, uint16_t *r0, int64_t room0,
+                                             uint16_t *r1, int64_t room1) {
+    const __m128i abs = _mm_set1_epi16(0x7FFF), inf = _mm_set1_epi16(f16 ? 0x7C00 : 0x7F80);
+    const __m256i neg = _mm256_set1_epi32(-1);
+    __m256i lanes = na_lanes8(n), i;
+    __m128i b;
+    if (avail >= 8) { /* lanes past n: the next windows' data, masked off below */
+        i = _mm256_loadu_si256((const __m256i *)iv);
+        b = _mm_loadu_si128((const __m128i *)gy);
+    } else {
+        i = _mm256_maskload_epi32(iv, lanes);
+        b = na_h8_bits(gy, n);
+    }
+    /* lanes past n: index -1, off the plane, so they pass and write zeros */
+    i = _mm256_blendv_epi8(neg, i, lanes);
+    __m256i d = _mm256_sub_epi32(i, at);
+    __m256i k0 = _mm256_cmpeq_epi32(d, _mm256_setzero_si256()),
+            k1 = _mm256_cmpeq_epi32(d, _mm256_set1_epi32(1)),
+            kw = _mm256_cmpeq_epi32(d, _mm256_set1_epi32(w)),
+            kw1 = _mm256_cmpeq_epi32(d, _mm256_set1_epi32(w + 1));
+    __m256i in_plane = _mm256_and_si256(_mm256_cmpgt_epi32(_mm256_set1_epi32(hw), i),
+                                        _mm256_cmpgt_epi32(i, neg));
+    __m256i own = _mm256_or_si256(_mm256_or_si256(k0, k1), _mm256_or_si256(kw, kw1));
+    if (_mm256_movemask_epi8(_mm256_andnot_si256(own, in_plane))) return false;
+    __m128i a = _mm_and_si128(b, abs);
+    __m128i nan = f16 ? _mm_or_si128(_mm_andnot_si128(abs, b), _mm_set1_epi16(0x7E00))
+                      : _mm_set1_epi16(0x7FC0);
+    b = _mm_andnot_si128(_mm_cmpeq_epi16(a, _mm_setzero_si128()), b); /* -0: +0 */
+    b = _mm_blendv_epi8(b, nan, _mm_cmpgt_epi16(a, inf));
+    __m256i b32 = _mm256_cvtepu16_epi32(b);
+    __m256i top = _mm256_or_si256(_mm256_and_si256(b32, k0),
+                                  _mm256_slli_epi32(_mm256_and_si256(b32, k1), 16));
+    __m256i bot = _mm256_or_si256(_mm256_and_si256(b32, kw),
+                                  _mm256_slli_epi32(_mm256_and_si256(b32, kw1), 16));
+    /* masked stores only where they must be: they are microcoded on Zen (the widening path
+     * ran faster than these with a masked store a row) */
+    if (room0 >= 16) _mm256_storeu_si256((__m256i *)r0, top);
+    else _mm256_maskstore_epi32((int *)(void *)r0, lanes, top);
+    if (room1 >= 16) _mm256_storeu_si256((__m256i *)r1, bot);
+    else _mm256_maskstore_epi32((int *)(void *)r1, lanes, bot);
+    return true;
+}
+
+/* max_pool_bwd_2x2_avx512_h in 8 lanes of AVX2 (na_cpu_half_avx2), branch-free (a
+ * per-window branch on where the index points mispredicted on random data and ran slower
+ * than the widening path). gy and iv hold `avail` elements from the plane's start. A row's
+ * last < 8 windows go first, with full 8-lane stores where the plane has room: the zeros
+ * their extra lanes write land past the row's windows, on the next cell rows' starts (which
+ * the row's first 8 windows, or the next rows, write after them), leftover columns or rows
+ * (which the caller zeroes after), never before the plane's end. false as pool_bwd_16_h,
+ * having written part of the plane. */
+NA_HALF_AVX2 static bool max_pool_bwd_2x2_avx2_h(bool f16, const uint16_t *gy,
+                                                 const int32_t *iv, int64_t avail, int64_t oh,
+                                                 int64_t ow, int32_t w, int32_t hw,
+                                                 uint16_t *gx) {
+    const __m256i lane2 = _mm256_set_epi32(14, 12, 10, 8, 6, 4, 2, 0);
+    int64_t tail = ow % 8, full = ow - tail;
+    for (int64_t oy = 0; oy < oh; oy++) {
+        int64_t c0 = 2 * oy * w, p0 = oy * ow;
+        for (int64_t k = tail ? -1 : 0; k < full; k += k < 0 ? 1 : 8) {
+            int64_t ox = k < 0 ? full : k, n = k < 0 ? tail : 8, c = c0 + 2 * ox;
+            __m256i at = _mm256_add_epi32(_mm256_set1_epi32((int32_t)c), lane2);
+            if (!pool_bwd_8_h(f16, gy + p0 + ox, iv + p0 + ox, n, avail - p0 - ox, at, w, hw,
+                              gx + c, hw - c, gx + c + w, hw - c - w))
+                return false;
+        }
+    }
+    return true;
+}
+
 /* 16 windows of a 2x2 backward at once, f16 (f16) or bf16 gy and gx, the lanes under mo:
  * window k's top-left cell is at[k] of the plane (hw cells, rows of w); *top and *bot get,
  * per 32-bit lane, the window's two cells of its top and bottom row (the left one at the lower
@@ -665,15 +791,16 @@ static bool max_pool_2x2_half(const na_conv_geom *g, const na_view *x, na_view *
                               int32_t *iv, int32_t *ib) {
 #if defined(__x86_64__) && defined(__GNUC__)
     bool f16 = x->dtype == NA_DTYPE_F16;
-    if ((!f16 && x->dtype != NA_DTYPE_BF16) || y->dtype != x->dtype || !na_cpu_half512())
-        return false;
+    if ((!f16 && x->dtype != NA_DTYPE_BF16) || y->dtype != x->dtype) return false;
+    bool avx2 = na_cpu_half_avx2();
+    if (!avx2 && !na_cpu_half512()) return false;
     const int64_t W = g->w, HW = g->h * W, OW = g->ow, P = g->oh * OW;
     const uint16_t *xv = (const uint16_t *)x->data + pl * HW;
     uint16_t *yv = (uint16_t *)y->data + pl * P;
     for (int64_t oy = 0; oy < g->oh; oy++)
-        max_pool_2x2_avx512_h(f16, xv + 2 * oy * W, xv + (2 * oy + 1) * W, OW,
-                              (int32_t)(2 * oy * W), (int32_t)W, yv + oy * OW,
-                              iv ? iv + oy * OW : ib);
+        (avx2 ? max_pool_2x2_avx2_h : max_pool_2x2_avx512_h)(
+            f16, xv + 2 * oy * W, xv + (2 * oy + 1) * W, OW, (int32_t)(2 * oy * W), (int32_t)W,
+            yv + oy * OW, iv ? iv + oy * OW : ib);
     return true;
 #else
     (void)g, (void)x, (void)y, (void)pl, (void)iv, (void)ib;
@@ -689,16 +816,21 @@ static bool max_pool_2x2_half(const na_conv_geom *g, const na_view *x, na_view *
  * are skipped, as there. Returns false (the caller then redoes the plane through f32) at an
  * index inside the plane but outside its window, or for other dtypes. MXCSR's DAZ, which the
  * f32 path's add would obey on a bf16 subnormal, is not read. */
-static bool max_pool_bwd_2x2_half(const na_conv_geom *g, const na_view *gy, const int32_t *iv,
-                                  na_view *gx, int64_t pl) {
+static bool max_pool_bwd_2x2_half(const na_conv_geom *g, const na_view *gy, const na_view *idx,
+                                  const int32_t *iv, na_view *gx, int64_t pl) {
 #if defined(__x86_64__) && defined(__GNUC__)
     bool f16 = gy->dtype == NA_DTYPE_F16;
-    if ((!f16 && gy->dtype != NA_DTYPE_BF16) || gx->dtype != gy->dtype || !na_cpu_half512())
-        return false;
+    if ((!f16 && gy->dtype != NA_DTYPE_BF16) || gx->dtype != gy->dtype) return false;
+    bool avx2 = na_cpu_half_avx2();
+    if (!avx2 && !na_cpu_half512()) return false;
     const int64_t W = g->w, H = g->h, HW = H * W, OW = g->ow, OH = g->oh;
     const uint16_t *gyv = (const uint16_t *)gy->data + pl * OH * OW;
     uint16_t *gxv = (uint16_t *)gx->data + pl * HW;
-    if (!max_pool_bwd_2x2_avx512_h(f16, gyv, iv, OH, OW, (int32_t)W, (int32_t)HW, gxv))
+    /* gy and the indices ahead of the plane's start, for the AVX2 loop's full loads */
+    int64_t avail = (gy->numel < idx->numel ? gy->numel : idx->numel) - pl * OH * OW;
+    if (!(avx2 ? max_pool_bwd_2x2_avx2_h(f16, gyv, iv, avail, OH, OW, (int32_t)W, (int32_t)HW,
+                                         gxv)
+               : max_pool_bwd_2x2_avx512_h(f16, gyv, iv, OH, OW, (int32_t)W, (int32_t)HW, gxv)))
         return false;
     if (2 * OW < W) /* columns in no window */
         for (int64_t y = 0; y < 2 * OH; y++)
@@ -706,7 +838,7 @@ static bool max_pool_bwd_2x2_half(const na_conv_geom *g, const na_view *gy, cons
     if (2 * OH < H) memset(gxv + 2 * OH * W, 0, (size_t)((H - 2 * OH) * W) * sizeof(uint16_t));
     return true;
 #else
-    (void)g, (void)gy, (void)iv, (void)gx, (void)pl;
+    (void)g, (void)gy, (void)idx, (void)iv, (void)gx, (void)pl;
     return false;
 #endif
 }
@@ -764,7 +896,7 @@ static bool max_pool_bwd_2x2_half(const na_conv_geom *g, const na_view *gy, cons
         const bool pool_2x2 = is_pool_2x2(g);                                               \
         for (int64_t pl = pl0; pl < pl1; pl++) {                                            \
             const int32_t *iv = (const int32_t *)idx->data + pl * P;                        \
-            if (pool_2x2 && max_pool_bwd_2x2_half(g, gy, iv, gx, pl)) continue;             \
+            if (pool_2x2 && max_pool_bwd_2x2_half(g, gy, idx, iv, gx, pl)) continue;        \
             const T *gyv = na_cpu_view_##SFX(gy->dtype, gy->data, pl * P, P, gyb);          \
             T *gxv = na_cpu_out_##SFX(gx->dtype, gx->data, pl * HW, gxb);                   \
             memset(gxv, 0, (size_t)HW * sizeof(T));                                         \

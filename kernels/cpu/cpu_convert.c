@@ -9,7 +9,7 @@
  *   f32 -> f16: vcvtps2ph with round-to-nearest-even in the instruction (MXCSR is not read);
  *               it keeps NaN payloads, so NaNs are rewritten to sign | 0x7E00 as half.h does.
  *   f16 -> f32: vcvtph2ps (exact; a NaN keeps sign and payload and is made quiet, as half.h).
- *   bf16:       the half.h bit formulas themselves, compiled for AVX2 so they vectorize.
+ *   bf16:       the half.h bit formulas on 8 lanes of integers (cpu_half_simd.h's na_h8_*).
  *               AVX512_BF16's vcvtneps2bf16 is not used: it flushes f32 subnormals to zero and
  *               keeps NaN payloads, where half.h rounds subnormals and returns 0x7FC0.
  * With AVX-512F/BW/VL (na_cpu_half512): the same conversions 16 lanes at a time, the tail
@@ -50,34 +50,30 @@ static void bf16_to_f32_soft(float *dst, const uint16_t *src, int64_t n) {
  * on f16 data ran 3x slower than on bf16 (na-kbench bn). So they are cleared by hand. */
 #define na_avx_upper_clear() _mm256_zeroupper()
 
-NA_AVX2_F16C static void f32_to_f16_f16c(uint16_t *dst, const float *src, int64_t n) {
-    const __m128i abs_mask = _mm_set1_epi16(0x7FFF), inf = _mm_set1_epi16(0x7C00);
-    const __m128i sign_mask = _mm_set1_epi16((short)0x8000), qnan = _mm_set1_epi16(0x7E00);
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT);
-        __m128i is_nan = _mm_cmpgt_epi16(_mm_and_si128(h, abs_mask), inf);
-        __m128i canon = _mm_or_si128(_mm_and_si128(h, sign_mask), qnan);
-        _mm_storeu_si128((__m128i *)(dst + i), _mm_blendv_epi8(h, canon, is_nan));
-    }
-    na_avx_upper_clear();
-    f32_to_f16_soft(dst + i, src + i, n - i);
-}
-
-NA_AVX2_F16C static void f16_to_f32_f16c(float *dst, const uint16_t *src, int64_t n) {
+/* 8 lanes a step through cpu_half_simd.h's na_h8_widen / na_h8_narrow (the conversions the
+ * AVX2 half loops of BatchNorm, the max pool and the sums use, so tests/test_half.c's every-input
+ * checks prove those too), the last < 8 by the soft loops */
+NA_AVX2_F16C static void f32_to_half_avx2(bool f16, uint16_t *dst, const float *src, int64_t n) {
     int64_t i = 0;
     for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
+        _mm_storeu_si128((__m128i *)(dst + i), na_h8_narrow(f16, _mm256_loadu_ps(src + i)));
     na_avx_upper_clear();
-    f16_to_f32_soft(dst + i, src + i, n - i);
+    (f16 ? f32_to_f16_soft : f32_to_bf16_soft)(dst + i, src + i, n - i);
 }
-
-/* The same loops as the soft ones; the target lets the compiler use 256-bit integer vectors. */
-NA_AVX2_F16C static void f32_to_bf16_avx2(uint16_t *dst, const float *src, int64_t n) {
-    for (int64_t i = 0; i < n; i++) dst[i] = na_f32_to_bf16_bits(src[i]);
+NA_AVX2_F16C static void half_to_f32_avx2(bool f16, float *dst, const uint16_t *src, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, na_h8_widen(f16, _mm_loadu_si128((const __m128i *)(src + i))));
+    na_avx_upper_clear();
+    (f16 ? f16_to_f32_soft : bf16_to_f32_soft)(dst + i, src + i, n - i);
 }
-NA_AVX2_F16C static void bf16_to_f32_avx2(float *dst, const uint16_t *src, int64_t n) {
-    for (int64_t i = 0; i < n; i++) dst[i] = na_bf16_bits_to_f32(src[i]);
+static void f32_to_f16_f16c(uint16_t *d, const float *s, int64_t n) { f32_to_half_avx2(true, d, s, n); }
+static void f16_to_f32_f16c(float *d, const uint16_t *s, int64_t n) { half_to_f32_avx2(true, d, s, n); }
+static void f32_to_bf16_avx2(uint16_t *d, const float *s, int64_t n) {
+    f32_to_half_avx2(false, d, s, n);
+}
+static void bf16_to_f32_avx2(float *d, const uint16_t *s, int64_t n) {
+    half_to_f32_avx2(false, d, s, n);
 }
 #endif
 

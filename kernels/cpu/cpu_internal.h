@@ -131,6 +131,16 @@ extern bool na_cpu_convert_force_soft;
  * convolution too, whose packer otherwise reads f16/bf16 in place). */
 bool na_cpu_half512(void);
 extern bool na_cpu_half512_off;
+/* Whether BatchNorm, the 2x2 max pool (forward and backward) and na_cpu_sum_any_f read and
+ * write f16/bf16 in place 8 lanes at a time with AVX2 + F16C (cpu_half_simd.h's na_h8_*),
+ * with the bits of the widening path: the CPU has AVX2 and F16C, the AVX-512 loops above are
+ * not chosen, na_cpu_use_avx2() (so na_cpu_force_baseline turns them off too),
+ * NANOAMP_CPU_HALF_AVX2 is not "off" (read once) and neither hook is set:
+ * na_cpu_half_avx2_off turns these loops off, na_cpu_half512_off both these and the AVX-512
+ * ones (the widening specification). na_cpu_half_avx2_prefer (tests) takes these loops even
+ * where the AVX-512 ones could run, so that an AVX-512 machine tests them too. */
+bool na_cpu_half_avx2(void);
+extern bool na_cpu_half_avx2_off, na_cpu_half_avx2_prefer;
 
 /* dst[0..n) (dtype ddt) = src[0..n) (dtype sdt) through f32, rounded once: float-typed dtypes
  * but f64 (f32 only in or out: i32/u8/FP8 loads too), split over the pool for large n (the
