@@ -39,8 +39,9 @@
  *
  * A CPU with AVX2 + FMA + F16C but no AVX-512F runs the forward and the data gradient on the
  * 8-lane tiles of cpu_direct_conv_avx2.c (4 outputs x 24 pixels), through this file's job,
- * passes and weight packing (blocks of NA_DC2_MR outputs); its weight gradient stays
- * im2col + GEMM (na_cpu_direct_wgrad_usable).
+ * passes and weight packing (blocks of NA_DC2_MR outputs); its 3x3 weight gradient runs
+ * wgrad_lanes with the 8-lane tile na_cpu_dc_wgrad_tile_avx2, other sizes im2col + GEMM
+ * (na_cpu_direct_wgrad_usable).
  *
  * bf16 x bf16 (autocast bf16) on AVX512_BF16 (na_cpu_bf16_fast): the same kernels read the bf16
  * tensors in place and multiply with vdpbf16ps, which adds a pair of bf16 products into each
