@@ -1613,6 +1613,8 @@ static void expect_within_sum_bound_nonfinite(const na_view *fast, const na_view
     }
 }
 
+static int64_t avx2_wgrad_cases, avx2_wgrad_differs; /* 3x3 weight gradients on the tile */
+
 static bool avx2_direct_case(na_conv_geom g, na_dtype in, na_dtype out, bool nonfinite) {
     int64_t cg = g.c_in / g.groups, cog = g.c_out / g.groups, taps = (int64_t)g.kh * g.kw;
     na_view x = MK(in, g.n, g.c_in, g.h, g.w), w = MK(in, g.c_out, cg, g.kh, g.kw),
@@ -1630,24 +1632,30 @@ static bool avx2_direct_case(na_conv_geom g, na_dtype in, na_dtype out, bool non
     na_view ax = absolute(&x), aw = absolute(&w), ab = absolute(&b), agy = absolute(&gy);
     bool bias = urand() < 0.7, data = na_cpu_direct_conv_usable(&g, true);
     cr_assert(na_cpu_direct_conv_usable(&g, false), "the AVX2 tiles take this forward");
-    na_view y[4], gx[4]; /* as shipped, the GEMM path, the specification, its magnitudes */
+    bool wgrad = na_cpu_direct_wgrad_usable(&g);
+    na_view y[4], gx[4], gw[4]; /* as shipped, the GEMM path, the specification, magnitudes */
     for (int v = 0; v < 4; v++) {
         y[v] = MK(out, g.n, g.c_out, g.oh, g.ow);
         gx[v] = MK(out, g.n, g.c_in, g.h, g.w);
+        gw[v] = MK(out, g.c_out, cg, g.kh, g.kw);
     }
     for (int v = 0; v < 2; v++) {
         fill_rand(&y[v], 9, 10); /* every output is overwritten */
         fill_rand(&gx[v], 9, 10);
+        fill_rand(&gw[v], 9, 10);
         na_cpu_direct_avx2_off = v == 1;
         int rc = B->conv2d(&g, &x, &w, bias ? &b : NULL, &y[v]);
         if (!rc) rc = B->conv2d_backward_data(&g, &gy, &w, &gx[v]);
+        if (!rc) rc = B->conv2d_backward_weight(&g, &x, &gy, &gw[v]);
         na_cpu_direct_avx2_off = false;
         cr_assert_eq(rc, NA_OK, "%s", na_last_error());
     }
     cr_assert_eq(na_cpu_ref_conv2d(&g, &x, &w, bias ? &b : NULL, &y[2]), NA_OK);
     cr_assert_eq(na_cpu_ref_conv2d_backward_data(&g, &gy, &w, &gx[2]), NA_OK);
+    cr_assert_eq(na_cpu_ref_conv2d_backward_weight(&g, &x, &gy, &gw[2]), NA_OK);
     cr_assert_eq(na_cpu_ref_conv2d(&g, &ax, &aw, bias ? &ab : NULL, &y[3]), NA_OK);
     cr_assert_eq(na_cpu_ref_conv2d_backward_data(&g, &agy, &aw, &gx[3]), NA_OK);
+    cr_assert_eq(na_cpu_ref_conv2d_backward_weight(&g, &ax, &agy, &gw[3]), NA_OK);
     char what[200];
     snprintf(what, sizeof what, "avx2 direct %s -> %s%s: n%lld c%lld->%lld %lldx%lld k%dx%d "
              "s%d p%dx%d d%d g%d bias%d", na_dtype_name(in), na_dtype_name(out),
@@ -1656,13 +1664,37 @@ static bool avx2_direct_case(na_conv_geom g, na_dtype in, na_dtype out, bool non
              g.dh, g.groups, bias);
     expect_within_sum_bound_nonfinite(&y[0], &y[2], &y[3], cg * taps + 1, what);
     expect_within_sum_bound_nonfinite(&gx[0], &gx[2], &gx[3], cog * taps, what);
+    /* the weight gradient: an infinity in gy over the padding makes inf x 0 = NaN on both
+     * paths that multiply the padding's zeros (the specification skips those taps), so its
+     * non-finite outputs are held to the GEMM path's */
+    for (int64_t i = 0; i < gw[0].numel; i++) {
+        double f = get(&gw[0], i), m = get(&gw[1], i), r = get(&gw[2], i);
+        if (isfinite(r) && isfinite(m)) {
+            double tol = 2.1 * (double)(g.n * g.oh * g.ow) * 0x1p-24 * get(&gw[3], i) +
+                         2.1 * unit_roundoff(out) * fabs(r) +
+                         (out == NA_DTYPE_F16 ? 0x1p-24 : 0);
+            cr_assert(fabs(f - r) <= tol, "%s gw[%lld]: fast %.10g, specification %.10g "
+                      "(bound %.3g)", what, (long long)i, f, r, tol);
+        } else {
+            cr_assert(isnan(m) ? isnan(f) : f == m, "%s gw[%lld]: fast %g, GEMM path %g",
+                      what, (long long)i, f, m);
+        }
+    }
     bool differs = false;
     size_t es = esize(out);
+    /* the 3x3 weight gradient's 8-lane tile (its sums' order differs from the GEMM path's) */
+    if (wgrad) {
+        bool d = false;
+        for (int64_t i = 0; i < gw[0].numel && !d; i++)
+            d = memcmp((char *)gw[0].data + i * es, (char *)gw[1].data + i * es, es) != 0;
+        avx2_wgrad_cases++;
+        avx2_wgrad_differs += d;
+    }
     for (int64_t i = 0; i < y[0].numel && !differs; i++)
         differs = memcmp((char *)y[0].data + i * es, (char *)y[1].data + i * es, es) != 0;
     for (int64_t i = 0; i < gx[0].numel && !differs && data; i++)
         differs = memcmp((char *)gx[0].data + i * es, (char *)gx[1].data + i * es, es) != 0;
-    for (int v = 0; v < 4; v++) rm(&y[v]), rm(&gx[v]);
+    for (int v = 0; v < 4; v++) rm(&y[v]), rm(&gx[v]), rm(&gw[v]);
     rm(&x); rm(&w); rm(&b); rm(&gy); rm(&ax); rm(&aw); rm(&ab); rm(&agy);
     return differs;
 }
@@ -1672,9 +1704,15 @@ Test(cpu_conv, direct_avx2_against_specification, .timeout = 120) {
     if (!na_cpu_direct_avx2())
         cr_skip("not an AVX2+FMA+F16C CPU without AVX-512F: the AVX2 tiles do not run");
     cr_assert(na_cpu_direct_conv_usable(&g, false) && na_cpu_direct_conv_usable(&g, true));
-    cr_assert(!na_cpu_direct_wgrad_usable(&g), "the weight gradient stays im2col + GEMM");
+    cr_assert(na_cpu_direct_wgrad_usable(&g), "the 3x3 weight gradient takes the AVX2 tile");
+    na_conv_geom g5 = conv_geom(2, 32, 14, 14, 64, 5, 1, 2, 1, 1);
+    cr_assert(!na_cpu_direct_wgrad_usable(&g5), "a 5x5 weight gradient stays im2col + GEMM");
+    na_cpu_wgrad_avx2_off = true;
+    bool woff = na_cpu_direct_wgrad_usable(&g);
+    na_cpu_wgrad_avx2_off = false;
+    cr_assert(!woff, "na_cpu_wgrad_avx2_off: im2col + GEMM");
     na_cpu_direct_avx2_off = true;
-    bool off = na_cpu_direct_conv_usable(&g, false);
+    bool off = na_cpu_direct_conv_usable(&g, false) || na_cpu_direct_wgrad_usable(&g);
     na_cpu_direct_avx2_off = false;
     cr_assert(!off, "na_cpu_direct_avx2_off: im2col + GEMM");
     static const na_dtype ins[3] = {NA_DTYPE_F32, NA_DTYPE_F16, NA_DTYPE_BF16};
@@ -1709,8 +1747,31 @@ Test(cpu_conv, direct_avx2_against_specification, .timeout = 120) {
         differ += avx2_direct_case(r, in, out, t % 7 == 0);
         cases++;
     }
+    /* 3x3 weight gradients: channel counts across the 8-lane and 32-channel blocks, cout not
+     * a multiple of 8, vertical stride and dilation 2, padding 0-2 */
+    for (int t = 0; t < 120; t++) {
+        int64_t chans[3] = {1, 3, irand(1, 40)};
+        na_conv_geom r = {.n = irand(1, 4), .groups = urand() < 0.2 ? 2 : 1, .kh = 3, .kw = 3,
+                          .sh = (int)irand(1, 2), .sw = 1, .dh = urand() < 0.2 ? 2 : 1,
+                          .dw = 1};
+        r.ph = (int)irand(0, 2);
+        r.pw = (int)irand(0, 2);
+        r.c_in = r.groups * chans[irand(0, 2)];
+        r.c_out = r.groups * irand(1, 75);
+        r.h = irand(1, 18);
+        r.w = irand(1, 18);
+        r.oh = (r.h + 2 * r.ph - r.dh * 2 - 1) / r.sh + 1;
+        r.ow = r.w + 2 * r.pw - 2;
+        if (r.h + 2 * r.ph < r.dh * 2 + 1 || r.w + 2 * r.pw < 3) continue;
+        na_dtype in = ins[t % 3], out = t / 3 % 2 ? in : NA_DTYPE_F32;
+        differ += avx2_direct_case(r, in, out, t % 7 == 0);
+        cases++;
+    }
     cr_assert(differ > cases / 2, "%lld of %lld cases have the GEMM path's bits everywhere",
               (long long)(cases - differ), (long long)cases);
+    cr_assert(avx2_wgrad_cases > 100 && avx2_wgrad_differs > avx2_wgrad_cases / 2,
+              "%lld of %lld weight gradients have the GEMM path's bits everywhere",
+              (long long)(avx2_wgrad_cases - avx2_wgrad_differs), (long long)avx2_wgrad_cases);
 }
 
 /* The AVX2 tiles' image ranges are fixed by the problem: the same bits at 1, 2 and 3 threads

@@ -39,8 +39,9 @@
  *
  * A CPU with AVX2 + FMA + F16C but no AVX-512F runs the forward and the data gradient on the
  * 8-lane tiles of cpu_direct_conv_avx2.c (4 outputs x 24 pixels), through this file's job,
- * passes and weight packing (blocks of NA_DC2_MR outputs); its weight gradient stays
- * im2col + GEMM (na_cpu_direct_wgrad_usable).
+ * passes and weight packing (blocks of NA_DC2_MR outputs); its 3x3 weight gradient runs
+ * wgrad_lanes with the 8-lane tile na_cpu_dc_wgrad_tile_avx2, other sizes im2col + GEMM
+ * (na_cpu_direct_wgrad_usable).
  *
  * bf16 x bf16 (autocast bf16) on AVX512_BF16 (na_cpu_bf16_fast): the same kernels read the bf16
  * tensors in place and multiply with vdpbf16ps, which adds a pair of bf16 products into each
@@ -102,8 +103,29 @@ bool na_cpu_direct_conv_usable(const na_conv_geom *g, bool backward_data) {
            (g->sh == 1 && g->dh == 1 && g->ph <= g->kh - 1 && g->pw <= g->kw - 1);
 }
 
+bool na_cpu_wgrad_avx2_off = false;
+
+/* NANOAMP_CPU_WGRAD_AVX2=off: the AVX2 weight gradient back to im2col + GEMM (A/B timing) */
+static bool env_wgrad_avx2_off(void) {
+    static _Atomic int off = -1;
+    if (off < 0) {
+        const char *e = getenv("NANOAMP_CPU_WGRAD_AVX2");
+        off = e && strcmp(e, "off") == 0;
+    }
+    return off;
+}
+
+/* the 3x3 shapes whose taps the padded planes hold (wgrad_lanes), not empty */
+static bool wgrad_lanes_shape(const na_conv_geom *g) {
+    return g->kh == 3 && g->kw == 3 && g->oh > 0 && g->ow > 0 && g->c_in > 0 &&
+           g->c_out > 0 && (g->oh - 1) * g->sh + 2 * g->dh < g->h + 2 * g->ph &&
+           g->ow + 2 <= g->w + 2 * g->pw;
+}
+
+/* AVX-512F: every shape; AVX2: the 3x3 shapes of wgrad_lanes (abt is AVX-512 only) */
 bool na_cpu_direct_wgrad_usable(const na_conv_geom *g) {
-    return na_cpu_has_avx512f() && na_cpu_direct_conv_usable(g, false);
+    if (!na_cpu_direct_conv_usable(g, false)) return false;
+    return na_cpu_has_avx512f() || (!na_cpu_wgrad_avx2_off && !env_wgrad_avx2_off() && g->n > 0 && wgrad_lanes_shape(g));
 }
 
 int64_t na_cpu_dc_block_channels(const dc_shape *s, bool bf) {
@@ -618,6 +640,9 @@ static int wgrad_lanes(const na_conv_geom *g, const na_view *x, const na_view *g
     dc_shape s = {.cin = cg, .H = g->h, .W = g->w, .cout = cog, .OH = g->oh, .OW = g->ow,
                   .KH = 3, .KW = 3, .sh = g->sh, .ph = g->ph, .pw = g->pw, .dh = g->dh};
     bool bf = x->dtype == NA_DTYPE_BF16 && gy->dtype == NA_DTYPE_BF16 && na_cpu_bf16_fast();
+    /* AVX2 (no AVX-512F): the 8-lane tile, the copies and transposes element by element */
+    bool avx2 = !na_cpu_has_avx512f();
+    bf = bf && !avx2;
     size_t esz = bf ? sizeof(uint16_t) : sizeof(float);
     const int64_t K = cg * 9, P = s.OH * s.OW, HW = s.H * s.W;
     const int64_t blocks = (rows + WL_CO - 1) / WL_CO, RP = blocks * WL_CO;
@@ -649,7 +674,7 @@ static int wgrad_lanes(const na_conv_geom *g, const na_view *x, const na_view *g
                     int64_t at = ((n0 + b) * g->c_out + gi * cog + r0 + r) * P;
                     int64_t blk = r / WL_CO, j = r % WL_CO;
                     int64_t base = (blk * nb + b) * PQ * WL_CO;
-                    if (words && j % 16 == 0 && rows - r >= 16) {
+                    if (!avx2 && words && j % 16 == 0 && rows - r >= 16) {
                         const uint32_t *src = (const uint32_t *)((const char *)gy->data +
                                                                  (size_t)at * esz);
                         uint32_t *d = (uint32_t *)((char *)gt + (size_t)base * esz) + j;
@@ -695,7 +720,10 @@ static int wgrad_lanes(const na_conv_geom *g, const na_view *x, const na_view *g
                     const char *gb = gt + (size_t)(blk * nb * PQ * WL_CO) * esz;
                     const char *xc = xp + (size_t)(c * nb * plane) * esz;
                     float *cc = ct + c * 9 * RP + blk * WL_CO;
-                    if (bf)
+                    if (avx2)
+                        na_cpu_dc_wgrad_tile_avx2((const float *)gb, (const float *)xc, plane,
+                                                  nb, &s, Wp, cc, RP);
+                    else if (bf)
                         wl_tile_bf16((const uint16_t *)gb, (const uint16_t *)xc, plane, nb, &s,
                                      Wp, cc, RP);
                     else
@@ -708,7 +736,7 @@ static int wgrad_lanes(const na_conv_geom *g, const na_view *x, const na_view *g
         float *gr = gw + (gi * cog + r0) * K;
         for (int64_t k0 = 0; k0 < K; k0 += 16)
             for (int64_t q0 = 0; q0 < rows; q0 += 16) {
-                if (k0 + 16 <= K && q0 + 16 <= rows) {
+                if (!avx2 && k0 + 16 <= K && q0 + 16 <= rows) {
                     transpose16((const uint32_t *)(ct + k0 * RP + q0), RP,
                                 (uint32_t *)(gr + q0 * K + k0), K);
                     continue;
@@ -734,11 +762,11 @@ static int wgrad_range(const na_conv_geom *g, const na_view *x, const na_view *g
                        int64_t hi, int64_t r0, int64_t r1, float *gw) {
     /* the padded planes hold every tap of an output map no larger than the geometry's; empty
      * problems (no scratch to ask for) stay with abt */
-    if (g->kh == 3 && g->kw == 3 && g->oh > 0 && g->ow > 0 && g->c_in > 0 && r1 > r0 &&
-        hi > lo && (g->oh - 1) * g->sh + 2 * g->dh < g->h + 2 * g->ph &&
-        g->ow + 2 <= g->w + 2 * g->pw)
+    if (wgrad_lanes_shape(g) && r1 > r0 && hi > lo)
         return wgrad_lanes(g, x, gy, lo, hi, r0, r1, gw);
     const char *fn = "cpu_conv2d_backward_weight";
+    if (!na_cpu_has_avx512f()) /* abt is AVX-512 only (na_cpu_direct_wgrad_usable) */
+        return na_set_error(NA_EINVAL, "%s: no direct weight gradient for this shape here", fn);
     int64_t G = g->groups, cg = g->c_in / G, cog = g->c_out / G, rows = r1 - r0;
     dc_shape s = {.cin = cg, .H = g->h, .W = g->w, .cout = cog, .OH = g->oh, .OW = g->ow,
                   .KH = g->kh, .KW = g->kw, .sh = g->sh, .ph = g->ph, .pw = g->pw, .dh = g->dh};
@@ -855,7 +883,7 @@ static void wrows_task(void *ctx, int64_t t) {
 int na_cpu_direct_conv2d_wgrad_range(const na_conv_geom *g, const na_view *x, const na_view *gy,
                                      int64_t lo, int64_t hi, float *gw) {
 #ifdef NA_DC_X86
-    if (!na_cpu_has_avx512f()) /* only through na_cpu_direct_wgrad_usable */
+    if (!na_cpu_has_avx512f() && !na_cpu_direct_avx2()) /* through na_cpu_direct_wgrad_usable */
         return na_set_error(NA_EINVAL, "cpu_conv2d_backward_weight: no direct weight gradient "
                                        "on this CPU");
     return wgrad_range(g, x, gy, lo, hi, 0, g->c_out / g->groups, gw);
@@ -869,7 +897,7 @@ int na_cpu_direct_conv2d_wgrad_rows(const na_conv_geom *g, const na_view *x, con
                                     na_view *gw) {
 #ifdef NA_DC_X86
     const char *fn = "cpu_conv2d_backward_weight";
-    if (!na_cpu_has_avx512f()) /* only through na_cpu_direct_wgrad_usable */
+    if (!na_cpu_has_avx512f() && !na_cpu_direct_avx2()) /* through na_cpu_direct_wgrad_usable */
         return na_set_error(NA_EINVAL, "%s: no direct weight gradient on this CPU", fn);
     int64_t wsize = g->c_out * (g->c_in / g->groups) * g->kh * g->kw;
     float *gwb = gw->dtype == NA_DTYPE_F32

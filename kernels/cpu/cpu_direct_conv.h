@@ -47,4 +47,11 @@ void na_cpu_dc_images_avx2(const dc_shape *s, na_dtype xdt, int64_t nb, const vo
                            int64_t x_img, const float *wp, const float *bias, const dc_dst *d,
                            float *panel);
 
+/* The 3x3 weight gradient's tile (the AVX-512 wl_tile_f32 at 8 lanes): for a block of 32 output
+ * channels, ct[t*ld + j] += sum over images b < nb, output pixels p of gt[p*32 + j] times x
+ * under tap t (xp: padded planes of Wp columns, image b at xp + b*x_img), per 8 channels nine
+ * ymm accumulators, one FMA chain per element in pixel order. */
+void na_cpu_dc_wgrad_tile_avx2(const float *gt, const float *xp, int64_t x_img, int64_t nb,
+                               const dc_shape *s, int64_t Wp, float *ct, int64_t ld);
+
 #endif

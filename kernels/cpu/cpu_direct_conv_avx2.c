@@ -371,6 +371,42 @@ void na_cpu_dc_images_avx2(const dc_shape *s, na_dtype xdt, int64_t nb, const vo
     images(s, xdt, nb, x, x_img, wp, bias, d, panel);
 }
 
+/* ---- the 3x3 weight gradient (cpu_direct_conv.h) ------------------------------------------ */
+
+enum { WL_CO = 32 }; /* the AVX-512 file's block of output channels in gt */
+
+static inline __attribute__((always_inline)) NA_AVX2_FMA void
+wgrad_tile_ow(const float *restrict gt, const float *restrict xp, int64_t x_img, int64_t nb,
+              const dc_shape *s, int64_t Wp, float *restrict ct, int64_t ld, int64_t OW) {
+    const int64_t rs = s->sh * Wp, ks = s->dh * Wp;
+    for (int j = 0; j < WL_CO; j += L) { /* 8 channels x 9 taps: 9 accumulators */
+        __m256 acc[9];
+        for (int t = 0; t < 9; t++) acc[t] = _mm256_loadu_ps(ct + t * ld + j);
+        const float *g = gt + j;
+        for (int64_t b = 0; b < nb; b++)
+            for (int64_t oy = 0; oy < s->OH; oy++) {
+                const float *x0 = xp + b * x_img + oy * rs, *x1 = x0 + ks, *x2 = x1 + ks;
+                _Pragma("GCC unroll 4") for (int64_t ox = 0; ox < OW; ox++, g += WL_CO) {
+                    __m256 gv = _mm256_loadu_ps(g);
+                    const float *xr[3] = {x0 + ox, x1 + ox, x2 + ox};
+                    for (int ki = 0; ki < 3; ki++)
+                        for (int kj = 0; kj < 3; kj++)
+                            acc[ki * 3 + kj] = _mm256_fmadd_ps(
+                                gv, _mm256_broadcast_ss(xr[ki] + kj), acc[ki * 3 + kj]);
+                }
+            }
+        for (int t = 0; t < 9; t++) _mm256_storeu_ps(ct + t * ld + j, acc[t]);
+    }
+}
+
+NA_AVX2_FMA void na_cpu_dc_wgrad_tile_avx2(const float *gt, const float *xp, int64_t x_img,
+                                           int64_t nb, const dc_shape *s, int64_t Wp, float *ct,
+                                           int64_t ld) {
+    if (s->OW == 4) wgrad_tile_ow(gt, xp, x_img, nb, s, Wp, ct, ld, 4);
+    else if (s->OW == 8) wgrad_tile_ow(gt, xp, x_img, nb, s, Wp, ct, ld, 8);
+    else wgrad_tile_ow(gt, xp, x_img, nb, s, Wp, ct, ld, s->OW);
+}
+
 #else /* no AVX2 tiles here: na_cpu_direct_avx2() is false */
 
 bool na_cpu_dc_avx2_cpu(void) { return false; }
@@ -380,5 +416,10 @@ void na_cpu_dc_images_avx2(const dc_shape *s, na_dtype xdt, int64_t nb, const vo
                            float *panel) {
     (void)s, (void)xdt, (void)nb, (void)x, (void)x_img, (void)wp, (void)bias, (void)d,
         (void)panel;
+}
+
+void na_cpu_dc_wgrad_tile_avx2(const float *gt, const float *xp, int64_t x_img, int64_t nb,
+                               const dc_shape *s, int64_t Wp, float *ct, int64_t ld) {
+    (void)gt, (void)xp, (void)x_img, (void)nb, (void)s, (void)Wp, (void)ct, (void)ld;
 }
 #endif

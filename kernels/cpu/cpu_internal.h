@@ -346,8 +346,10 @@ int64_t na_cpu_conv_tasks(const na_conv_geom *g);
  * padding < kernel), NANOAMP_CPU_CONV is not "gemm", reproducible mode is off and the test
  * hook below is off. */
 bool na_cpu_direct_conv_usable(const na_conv_geom *g, bool backward_data);
-/* Whether the direct weight gradient (AVX-512 only: on AVX2 it stays im2col + GEMM) runs. */
+/* Whether the direct weight gradient runs: AVX-512F any shape; AVX2 (na_cpu_direct_avx2) the
+ * 3x3 shapes of the 8-lane tile, unless the test hook na_cpu_wgrad_avx2_off (im2col + GEMM). */
 bool na_cpu_direct_wgrad_usable(const na_conv_geom *g);
+extern bool na_cpu_wgrad_avx2_off;
 /* Whether the direct forward and data gradient take the AVX2 + FMA tiles
  * (cpu_direct_conv_avx2.c): the CPU has AVX2, FMA and F16C but no AVX-512F, and the test hook
  * na_cpu_direct_avx2_off (which sends those CPUs' convolutions to im2col + GEMM) is off. */
