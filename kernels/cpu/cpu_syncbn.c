@@ -15,10 +15,11 @@
  * gy where y is not <= 0, NA_RELU_GRAD; the gx pass gy where y > 0, as chan_gx of
  * cpu_batchnorm.c), the same order of the sums (8 lanes, halves above 128 elements, chunks of
  * NA_CPU_CHUNK added by a pairwise counter over the rows) and na_bn_grad (common/bn_stats.h).
- * tests/test_cpu_kernels.c compares them. x of f32, f64 or f16 (converted a chunk at a time,
- * as cpu_batchnorm.c does): an f16 y is 0 also where the pre-ReLU value is at most 2^-25 (it
- * rounds to 0), so the f16 masks compare with 2^-25. bf16: *done = false (conversions differ
- * on f32 subnormals: some flush them to 0). */
+ * tests/test_cpu_kernels.c compares them. x of f32, f64, f16 or bf16: a half y is 0 also
+ * where the pre-ReLU value rounds to 0 (f16: at most 2^-25; bf16: at most 2^-134, every CPU
+ * conversion being common/half.h's), so the masks compare with that. On AVX2 + F16C the
+ * loops below (memory order, halves converted in registers) run instead of the chunked ones,
+ * and batch_norm_eval_rows gives SyncBatchNorm's forward y the same way. */
 #include <stdlib.h>
 
 #include "common/bn_stats.h"
