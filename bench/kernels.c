@@ -34,7 +34,7 @@
  * bn:      the MNIST CNN's two BatchNorm+ReLU layers (batch 128), training forward and
  *          backward, f32, f16 and bf16 activations with f32 parameters (cpu_batchnorm.c);
  *          syncbn_*: SyncBatchNorm's kernels for the same layers, without the collectives
- *          (src/dist/syncbn.c, cpu_syncbn.c); *_backward_y: f32 and f16 with relu'(y) read from y. */
+ *          (src/dist/syncbn.c, cpu_syncbn.c); *_backward_y: relu'(y) read from y instead. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -214,16 +214,19 @@ static int bench_bn(void) {
                      (long long)xs[2]);
             print_row(name, "", x.numel, ms);
             /* SyncBatchNorm's kernels (src/dist/syncbn.c), the collectives left out: the
-             * statistics without y, then y from them (eval with the variance); the sums, then
-             * gx from them, relu'(y) recomputed from x (f32, f16; bf16 reads y: backward
-             * without gx, then elemt) */
+             * statistics without y, then y from them (eval_rows, else eval, with the
+             * variance); the sums, then gx from them, relu'(y) recomputed from x (else read
+             * from y: backward without gx, then elemt) */
             na_view var = bench_view(NA_DTYPE_F32, 1, cs);
             if (!var.data) return 1;
             for (int64_t k = 0; k < c; k++) ((float *)var.data)[k] = 1.0f;
-            BENCH_MIN_MS(ms, rc |= na_cpu_batch_norm_train(&x, NULL, NULL, NULL, NULL, NULL,
-                                                           &p[4], &p[5], n, c, s, 0, 0, false);
-                         rc |= na_cpu_batch_norm_eval(&x, &p[0], &p[1], &p[4], &var, &y, n, c,
-                                                      s, 1e-5, true));
+            BENCH_MIN_MS(ms, bool rows = false;
+                         rc |= na_cpu_batch_norm_train(&x, NULL, NULL, NULL, NULL, NULL,
+                                                       &p[4], &p[5], n, c, s, 0, 0, false);
+                         rc |= na_cpu_batch_norm_eval_rows(&x, &p[0], &p[1], &p[4], &var, &y, n,
+                                                           c, s, 1e-5, true, &rows);
+                         if (!rows) rc |= na_cpu_batch_norm_eval(&x, &p[0], &p[1], &p[4], &var,
+                                                                 &y, n, c, s, 1e-5, true));
             snprintf(name, sizeof name, "syncbn_relu_%s_%lldx%lld_forward", dt, (long long)c,
                      (long long)xs[2]);
             print_row(name, "", x.numel, ms);
@@ -245,7 +248,7 @@ static int bench_bn(void) {
             snprintf(name, sizeof name, "syncbn_relu_%s_%lldx%lld_backward", dt, (long long)c,
                      (long long)xs[2]);
             print_row(name, "", x.numel, ms);
-            if (dts[t] != NA_DTYPE_BF16) { /* the same reading relu'(y) from y, as bf16 does */
+            { /* the same reading relu'(y) from y, as CUDA does */
                 BENCH_MIN_MS(ms, rc |= na_cpu_batch_norm_backward(&x, &gy, &p[0], &p[4], &p[5],
                                                                   NULL, &gg, &gb, n, c, s, false,
                                                                   &y);

@@ -265,6 +265,15 @@ typedef struct {
                                      const na_view *sum_gyxhat, int64_t count, na_view *gx, \
                                      na_view *ggamma, na_view *gbeta, int64_t n, int64_t c, \
                                      int64_t s, bool *done))                                \
+    /* batch_norm_eval's y, bit for bit, in one pass over x in memory order: SyncBatchNorm  \
+     * normalizes the whole layer after its all-gather, when no channel is left in the     \
+     * cache, so its rows are read as they lie rather than a channel's N rows C*S apart.    \
+     * *done = false: not computed for these operands (the CPU: f64 x, or no AVX2 + F16C;  \
+     * CUDA: none), the caller runs batch_norm_eval. */                                     \
+    OPT(batch_norm_eval_rows, (const na_view *x, const na_view *gamma, const na_view *beta, \
+                               const na_view *running_mean, const na_view *running_var,     \
+                               na_view *y, int64_t n, int64_t c, int64_t s, double eps,     \
+                               bool relu, bool *done))                                      \
     /* a training BatchNorm's statistics from per-channel sums over `count` values (sum,    \
      * sqsum as conv2d_stats gives them): mean = sum/count, var = max(sqsum/count - mean^2, \
      * 0) (biased), invstd = 1/sqrt(var + eps) into save_mean, save_var, save_invstd (f32   \

@@ -2551,7 +2551,9 @@ Test(cpu_batchnorm, statistics_only_and_backward_elemt_with_given_sums) {
  * and beta; where that y is exactly 0 (x at the mean, beta 0) and where x is NaN too (both
  * masks: the sums' lets NaN through, the gx pass's does not, as cpu_batchnorm.c's). gamma and
  * beta NULL (affine off) too. f16 x: the same, with the y that rounded to 0 (at most 2^-25);
- * bf16: not done. */
+ * bf16 x: at most 2^-134 (x 1 to 4 times 2^-133, y 0.6 to 2.4 times 2^-134). Both builds:
+ * the AVX2 + F16C loops in memory order, where the CPU has them, and the chunked loops
+ * (na_cpu_syncbn_avx2_off), each against the y path. */
 static void check_bn_relu_from_x(na_dtype dt, int64_t n, int64_t c, int64_t s, bool affine) {
     na_dtype pdt = dt == NA_DTYPE_F64 ? NA_DTYPE_F64 : NA_DTYPE_F32;
     na_view x = MK(dt, n, c, s), y = MK(dt, n, c, s), gy = MK(dt, n, c, s), gx = MK(dt, n, c, s),
@@ -2565,44 +2567,78 @@ static void check_bn_relu_from_x(na_dtype dt, int64_t n, int64_t c, int64_t s, b
     fill_rand(&sm, 0, 1);
     fill_rand(&var, 0.5, 2);
     /* channel 0: mean 0, beta 0 and the scale 0.3 (about), some x at the mean (y exactly 0)
-     * and some 1 to 4 times 2^-24, whose y (0.3 to 1.2 times 2^-24) rounds to 0 in f16 at
-     * 1 and not above */
+     * and some 1 to 4 times 2^-24 (bf16: 2^-133), whose y (0.3 to 1.2 times that) rounds to
+     * 0 in f16 at 1 and not above (bf16: 0.6 to 2.4 times 2^-134, to 0 at 1 only) */
     set(&bet, 0, 0);
     set(&sm, 0, 0);
     set(&gam, 0, 0.3 * sqrt(get(&var, 0) + 1e-5));
+    int tiny = dt == NA_DTYPE_BF16 ? -133 : -24; /* the least half subnormal */
     for (int64_t k = 0; k < n * s; k += 3)
-        set(&x, (k / s * c) * s + k % s, k % 2 ? 0 : ldexp(1 + (double)(k % 4), -24));
+        set(&x, (k / s * c) * s + k % s, k % 2 ? 0 : ldexp(1 + (double)(k % 4), tiny));
     if (c > 1) set(&x, (n - 1) * c * s + s + s / 2, NAN);
     for (int64_t ch = 0; ch < c; ch++) set(&si, ch, 1 / sqrt(get(&var, ch) + 1e-5));
     const na_view *g = affine ? &gam : NULL, *b = affine ? &bet : NULL;
     cr_assert_eq(B->batch_norm_eval(&x, g, b, &sm, &var, &y, n, c, s, 1e-5, true), NA_OK);
+    /* batch_norm_eval_rows: the same y bit for bit, with and without the ReLU (f64, or the
+     * AVX2 loops off: not done) */
+    for (int relu = 0; relu < 2; relu++)
+        for (int off = 0; off < 2; off++) {
+            na_cpu_syncbn_avx2_off = off;
+            bool done = false;
+            cr_assert_eq(B->batch_norm_eval(&x, g, b, &sm, &var, &gx, n, c, s, 1e-5, relu), NA_OK);
+            fill_rand(&gx2, -1, 1);
+            cr_assert_eq(B->batch_norm_eval_rows(&x, g, b, &sm, &var, &gx2, n, c, s, 1e-5, relu,
+                                                 &done), NA_OK);
+            cr_assert(done == (!off && dt != NA_DTYPE_F64 && na_cpu_use_avx2()),
+                      "eval_rows done %d", done);
+            char what[96];
+            snprintf(what, sizeof what, "eval_rows' y, %s relu %d [%lld, %lld, %lld]",
+                     na_dtype_name(dt), relu, (long long)n, (long long)c, (long long)s);
+            if (done) expect_same_bits(&gx2, &gx, what);
+        }
+    na_cpu_syncbn_avx2_off = false;
     int64_t zeros = 0;
     for (int64_t k = 0; k < x.numel; k++) zeros += get(&y, k) == 0;
     cr_assert(zeros > x.numel / 4, "%lld of y's %lld are 0", (long long)zeros, (long long)x.numel);
     cr_assert_eq(B->batch_norm_backward(&x, &gy, g, &sm, &si, NULL, &gg, &gb, n, c, s, false, &y),
                  NA_OK);
-    bool done = false;
-    cr_assert_eq(B->batch_norm_relu_backward_x(&x, &gy, g, b, &sm, &var, 1e-5, &si, NULL, NULL, 0,
-                                               NULL, &gg2, &gb2, n, c, s, &done), NA_OK);
-    cr_assert(done, "f32/f64 x: done");
-    expect_same_bits(&gg, &gg2, "sum(gy * xhat), relu' from x");
-    expect_same_bits(&gb, &gb2, "sum(gy), relu' from x");
-    for (int64_t ch = 0; ch < c; ch++) { /* the sums over two ranks */
-        set(&gb, ch, 2 * get(&gb, ch) + 0.25);
-        set(&gg, ch, 2 * get(&gg, ch) - 0.5);
+    for (int64_t ch = 0; ch < c; ch++) { /* the sums over two ranks, for the gx pass */
+        set(&gb2, ch, 2 * get(&gb, ch) + 0.25);
+        set(&gg2, ch, 2 * get(&gg, ch) - 0.5);
     }
-    cr_assert_eq(B->batch_norm_backward_elemt(&x, &gy, g, &sm, &si, &gb, &gg, 2 * n * s, &gx, n,
-                                              c, s, &y), NA_OK);
-    done = false;
-    cr_assert_eq(B->batch_norm_relu_backward_x(&x, &gy, g, b, &sm, &var, 1e-5, &si, &gb, &gg,
-                                               2 * n * s, &gx2, NULL, NULL, n, c, s, &done),
-                 NA_OK);
-    cr_assert(done, "f32/f64 x: done");
-    expect_same_bits(&gx, &gx2, "gx, relu' from x");
-    cr_assert_eq(B->batch_norm_relu_backward_x(&x, &gy, g, b, &sm, &var, 1e-5, &si, NULL, &gg,
-                                               2 * n * s, &gx2, NULL, NULL, n, c, s, &done),
-                 NA_EINVAL);
-    cr_assert(strstr(na_last_error(), "cpu_batch_norm_relu_backward_x"), "%s", na_last_error());
+    cr_assert_eq(B->batch_norm_backward_elemt(&x, &gy, g, &sm, &si, &gb2, &gg2, 2 * n * s, &gx,
+                                              n, c, s, &y), NA_OK);
+    na_view sg = MK(pdt, c), sgx = MK(pdt, c);
+    for (int off = 0; off < 2; off++) {
+        na_cpu_syncbn_avx2_off = off;
+        const char *path = off ? "chunked loops" : "AVX2 loops";
+        char what[128];
+        bool done = false;
+        cr_assert_eq(B->batch_norm_relu_backward_x(&x, &gy, g, b, &sm, &var, 1e-5, &si, NULL, NULL,
+                                                   0, NULL, &sgx, &sg, n, c, s, &done), NA_OK);
+        cr_assert(done, "%s x: done", na_dtype_name(dt));
+        snprintf(what, sizeof what, "%s, %s %s [%lld, %lld, %lld]", "sum(gy * xhat), relu' from x",
+                 na_dtype_name(dt), path, (long long)n, (long long)c, (long long)s);
+        expect_same_bits(&sgx, &gg, what);
+        snprintf(what, sizeof what, "%s, %s %s [%lld, %lld, %lld]", "sum(gy), relu' from x",
+                 na_dtype_name(dt), path, (long long)n, (long long)c, (long long)s);
+        expect_same_bits(&sg, &gb, what);
+        done = false;
+        cr_assert_eq(B->batch_norm_relu_backward_x(&x, &gy, g, b, &sm, &var, 1e-5, &si, &gb2, &gg2,
+                                                   2 * n * s, &gx2, NULL, NULL, n, c, s, &done),
+                     NA_OK);
+        cr_assert(done, "%s x: done", na_dtype_name(dt));
+        snprintf(what, sizeof what, "%s, %s %s [%lld, %lld, %lld]", "gx, relu' from x",
+                 na_dtype_name(dt), path, (long long)n, (long long)c, (long long)s);
+        expect_same_bits(&gx2, &gx, what);
+        cr_assert_eq(B->batch_norm_relu_backward_x(&x, &gy, g, b, &sm, &var, 1e-5, &si, NULL, &gg,
+                                                   2 * n * s, &gx2, NULL, NULL, n, c, s, &done),
+                     NA_EINVAL);
+        cr_assert(strstr(na_last_error(), "cpu_batch_norm_relu_backward_x"), "%s",
+                  na_last_error());
+    }
+    na_cpu_syncbn_avx2_off = false;
+    rm(&sg); rm(&sgx);
     rm(&x); rm(&y); rm(&gy); rm(&gx); rm(&gx2); rm(&gam); rm(&bet); rm(&sm); rm(&var); rm(&si);
     rm(&gg); rm(&gb); rm(&gg2); rm(&gb2);
 }
@@ -2614,16 +2650,18 @@ Test(cpu_batchnorm, relu_backward_from_x_is_backward_and_elemt_with_y) {
         check_bn_relu_from_x(NA_DTYPE_F32, 5, 3, 131, affine);  /* halves, an 8-lane tail */
         check_bn_relu_from_x(NA_DTYPE_F32, 16, 3, 1, affine);   /* BatchNorm1d, channels-last */
     }
-    check_bn_relu_from_x(NA_DTYPE_F16, 4, 3, 300, true); /* y 0 below 2^-25 */
-    check_bn_relu_from_x(NA_DTYPE_F16, 2, 2, 1100, false);
-    na_view x = MK(NA_DTYPE_BF16, 2, 2, 4), p = MK(NA_DTYPE_F32, 2), gg = MK(NA_DTYPE_F32, 2);
-    fill_rand(&x, -1, 1);
-    fill_rand(&p, 1, 2);
-    bool done = true;
-    cr_assert_eq(B->batch_norm_relu_backward_x(&x, &x, &p, &p, &p, &p, 1e-5, &p, NULL, NULL, 0,
-                                               NULL, &gg, &gg, 2, 2, 4, &done), NA_OK);
-    cr_assert(!done, "bf16 x: not done");
-    rm(&x); rm(&p); rm(&gg);
+    check_bn_relu_from_x(NA_DTYPE_F32, 3, 40, 37, true);    /* channel blocks, 5-lane tails */
+    check_bn_relu_from_x(NA_DTYPE_F32, 64, 36, 20, false);  /* several tasks per pass */
+    for (int h = 0; h < 2; h++) {
+        na_dtype dt = h ? NA_DTYPE_BF16 : NA_DTYPE_F16;
+        check_bn_relu_from_x(dt, 4, 3, 300, true); /* y 0 up to 2^-25 (f16), 2^-134 (bf16) */
+        check_bn_relu_from_x(dt, 2, 2, 1100, false);
+        check_bn_relu_from_x(dt, 5, 3, 131, true);
+        check_bn_relu_from_x(dt, 3, 40, 37, true);
+        check_bn_relu_from_x(dt, 16, 3, 1, true);
+        check_bn_relu_from_x(dt, 64, 36, 20, false);
+        check_bn_relu_from_x(dt, 16, 8, 4096, true); /* gx rounding ties */
+    }
 }
 
 Test(cpu_batchnorm, train_eval_backward_vs_hand_loops) {

@@ -1,6 +1,6 @@
 /* tests/test_profile.c — the profiler (nanoamp/profile.h): calls per op kind and per layer of
  * a small known graph, forward and backward; times that add up to the wall time; nothing
- * recorded unless asked; misuse. */
+ * recorded unless asked; the CPU clock; misuse. */
 #include "helpers.h"
 #include "nanoamp/profile.h"
 
@@ -91,6 +91,33 @@ Test(profile, times_are_non_negative_and_add_up_to_the_wall_time) {
     na_module_free(net);
     na_step_end();
     na_profile_reset();
+}
+
+/* NANOAMP_PROFILE_CLOCK=cpu: the thread's CPU time, so 60 ms asleep between two ops count
+ * in the wall clock's profile and not in the CPU clock's (read at each na_profile_begin) */
+static double profile_with_a_sleep(void) {
+    na_module *net = mlp();
+    TH_RC(na_profile_begin());
+    TH_RC(na_backward(mlp_loss(net), NULL));
+    nanosleep(&(struct timespec){0, 60 * 1000 * 1000}, NULL);
+    TH_RC(na_backward(mlp_loss(net), NULL));
+    TH_RC(na_profile_end());
+    double wall = na_profile_wall_ms();
+    const na_profile_row *r = na_profile_op("linear");
+    cr_assert(r && r->ms >= 0 && r->ms <= wall, "linear %g of %g ms", r ? r->ms : -1, wall);
+    na_module_free(net);
+    na_step_end();
+    na_profile_reset();
+    return wall;
+}
+
+Test(profile, cpu_clock_leaves_out_the_time_asleep) {
+    cr_assert(profile_with_a_sleep() >= 60, "wall clock");
+    setenv("NANOAMP_PROFILE_CLOCK", "cpu", 1);
+    double cpu = profile_with_a_sleep();
+    unsetenv("NANOAMP_PROFILE_CLOCK");
+    cr_assert(cpu > 0 && cpu < 30, "CPU clock: %g ms", cpu);
+    cr_assert(profile_with_a_sleep() >= 60, "wall clock again");
 }
 
 Test(profile, off_by_default_and_after_reset) {

@@ -10,9 +10,11 @@
  * add up to its wall time (what ran after the last op, such as the optimizer, is the row
  * "(outside ops)"). A backward counts as one call of "<op> backward" per graph node, from the
  * end of the node before it to the end of its gradients' accumulation. On the CPU the clock is
- * the host's; when every op of the profile ran on CUDA, the intervals are measured between
- * CUDA events recorded on nanoamp's stream, so they are device time (na_profile_end waits
- * for the last event). Layers: an op recorded while a child of a Sequential or Residual runs
+ * the host's, monotonic (with NANOAMP_PROFILE_CLOCK=cpu in the environment, read at
+ * na_profile_begin: the calling thread's CPU time, which a loaded machine's descheduling does
+ * not inflate; meant for one thread); when every op of the profile ran on CUDA, the
+ * intervals are measured between CUDA events recorded on nanoamp's stream, so they are
+ * device time (na_profile_end waits for the last event). Layers: an op recorded while a child of a Sequential or Residual runs
  * its forward belongs to that child's dotted path ("1.0 (Conv2d)", the state-dict names),
  * and its backward to the same layer; other ops to "(no module)".
  *

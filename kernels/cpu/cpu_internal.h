@@ -330,6 +330,11 @@ extern bool na_cpu_pool_force_generic;
 bool na_cpu_use_avx2(void);
 extern bool na_cpu_force_baseline;
 
+/* Test hook: when true, SyncBatchNorm's batch_norm_relu_backward_x keeps its chunked loops
+ * (the specification) instead of the AVX2 + F16C ones in memory order (cpu_syncbn.c); the
+ * environment's NANOAMP_CPU_SYNCBN=off does the same. */
+extern bool na_cpu_syncbn_avx2_off;
+
 /* Test hook: elements of scratch one convolution block (images per GEMM) may use. */
 extern int64_t na_cpu_conv_block_budget;
 

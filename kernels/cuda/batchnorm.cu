@@ -352,6 +352,14 @@ int na_cuda_batch_norm_relu_backward_x(const na_view *, const na_view *, const n
     return NA_OK;
 }
 
+/* batch_norm_eval_rows: not on CUDA (SyncBatchNorm runs batch_norm_eval) */
+int na_cuda_batch_norm_eval_rows(const na_view *, const na_view *, const na_view *,
+                                 const na_view *, const na_view *, na_view *, int64_t, int64_t,
+                                 int64_t, double, bool, bool *done) {
+    *done = false;
+    return NA_OK;
+}
+
 /* ==== v2 (NANOAMP_CUDA_BN=v2): many blocks per channel ===================================
  *
  * A channel (N rows of S contiguous elements) is cut into tiles of NA_BN_THREADS threads x

@@ -41,9 +41,11 @@ static char path[512];
 static int depth, path_len[MAX_DEPTH], layer_of_depth[MAX_DEPTH], current_layer;
 static bool out_of_memory; /* a record was lost: said by na_profile_print */
 
+static clockid_t host_clock = CLOCK_MONOTONIC; /* NANOAMP_PROFILE_CLOCK=cpu: CPU time */
+
 static double now_s(void) {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(host_clock, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
@@ -107,6 +109,8 @@ int na_profile_begin(void) {
         return na_set_error(NA_ENOMEM, "na_profile_begin: out of host memory");
     out_of_memory = false;
     depth = current_layer = 0;
+    const char *clk = getenv("NANOAMP_PROFILE_CLOCK");
+    host_clock = clk && !strcmp(clk, "cpu") ? CLOCK_THREAD_CPUTIME_ID : CLOCK_MONOTONIC;
     na_profile_on_ = true;
     begin_s = now_s();
     return NA_OK;

@@ -124,8 +124,16 @@ static int sbn_forward(na_function_ctx *fc, na_tensor *const *in, na_tensor **ou
     na_tensor *ginv = na_rsqrt(na_add_scalar(gvar, a->eps));
     na_tensor *y = na_empty_like_format(x);
     if (!gvar || !gmean || !ginv || !y) return na_last_status();
-    if ((rc = be->batch_norm_eval(&x->view, NA_VIEW_OF(w), NA_VIEW_OF(b), &gmean->view,
-                                  &gvar->view, &y->view, nb, c, sp, a->eps, a->relu)))
+    /* the same y in memory order where the backend can (CPU: f32, f16, bf16 on AVX2) */
+    bool in_rows = false;
+    if (be->batch_norm_eval_rows &&
+        (rc = be->batch_norm_eval_rows(&x->view, NA_VIEW_OF(w), NA_VIEW_OF(b), &gmean->view,
+                                       &gvar->view, &y->view, nb, c, sp, a->eps, a->relu,
+                                       &in_rows)))
+        return rc;
+    if (!in_rows && (rc = be->batch_norm_eval(&x->view, NA_VIEW_OF(w), NA_VIEW_OF(b),
+                                              &gmean->view, &gvar->view, &y->view, nb, c, sp,
+                                              a->eps, a->relu)))
         return rc;
     if (a->running_mean) { /* as na_batch_norm: the unbiased variance, over the whole batch */
         double mo = a->momentum;
