@@ -2493,6 +2493,7 @@ static void check_bn(na_dtype dt, int64_t n, int64_t c, int64_t s, double tol) {
  * and against the f64 formula over the sums given. */
 static void check_bn_elemt(na_dtype dt, int64_t n, int64_t c, int64_t s, bool relu) {
     na_dtype pdt = dt == NA_DTYPE_F64 ? NA_DTYPE_F64 : NA_DTYPE_F32;
+    na_cpu_half_avx2_prefer = true; /* the AVX2 loops on an AVX-512 CPU too */
     na_view x = MK(dt, n, c, s), y = MK(dt, n, c, s), gy = MK(dt, n, c, s), gx = MK(dt, n, c, s),
             gx2 = MK(dt, n, c, s), gam = MK(pdt, c), bet = MK(pdt, c), sm = MK(pdt, c),
             si = MK(pdt, c), sm2 = MK(pdt, c), si2 = MK(pdt, c), gg = MK(pdt, c), gb = MK(pdt, c);
@@ -2556,6 +2557,7 @@ Test(cpu_batchnorm, statistics_only_and_backward_elemt_with_given_sums) {
  * (na_cpu_syncbn_avx2_off), each against the y path. */
 static void check_bn_relu_from_x(na_dtype dt, int64_t n, int64_t c, int64_t s, bool affine) {
     na_dtype pdt = dt == NA_DTYPE_F64 ? NA_DTYPE_F64 : NA_DTYPE_F32;
+    na_cpu_half_avx2_prefer = true; /* the AVX2 loops on an AVX-512 CPU too */
     na_view x = MK(dt, n, c, s), y = MK(dt, n, c, s), gy = MK(dt, n, c, s), gx = MK(dt, n, c, s),
             gx2 = MK(dt, n, c, s), gam = MK(pdt, c), bet = MK(pdt, c), sm = MK(pdt, c),
             var = MK(pdt, c), si = MK(pdt, c), gg = MK(pdt, c), gb = MK(pdt, c),
@@ -2637,7 +2639,7 @@ static void check_bn_relu_from_x(na_dtype dt, int64_t n, int64_t c, int64_t s, b
         cr_assert(strstr(na_last_error(), "cpu_batch_norm_relu_backward_x"), "%s",
                   na_last_error());
     }
-    na_cpu_syncbn_avx2_off = false;
+    na_cpu_syncbn_avx2_off = false, na_cpu_half_avx2_prefer = false;
     rm(&sg); rm(&sgx);
     rm(&x); rm(&y); rm(&gy); rm(&gx); rm(&gx2); rm(&gam); rm(&bet); rm(&sm); rm(&var); rm(&si);
     rm(&gg); rm(&gb); rm(&gg2); rm(&gb2);

@@ -205,7 +205,11 @@ static bool sk_usable(void) {
         const char *e = getenv("NANOAMP_CPU_SYNCBN");
         ok = !(e && strcmp(e, "off") == 0) && __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
     }
-    return ok && !na_cpu_syncbn_avx2_off && na_cpu_use_avx2();
+    /* not yet where the AVX-512 loops run (plain BatchNorm's eval there is AVX-512): these
+     * were measured on AVX2-only CPUs, the earlier loops stay on the others until measured
+     * (the tests reach these there through na_cpu_half_avx2_prefer) */
+    return ok && !na_cpu_syncbn_avx2_off && na_cpu_use_avx2() &&
+           (!na_cpu_half512() || na_cpu_half_avx2_prefer);
 }
 
 /* 8 values of kind k at p[i..i+8) as f32 */

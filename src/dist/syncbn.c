@@ -124,7 +124,8 @@ static int sbn_forward(na_function_ctx *fc, na_tensor *const *in, na_tensor **ou
     na_tensor *ginv = na_rsqrt(na_add_scalar(gvar, a->eps));
     na_tensor *y = na_empty_like_format(x);
     if (!gvar || !gmean || !ginv || !y) return na_last_status();
-    /* the same y in memory order where the backend can (CPU: f32, f16, bf16 on AVX2) */
+    /* the same y in memory order where the backend can (CPU: f32, f16, bf16 on AVX2 without
+     * AVX-512) */
     bool in_rows = false;
     if (be->batch_norm_eval_rows &&
         (rc = be->batch_norm_eval_rows(&x->view, NA_VIEW_OF(w), NA_VIEW_OF(b), &gmean->view,
