@@ -23,6 +23,7 @@
  * take vmaskmovps (masked-off lanes are neither read nor faulted).
  */
 #include "cpu/cpu_direct_conv.h"
+#include "cpu/cpu_half_simd.h" /* na_h8_widen / na_h8_narrow: halves in registers */
 #include "cpu/cpu_internal.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -135,12 +136,6 @@ NA_AVX2_FMA static void pack_f32(const dc_shape *s, const float *x, int64_t pt, 
         }
 }
 
-/* 8 halves as f32: f16 by vcvtph2ps (exact, NaN kept quiet as half.h), bf16 by << 16 */
-NA_AVX2_FMA static inline __m256 widen8(bool f16, __m128i h) {
-    if (f16) return _mm256_cvtph_ps(h);
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-
 /* The shuffle that takes lanes [a, b) of a run from the 8 halves at base (the run's
  * window [off, off + 8) moved inside the plane): lane l gets element l + off - base, the
  * others zero (pshufb's 0x80). */
@@ -173,7 +168,7 @@ NA_AVX2_FMA static void pack_16(const dc_shape *s, const uint16_t *x, int64_t pt
                     uint16_t h[L] = {0};
                     for (int q = 0; q < r.n; q++)
                         for (int l = r.a[q]; l < r.b[q]; l++) h[l] = plane[r.off[q] + l];
-                    _mm256_store_ps(d, widen8(f16, _mm_loadu_si128((const __m128i *)h)));
+                    _mm256_store_ps(d, na_h8_widen(f16, _mm_loadu_si128((const __m128i *)h)));
                 }
                 continue;
             }
@@ -193,7 +188,7 @@ NA_AVX2_FMA static void pack_16(const dc_shape *s, const uint16_t *x, int64_t pt
                     __m128i v = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(plane + b0)), s0);
                     v = _mm_or_si128(v, _mm_shuffle_epi8(
                                             _mm_loadu_si128((const __m128i *)(plane + b1)), s1));
-                    _mm256_store_ps(d, widen8(f16, v));
+                    _mm256_store_ps(d, na_h8_widen(f16, v));
                 }
                 continue;
             }
@@ -203,7 +198,7 @@ NA_AVX2_FMA static void pack_16(const dc_shape *s, const uint16_t *x, int64_t pt
                     v = _mm_or_si128(v, _mm_shuffle_epi8(
                                             _mm_loadu_si128((const __m128i *)(plane + base[q])),
                                             sh[q]));
-                _mm256_store_ps(d, widen8(f16, v));
+                _mm256_store_ps(d, na_h8_widen(f16, v));
             }
         }
 }
@@ -223,26 +218,6 @@ typedef struct {
     bool partial, half, f16;
 } dc2_out;
 
-/* 8 f32 lanes rounded to halves as half.h's na_f32_to_f16_bits / na_f32_to_bf16_bits (the
- * loops of cpu_convert.c, which tests/test_half.c checks on every pattern) */
-NA_AVX2_FMA static inline __m128i narrow8(bool f16, __m256 v) {
-    if (f16) {
-        __m128i h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        __m128i nan = _mm_cmpgt_epi16(_mm_and_si128(h, _mm_set1_epi16(0x7FFF)),
-                                      _mm_set1_epi16(0x7C00));
-        __m128i canon = _mm_or_si128(_mm_and_si128(h, _mm_set1_epi16((short)0x8000)),
-                                     _mm_set1_epi16(0x7E00));
-        return _mm_blendv_epi8(h, canon, nan);
-    }
-    __m256i x = _mm256_castps_si256(v);
-    __m256i odd = _mm256_and_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(1));
-    __m256i r = _mm256_srli_epi32(
-        _mm256_add_epi32(x, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF))), 16);
-    __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-    r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7FC0), nan);
-    return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
-}
-
 NA_AVX2_FMA static inline __m256i lane_mask(int n) { return lanes32(0, n); }
 
 NA_AVX2_FMA static inline void store_f32(float *p, int valid, __m256i m, __m256 v) {
@@ -251,7 +226,7 @@ NA_AVX2_FMA static inline void store_f32(float *p, int valid, __m256i m, __m256 
 }
 
 NA_AVX2_FMA static inline void store_half(uint16_t *p, int valid, bool f16, __m256 v) {
-    __m128i h = narrow8(f16, v);
+    __m128i h = na_h8_narrow(f16, v);
     if (valid == L) {
         _mm_storeu_si128((__m128i *)p, h);
         return;
