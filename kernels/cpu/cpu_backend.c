@@ -212,7 +212,7 @@ NA_HALF512 static float pairwise_h512_leaf(bool f16, const uint16_t *x, int64_t 
     }
     return s;
 }
-/* the same leaf in AVX2 + F16C (na_cpu_half_avx2), the tail through a zeroed buffer */
+/* the same leaf in AVX2 + F16C (na_cpu_half_avx2), the tail by na_h8_load (lanes past n 0) */
 NA_HALF_AVX2 static float pairwise_h8_leaf(bool f16, const uint16_t *x, int64_t n) {
     __m256 acc = _mm256_setzero_ps();
     int64_t i = 0;
