@@ -164,5 +164,35 @@ paired = sorted(o / (10.0 + r) for r, o in enumerate(ours))
 assert step["ratio"] == "%.2f" % paired[1], (step, paired)' "$tmp/f.json" "$tmp/torch.log"
 check "bench/run's kernel, speed-up and ratio logic (tests/bench_run_units.py)" \
     python3 "$(dirname "$0")/bench_run_units.py" "$runner"
+
+# bench/syncbn-cost (docs/distributed.md, SyncBatchNorm): bad arguments exit 2 before anything
+# runs; one tiny round in a world of one, and under mpirun -np 2 where the build has MPI, writes
+# both sides' rows and ratios that are syncbn / batchnorm
+syncbn="$(dirname "$0")/../bench/syncbn-cost"
+check "syncbn-cost --rounds 0" run 2 "$syncbn" --build-dir "$build_dir" --rounds 0
+check "  message" grep -q "expect an integer >= 1" "$tmp/err"
+check "syncbn-cost --ranks 2 --cpu-clock" run 2 "$syncbn" --build-dir "$build_dir" --ranks 2 --cpu-clock
+check "  message says why" grep -q "spins" "$tmp/err"
+# sjson FILE RANKS: the summary holds the rows of RANKS ranks with ratio = syncbn / batchnorm
+sjson() {
+    python3 -c 'import json, sys
+j = json.load(open(sys.argv[1])); ranks = int(sys.argv[2])
+keys = {"batchnorm_ms", "step_ms"} | ({"timed_step_min_ms", "timed_step_median_ms"} if ranks > 1 else set())
+assert j["ranks"] == ranks and set(j["summary"]) == keys, j
+assert len(j["raw"]) == 2 and {r["sync_bn"] for r in j["raw"]} == {False, True}, j["raw"]
+for k, v in j["summary"].items():
+    assert v["batchnorm"] > 0 and v["syncbn"] > 0 and abs(v["ratio"] - v["syncbn"] / v["batchnorm"]) < 1e-12, (k, v)' "$@"
+}
+check "syncbn-cost, a world of one" run 0 "$syncbn" --build-dir "$build_dir" --batch 8 --rounds 1 \
+    --profile-steps 1 --threads 1 --json "$tmp/sc1.json"
+check "  summary" sjson "$tmp/sc1.json" 1
+if command -v mpirun >/dev/null && [ "${NANOAMP_BUILT_WITH_MPI:-1}" = 1 ]; then
+    . "$(dirname "$0")/mpi_env.sh"
+    check "syncbn-cost --ranks 2" run 0 "$syncbn" --build-dir "$build_dir" --batch 8 --rounds 1 \
+        --profile-steps 1 --ranks 2 --repeats 1 --json "$tmp/sc2.json"
+    check "  summary" sjson "$tmp/sc2.json" 2
+else
+    echo "syncbn-cost --ranks 2: no mpirun or no MPI in this build, not run"
+fi
 echo "bench_cli: $passed passed, $failed failed"
 [ "$failed" = 0 ]
