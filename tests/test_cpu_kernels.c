@@ -1708,6 +1708,10 @@ Test(cpu_conv, direct_avx2_against_specification, .timeout = 120) {
     cr_assert(na_cpu_direct_wgrad_usable(&g), "the 3x3 weight gradient takes the AVX2 tile");
     na_conv_geom g5 = conv_geom(2, 32, 14, 14, 64, 5, 1, 2, 1, 1);
     cr_assert(!na_cpu_direct_wgrad_usable(&g5), "a 5x5 weight gradient stays im2col + GEMM");
+    na_conv_geom deep4 = conv_geom(2, 256, 4, 4, 32, 3, 1, 1, 1, 1), deep5 = deep4;
+    deep5.h = deep5.w = deep5.oh = deep5.ow = 5;
+    cr_assert(!na_cpu_direct_wgrad_usable(&deep4), "4x4 maps of 256 channels: im2col + GEMM");
+    cr_assert(na_cpu_direct_wgrad_usable(&deep5), "5x5 maps of 256 channels: the AVX2 tile");
     na_cpu_wgrad_avx2_off = true;
     bool woff = na_cpu_direct_wgrad_usable(&g);
     na_cpu_wgrad_avx2_off = false;
@@ -1951,7 +1955,7 @@ Test(cpu_conv, avx2_wgrad_copies_same_bits_as_element_loops, .timeout = 120) {
         conv_geom(2, 5, 6, 9, 37, 3, 1, 0, 1, 1),    /* no padding, a 5-row second block */
         conv_geom(3, 6, 9, 11, 15, 3, 1, 1, 1, 3),   /* groups of 2 -> 5 */
         conv_geom(2, 3, 4, 4, 70, 3, 1, 1, 1, 1),    /* K 27, 70 outputs */
-        conv_geom(2, 256, 2, 3, 520, 3, 1, 1, 1, 1), /* split by output channels */
+        conv_geom(2, 128, 2, 3, 520, 3, 1, 1, 1, 1), /* split by output channels */
         s2, d2,
     };
     for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)

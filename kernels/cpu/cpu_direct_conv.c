@@ -123,10 +123,16 @@ static bool wgrad_lanes_shape(const na_conv_geom *g) {
            g->ow + 2 <= g->w + 2 * g->pw;
 }
 
-/* AVX-512F: every shape; AVX2: the 3x3 shapes of wgrad_lanes (abt is AVX-512 only) */
+/* AVX-512F: every shape; AVX2: the 3x3 shapes of wgrad_lanes (abt is AVX-512 only) but maps
+ * of at most 16 output pixels with 256 or more input channels a group: there the 8-lane tile
+ * ran 1.1-1.2x the GEMM path's time (ResNet-9's 512 -> 512 4x4 layer, batch 32, one thread:
+ * 59-63 ms against 55-58, 2026-12-02; its 256 -> 512 8x8 layer ties, 73-83 against 79-80) */
 bool na_cpu_direct_wgrad_usable(const na_conv_geom *g) {
     if (!na_cpu_direct_conv_usable(g, false)) return false;
-    return na_cpu_has_avx512f() || (!na_cpu_wgrad_avx2_off && !env_wgrad_avx2_off() && g->n > 0 && wgrad_lanes_shape(g));
+    if (na_cpu_has_avx512f()) return true;
+    bool small_deep = g->oh * g->ow <= 16 && g->c_in / g->groups >= 256;
+    return !na_cpu_wgrad_avx2_off && !env_wgrad_avx2_off() && g->n > 0 &&
+           wgrad_lanes_shape(g) && !small_deep;
 }
 
 int64_t na_cpu_dc_block_channels(const dc_shape *s, bool bf) {
@@ -656,8 +662,13 @@ static int wgrad_lanes(const na_conv_geom *g, const na_view *x, const na_view *g
     /* AVX2: within a sixteenth (256 KiB of f32, half of Zen 3's L2), as the tile reads gt
      * once per 8 channels and each input channel: at half the budget (2 MiB) the first
      * layer's block came from L3 each time (conv1 f16 2.9 -> 2.5 ms, conv2 23 -> 19 ms,
-     * medians, one thread). The sums are the same: ct carries each chain across blocks. */
-    if (avx2) NB = na_cpu_conv_block_budget / 16 / per;
+     * medians, one thread); but at least 512 pixels a block, as each block also sweeps ct
+     * (K x RP, L3-sized for deep layers: ResNet-9's 4x4 layer took 1.5x as long at 2 images
+     * a block). The sums are the same: ct carries each chain across blocks. */
+    if (avx2) {
+        int64_t most = NB, fit = na_cpu_conv_block_budget / 16 / per, px = (512 + PQ - 1) / PQ;
+        NB = fit > px ? fit : px < most ? px : most;
+    }
     NB = NB < 1 ? 1 : NB > hi - lo ? hi - lo : NB;
     float *ct = na_cpu_scratch(NA_CPU_SCRATCH_0, (size_t)(K * RP) * sizeof(float), fn);
     char *gt = na_cpu_scratch(NA_CPU_SCRATCH_1, (size_t)(NB * PQ * RP) * esz, fn);
