@@ -1861,8 +1861,8 @@ Test(cpu_conv, avx2_wgrad_transpose_against_element_loop) {
                                             : r >= nr         ? 0
                                                               : widened_bits(dt, src, r * lds + c);
                             cr_assert_eq(dst[c * ldd + r], want,
-                                         "%s nr %lld nw %lld nc %lld lds %lld ldd %lld: dst[%lld][%lld] "
-                                         "%08x, want %08x",
+                                         "%s nr %lld nw %lld nc %lld lds %lld ldd %lld: "
+                                         "dst[%lld][%lld] %08x, want %08x",
                                          na_dtype_name(dt), (long long)nr, (long long)nw,
                                          (long long)nc, (long long)lds, (long long)ldd,
                                          (long long)c, (long long)r, dst[c * ldd + r], want);

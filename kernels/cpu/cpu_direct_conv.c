@@ -40,8 +40,9 @@
  * A CPU with AVX2 + FMA + F16C but no AVX-512F runs the forward and the data gradient on the
  * 8-lane tiles of cpu_direct_conv_avx2.c (4 outputs x 24 pixels), through this file's job,
  * passes and weight packing (blocks of NA_DC2_MR outputs); its 3x3 weight gradient runs
- * wgrad_lanes with the 8-lane tile na_cpu_dc_wgrad_tile_avx2, other sizes im2col + GEMM
- * (na_cpu_direct_wgrad_usable).
+ * wgrad_lanes with the 8-lane tile na_cpu_dc_wgrad_tile_avx2, its copies by the 8x8
+ * transposes and plane copy of that file (halves widened in registers), other sizes im2col +
+ * GEMM (na_cpu_direct_wgrad_usable).
  *
  * bf16 x bf16 (autocast bf16) on AVX512_BF16 (na_cpu_bf16_fast): the same kernels read the bf16
  * tensors in place and multiply with vdpbf16ps, which adds a pair of bf16 products into each
@@ -685,8 +686,8 @@ static int wgrad_lanes(const na_conv_geom *g, const na_view *x, const na_view *g
              * when the rows hold whole pairs), the rest one element at a time */
             if (avx2 && !na_cpu_wgrad_avx2_copies_off) {
                 /* AVX2: 8 x 8 transposes, halves widened in registers; each element of gt
-                 * written once, rows past r1 as zeros, so no memset (one element at a time
-                 * the copies cost 2.5x the tile on the first layer's f16 gy) */
+                 * written once, rows past r1 as zeros, so no memset (element by element,
+                 * below, the copies cost 3.7x the tile on the first layer's f16) */
                 size_t gsz = na_dtype_size(gy->dtype);
                 for (int64_t b = 0; b < nb; b++)
                     for (int64_t blk = 0; blk < blocks; blk++) {

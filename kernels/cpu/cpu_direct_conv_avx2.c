@@ -416,7 +416,8 @@ transpose_to_f32(na_dtype dt, const void *src, int64_t lds, int64_t nr, int64_t 
     for (int64_t r0 = 0; r0 < nw; r0 += L) {
         int64_t w = nw - r0 < L ? nw - r0 : L, v = nr - r0 < 0 ? 0 : nr - r0 < L ? nr - r0 : L;
         if (v == 0) { /* rows past nr: the zeros only */
-            for (int64_t c = 0; c < nc; c++) na_f8_store(dst + c * ldd + r0, w, _mm256_setzero_ps());
+            for (int64_t c = 0; c < nc; c++)
+                na_f8_store(dst + c * ldd + r0, w, _mm256_setzero_ps());
             continue;
         }
         for (int64_t c0 = 0; c0 < nc; c0 += L) {
