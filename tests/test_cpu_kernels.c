@@ -21,6 +21,7 @@
 #include "common/half.h"
 #include "common/optim.h"
 #include "common/philox.h"
+#include "cpu/cpu_direct_conv.h" /* the AVX2 weight gradient's copies */
 #include "cpu/cpu_internal.h"
 #include "nanoamp/error.h"
 #include "nanoamp/tensor.h" /* NA_SHAPE */
@@ -1707,6 +1708,10 @@ Test(cpu_conv, direct_avx2_against_specification, .timeout = 120) {
     cr_assert(na_cpu_direct_wgrad_usable(&g), "the 3x3 weight gradient takes the AVX2 tile");
     na_conv_geom g5 = conv_geom(2, 32, 14, 14, 64, 5, 1, 2, 1, 1);
     cr_assert(!na_cpu_direct_wgrad_usable(&g5), "a 5x5 weight gradient stays im2col + GEMM");
+    na_conv_geom deep4 = conv_geom(2, 256, 4, 4, 32, 3, 1, 1, 1, 1), deep5 = deep4;
+    deep5.h = deep5.w = deep5.oh = deep5.ow = 5;
+    cr_assert(!na_cpu_direct_wgrad_usable(&deep4), "4x4 maps of 256 channels: im2col + GEMM");
+    cr_assert(na_cpu_direct_wgrad_usable(&deep5), "5x5 maps of 256 channels: the AVX2 tile");
     na_cpu_wgrad_avx2_off = true;
     bool woff = na_cpu_direct_wgrad_usable(&g);
     na_cpu_wgrad_avx2_off = false;
@@ -1802,6 +1807,177 @@ Test(cpu_conv, direct_avx2_same_bits_at_any_thread_count) {
         }
         for (int t = 0; t < 3; t++) rm(&y[t]), rm(&gx[t]);
         rm(&x); rm(&w); rm(&gy);
+    }
+}
+
+/* ---- the AVX2 3x3 weight gradient's copies (cpu_direct_conv.h) -----------------------------
+ * na_cpu_dc_transpose_avx2 and na_cpu_dc_pad_plane_avx2 against element loops: every dtype
+ * with random bit patterns (NaNs with payloads, infinities, subnormals: halves widened as
+ * half.h does), row and column counts around the 8 x 8 blocks, the zero lanes up to nw, and
+ * nothing written outside (a sentinel in every other element of dst). src is allocated to
+ * its last element read. */
+static void *random_bits(na_dtype dt, int64_t n) {
+    size_t es = esize(dt);
+    uint8_t *p = malloc((size_t)(n > 0 ? n : 1) * es);
+    cr_assert(p);
+    for (size_t i = 0; i < (size_t)n * es; i++) p[i] = (uint8_t)(urand() * 256);
+    return p;
+}
+
+static uint32_t widened_bits(na_dtype dt, const void *src, int64_t i) {
+    float f;
+    if (dt == NA_DTYPE_F32) f = ((const float *)src)[i];
+    else if (dt == NA_DTYPE_F16) f = na_f16_bits_to_f32(((const uint16_t *)src)[i]);
+    else f = na_bf16_bits_to_f32(((const uint16_t *)src)[i]);
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+enum { WGRAD_SENTINEL = 0x7FBADBAD };
+
+Test(cpu_conv, avx2_wgrad_transpose_against_element_loop) {
+    if (!na_cpu_dc_avx2_cpu()) cr_skip("no AVX2+FMA+F16C: the AVX2 transposes do not run");
+    static const na_dtype dts[3] = {NA_DTYPE_F32, NA_DTYPE_F16, NA_DTYPE_BF16};
+    static const int64_t nrs[] = {1, 3, 7, 8, 9, 15, 17, 32}, ncs[] = {1, 2, 7, 8, 9, 14, 23, 196};
+    int64_t cases = 0;
+    for (int d = 0; d < 3; d++)
+        for (size_t a = 0; a < sizeof nrs / sizeof nrs[0]; a++)
+            for (size_t b = 0; b < sizeof ncs / sizeof ncs[0]; b++)
+                for (int e = 0; e < 4; e++) {
+                    int64_t nr = nrs[a], nc = ncs[b];
+                    int64_t nw = e == 0 ? nr : e == 1 ? (nr + 7) / 8 * 8 : e == 2 ? nr + 5 : 32;
+                    if (nw < nr) continue;
+                    int64_t lds = nc + (e & 1 ? 3 : 0), ldd = nw + (e >= 2 ? 0 : 2);
+                    na_dtype dt = dts[d];
+                    void *src = random_bits(dt, (nr - 1) * lds + nc);
+                    int64_t dn = (nc + 1) * ldd; /* a row past nc: nothing written there */
+                    uint32_t *dst = malloc((size_t)dn * sizeof *dst);
+                    for (int64_t i = 0; i < dn; i++) dst[i] = WGRAD_SENTINEL;
+                    na_cpu_dc_transpose_avx2(dt, src, lds, nr, nw, nc, (float *)dst, ldd);
+                    for (int64_t c = 0; c <= nc; c++)
+                        for (int64_t r = 0; r < ldd; r++) {
+                            uint32_t want = c == nc || r >= nw ? WGRAD_SENTINEL
+                                            : r >= nr         ? 0
+                                                              : widened_bits(dt, src, r * lds + c);
+                            cr_assert_eq(dst[c * ldd + r], want,
+                                         "%s nr %lld nw %lld nc %lld lds %lld ldd %lld: "
+                                         "dst[%lld][%lld] %08x, want %08x",
+                                         na_dtype_name(dt), (long long)nr, (long long)nw,
+                                         (long long)nc, (long long)lds, (long long)ldd,
+                                         (long long)c, (long long)r, dst[c * ldd + r], want);
+                        }
+                    free(src);
+                    free(dst);
+                    cases++;
+                }
+    cr_assert(cases > 500);
+}
+
+Test(cpu_conv, avx2_wgrad_pad_plane_against_element_loop) {
+    if (!na_cpu_dc_avx2_cpu()) cr_skip("no AVX2+FMA+F16C: the AVX2 plane copy does not run");
+    static const na_dtype dts[3] = {NA_DTYPE_F32, NA_DTYPE_F16, NA_DTYPE_BF16};
+    static const int64_t hs[] = {1, 2, 5, 14}, ws[] = {1, 3, 7, 8, 9, 17, 28};
+    for (int d = 0; d < 3; d++)
+        for (size_t a = 0; a < sizeof hs / sizeof hs[0]; a++)
+            for (size_t b = 0; b < sizeof ws / sizeof ws[0]; b++)
+                for (int p = 0; p < 9; p++) {
+                    int64_t H = hs[a], W = ws[b], ph = p % 3, pw = p / 3;
+                    int64_t Hp = H + 2 * ph + (p & 1), Wp = W + 2 * pw + (p % 4 == 3);
+                    na_dtype dt = dts[d];
+                    void *src = random_bits(dt, H * W);
+                    int64_t dn = Hp * Wp + 9; /* 9 past the plane: never written */
+                    uint32_t *dst = malloc((size_t)dn * sizeof *dst);
+                    for (int64_t i = 0; i < dn; i++) dst[i] = WGRAD_SENTINEL;
+                    na_cpu_dc_pad_plane_avx2(dt, src, H, W, ph, pw, Hp, Wp, (float *)dst);
+                    for (int64_t i = 0; i < dn; i++) {
+                        int64_t y = i / Wp - ph, x = i % Wp - pw;
+                        uint32_t want = i >= Hp * Wp ? WGRAD_SENTINEL
+                                        : y >= 0 && y < H && x >= 0 && x < W
+                                            ? widened_bits(dt, src, y * W + x)
+                                            : 0;
+                        cr_assert_eq(dst[i], want,
+                                     "%s %lldx%lld pad %lld,%lld in %lldx%lld: [%lld] %08x, "
+                                     "want %08x", na_dtype_name(dt), (long long)H, (long long)W,
+                                     (long long)ph, (long long)pw, (long long)Hp, (long long)Wp,
+                                     (long long)i, dst[i], want);
+                    }
+                    free(src);
+                    free(dst);
+                }
+}
+
+/* The AVX2 3x3 weight gradient with its vector copies gives the bits of the same tile fed by
+ * the element loops (na_cpu_wgrad_avx2_copies_off): the CNN's layers over several blocks of
+ * images, output counts not a multiple of 8 or 32, odd output widths, one input channel,
+ * groups, vertical stride and dilation 2, no padding, a layer split by output channels;
+ * f32, f16 and bf16 in, gW f32 or the input's dtype; NaNs and infinities in some cases. */
+static void wgrad_copies_case(na_conv_geom g, na_dtype in, na_dtype out, bool nonfinite) {
+    int64_t cg = g.c_in / g.groups;
+    na_view x = MK(in, g.n, g.c_in, g.h, g.w), gy = MK(in, g.n, g.c_out, g.oh, g.ow), gw[2];
+    fill_rand(&x, -1, 1);
+    fill_rand(&gy, -1, 1);
+    if (nonfinite) {
+        set(&x, x.numel / 3, NAN);
+        set(&gy, gy.numel / 2, -INFINITY);
+    }
+    cr_assert(na_cpu_direct_wgrad_usable(&g), "n%lld c%lld->%lld %lldx%lld: the AVX2 tile",
+              (long long)g.n, (long long)g.c_in, (long long)g.c_out, (long long)g.h,
+              (long long)g.w);
+    for (int v = 0; v < 2; v++) {
+        gw[v] = MK(out, g.c_out, cg, 3, 3);
+        fill_rand(&gw[v], 9, 10);
+        na_cpu_wgrad_avx2_copies_off = v == 1;
+        int rc = B->conv2d_backward_weight(&g, &x, &gy, &gw[v]);
+        na_cpu_wgrad_avx2_copies_off = false;
+        cr_assert_eq(rc, NA_OK, "%s", na_last_error());
+    }
+    char what[160];
+    snprintf(what, sizeof what, "AVX2 wgrad %s -> %s: n%lld c%lld->%lld %lldx%lld s%d p%dx%d d%d "
+             "g%d: vector copies against element loops", na_dtype_name(in), na_dtype_name(out),
+             (long long)g.n, (long long)g.c_in, (long long)g.c_out, (long long)g.h,
+             (long long)g.w, g.sh, g.ph, g.pw, g.dh, g.groups);
+    expect_same_bits(&gw[0], &gw[1], what);
+    rm(&x); rm(&gy); rm(&gw[0]); rm(&gw[1]);
+}
+
+Test(cpu_conv, avx2_wgrad_copies_same_bits_as_element_loops, .timeout = 120) {
+    if (!na_cpu_direct_avx2())
+        cr_skip("not an AVX2+FMA+F16C CPU without AVX-512F: the AVX2 tile does not run");
+    static const na_dtype ins[3] = {NA_DTYPE_F32, NA_DTYPE_F16, NA_DTYPE_BF16};
+    na_conv_geom s2 = conv_geom(3, 4, 11, 9, 13, 3, 1, 1, 1, 1), d2 = s2;
+    s2.sh = 2, s2.oh = (11 + 2 - 2 - 1) / 2 + 1;
+    d2.dh = 2, d2.oh = 11 + 2 - 4;
+    na_conv_geom fixed[] = {
+        conv_geom(5, 1, 28, 28, 32, 3, 1, 1, 1, 1),  /* first layer, 3 blocks of images */
+        conv_geom(4, 32, 14, 14, 64, 3, 1, 1, 1, 1), /* second layer, 2 blocks */
+        conv_geom(3, 1, 9, 7, 13, 3, 1, 1, 1, 1),    /* one channel, odd width, 13 outputs */
+        conv_geom(2, 5, 6, 9, 37, 3, 1, 0, 1, 1),    /* no padding, a 5-row second block */
+        conv_geom(3, 6, 9, 11, 15, 3, 1, 1, 1, 3),   /* groups of 2 -> 5 */
+        conv_geom(2, 3, 4, 4, 70, 3, 1, 1, 1, 1),    /* K 27, 70 outputs */
+        conv_geom(2, 128, 2, 3, 520, 3, 1, 1, 1, 1), /* split by output channels */
+        s2, d2,
+    };
+    for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)
+        for (int d = 0; d < 3; d++)
+            for (int o = 0; o < 2; o++)
+                wgrad_copies_case(fixed[i], ins[d], o ? ins[d] : NA_DTYPE_F32, i == 2);
+    for (int t = 0; t < 60; t++) {
+        int64_t chans[3] = {1, 3, irand(1, 40)};
+        na_conv_geom r = {.n = irand(1, 4), .groups = urand() < 0.2 ? 2 : 1, .kh = 3, .kw = 3,
+                          .sh = (int)irand(1, 2), .sw = 1, .dh = urand() < 0.2 ? 2 : 1,
+                          .dw = 1};
+        r.ph = (int)irand(0, 2);
+        r.pw = (int)irand(0, 2);
+        r.c_in = r.groups * chans[irand(0, 2)];
+        r.c_out = r.groups * irand(1, 75);
+        r.h = irand(1, 18);
+        r.w = irand(1, 18);
+        r.oh = (r.h + 2 * r.ph - r.dh * 2 - 1) / r.sh + 1;
+        r.ow = r.w + 2 * r.pw - 2;
+        if (r.h + 2 * r.ph < r.dh * 2 + 1 || r.w + 2 * r.pw < 3) continue;
+        na_dtype in = ins[t % 3];
+        wgrad_copies_case(r, in, t / 3 % 2 ? in : NA_DTYPE_F32, t % 7 == 0);
     }
 }
 

@@ -40,8 +40,9 @@
  * A CPU with AVX2 + FMA + F16C but no AVX-512F runs the forward and the data gradient on the
  * 8-lane tiles of cpu_direct_conv_avx2.c (4 outputs x 24 pixels), through this file's job,
  * passes and weight packing (blocks of NA_DC2_MR outputs); its 3x3 weight gradient runs
- * wgrad_lanes with the 8-lane tile na_cpu_dc_wgrad_tile_avx2, other sizes im2col + GEMM
- * (na_cpu_direct_wgrad_usable).
+ * wgrad_lanes with the 8-lane tile na_cpu_dc_wgrad_tile_avx2, its copies by the 8x8
+ * transposes and plane copy of that file (halves widened in registers), other sizes im2col +
+ * GEMM (na_cpu_direct_wgrad_usable).
  *
  * bf16 x bf16 (autocast bf16) on AVX512_BF16 (na_cpu_bf16_fast): the same kernels read the bf16
  * tensors in place and multiply with vdpbf16ps, which adds a pair of bf16 products into each
@@ -104,6 +105,7 @@ bool na_cpu_direct_conv_usable(const na_conv_geom *g, bool backward_data) {
 }
 
 bool na_cpu_wgrad_avx2_off = false;
+bool na_cpu_wgrad_avx2_copies_off = false;
 
 /* NANOAMP_CPU_WGRAD_AVX2=off: the AVX2 weight gradient back to im2col + GEMM (A/B timing) */
 static bool env_wgrad_avx2_off(void) {
@@ -122,10 +124,16 @@ static bool wgrad_lanes_shape(const na_conv_geom *g) {
            g->ow + 2 <= g->w + 2 * g->pw;
 }
 
-/* AVX-512F: every shape; AVX2: the 3x3 shapes of wgrad_lanes (abt is AVX-512 only) */
+/* AVX-512F: every shape; AVX2: the 3x3 shapes of wgrad_lanes (abt is AVX-512 only) but maps
+ * of at most 16 output pixels with 256 or more input channels a group: there the 8-lane tile
+ * ran 1.1-1.2x the GEMM path's time (ResNet-9's 512 -> 512 4x4 layer, batch 32, one thread:
+ * 59-63 ms against 55-58, 2026-12-02; its 256 -> 512 8x8 layer ties, 73-83 against 79-80) */
 bool na_cpu_direct_wgrad_usable(const na_conv_geom *g) {
     if (!na_cpu_direct_conv_usable(g, false)) return false;
-    return na_cpu_has_avx512f() || (!na_cpu_wgrad_avx2_off && !env_wgrad_avx2_off() && g->n > 0 && wgrad_lanes_shape(g));
+    if (na_cpu_has_avx512f()) return true;
+    bool small_deep = g->oh * g->ow <= 16 && g->c_in / g->groups >= 256;
+    return !na_cpu_wgrad_avx2_off && !env_wgrad_avx2_off() && g->n > 0 &&
+           wgrad_lanes_shape(g) && !small_deep;
 }
 
 int64_t na_cpu_dc_block_channels(const dc_shape *s, bool bf) {
@@ -652,6 +660,16 @@ static int wgrad_lanes(const na_conv_geom *g, const na_view *x, const na_view *g
     const int64_t OWq = bf ? (s.OW + 1) / 2 * 2 : s.OW, PQ = s.OH * OWq;
     /* images per block: transposed gy and padded planes within half the block budget */
     int64_t per = PQ * RP + cg * plane, NB = na_cpu_conv_block_budget / 2 / per;
+    /* AVX2: within a sixteenth (256 KiB of f32, half of Zen 3's L2), as the tile reads gt
+     * once per 8 channels and each input channel: at half the budget (2 MiB) the first
+     * layer's block came from L3 each time (conv1 f16 2.9 -> 2.5 ms, conv2 23 -> 19 ms,
+     * medians, one thread); but at least 512 pixels a block, as each block also sweeps ct
+     * (K x RP, L3-sized for deep layers: ResNet-9's 4x4 layer took 1.5x as long at 2 images
+     * a block). The sums are the same: ct carries each chain across blocks. */
+    if (avx2) {
+        int64_t most = NB, fit = na_cpu_conv_block_budget / 16 / per, px = (512 + PQ - 1) / PQ;
+        NB = fit > px ? fit : px < most ? px : most;
+    }
     NB = NB < 1 ? 1 : NB > hi - lo ? hi - lo : NB;
     float *ct = na_cpu_scratch(NA_CPU_SCRATCH_0, (size_t)(K * RP) * sizeof(float), fn);
     char *gt = na_cpu_scratch(NA_CPU_SCRATCH_1, (size_t)(NB * PQ * RP) * esz, fn);
@@ -666,55 +684,84 @@ static int wgrad_lanes(const na_conv_geom *g, const na_view *x, const na_view *g
             /* gt[blk][b][pixel][32]: gy rows r0 + blk*32 + j of image n0 + b, zero past r1;
              * 16 rows at a time by 16 x 16 transposes of 32-bit words (f32 gy, or bf16 pairs
              * when the rows hold whole pairs), the rest one element at a time */
-            memset(gt, 0, (size_t)(nb * PQ * RP) * esz);
-            bool words = bf ? s.OW % 2 == 0 : gy->dtype == NA_DTYPE_F32;
-            int64_t nw = bf ? P / 2 : P; /* 32-bit words per row */
-            for (int64_t b = 0; b < nb; b++)
-                for (int64_t r = 0; r < rows; r++) {
-                    int64_t at = ((n0 + b) * g->c_out + gi * cog + r0 + r) * P;
-                    int64_t blk = r / WL_CO, j = r % WL_CO;
-                    int64_t base = (blk * nb + b) * PQ * WL_CO;
-                    if (!avx2 && words && j % 16 == 0 && rows - r >= 16) {
-                        const uint32_t *src = (const uint32_t *)((const char *)gy->data +
-                                                                 (size_t)at * esz);
-                        uint32_t *d = (uint32_t *)((char *)gt + (size_t)base * esz) + j;
-                        int64_t q = 0;
-                        for (; q + 16 <= nw; q += 16)
-                            transpose16(src + q, nw, d + q * WL_CO, WL_CO);
-                        for (int64_t i = 0; i < 16; i++)
-                            for (int64_t t = q; t < nw; t++)
-                                d[t * WL_CO + i] = src[i * nw + t];
-                        r += 15;
-                        continue;
+            if (avx2 && !na_cpu_wgrad_avx2_copies_off) {
+                /* AVX2: 8 x 8 transposes, halves widened in registers; each element of gt
+                 * written once, rows past r1 as zeros, so no memset (element by element,
+                 * below, the copies cost 3.7x the tile on the first layer's f16) */
+                size_t gsz = na_dtype_size(gy->dtype);
+                for (int64_t b = 0; b < nb; b++)
+                    for (int64_t blk = 0; blk < blocks; blk++) {
+                        int64_t at = ((n0 + b) * g->c_out + gi * cog + r0 + blk * WL_CO) * P;
+                        int64_t nr = rows - blk * WL_CO < WL_CO ? rows - blk * WL_CO : WL_CO;
+                        na_cpu_dc_transpose_avx2(gy->dtype, (const char *)gy->data + at * gsz,
+                                                 P, nr, WL_CO, P,
+                                                 (float *)gt + (blk * nb + b) * PQ * WL_CO,
+                                                 WL_CO);
                     }
-                    if (bf) {
-                        const uint16_t *src = (const uint16_t *)gy->data + at;
-                        uint16_t *d = (uint16_t *)gt + base;
-                        for (int64_t oy = 0; oy < s.OH; oy++)
-                            for (int64_t ox = 0; ox < s.OW; ox++) {
-                                int64_t q = oy * OWq + ox; /* pair q/2, its half q%2 */
-                                d[(q / 2 * WL_CO + j) * 2 + q % 2] = src[oy * s.OW + ox];
-                            }
-                    } else {
-                        const float *src = na_cpu_view_f(gy->dtype, gy->data, at, P, row);
-                        float *d = (float *)gt + base + j;
-                        for (int64_t p = 0; p < P; p++) d[p * WL_CO] = src[p];
+            } else {
+                memset(gt, 0, (size_t)(nb * PQ * RP) * esz);
+                bool words = bf ? s.OW % 2 == 0 : gy->dtype == NA_DTYPE_F32;
+                int64_t nw = bf ? P / 2 : P; /* 32-bit words per row */
+                for (int64_t b = 0; b < nb; b++)
+                    for (int64_t r = 0; r < rows; r++) {
+                        int64_t at = ((n0 + b) * g->c_out + gi * cog + r0 + r) * P;
+                        int64_t blk = r / WL_CO, j = r % WL_CO;
+                        int64_t base = (blk * nb + b) * PQ * WL_CO;
+                        if (!avx2 && words && j % 16 == 0 && rows - r >= 16) {
+                            const uint32_t *src = (const uint32_t *)((const char *)gy->data +
+                                                                     (size_t)at * esz);
+                            uint32_t *d = (uint32_t *)((char *)gt + (size_t)base * esz) + j;
+                            int64_t q = 0;
+                            for (; q + 16 <= nw; q += 16)
+                                transpose16(src + q, nw, d + q * WL_CO, WL_CO);
+                            for (int64_t i = 0; i < 16; i++)
+                                for (int64_t t = q; t < nw; t++)
+                                    d[t * WL_CO + i] = src[i * nw + t];
+                            r += 15;
+                            continue;
+                        }
+                        if (bf) {
+                            const uint16_t *src = (const uint16_t *)gy->data + at;
+                            uint16_t *d = (uint16_t *)gt + base;
+                            for (int64_t oy = 0; oy < s.OH; oy++)
+                                for (int64_t ox = 0; ox < s.OW; ox++) {
+                                    int64_t q = oy * OWq + ox; /* pair q/2, its half q%2 */
+                                    d[(q / 2 * WL_CO + j) * 2 + q % 2] = src[oy * s.OW + ox];
+                                }
+                        } else {
+                            const float *src = na_cpu_view_f(gy->dtype, gy->data, at, P, row);
+                            float *d = (float *)gt + base + j;
+                            for (int64_t p = 0; p < P; p++) d[p * WL_CO] = src[p];
+                        }
                     }
-                }
+            }
             /* xp[c][b]: the padded planes of image n0 + b, a channel's images in a row */
-            memset(xp, 0, (size_t)(nb * cg * plane) * esz);
-            for (int64_t b = 0; b < nb; b++)
-                for (int64_t c = 0; c < cg; c++) {
-                    int64_t at = ((n0 + b) * g->c_in + gi * cg + c) * HW;
-                    char *d = xp + (size_t)((c * nb + b) * plane + s.ph * Wp + s.pw) * esz;
-                    for (int64_t iy = 0; iy < s.H; iy++, d += (size_t)Wp * esz) {
-                        if (bf)
-                            memcpy(d, (const uint16_t *)x->data + at + iy * s.W,
-                                   (size_t)s.W * esz);
-                        else
-                            na_cpu_load_f(x->dtype, x->data, at + iy * s.W, s.W, (float *)d);
+            if (avx2 && !na_cpu_wgrad_avx2_copies_off) /* halves widened in registers */
+                for (int64_t b = 0; b < nb; b++)
+                    for (int64_t c = 0; c < cg; c++) {
+                        int64_t at = ((n0 + b) * g->c_in + gi * cg + c) * HW;
+                        na_cpu_dc_pad_plane_avx2(x->dtype,
+                                                 (const char *)x->data +
+                                                     at * na_dtype_size(x->dtype),
+                                                 s.H, s.W, s.ph, s.pw, Hp, Wp,
+                                                 (float *)xp + (c * nb + b) * plane);
                     }
-                }
+            else {
+                memset(xp, 0, (size_t)(nb * cg * plane) * esz);
+                for (int64_t b = 0; b < nb; b++)
+                    for (int64_t c = 0; c < cg; c++) {
+                        int64_t at = ((n0 + b) * g->c_in + gi * cg + c) * HW;
+                        char *d = xp + (size_t)((c * nb + b) * plane + s.ph * Wp + s.pw) * esz;
+                        for (int64_t iy = 0; iy < s.H; iy++, d += (size_t)Wp * esz) {
+                            if (bf)
+                                memcpy(d, (const uint16_t *)x->data + at + iy * s.W,
+                                       (size_t)s.W * esz);
+                            else
+                                na_cpu_load_f(x->dtype, x->data, at + iy * s.W, s.W,
+                                              (float *)d);
+                        }
+                    }
+            }
             for (int64_t blk = 0; blk < blocks; blk++)
                 for (int64_t c = 0; c < cg; c++) {
                     const char *gb = gt + (size_t)(blk * nb * PQ * WL_CO) * esz;
@@ -734,6 +781,10 @@ static int wgrad_lanes(const na_conv_geom *g, const na_view *x, const na_view *g
         /* ct[k][r] into gW's rows by 16 x 16 transposes (a whole column at a time read ct
          * with a stride of RP floats: a fifth of the 4x4 layer's time), the edges one by one */
         float *gr = gw + (gi * cog + r0) * K;
+        if (avx2 && !na_cpu_wgrad_avx2_copies_off) {
+            na_cpu_dc_transpose_avx2(NA_DTYPE_F32, ct, RP, K, K, rows, gr, K);
+            continue;
+        }
         for (int64_t k0 = 0; k0 < K; k0 += 16)
             for (int64_t q0 = 0; q0 < rows; q0 += 16) {
                 if (!avx2 && k0 + 16 <= K && q0 + 16 <= rows) {

@@ -54,4 +54,20 @@ void na_cpu_dc_images_avx2(const dc_shape *s, na_dtype xdt, int64_t nb, const vo
 void na_cpu_dc_wgrad_tile_avx2(const float *gt, const float *xp, int64_t x_img, int64_t nb,
                                const dc_shape *s, int64_t Wp, float *ct, int64_t ld);
 
+/* The weight gradient's copies on AVX2 (gy into the tile's [pixel][channel] blocks, the
+ * tile's [tap][channel] sums into gW's rows): dst[c*ldd + r] = src[r*lds + c] as f32 for
+ * rows r < nr and columns c < nc of src (dt f32, or f16 / bf16 widened in registers with
+ * cpu_half_simd.h's na_h8_* bits: exact, as common/half.h), by 8 x 8 transposes in ymm
+ * registers; lanes r in [nr, nw) of each dst row are written 0 (nw >= nr), nothing past
+ * lane nw nor past row nc - 1 of dst is written, nothing past column nc - 1 or row nr - 1
+ * of src is read. */
+void na_cpu_dc_transpose_avx2(na_dtype dt, const void *src, int64_t lds, int64_t nr, int64_t nw,
+                              int64_t nc, float *dst, int64_t ldd);
+
+/* One padded plane of the 3x3 weight gradient on AVX2: dst (Hp x Wp floats, Hp >= ph + H,
+ * Wp >= pw + W) gets the H x W plane src (dt f32, or f16 / bf16 widened as above) at row ph,
+ * column pw, and zeros everywhere else; every element of dst written once. */
+void na_cpu_dc_pad_plane_avx2(na_dtype dt, const void *src, int64_t H, int64_t W, int64_t ph,
+                              int64_t pw, int64_t Hp, int64_t Wp, float *dst);
+
 #endif

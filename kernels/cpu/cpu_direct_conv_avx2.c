@@ -28,6 +28,7 @@
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <cpuid.h>
+#include <string.h>
 #include <immintrin.h>
 
 #define NA_AVX2_FMA __attribute__((target("avx2,fma,f16c")))
@@ -382,6 +383,86 @@ NA_AVX2_FMA void na_cpu_dc_wgrad_tile_avx2(const float *gt, const float *xp, int
     else wgrad_tile_ow(gt, xp, x_img, nb, s, Wp, ct, ld, s->OW);
 }
 
+/* r[c] = column c of the 8 x 8 block r (row i in r[i]): three rounds of shuffles */
+static inline __attribute__((always_inline)) NA_AVX2_FMA void transpose8(__m256 r[8]) {
+    __m256 t[8], u[8];
+    for (int i = 0; i < 8; i += 2) { /* [a0 b0 a1 b1 | a4 b4 a5 b5], [a2 b2 a3 b3 | a6 ..] */
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) { /* [a0 b0 c0 d0 | a4 b4 c4 d4], then columns 1, 2, 3 */
+        u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+        u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+        u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+        u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+    }
+    for (int i = 0; i < 4; i++) { /* rows 0-3 of column i (and 4 + i) beside rows 4-7 */
+        r[i] = _mm256_permute2f128_ps(u[i], u[4 + i], 0x20);
+        r[4 + i] = _mm256_permute2f128_ps(u[i], u[4 + i], 0x31);
+    }
+}
+
+/* the m (<= 8) elements of row i at src + off as f32, lanes past m 0: dt is a constant in
+ * each instance below (f16 by F16C, bf16 by << 16: cpu_half_simd.h's bits) */
+static inline __attribute__((always_inline)) NA_AVX2_FMA __m256
+row8(na_dtype dt, const void *src, int64_t off, int64_t m) {
+    if (dt == NA_DTYPE_F32) return na_f8_load((const float *)src + off, m);
+    return na_h8_load(dt == NA_DTYPE_F16, (const uint16_t *)src + off, m);
+}
+
+static inline __attribute__((always_inline)) NA_AVX2_FMA void
+transpose_to_f32(na_dtype dt, const void *src, int64_t lds, int64_t nr, int64_t nw, int64_t nc,
+                 float *dst, int64_t ldd) {
+    for (int64_t r0 = 0; r0 < nw; r0 += L) {
+        int64_t w = nw - r0 < L ? nw - r0 : L, v = nr - r0 < 0 ? 0 : nr - r0 < L ? nr - r0 : L;
+        if (v == 0) { /* rows past nr: the zeros only */
+            for (int64_t c = 0; c < nc; c++)
+                na_f8_store(dst + c * ldd + r0, w, _mm256_setzero_ps());
+            continue;
+        }
+        for (int64_t c0 = 0; c0 < nc; c0 += L) {
+            int64_t m = nc - c0 < L ? nc - c0 : L;
+            __m256 r[L];
+            for (int i = 0; i < L; i++)
+                r[i] = i < v ? row8(dt, src, (r0 + i) * lds + c0, m) : _mm256_setzero_ps();
+            transpose8(r);
+            if (w == L && m == L)
+                for (int k = 0; k < L; k++) _mm256_storeu_ps(dst + (c0 + k) * ldd + r0, r[k]);
+            else
+                for (int k = 0; k < m; k++) na_f8_store(dst + (c0 + k) * ldd + r0, w, r[k]);
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) NA_AVX2_FMA void
+pad_plane(na_dtype dt, const void *src, int64_t H, int64_t W, int64_t ph, int64_t pw,
+          int64_t Hp, int64_t Wp, float *dst) {
+    memset(dst, 0, (size_t)(ph * Wp) * sizeof(float));
+    for (int64_t iy = 0; iy < H; iy++) {
+        float *d = dst + (ph + iy) * Wp;
+        for (int64_t c = 0; c < pw; c++) d[c] = 0;
+        for (int64_t c = 0; c < W; c += L)
+            na_f8_store(d + pw + c, W - c, row8(dt, src, iy * W + c, W - c));
+        for (int64_t c = pw + W; c < Wp; c++) d[c] = 0;
+    }
+    memset(dst + (ph + H) * Wp, 0, (size_t)((Hp - ph - H) * Wp) * sizeof(float));
+}
+
+NA_AVX2_FMA void na_cpu_dc_pad_plane_avx2(na_dtype dt, const void *src, int64_t H, int64_t W,
+                                          int64_t ph, int64_t pw, int64_t Hp, int64_t Wp,
+                                          float *dst) {
+    if (dt == NA_DTYPE_F16) pad_plane(NA_DTYPE_F16, src, H, W, ph, pw, Hp, Wp, dst);
+    else if (dt == NA_DTYPE_BF16) pad_plane(NA_DTYPE_BF16, src, H, W, ph, pw, Hp, Wp, dst);
+    else pad_plane(NA_DTYPE_F32, src, H, W, ph, pw, Hp, Wp, dst);
+}
+
+NA_AVX2_FMA void na_cpu_dc_transpose_avx2(na_dtype dt, const void *src, int64_t lds, int64_t nr,
+                                          int64_t nw, int64_t nc, float *dst, int64_t ldd) {
+    if (dt == NA_DTYPE_F16) transpose_to_f32(NA_DTYPE_F16, src, lds, nr, nw, nc, dst, ldd);
+    else if (dt == NA_DTYPE_BF16) transpose_to_f32(NA_DTYPE_BF16, src, lds, nr, nw, nc, dst, ldd);
+    else transpose_to_f32(NA_DTYPE_F32, src, lds, nr, nw, nc, dst, ldd);
+}
+
 #else /* no AVX2 tiles here: na_cpu_direct_avx2() is false */
 
 bool na_cpu_dc_avx2_cpu(void) { return false; }
@@ -396,5 +477,15 @@ void na_cpu_dc_images_avx2(const dc_shape *s, na_dtype xdt, int64_t nb, const vo
 void na_cpu_dc_wgrad_tile_avx2(const float *gt, const float *xp, int64_t x_img, int64_t nb,
                                const dc_shape *s, int64_t Wp, float *ct, int64_t ld) {
     (void)gt, (void)xp, (void)x_img, (void)nb, (void)s, (void)Wp, (void)ct, (void)ld;
+}
+
+void na_cpu_dc_transpose_avx2(na_dtype dt, const void *src, int64_t lds, int64_t nr, int64_t nw,
+                              int64_t nc, float *dst, int64_t ldd) {
+    (void)dt, (void)src, (void)lds, (void)nr, (void)nw, (void)nc, (void)dst, (void)ldd;
+}
+
+void na_cpu_dc_pad_plane_avx2(na_dtype dt, const void *src, int64_t H, int64_t W, int64_t ph,
+                              int64_t pw, int64_t Hp, int64_t Wp, float *dst) {
+    (void)dt, (void)src, (void)H, (void)W, (void)ph, (void)pw, (void)Hp, (void)Wp, (void)dst;
 }
 #endif

@@ -355,6 +355,9 @@ bool na_cpu_direct_conv_usable(const na_conv_geom *g, bool backward_data);
  * 3x3 shapes of the 8-lane tile, unless the test hook na_cpu_wgrad_avx2_off (im2col + GEMM). */
 bool na_cpu_direct_wgrad_usable(const na_conv_geom *g);
 extern bool na_cpu_wgrad_avx2_off;
+/* Test hook: the AVX2 weight gradient's copies element by element, as before the 8 x 8
+ * transposes (na_cpu_dc_transpose_avx2): the same tile, so the same bits. */
+extern bool na_cpu_wgrad_avx2_copies_off;
 /* Whether the direct forward and data gradient take the AVX2 + FMA tiles
  * (cpu_direct_conv_avx2.c): the CPU has AVX2, FMA and F16C but no AVX-512F, and the test hook
  * na_cpu_direct_avx2_off (which sends those CPUs' convolutions to im2col + GEMM) is off. */
