@@ -157,6 +157,21 @@ Test(cpu_backend, missing_optional_kernel_is_named) {
 
 /* The optimizer kernels read the learning rate from t->lr (f64 0-dim) when given: a replayed
  * CUDA graph's way to see each step's value. */
+/* The A/B switches read their variable once: the value that matched, only an exact match, and
+ * the first answer kept after the environment changes. */
+Test(cpu_backend, env_switch_reads_once_and_matches_exactly) {
+    _Atomic int on = -1, other = -1, unset = -1;
+    setenv("NANOAMP_TEST_SWITCH", "off", 1);
+    cr_expect(na_cpu_env_is(&on, "NANOAMP_TEST_SWITCH", "off"));
+    cr_expect(!na_cpu_env_is(&other, "NANOAMP_TEST_SWITCH", "of"), "a prefix is not a match");
+    unsetenv("NANOAMP_TEST_SWITCH");
+    cr_expect(na_cpu_env_is(&on, "NANOAMP_TEST_SWITCH", "off"), "read once: the answer stays");
+    cr_expect(!na_cpu_env_is(&unset, "NANOAMP_TEST_SWITCH", "off"), "unset is not a match");
+    setenv("NANOAMP_TEST_SWITCH", "off", 1);
+    cr_expect(!na_cpu_env_is(&unset, "NANOAMP_TEST_SWITCH", "off"), "read once: stays false");
+    unsetenv("NANOAMP_TEST_SWITCH");
+}
+
 Test(cpu_backend, optim_reads_the_learning_rate_from_a_device_scalar) {
     float p[2] = {1, 2}, g[2] = {1, 1}, step = 0;
     double lr = 0.25;

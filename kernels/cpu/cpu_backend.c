@@ -148,14 +148,21 @@ static bool has_avx512bf16(void) { NA_CPU_FEATURE("avx512bf16"); }
 static bool has_avx512bw(void) { NA_CPU_FEATURE("avx512bw"); }
 static bool has_avx512vl(void) { NA_CPU_FEATURE("avx512vl"); }
 
+bool na_cpu_env_is(_Atomic int *cache, const char *name, const char *value) {
+    int v = atomic_load(cache);
+    if (v < 0) { /* racing first reads store the same answer */
+        const char *e = getenv(name);
+        v = e && strcmp(e, value) == 0;
+        atomic_store(cache, v);
+    }
+    return v;
+}
+
 bool na_cpu_bf16_force_spec = false;
 bool na_cpu_bf16_fast(void) {
-    static _Atomic int env_off = -1; /* NANOAMP_CPU_BF16=off, read once */
-    if (env_off < 0) {
-        const char *e = getenv("NANOAMP_CPU_BF16");
-        env_off = e && strcmp(e, "off") == 0;
-    }
-    return NA_CPU_BF16_KERNELS && !na_cpu_bf16_force_spec && !na_cpu_reproducible() && !env_off && has_avx512bf16() &&
+    static _Atomic int env_off = -1;
+    return NA_CPU_BF16_KERNELS && !na_cpu_bf16_force_spec && !na_cpu_reproducible() &&
+           !na_cpu_env_is(&env_off, "NANOAMP_CPU_BF16", "off") && has_avx512bf16() &&
            has_avx512bw() && has_avx512vl() && na_cpu_has_avx512f();
 }
 static bool has_avx2(void) { NA_CPU_FEATURE("avx2"); }
@@ -170,12 +177,8 @@ bool na_cpu_use_avx2(void) { return has_avx2() && !na_cpu_force_baseline; }
 
 bool na_cpu_half_avx2_off = false, na_cpu_half_avx2_prefer = false;
 bool na_cpu_half_avx2(void) {
-    static _Atomic int env_off = -1; /* NANOAMP_CPU_HALF_AVX2=off, read once */
-    if (env_off < 0) {
-        const char *e = getenv("NANOAMP_CPU_HALF_AVX2");
-        env_off = e && strcmp(e, "off") == 0;
-    }
-    return !na_cpu_half_avx2_off && !env_off && !na_cpu_half512_off && na_cpu_use_avx2() &&
+    static _Atomic int env_off = -1;
+    return !na_cpu_half_avx2_off && !na_cpu_env_is(&env_off, "NANOAMP_CPU_HALF_AVX2", "off") && !na_cpu_half512_off && na_cpu_use_avx2() &&
            na_cpu_convert_is_fast() && (na_cpu_half_avx2_prefer || !na_cpu_half512());
 }
 

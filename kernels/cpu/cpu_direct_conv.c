@@ -53,7 +53,6 @@
  * order, rounded once; denormal inputs and results are zero (the instruction's DAZ/FTZ). The
  * widening path stays the specification (NANOAMP_CPU_BF16=off, na_cpu_bf16_force_spec).
  */
-#include <stdlib.h>
 
 #include "cpu/cpu_direct_conv.h"
 #include "cpu/cpu_half_simd.h"
@@ -79,11 +78,7 @@ enum { NA_CPU_DIRECT_ROW_TASKS = 8 }; /* most tasks of a weight gradient split b
 
 static bool env_forces_gemm(void) {
     static _Atomic int gemm = -1;
-    if (gemm < 0) {
-        const char *e = getenv("NANOAMP_CPU_CONV");
-        gemm = e && strcmp(e, "gemm") == 0;
-    }
-    return gemm;
+    return na_cpu_env_is(&gemm, "NANOAMP_CPU_CONV", "gemm");
 }
 
 bool na_cpu_direct_avx2_off = false;
@@ -110,11 +105,7 @@ bool na_cpu_wgrad_avx2_copies_off = false;
 /* NANOAMP_CPU_WGRAD_AVX2=off: the AVX2 weight gradient back to im2col + GEMM (A/B timing) */
 static bool env_wgrad_avx2_off(void) {
     static _Atomic int off = -1;
-    if (off < 0) {
-        const char *e = getenv("NANOAMP_CPU_WGRAD_AVX2");
-        off = e && strcmp(e, "off") == 0;
-    }
-    return off;
+    return na_cpu_env_is(&off, "NANOAMP_CPU_WGRAD_AVX2", "off");
 }
 
 /* the 3x3 shapes whose taps the padded planes hold (wgrad_lanes), not empty */

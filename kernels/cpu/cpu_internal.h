@@ -330,6 +330,11 @@ extern bool na_cpu_pool_force_generic;
 bool na_cpu_use_avx2(void);
 extern bool na_cpu_force_baseline;
 
+/* The CPU backend's A/B switches (NANOAMP_CPU_CONV=gemm, NANOAMP_CPU_HALF_AVX2=off, ...):
+ * whether environment variable name equals value, read once into *cache (a static _Atomic int
+ * of the caller's, starting at -1), so a hot path asks an int, not the environment. */
+bool na_cpu_env_is(_Atomic int *cache, const char *name, const char *value);
+
 /* Test hook: when true, SyncBatchNorm's batch_norm_relu_backward_x keeps its chunked loops
  * (the specification) instead of the AVX2 + F16C ones in memory order (cpu_syncbn.c); the
  * environment's NANOAMP_CPU_SYNCBN=off does the same. */

@@ -20,7 +20,6 @@
  * conversion being common/half.h's), so the masks compare with that. On AVX2 + F16C the
  * loops below (memory order, halves converted in registers) run instead of the chunked ones,
  * and batch_norm_eval_rows gives SyncBatchNorm's forward y the same way. */
-#include <stdlib.h>
 
 #include "common/bn_stats.h"
 #include "cpu/cpu_internal.h"
@@ -199,12 +198,12 @@ static void sk_constants(const sbn_job *j, sk_chan *q) {
 }
 
 static bool sk_usable(void) {
-    static _Atomic int ok = -1; /* the CPU has AVX2 and F16C, NANOAMP_CPU_SYNCBN is not off */
-    if (ok < 0) {
+    static _Atomic int f16c = -1, env_off = -1; /* CPUID asked once: it traps in a VM */
+    if (f16c < 0) {
         unsigned a, b, c, d;
-        const char *e = getenv("NANOAMP_CPU_SYNCBN");
-        ok = !(e && strcmp(e, "off") == 0) && __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+        f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
     }
+    bool ok = f16c && !na_cpu_env_is(&env_off, "NANOAMP_CPU_SYNCBN", "off");
     /* not yet where the AVX-512 loops run (plain BatchNorm's eval there is AVX-512): these
      * were measured on AVX2-only CPUs, the earlier loops stay on the others until measured
      * (the tests reach these there through na_cpu_half_avx2_prefer) */
