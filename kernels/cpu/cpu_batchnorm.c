@@ -373,6 +373,8 @@ typedef struct {
     na_view *rm, *rv, *y, *gx, *gg, *gb, *sm, *si;
     int64_t n, c, s, tasks;
     double momentum, eps;
+    float *oq;   /* the memory-order backward's gx constants, 5 per channel (bn_backward_o) */
+    bool o_rows; /* its gx pass: tasks over rows */
 } bn_job;
 
 /* A buffer to widen one channel of v into (bn_rows), when v is not of the compute type and
@@ -950,9 +952,10 @@ enum { BN_OBLOCK = 32 };
 NA_HALF_AVX2 NA_AINLINE static inline void bn_backward_o_body(
     const na_view *x, const na_view *gy, const na_view *relu_y, const na_view *gamma,
     const na_view *mean_t, const na_view *invstd_t, na_view *gx, na_view *gg, na_view *gb,
-    int64_t n, int64_t c, int64_t s, bool train, int64_t c0, int64_t c1, int uk) {
+    int64_t n, int64_t c, int64_t s, bool train, int64_t c0, int64_t c1, int uk, float *oq) {
     /* uk: every operand of that kind (a constant: no branch on kinds in the loops), HK_NONE:
-     * each its own */
+     * each its own; oq given: the sums only, each channel's gx constants stored to oq[5 ch..]
+     * for bn_gx_rows_o */
     int kx = uk != HK_NONE ? uk : hkind(x), kg = uk != HK_NONE ? uk : hkind(gy);
     int ky = uk != HK_NONE ? uk : hkind(relu_y), kgx = uk != HK_NONE ? uk : hkind(gx);
     const void *yp = relu_y ? relu_y->data : NULL;
@@ -993,6 +996,15 @@ NA_HALF_AVX2 NA_AINLINE static inline void bn_backward_o_body(
             set_param(gb, b0 + k, sum_gy[k]);
         }
         if (!gx) continue;
+        if (oq) {
+            for (int64_t k = 0; k < nb; k++) {
+                float *o = oq + 5 * (b0 + k);
+                o[0] = mean[k], o[1] = invstd[k];
+                o[2] = invstd[k] * (float)param(gamma, b0 + k, 1);
+                o[3] = sum_gy[k] / (float)M, o[4] = sum_gyxh[k] / (float)M;
+            }
+            continue;
+        }
         agx_consts q[BN_OBLOCK];
         for (int64_t k = 0; k < nb; k++)
             q[k] = agx_constants(mean[k], invstd[k], invstd[k] * (float)param(gamma, b0 + k, 1),
@@ -1001,6 +1013,23 @@ NA_HALF_AVX2 NA_AINLINE static inline void bn_backward_o_body(
             for (int64_t k = 0; k < nb; k++)
                 agx_row(x->data, kx, gy->data, kg, yp, ky, gx->data, kgx, (ni * c + b0 + k) * s,
                         s, &q[k], train, grad_mask);
+    }
+}
+
+/* gx of rows [r0, r1) of the N*C rows (row r: image r / C, channel r % C) from the constants
+ * bn_backward_o_body stored: any split of the rows, each element its own */
+NA_HALF_AVX2 NA_AINLINE static inline void bn_gx_rows_o_body(
+    const na_view *x, const na_view *gy, const na_view *relu_y, na_view *gx, int64_t n,
+    int64_t c, int64_t s, bool train, int64_t r0, int64_t r1, int uk, const float *oq) {
+    int kx = uk != HK_NONE ? uk : hkind(x), kg = uk != HK_NONE ? uk : hkind(gy);
+    int ky = uk != HK_NONE ? uk : hkind(relu_y), kgx = uk != HK_NONE ? uk : hkind(gx);
+    const void *yp = relu_y ? relu_y->data : NULL;
+    bool grad_mask = kg > HK_F32 && n * s <= ((int64_t)1 << 22);
+    for (int64_t r = r0; r < r1; r++) {
+        const float *o = oq + 5 * (r % c);
+        agx_consts q = agx_constants(o[0], o[1], o[2], o[3], o[4]);
+        agx_row(x->data, kx, gy->data, kg, yp, ky, gx->data, kgx, r * s, s, &q, train,
+                grad_mask);
     }
 }
 
@@ -1020,11 +1049,11 @@ NA_HALF_AVX2 static void bn_backward_o(const na_view *x, const na_view *gy, cons
                                        const na_view *gamma, const na_view *mean_t,
                                        const na_view *invstd_t, na_view *gx, na_view *gg,
                                        na_view *gb, int64_t n, int64_t c, int64_t s, bool train,
-                                       int64_t c0, int64_t c1) {
+                                       int64_t c0, int64_t c1, float *oq) {
     const na_view *ops[4] = {x, gy, relu_y, gx};
 #define BN_BACKWARD_O(uk)                                                                    \
     bn_backward_o_body(x, gy, relu_y, gamma, mean_t, invstd_t, gx, gg, gb, n, c, s, train, c0, \
-                       c1, uk)
+                       c1, uk, oq)
     switch (uniform_kind(ops, 4)) {
     case HK_F32: BN_BACKWARD_O(HK_F32); break;
     case HK_F16: BN_BACKWARD_O(HK_F16); break;
@@ -1032,6 +1061,21 @@ NA_HALF_AVX2 static void bn_backward_o(const na_view *x, const na_view *gy, cons
     default: BN_BACKWARD_O(HK_NONE); break;
     }
 #undef BN_BACKWARD_O
+    _mm256_zeroupper();
+}
+
+NA_HALF_AVX2 static void bn_gx_rows_o(const na_view *x, const na_view *gy, const na_view *relu_y,
+                                      na_view *gx, int64_t n, int64_t c, int64_t s, bool train,
+                                      int64_t r0, int64_t r1, const float *oq) {
+    const na_view *ops[4] = {x, gy, relu_y, gx};
+#define BN_GX_ROWS_O(uk) bn_gx_rows_o_body(x, gy, relu_y, gx, n, c, s, train, r0, r1, uk, oq)
+    switch (uniform_kind(ops, 4)) {
+    case HK_F32: BN_GX_ROWS_O(HK_F32); break;
+    case HK_F16: BN_GX_ROWS_O(HK_F16); break;
+    case HK_BF16: BN_GX_ROWS_O(HK_BF16); break;
+    default: BN_GX_ROWS_O(HK_NONE); break;
+    }
+#undef BN_GX_ROWS_O
     _mm256_zeroupper();
 }
 
@@ -1095,12 +1139,17 @@ static void bn_task(void *ctx, int64_t t) {
     na_cpu_task_range(j->c, j->tasks, t, 1, &c0, &c1);
 #ifdef NA_CPU_HALF_SIMD
     if (bn_order_ok(j)) {
-        if (j->kind == BN_TRAIN)
+        if (j->o_rows) {
+            int64_t r0, r1;
+            na_cpu_task_range(j->n * j->c, j->tasks, t, 1, &r0, &r1);
+            bn_gx_rows_o(j->x, j->gy, j->relu_y, j->gx, j->n, j->c, j->s, j->train, r0, r1,
+                         j->oq);
+        } else if (j->kind == BN_TRAIN)
             bn_train_a(j->x, j->gamma, j->beta, j->rm, j->rv, j->y, j->sm, j->si, j->n, j->c,
                        j->s, (float)j->momentum, (float)j->eps, j->relu, c0, c1);
         else
             bn_backward_o(j->x, j->gy, j->relu_y, j->gamma, j->mean, j->invstd, j->gx, j->gg,
-                          j->gb, j->n, j->c, j->s, j->train, c0, c1);
+                          j->gb, j->n, j->c, j->s, j->train, c0, c1, j->oq);
         return;
     }
     if (bn_half_avx2_ok(j)) {
@@ -1178,6 +1227,30 @@ static void bn_task(void *ctx, int64_t t) {
 
 static void bn_run(bn_job *j) {
     j->f64 = j->x->dtype == NA_DTYPE_F64;
+#ifdef NA_CPU_HALF_SIMD
+    if (j->c && j->kind == BN_BACKWARD && bn_order_ok(j)) {
+        /* as SyncBatchNorm's AVX2 backward splits (cpu_syncbn.c): the sums pass over whole
+         * channels, at least 8 KiB of them per image and task, so that each task reads long
+         * runs in memory order; then gx over any split of the rows. Sizes alone choose the
+         * tasks, and each channel's sums are one task's: the bits do not depend on them. */
+        int64_t row = j->s * (hkind(j->x) == HK_F32 ? 4 : 2), per = (8192 + row - 1) / row;
+        int64_t most = j->c / per > 1 ? j->c / per : 1;
+        j->tasks = na_cpu_split(j->x->numel, NA_CPU_BN_TASK_ELEMS,
+                                most < NA_CPU_BN_TASKS ? most : NA_CPU_BN_TASKS);
+        /* NULL (no memory): the sums pass computes gx too, channel block by block */
+        j->oq = j->gx ? na_cpu_scratch(NA_CPU_SCRATCH_0, (size_t)j->c * 5 * sizeof(float),
+                                       "cpu_batch_norm")
+                      : NULL;
+        na_cpu_parallel_for(j->tasks, bn_task, j);
+        if (!j->oq) return;
+        int64_t rows = j->n * j->c;
+        j->o_rows = true;
+        j->tasks = na_cpu_split(j->x->numel, NA_CPU_BN_TASK_ELEMS,
+                                rows < NA_CPU_BN_TASKS ? rows : NA_CPU_BN_TASKS);
+        na_cpu_parallel_for(j->tasks, bn_task, j);
+        return;
+    }
+#endif
     j->tasks = na_cpu_split(j->x->numel, NA_CPU_BN_TASK_ELEMS,
                             j->c < NA_CPU_BN_TASKS ? j->c : NA_CPU_BN_TASKS);
     na_cpu_parallel_for(j->c ? j->tasks : 0, bn_task, j);
