@@ -934,7 +934,9 @@ NA_HALF_AVX2 static void bn_backward_a(const na_view *x, const na_view *gy, cons
  * first layer: three 200 KB half rows) that leaves L2 between the sums and gx passes anyway.
  * bn_backward_o walks memory in its order instead, as SyncBatchNorm's AVX2 loops do
  * (cpu_syncbn.c): each pass takes a block of at most BN_OBLOCK channels image by image, every
- * channel's row in turn, with one pairwise counter per channel. A channel's chunks reach its
+ * channel's row in turn, with one pairwise counter per channel; the pool splits the sums
+ * pass into tasks of whole channels, at least 8 KiB of them per image, and the gx pass into
+ * ranges of rows (bn_run, as cpu_syncbn.c). A channel's chunks reach its
  * counter in the order above (image by image, chunk by chunk) and are summed by the same
  * leaves (adual_sum, agx_row), so every output has the bits of the loops above and of the
  * widening specification; only the order in which channels are visited changes
