@@ -3,7 +3,7 @@
  * calls, in milliseconds, which is the figure least disturbed by other work on the machine.
  *
  *   na-kbench [--repeats N] [--cpu-clock] [case...]
- *             cases: conv, conv-resnet9, gemm, convert, maxpool, relu, bn, peak (default: all), run
+ *             cases: conv, conv-resnet9, gemm, convert, maxpool, relu, bn, bn-resnet9, peak (default: all), run
  *             in this order; every argument is checked first. --cpu-clock times CPU time (all
  *             threads) instead of wall time: with NANOAMP_THREADS=1 it compares kernels on a
  *             machine that is busy with other work.
@@ -34,7 +34,8 @@
  * bn:      the MNIST CNN's two BatchNorm+ReLU layers (batch 128), training forward and
  *          backward, f32, f16 and bf16 activations with f32 parameters (cpu_batchnorm.c);
  *          syncbn_*: SyncBatchNorm's kernels for the same layers, without the collectives
- *          (src/dist/syncbn.c, cpu_syncbn.c); *_backward_y: relu'(y) read from y instead. */
+ *          (src/dist/syncbn.c, cpu_syncbn.c); *_backward_y: relu'(y) read from y instead.
+ * bn-resnet9: the same for ResNet-9's BatchNorm layers at batch 32. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -184,11 +185,10 @@ static int bench_relu(void) {
     return rc != 0;
 }
 
-static int bench_bn(void) {
-    const int64_t shapes[2][4] = {{128, 32, 28, 28}, {128, 64, 14, 14}};
+static int bench_bn_layers(const int64_t (*shapes)[4], int layers) {
     const na_dtype dts[3] = {NA_DTYPE_F32, NA_DTYPE_F16, NA_DTYPE_BF16};
     int rc = 0;
-    for (int l = 0; l < 2; l++)
+    for (int l = 0; l < layers; l++)
         for (int t = 0; t < 3; t++) {
             const int64_t *xs = shapes[l], cs[1] = {xs[1]};
             int64_t n = xs[0], c = xs[1], s = xs[2] * xs[3];
@@ -264,6 +264,17 @@ static int bench_bn(void) {
             for (int k = 0; k < 6; k++) free(p[k].data);
         }
     return rc != 0;
+}
+
+static int bench_bn(void) { /* the MNIST CNN, batch 128 */
+    static const int64_t shapes[][4] = {{128, 32, 28, 28}, {128, 64, 14, 14}};
+    return bench_bn_layers(shapes, 2);
+}
+
+static int bench_bn_resnet9(void) { /* ResNet-9's BatchNorm layers (conv-resnet9's outputs) */
+    static const int64_t shapes[][4] = {{32, 64, 32, 32},  {32, 128, 32, 32}, {32, 128, 16, 16},
+                                        {32, 256, 16, 16}, {32, 512, 8, 8},   {32, 512, 4, 4}};
+    return bench_bn_layers(shapes, 6);
 }
 
 /* One convolution row: the print_row fields plus the rate and its share of the dtype's peak. */
@@ -440,6 +451,7 @@ static const struct {
     {"maxpool", bench_maxpool},
     {"relu", bench_relu},
     {"bn", bench_bn},
+    {"bn-resnet9", bench_bn_resnet9},
     {"peak", bench_peak},
 };
 

@@ -3070,7 +3070,34 @@ static void bn_half_shapes(void) {
 }
 
 Test(cpu_batchnorm, half_read_in_place_same_bits_as_widened, .timeout = 120) {
+    na_cpu_bn_order_off = true; /* the channel-by-channel loops; memory order: below */
     FOR_EACH_HALF_PATH(bn_half_shapes());
+    na_cpu_bn_order_off = false;
+}
+
+/* The training forward and backward in memory order (na_cpu_bn_order: blocks of channels,
+ * image by image; gx then over rows) give the widening path's bits too: the shapes above, and
+ * more channels than one block (32) holds, with a last block of 1 and of 5. On an AVX-512
+ * CPU through na_cpu_half_avx2_prefer. */
+Test(cpu_batchnorm, memory_order_same_bits_as_widened, .timeout = 120) {
+    na_cpu_half_avx2_prefer = true;
+    if (!na_cpu_bn_order()) {
+        na_cpu_half_avx2_prefer = false;
+        cr_skip("this CPU lacks AVX2+F16C: BatchNorm keeps its channel-by-channel loops");
+    }
+    bn_half_shapes();
+    /* the last: more than one task in each pass (the sums over channels, gx over rows) */
+    const int64_t shapes[][3] = {{2, 33, 9}, {3, 69, 20}, {2, 37, 130}, {4, 40, 300}};
+    const na_dtype h[2] = {NA_DTYPE_F16, NA_DTYPE_BF16}, F = NA_DTYPE_F32;
+    for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++)
+        for (int t = 0; t < 2; t++)
+            for (int relu = 0; relu < 2; relu++) {
+                const int64_t *d = shapes[sh];
+                bn_half_case(d[0], d[1], d[2], h[t], h[t], h[t], h[t], relu, true);
+                bn_half_case(d[0], d[1], d[2], F, F, F, F, relu, true);
+                bn_half_case(d[0], d[1], d[2], h[t], F, h[1 - t], F, relu, true);
+            }
+    na_cpu_half_avx2_prefer = false;
 }
 
 /* na_cpu_sum_any_f over f16/bf16 read in place (na_cpu_half512) gives the bits of the sum over

@@ -22,7 +22,10 @@
  * bn_half_ok), or 8 lanes at a time where it has AVX2 + F16C (bn_half_avx2_ok,
  * na_cpu_half_avx2); elsewhere, and with na_cpu_half512_off, widened once per channel
  * (bn_rows) rather than once per pass, the same bits either way. The forward of all-f32 operands takes
- * the same AVX-512 loops, the same bits as the f32 loops. gamma/beta NULL
+ * the same AVX-512 loops, the same bits as the f32 loops. On AVX2 + F16C without those
+ * (na_cpu_bn_order) the training backward walks memory in its order, a block of channels
+ * image by image (bn_backward_o), and the forward takes the 8-lane loops for every kind:
+ * the same bits again. gamma/beta NULL
  * mean 1/0. Parameters and statistics may be of any float dtype (f32 normally, f64 for f64 x).
  *
  * The f32 loops are built twice, for the baseline x86-64 (SSE2) and for AVX2 (chosen at run
@@ -31,10 +34,27 @@
  * contracted: both builds compute the same operations in the same order and give the same
  * bits (tests/test_cpu_kernels.c compares them).
  */
+#include <stdlib.h>
+
 #include "common/bn_stats.h"
 #include "cpu/cpu_half_simd.h"
 #include "cpu/cpu_internal.h"
 #include "cpu/cpu_parallel.h"
+
+bool na_cpu_bn_order_off = false;
+bool na_cpu_bn_order(void) {
+    static _Atomic int env_off = -1; /* NANOAMP_CPU_BN_ORDER=off, read once */
+    if (env_off < 0) {
+        const char *e = getenv("NANOAMP_CPU_BN_ORDER");
+        env_off = e && strcmp(e, "off") == 0;
+    }
+#ifdef NA_CPU_HALF_SIMD
+    return !na_cpu_bn_order_off && !env_off && !na_cpu_half512_off && na_cpu_use_avx2() &&
+           na_cpu_convert_is_fast() && (na_cpu_half_avx2_prefer || !na_cpu_half512());
+#else
+    return false;
+#endif
+}
 
 static double param(const na_view *t, int64_t i, double dflt) {
     return t ? na_cpu_get(t->dtype, t->data, i) : dflt;
@@ -353,6 +373,8 @@ typedef struct {
     na_view *rm, *rv, *y, *gx, *gg, *gb, *sm, *si;
     int64_t n, c, s, tasks;
     double momentum, eps;
+    float *oq;   /* the memory-order backward's gx constants, 5 per channel (bn_backward_o) */
+    bool o_rows; /* its gx pass: tasks over rows */
 } bn_job;
 
 /* A buffer to widen one channel of v into (bn_rows), when v is not of the compute type and
@@ -695,19 +717,12 @@ NA_HALF_AVX2 NA_AINLINE static inline __m256 amasked8(__m256 g, const void *y, i
     return _mm256_mul_ps(g, _mm256_andnot_ps(le, _mm256_set1_ps(1)));
 }
 
-/* hdual_sum: dual_sum_f over gm = gy * relu'(y) and gm * xhat at [off, off+n) */
-NA_HALF_AVX2 static void adual_sum(const void *g, int kg, const void *y, int ky, const void *x,
-                                   int kx, int64_t off, int64_t n, float mean, float invstd,
-                                   float *s1, float *s2) {
-    if (n > 128) {
-        int64_t h = (n / 2 + 7) & ~(int64_t)7;
-        float a1, a2, b1, b2;
-        adual_sum(g, kg, y, ky, x, kx, off, h, mean, invstd, &a1, &a2);
-        adual_sum(g, kg, y, ky, x, kx, off + h, n - h, mean, invstd, &b1, &b2);
-        *s1 = a1 + b1;
-        *s2 = a2 + b2;
-        return;
-    }
+/* adual_sum's leaf of at most 128 values; always inlined, so that kinds given as constants
+ * (the kind-specialized copies below) leave no branch on them in the loop */
+NA_HALF_AVX2 NA_AINLINE static inline void adual_leaf(const void *g, int kg, const void *y,
+                                                      int ky, const void *x, int kx, int64_t off,
+                                                      int64_t n, float mean, float invstd,
+                                                      float *s1, float *s2) {
     __m256 va1 = _mm256_setzero_ps(), va2 = va1, vm = _mm256_set1_ps(mean),
            vs = _mm256_set1_ps(invstd);
     int64_t i = 0;
@@ -732,6 +747,30 @@ NA_HALF_AVX2 static void adual_sum(const void *g, int kg, const void *y, int ky,
     *s1 = t1;
     *s2 = t2;
 }
+
+/* hdual_sum: dual_sum_f over gm = gy * relu'(y) and gm * xhat at [off, off+n); adual_sum
+ * takes the kinds as given, adual_sum_<kind> has every operand of that kind */
+#define NA_ADUAL_SUM(SFX, KG, KY, KX)                                                       \
+    NA_HALF_AVX2 static void adual_sum##SFX(const void *g, int kg, const void *y, int ky,    \
+                                            const void *x, int kx, int64_t off, int64_t n,  \
+                                            float mean, float invstd, float *s1, float *s2) { \
+        if (n > 128) {                                                                      \
+            int64_t h = (n / 2 + 7) & ~(int64_t)7;                                          \
+            float a1, a2, b1, b2;                                                           \
+            adual_sum##SFX(g, kg, y, ky, x, kx, off, h, mean, invstd, &a1, &a2);            \
+            adual_sum##SFX(g, kg, y, ky, x, kx, off + h, n - h, mean, invstd, &b1, &b2);    \
+            *s1 = a1 + b1;                                                                  \
+            *s2 = a2 + b2;                                                                  \
+            return;                                                                         \
+        }                                                                                   \
+        (void)kg, (void)ky, (void)kx;                                                       \
+        adual_leaf(g, KG, y, KY, x, KX, off, n, mean, invstd, s1, s2);                      \
+    }
+NA_ADUAL_SUM(, kg, ky, kx)
+NA_ADUAL_SUM(_f32, HK_F32, HK_F32, HK_F32)
+NA_ADUAL_SUM(_f16, HK_F16, HK_F16, HK_F16)
+NA_ADUAL_SUM(_bf16, HK_BF16, HK_BF16, HK_BF16)
+#undef NA_ADUAL_SUM
 
 /* haffine: y[off..off+n) = (x - mean) * scale + shift, relu'd when asked (NaN stays NaN) */
 NA_HALF_AVX2 static void aaffine(const void *x, int kx, void *y, int ky, int64_t off, int64_t n,
@@ -802,6 +841,45 @@ NA_HALF_AVX2 static void bn_eval_a(const na_view *x, const na_view *gamma, const
     }
 }
 
+/* a channel's constants for agx_row, 8 lanes each */
+typedef struct {
+    __m256 mean, invstd, mg, mgx, scale;
+} agx_consts;
+NA_HALF_AVX2 NA_AINLINE static inline agx_consts agx_constants(float mean, float invstd,
+                                                               float scale, float mg,
+                                                               float mgx) {
+    return (agx_consts){_mm256_set1_ps(mean), _mm256_set1_ps(invstd), _mm256_set1_ps(mg),
+                        _mm256_set1_ps(mgx), _mm256_set1_ps(scale)};
+}
+
+/* chan_gx_f over elements [off, off+n) of one row: train, na_bn_grad; eval, gm * scale; gm =
+ * gy * relu'(y) where y is given: NA_RELU_GRAD (1 where y is NaN) when grad_mask, as a widened
+ * gy holds it (widen_buffer), else 1 where y > 0, as chan_gx over a gy read in place */
+NA_HALF_AVX2 NA_AINLINE static inline void agx_row(const void *x, int kx, const void *g, int kg,
+                                                   const void *y, int ky, void *gx, int kgx,
+                                                   int64_t off, int64_t n, const agx_consts *k,
+                                                   bool train, bool grad_mask) {
+    for (int64_t i = 0; i < n; i += 8) {
+        int64_t m = n - i < 8 ? n - i : 8;
+        __m256 gm = aload8(g, kg, off + i, m);
+        if (y && grad_mask) {
+            gm = amasked8(gm, y, ky, off + i, m);
+        } else if (y) {
+            __m256 gt = _mm256_cmp_ps(aload8(y, ky, off + i, m), _mm256_setzero_ps(), _CMP_GT_OQ);
+            gm = _mm256_mul_ps(gm, _mm256_and_ps(gt, _mm256_set1_ps(1)));
+        }
+        __m256 out;
+        if (train) {
+            __m256 xh = _mm256_mul_ps(_mm256_sub_ps(aload8(x, kx, off + i, m), k->mean), k->invstd);
+            out = _mm256_mul_ps(_mm256_sub_ps(_mm256_sub_ps(gm, k->mg), _mm256_mul_ps(xh, k->mgx)),
+                                k->scale);
+        } else {
+            out = _mm256_mul_ps(gm, k->scale);
+        }
+        astore8(gx, kgx, off + i, m, out);
+    }
+}
+
 /* bn_backward_h in 8 lanes: channels [c0, c1) with gy of f16/bf16 */
 NA_HALF_AVX2 static void bn_backward_a(const na_view *x, const na_view *gy, const na_view *relu_y,
                                        const na_view *gamma, const na_view *mean_t,
@@ -841,28 +919,166 @@ NA_HALF_AVX2 static void bn_backward_a(const na_view *x, const na_view *gy, cons
         set_param(gb, ch, sum_gy);
         if (!gx) continue;
         /* chan_gx_f over the widened gy * relu'(y): na_bn_grad, or gm * scale */
-        __m256 vm = _mm256_set1_ps(mean), vi = _mm256_set1_ps(invstd),
-               vmg = _mm256_set1_ps(sum_gy / (float)M), vmx = _mm256_set1_ps(sum_gyxh / (float)M),
-               vs = _mm256_set1_ps(scale);
+        agx_consts k = agx_constants(mean, invstd, scale, sum_gy / (float)M, sum_gyxh / (float)M);
         for (int64_t ni = 0; ni < n; ni++) {
             int64_t off = (ni * c + ch) * s;
             if (ni + 1 < n && s <= NA_CPU_CHUNK) hprefetch_w(gx->data, kgx, off + c * s, s);
-            for (int64_t i = 0; i < s; i += 8) {
-                int64_t m = s - i < 8 ? s - i : 8;
-                __m256 gm = amasked8(aload8(gy->data, kg, off + i, m), yp, ky, off + i, m);
-                __m256 out;
-                if (train) {
-                    __m256 xh = _mm256_mul_ps(
-                        _mm256_sub_ps(aload8(x->data, kx, off + i, m), vm), vi);
-                    out = _mm256_mul_ps(
-                        _mm256_sub_ps(_mm256_sub_ps(gm, vmg), _mm256_mul_ps(xh, vmx)), vs);
-                } else {
-                    out = _mm256_mul_ps(gm, vs);
-                }
-                astore8(gx->data, kgx, off + i, m, out);
-            }
+            agx_row(x->data, kx, gy->data, kg, yp, ky, gx->data, kgx, off, s, &k, train, true);
         }
     }
+}
+
+/* ---- the backward in memory order (na_cpu_bn_order) ----------------------------------------
+ * The loops above walk a channel's N rows, C*S apart, pass after pass: rows of a few hundred
+ * elements that the hardware prefetchers start cold at each row, and a channel (the CNN's
+ * first layer: three 200 KB half rows) that leaves L2 between the sums and gx passes anyway.
+ * bn_backward_o walks memory in its order instead, as SyncBatchNorm's AVX2 loops do
+ * (cpu_syncbn.c): each pass takes a block of at most BN_OBLOCK channels image by image, every
+ * channel's row in turn, with one pairwise counter per channel; the pool splits the sums
+ * pass into tasks of whole channels, at least 8 KiB of them per image, and the gx pass into
+ * ranges of rows (bn_run, as cpu_syncbn.c). A channel's chunks reach its
+ * counter in the order above (image by image, chunk by chunk) and are summed by the same
+ * leaves (adual_sum, agx_row), so every output has the bits of the loops above and of the
+ * widening specification; only the order in which channels are visited changes
+ * (tests/test_cpu_kernels.c compares them with na_cpu_bn_order_off). The loops are copied
+ * per kind (every operand f32, f16 or bf16) so that no branch on kinds stays in them. The
+ * training forward keeps one channel at a time: its three passes find the channel in cache
+ * (blocks of channels in memory order measured slower on the half layers); under the same
+ * switch its all-f32 operands take the 8-lane loops (bn_train_a, with their next-row
+ * prefetch) as the halves do. */
+enum { BN_OBLOCK = 32 };
+
+/* bn_backward_a (and bn_backward_f, over any of f32/f16/bf16) in memory order: channels
+ * [c0, c1). gx's ReLU mask is the one the loops above apply: NA_RELU_GRAD where gy is a half
+ * that widen_buffer widens, else y > 0 (they differ only where y is NaN). */
+NA_HALF_AVX2 NA_AINLINE static inline void bn_backward_o_body(
+    const na_view *x, const na_view *gy, const na_view *relu_y, const na_view *gamma,
+    const na_view *mean_t, const na_view *invstd_t, na_view *gx, na_view *gg, na_view *gb,
+    int64_t n, int64_t c, int64_t s, bool train, int64_t c0, int64_t c1, int uk, float *oq) {
+    /* uk: every operand of that kind (a constant: no branch on kinds in the loops), HK_NONE:
+     * each its own; oq given: the sums only, each channel's gx constants stored to oq[5 ch..]
+     * for bn_gx_rows_o */
+    int kx = uk != HK_NONE ? uk : hkind(x), kg = uk != HK_NONE ? uk : hkind(gy);
+    int ky = uk != HK_NONE ? uk : hkind(relu_y), kgx = uk != HK_NONE ? uk : hkind(gx);
+    const void *yp = relu_y ? relu_y->data : NULL;
+    int64_t M = n * s;
+    bool need_sums = train || gg || gb, grad_mask = kg > HK_F32 && M <= ((int64_t)1 << 22);
+    for (int64_t b0 = c0; b0 < c1; b0 += BN_OBLOCK) {
+        int64_t nb = c1 - b0 < BN_OBLOCK ? c1 - b0 : BN_OBLOCK;
+        float mean[BN_OBLOCK], invstd[BN_OBLOCK], sum_gy[BN_OBLOCK] = {0},
+              sum_gyxh[BN_OBLOCK] = {0};
+        for (int64_t k = 0; k < nb; k++) {
+            mean[k] = (float)param(mean_t, b0 + k, 0);
+            invstd[k] = (float)param(invstd_t, b0 + k, 1);
+        }
+        if (need_sums) {
+            na_cpu_psum_f a1[BN_OBLOCK], a2[BN_OBLOCK];
+            for (int64_t k = 0; k < nb; k++) a1[k] = a2[k] = (na_cpu_psum_f){{0}, 0};
+            for (int64_t ni = 0; ni < n; ni++)
+                for (int64_t k = 0; k < nb; k++)
+                    for (int64_t o = 0; o < s; o += NA_CPU_CHUNK) {
+                        float s1, s2;
+                        int64_t off = (ni * c + b0 + k) * s + o;
+                        int64_t cnt = s - o < NA_CPU_CHUNK ? s - o : NA_CPU_CHUNK;
+                        (uk == HK_F32    ? adual_sum_f32
+                         : uk == HK_F16  ? adual_sum_f16
+                         : uk == HK_BF16 ? adual_sum_bf16
+                                         : adual_sum)(gy->data, kg, yp, ky, x->data, kx, off,
+                                                      cnt, mean[k], invstd[k], &s1, &s2);
+                        na_cpu_psum_add_f(&a1[k], s1);
+                        na_cpu_psum_add_f(&a2[k], s2);
+                    }
+            for (int64_t k = 0; k < nb; k++) {
+                sum_gy[k] = na_cpu_psum_total_f(&a1[k]);
+                sum_gyxh[k] = na_cpu_psum_total_f(&a2[k]);
+            }
+        }
+        for (int64_t k = 0; k < nb; k++) {
+            set_param(gg, b0 + k, sum_gyxh[k]);
+            set_param(gb, b0 + k, sum_gy[k]);
+        }
+        if (!gx) continue;
+        if (oq) {
+            for (int64_t k = 0; k < nb; k++) {
+                float *o = oq + 5 * (b0 + k);
+                o[0] = mean[k], o[1] = invstd[k];
+                o[2] = invstd[k] * (float)param(gamma, b0 + k, 1);
+                o[3] = sum_gy[k] / (float)M, o[4] = sum_gyxh[k] / (float)M;
+            }
+            continue;
+        }
+        agx_consts q[BN_OBLOCK];
+        for (int64_t k = 0; k < nb; k++)
+            q[k] = agx_constants(mean[k], invstd[k], invstd[k] * (float)param(gamma, b0 + k, 1),
+                                 sum_gy[k] / (float)M, sum_gyxh[k] / (float)M);
+        for (int64_t ni = 0; ni < n; ni++)
+            for (int64_t k = 0; k < nb; k++)
+                agx_row(x->data, kx, gy->data, kg, yp, ky, gx->data, kgx, (ni * c + b0 + k) * s,
+                        s, &q[k], train, grad_mask);
+    }
+}
+
+/* gx of rows [r0, r1) of the N*C rows (row r: image r / C, channel r % C) from the constants
+ * bn_backward_o_body stored: any split of the rows, each element its own */
+NA_HALF_AVX2 NA_AINLINE static inline void bn_gx_rows_o_body(
+    const na_view *x, const na_view *gy, const na_view *relu_y, na_view *gx, int64_t n,
+    int64_t c, int64_t s, bool train, int64_t r0, int64_t r1, int uk, const float *oq) {
+    int kx = uk != HK_NONE ? uk : hkind(x), kg = uk != HK_NONE ? uk : hkind(gy);
+    int ky = uk != HK_NONE ? uk : hkind(relu_y), kgx = uk != HK_NONE ? uk : hkind(gx);
+    const void *yp = relu_y ? relu_y->data : NULL;
+    bool grad_mask = kg > HK_F32 && n * s <= ((int64_t)1 << 22);
+    for (int64_t r = r0; r < r1; r++) {
+        const float *o = oq + 5 * (r % c);
+        agx_consts q = agx_constants(o[0], o[1], o[2], o[3], o[4]);
+        agx_row(x->data, kx, gy->data, kg, yp, ky, gx->data, kgx, r * s, s, &q, train,
+                grad_mask);
+    }
+}
+
+/* the kinds the loops are specialized for: every operand (y where given) of one kind */
+static int uniform_kind(const na_view *const *v, int nv) {
+    int k = HK_NONE;
+    for (int i = 0; i < nv; i++) {
+        if (!v[i]) continue;
+        int ki = hkind(v[i]);
+        if (k != HK_NONE && ki != k) return HK_NONE;
+        k = ki;
+    }
+    return k;
+}
+
+NA_HALF_AVX2 static void bn_backward_o(const na_view *x, const na_view *gy, const na_view *relu_y,
+                                       const na_view *gamma, const na_view *mean_t,
+                                       const na_view *invstd_t, na_view *gx, na_view *gg,
+                                       na_view *gb, int64_t n, int64_t c, int64_t s, bool train,
+                                       int64_t c0, int64_t c1, float *oq) {
+    const na_view *ops[4] = {x, gy, relu_y, gx};
+#define BN_BACKWARD_O(uk)                                                                    \
+    bn_backward_o_body(x, gy, relu_y, gamma, mean_t, invstd_t, gx, gg, gb, n, c, s, train, c0, \
+                       c1, uk, oq)
+    switch (uniform_kind(ops, 4)) {
+    case HK_F32: BN_BACKWARD_O(HK_F32); break;
+    case HK_F16: BN_BACKWARD_O(HK_F16); break;
+    case HK_BF16: BN_BACKWARD_O(HK_BF16); break;
+    default: BN_BACKWARD_O(HK_NONE); break;
+    }
+#undef BN_BACKWARD_O
+    _mm256_zeroupper();
+}
+
+NA_HALF_AVX2 static void bn_gx_rows_o(const na_view *x, const na_view *gy, const na_view *relu_y,
+                                      na_view *gx, int64_t n, int64_t c, int64_t s, bool train,
+                                      int64_t r0, int64_t r1, const float *oq) {
+    const na_view *ops[4] = {x, gy, relu_y, gx};
+#define BN_GX_ROWS_O(uk) bn_gx_rows_o_body(x, gy, relu_y, gx, n, c, s, train, r0, r1, uk, oq)
+    switch (uniform_kind(ops, 4)) {
+    case HK_F32: BN_GX_ROWS_O(HK_F32); break;
+    case HK_F16: BN_GX_ROWS_O(HK_F16); break;
+    case HK_BF16: BN_GX_ROWS_O(HK_BF16); break;
+    default: BN_GX_ROWS_O(HK_NONE); break;
+    }
+#undef BN_GX_ROWS_O
+    _mm256_zeroupper();
 }
 
 /* Whether job j's f32 compute takes the half loops: the CPU has AVX-512F/BW/VL, every operand
@@ -902,6 +1118,21 @@ static bool bn_half_avx2_ok(const bn_job *j) {
     default: return false;
     }
 }
+
+/* Whether job j takes na_cpu_bn_order's loops: the backward in memory order (bn_backward_o)
+ * and the training forward (statistics only too) through bn_train_a, every operand f32, f16
+ * or bf16 */
+static bool bn_order_ok(const bn_job *j) {
+    if (j->f64 || !na_cpu_bn_order()) return false;
+    bool x_ok = hkind(j->x) != HK_NONE;
+    switch (j->kind) {
+    case BN_TRAIN: return x_ok && hkind(j->y) != HK_NONE;
+    case BN_BACKWARD:
+        return x_ok && hkind(j->gy) != HK_NONE && hkind(j->relu_y) != HK_NONE &&
+               hkind(j->gx) != HK_NONE;
+    default: return false;
+    }
+}
 #endif
 
 static void bn_task(void *ctx, int64_t t) {
@@ -909,6 +1140,20 @@ static void bn_task(void *ctx, int64_t t) {
     int64_t c0, c1;
     na_cpu_task_range(j->c, j->tasks, t, 1, &c0, &c1);
 #ifdef NA_CPU_HALF_SIMD
+    if (bn_order_ok(j)) {
+        if (j->o_rows) {
+            int64_t r0, r1;
+            na_cpu_task_range(j->n * j->c, j->tasks, t, 1, &r0, &r1);
+            bn_gx_rows_o(j->x, j->gy, j->relu_y, j->gx, j->n, j->c, j->s, j->train, r0, r1,
+                         j->oq);
+        } else if (j->kind == BN_TRAIN)
+            bn_train_a(j->x, j->gamma, j->beta, j->rm, j->rv, j->y, j->sm, j->si, j->n, j->c,
+                       j->s, (float)j->momentum, (float)j->eps, j->relu, c0, c1);
+        else
+            bn_backward_o(j->x, j->gy, j->relu_y, j->gamma, j->mean, j->invstd, j->gx, j->gg,
+                          j->gb, j->n, j->c, j->s, j->train, c0, c1, j->oq);
+        return;
+    }
     if (bn_half_avx2_ok(j)) {
         switch (j->kind) {
         case BN_TRAIN:
@@ -984,6 +1229,30 @@ static void bn_task(void *ctx, int64_t t) {
 
 static void bn_run(bn_job *j) {
     j->f64 = j->x->dtype == NA_DTYPE_F64;
+#ifdef NA_CPU_HALF_SIMD
+    if (j->c && j->kind == BN_BACKWARD && bn_order_ok(j)) {
+        /* as SyncBatchNorm's AVX2 backward splits (cpu_syncbn.c): the sums pass over whole
+         * channels, at least 8 KiB of them per image and task, so that each task reads long
+         * runs in memory order; then gx over any split of the rows. Sizes alone choose the
+         * tasks, and each channel's sums are one task's: the bits do not depend on them. */
+        int64_t row = j->s * (hkind(j->x) == HK_F32 ? 4 : 2), per = (8192 + row - 1) / row;
+        int64_t most = j->c / per > 1 ? j->c / per : 1;
+        j->tasks = na_cpu_split(j->x->numel, NA_CPU_BN_TASK_ELEMS,
+                                most < NA_CPU_BN_TASKS ? most : NA_CPU_BN_TASKS);
+        /* NULL (no memory): the sums pass computes gx too, channel block by block */
+        j->oq = j->gx ? na_cpu_scratch(NA_CPU_SCRATCH_0, (size_t)j->c * 5 * sizeof(float),
+                                       "cpu_batch_norm")
+                      : NULL;
+        na_cpu_parallel_for(j->tasks, bn_task, j);
+        if (!j->oq) return;
+        int64_t rows = j->n * j->c;
+        j->o_rows = true;
+        j->tasks = na_cpu_split(j->x->numel, NA_CPU_BN_TASK_ELEMS,
+                                rows < NA_CPU_BN_TASKS ? rows : NA_CPU_BN_TASKS);
+        na_cpu_parallel_for(j->tasks, bn_task, j);
+        return;
+    }
+#endif
     j->tasks = na_cpu_split(j->x->numel, NA_CPU_BN_TASK_ELEMS,
                             j->c < NA_CPU_BN_TASKS ? j->c : NA_CPU_BN_TASKS);
     na_cpu_parallel_for(j->c ? j->tasks : 0, bn_task, j);
