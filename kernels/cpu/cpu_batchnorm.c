@@ -34,7 +34,6 @@
  * contracted: both builds compute the same operations in the same order and give the same
  * bits (tests/test_cpu_kernels.c compares them).
  */
-#include <stdlib.h>
 
 #include "common/bn_stats.h"
 #include "cpu/cpu_half_simd.h"
@@ -43,14 +42,11 @@
 
 bool na_cpu_bn_order_off = false;
 bool na_cpu_bn_order(void) {
-    static _Atomic int env_off = -1; /* NANOAMP_CPU_BN_ORDER=off, read once */
-    if (env_off < 0) {
-        const char *e = getenv("NANOAMP_CPU_BN_ORDER");
-        env_off = e && strcmp(e, "off") == 0;
-    }
 #ifdef NA_CPU_HALF_SIMD
-    return !na_cpu_bn_order_off && !env_off && !na_cpu_half512_off && na_cpu_use_avx2() &&
-           na_cpu_convert_is_fast() && (na_cpu_half_avx2_prefer || !na_cpu_half512());
+    static _Atomic int env_off = -1;
+    return !na_cpu_bn_order_off && !na_cpu_env_is(&env_off, "NANOAMP_CPU_BN_ORDER", "off") &&
+           !na_cpu_half512_off && na_cpu_use_avx2() && na_cpu_convert_is_fast() &&
+           (na_cpu_half_avx2_prefer || !na_cpu_half512());
 #else
     return false;
 #endif
