@@ -1631,6 +1631,25 @@ static void expect_within_sum_bound_nonfinite(const na_view *fast, const na_view
 
 static int64_t avx2_wgrad_cases, avx2_wgrad_differs; /* 3x3 weight gradients on the tile */
 
+/* A random 3x3 weight-gradient geometry: channel counts across the 8-lane and 32-channel
+ * blocks, cout not a multiple of 8, vertical stride and dilation 2, padding 0-2; false when
+ * the draw has no output (draw again). */
+static bool random_wgrad3_geom(na_conv_geom *g) {
+    int64_t chans[3] = {1, 3, irand(1, 40)};
+    na_conv_geom r = {.n = irand(1, 4), .groups = urand() < 0.2 ? 2 : 1, .kh = 3, .kw = 3,
+                      .sh = (int)irand(1, 2), .sw = 1, .dh = urand() < 0.2 ? 2 : 1, .dw = 1};
+    r.ph = (int)irand(0, 2);
+    r.pw = (int)irand(0, 2);
+    r.c_in = r.groups * chans[irand(0, 2)];
+    r.c_out = r.groups * irand(1, 75);
+    r.h = irand(1, 18);
+    r.w = irand(1, 18);
+    r.oh = (r.h + 2 * r.ph - r.dh * 2 - 1) / r.sh + 1;
+    r.ow = r.w + 2 * r.pw - 2;
+    *g = r;
+    return r.h + 2 * r.ph >= r.dh * 2 + 1 && r.w + 2 * r.pw >= 3;
+}
+
 static bool avx2_direct_case(na_conv_geom g, na_dtype in, na_dtype out, bool nonfinite) {
     int64_t cg = g.c_in / g.groups, cog = g.c_out / g.groups, taps = (int64_t)g.kh * g.kw;
     na_view x = MK(in, g.n, g.c_in, g.h, g.w), w = MK(in, g.c_out, cg, g.kh, g.kw),
@@ -1770,19 +1789,8 @@ Test(cpu_conv, direct_avx2_against_specification, .timeout = 120) {
     /* 3x3 weight gradients: channel counts across the 8-lane and 32-channel blocks, cout not
      * a multiple of 8, vertical stride and dilation 2, padding 0-2 */
     for (int t = 0; t < 120; t++) {
-        int64_t chans[3] = {1, 3, irand(1, 40)};
-        na_conv_geom r = {.n = irand(1, 4), .groups = urand() < 0.2 ? 2 : 1, .kh = 3, .kw = 3,
-                          .sh = (int)irand(1, 2), .sw = 1, .dh = urand() < 0.2 ? 2 : 1,
-                          .dw = 1};
-        r.ph = (int)irand(0, 2);
-        r.pw = (int)irand(0, 2);
-        r.c_in = r.groups * chans[irand(0, 2)];
-        r.c_out = r.groups * irand(1, 75);
-        r.h = irand(1, 18);
-        r.w = irand(1, 18);
-        r.oh = (r.h + 2 * r.ph - r.dh * 2 - 1) / r.sh + 1;
-        r.ow = r.w + 2 * r.pw - 2;
-        if (r.h + 2 * r.ph < r.dh * 2 + 1 || r.w + 2 * r.pw < 3) continue;
+        na_conv_geom r;
+        if (!random_wgrad3_geom(&r)) continue;
         na_dtype in = ins[t % 3], out = t / 3 % 2 ? in : NA_DTYPE_F32;
         differ += avx2_direct_case(r, in, out, t % 7 == 0);
         cases++;
@@ -1978,19 +1986,8 @@ Test(cpu_conv, avx2_wgrad_copies_same_bits_as_element_loops, .timeout = 120) {
             for (int o = 0; o < 2; o++)
                 wgrad_copies_case(fixed[i], ins[d], o ? ins[d] : NA_DTYPE_F32, i == 2);
     for (int t = 0; t < 60; t++) {
-        int64_t chans[3] = {1, 3, irand(1, 40)};
-        na_conv_geom r = {.n = irand(1, 4), .groups = urand() < 0.2 ? 2 : 1, .kh = 3, .kw = 3,
-                          .sh = (int)irand(1, 2), .sw = 1, .dh = urand() < 0.2 ? 2 : 1,
-                          .dw = 1};
-        r.ph = (int)irand(0, 2);
-        r.pw = (int)irand(0, 2);
-        r.c_in = r.groups * chans[irand(0, 2)];
-        r.c_out = r.groups * irand(1, 75);
-        r.h = irand(1, 18);
-        r.w = irand(1, 18);
-        r.oh = (r.h + 2 * r.ph - r.dh * 2 - 1) / r.sh + 1;
-        r.ow = r.w + 2 * r.pw - 2;
-        if (r.h + 2 * r.ph < r.dh * 2 + 1 || r.w + 2 * r.pw < 3) continue;
+        na_conv_geom r;
+        if (!random_wgrad3_geom(&r)) continue;
         na_dtype in = ins[t % 3];
         wgrad_copies_case(r, in, t / 3 % 2 ? in : NA_DTYPE_F32, t % 7 == 0);
     }
