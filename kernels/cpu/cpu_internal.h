@@ -141,8 +141,9 @@ extern bool na_cpu_half512_off;
  * where the AVX-512 ones could run, so that an AVX-512 machine tests them too. */
 bool na_cpu_half_avx2(void);
 extern bool na_cpu_half_avx2_off, na_cpu_half_avx2_prefer;
-/* Whether BatchNorm's training forward and backward walk memory in its order, a block of
- * channels image by image (cpu_batchnorm.c's bn_*_o), instead of channel by channel: the CPU
+/* Whether BatchNorm's backward walks memory in its order, a block of channels image by image
+ * (cpu_batchnorm.c's bn_*_o), instead of channel by channel, and its training forward takes
+ * the 8-lane loops (one channel at a time) for all-f32 operands as for halves: the CPU
  * has AVX2 and F16C and the AVX-512 loops are not chosen (as na_cpu_half_avx2, without its own
  * switch), NANOAMP_CPU_BN_ORDER is not "off" (read once), na_cpu_bn_order_off (tests) and
  * na_cpu_half512_off are not set. The same bits either way. */
