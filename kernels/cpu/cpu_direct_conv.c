@@ -639,7 +639,8 @@ static int wgrad_lanes(const na_conv_geom *g, const na_view *x, const na_view *g
     dc_shape s = {.cin = cg, .H = g->h, .W = g->w, .cout = cog, .OH = g->oh, .OW = g->ow,
                   .KH = 3, .KW = 3, .sh = g->sh, .ph = g->ph, .pw = g->pw, .dh = g->dh};
     bool bf = x->dtype == NA_DTYPE_BF16 && gy->dtype == NA_DTYPE_BF16 && na_cpu_bf16_fast();
-    /* AVX2 (no AVX-512F): the 8-lane tile, the copies and transposes element by element */
+    /* AVX2 (no AVX-512F): the 8-lane tile over f32 copies (8 x 8 transposes, halves widened
+     * in registers; element by element under na_cpu_wgrad_avx2_copies_off) */
     bool avx2 = !na_cpu_has_avx512f();
     bf = bf && !avx2;
     size_t esz = bf ? sizeof(uint16_t) : sizeof(float);
