@@ -171,6 +171,10 @@ check "bench/run's kernel, speed-up and ratio logic (tests/bench_run_units.py)" 
 syncbn="$(dirname "$0")/../bench/syncbn-cost"
 check "syncbn-cost --rounds 0" run 2 "$syncbn" --build-dir "$build_dir" --rounds 0
 check "  message" grep -q "expect an integer >= 1" "$tmp/err"
+check "syncbn-cost without a build" run 2 "$syncbn" --build-dir "$tmp/none" --rounds 1
+check "  one message naming it" one_line "no na-bench at $tmp/none/bench/na-bench"
+check "syncbn-cost --json in a missing directory" run 2 "$syncbn" --build-dir "$build_dir" --rounds 1 --json "$tmp/none/x.json"
+check "  one message naming it" one_line "cannot write --json $tmp/none/x.json: No such file"
 check "syncbn-cost --ranks 2 --cpu-clock" run 2 "$syncbn" --build-dir "$build_dir" --ranks 2 --cpu-clock
 check "  message says why" grep -q "spins" "$tmp/err"
 # sjson FILE RANKS: the summary holds the rows of RANKS ranks with ratio = syncbn / batchnorm
